@@ -1,0 +1,166 @@
+"""Engine settings and the model description read from a checkpoint's config.json."""
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from atomlite.errors import ConfigError
+from atomlite.models.registry import MODELS
+
+MULTIMODAL_MODEL_TYPES = {"gemma4"}
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    kind: str  # "sliding" | "full"
+    head_dim: int
+    num_kv_heads: int
+    k_eq_v: bool
+
+
+@dataclass
+class ModelSpec:
+    """The text model of a checkpoint. `hf` keeps the raw text config for model-specific fields."""
+    path: Path
+    architecture: str
+    hf: dict
+    layers: list[LayerAttention]
+    dtype: torch.dtype
+    multimodal: bool
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return int(self.hf.get("max_position_embeddings", 8192))
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.hf.get("eos_token_id")
+        return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} not found: --model must be a checkpoint folder with config.json") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
+def _layer_attention(text: dict) -> list[LayerAttention]:
+    num_layers = text["num_hidden_layers"]
+    layer_types = text.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)]
+    k_eq_v = bool(text.get("attention_k_eq_v", False))
+    overrides = {int(k): v for k, v in (text.get("per_layer_config") or {}).items()}
+    layers = []
+    for i, layer_type in enumerate(layer_types):
+        full = layer_type == "full_attention"
+        head_dim, kv_heads = text.get("head_dim", 256), text["num_key_value_heads"]
+        if full and "per_layer_config" not in text:
+            head_dim = text.get("global_head_dim", 512)
+            if k_eq_v and text.get("num_global_key_value_heads"):
+                kv_heads = text["num_global_key_value_heads"]
+        override = overrides.get(i, {})
+        layers.append(LayerAttention(
+            kind="full" if full else "sliding",
+            head_dim=override.get("head_dim", head_dim),
+            num_kv_heads=override.get("num_key_value_heads", kv_heads),
+            k_eq_v=k_eq_v and full))
+    return layers
+
+
+def _checkpoint_dtype(raw: dict, text: dict) -> torch.dtype:
+    name = text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.bfloat16
+
+
+def load_model_spec(model_dir: str | Path) -> ModelSpec:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ConfigError(f"model folder {path} does not exist")
+    raw = _read_json(path / "config.json")
+    architectures = raw.get("architectures") or []
+    arch = next((a for a in architectures if a in MODELS), None)
+    if arch is None:
+        raise ConfigError(
+            f"{path / 'config.json'}: architecture {architectures or raw.get('model_type')} is not supported; "
+            f"supported: {', '.join(MODELS)}")
+    multimodal = raw.get("model_type") in MULTIMODAL_MODEL_TYPES or "text_config" in raw
+    text = dict(raw.get("text_config") or raw) if multimodal else raw
+    if "quantization_config" in raw and "quantization_config" not in text:
+        text["quantization_config"] = raw["quantization_config"]
+    try:
+        layers = _layer_attention(text)
+    except KeyError as e:
+        raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
+    return ModelSpec(path, arch, text, layers,
+                     _checkpoint_dtype(raw, text), multimodal)
+
+
+def parse_memory_size(text: str | int | None) -> int | None:
+    """'20GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
+    if text is None or isinstance(text, int):
+        return text
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+             "tb": 10**12, "b": 1, "": 1}
+    s = str(text).strip().lower()
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number):].strip()
+    if unit not in units or not number:
+        raise ConfigError(f"memory size {text!r} not understood: use e.g. 20GiB, 512MiB or a number of bytes")
+    return int(float(number) * units[unit])
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_memory: int | str | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kernel_backend: str = "auto"
+    seed: int = 0
+    model_spec: ModelSpec = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.model_spec = load_model_spec(self.model)
+        self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        limit = self.model_spec.max_position_embeddings
+        if self.max_model_len is None:
+            self.max_model_len = min(limit, 8192)
+        self._check()
+
+    def _check(self):
+        limit = self.model_spec.max_position_embeddings
+        if not 1 <= self.max_model_len <= limit:
+            raise ConfigError(f"--max-model-len {self.max_model_len} must be between 1 and the model's "
+                              f"max_position_embeddings ({limit})")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ConfigError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype} is not one of auto, {', '.join(DTYPES)}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"--device {self.device} is not one of auto, cpu, cuda")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"--block-size {self.block_size} must be a power of two")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("--device cuda was asked for but no GPU is visible; use --device cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return self.model_spec.dtype if self.dtype == "auto" else DTYPES[self.dtype]

@@ -1,0 +1,65 @@
+"""Split a KV memory budget between groups by what a max-length sequence actually holds in each."""
+from dataclasses import dataclass
+
+from atomlite.errors import ConfigError
+from atomlite.engine.kv_cache import group_specs
+from atomlite.engine.kv_spec import KVSpec
+
+
+@dataclass
+class GroupPlan:
+    spec: KVSpec
+    num_layers: int
+    block_bytes: int  # one block across all of the group's layers
+    blocks_per_seq: int  # at max_model_len
+    num_blocks: int  # including the null block
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_layers * self.spec.bytes_per_token
+
+
+@dataclass
+class KVPlan:
+    groups: list[GroupPlan]
+    budget: int
+    max_model_len: int
+    block_size: int
+
+    @property
+    def num_blocks(self) -> list[int]:
+        return [g.num_blocks for g in self.groups]
+
+    @property
+    def seq_bytes(self) -> int:
+        return sum(g.block_bytes * g.blocks_per_seq for g in self.groups)
+
+    @property
+    def max_seqs_at_full_length(self) -> int:
+        return min((g.num_blocks - 1) // g.blocks_per_seq for g in self.groups)
+
+    def describe(self) -> list[str]:
+        lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, block size {self.block_size}, "
+                 f"{self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]
+        for i, g in enumerate(self.groups):
+            lines.append(f"  group {i}: {g.spec.describe()}, {g.num_layers} layers, "
+                         f"{g.bytes_per_token / 1024:.1f} KiB/token, {g.blocks_per_seq} blocks/seq, "
+                         f"{g.num_blocks - 1} blocks ({g.num_blocks * g.block_bytes / 2**30:.2f} GiB)")
+        return lines
+
+
+def plan_kv_cache(specs: list[KVSpec], budget: int, block_size: int, max_model_len: int) -> KVPlan:
+    grouped, _ = group_specs(specs)
+    groups = []
+    for spec, layers in grouped:
+        block_bytes = len(layers) * block_size * spec.bytes_per_token
+        groups.append(GroupPlan(spec, len(layers), block_bytes, spec.blocks_held(max_model_len, block_size), 0))
+    plan = KVPlan(groups, budget, max_model_len, block_size)
+    for g in groups:
+        share = g.block_bytes * g.blocks_per_seq / plan.seq_bytes
+        g.num_blocks = int(budget * share) // g.block_bytes
+    if plan.max_seqs_at_full_length < 1:
+        need = plan.seq_bytes + sum(g.block_bytes for g in groups)
+        raise ConfigError(f"KV cache budget {budget / 2**20:.1f} MiB holds no sequence of {max_model_len} tokens "
+                          f"(needs {need / 2**20:.1f} MiB): raise --kv-cache-memory or lower --max-model-len")
+    return plan

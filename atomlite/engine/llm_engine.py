@@ -1,0 +1,191 @@
+"""The synchronous engine: add requests, step, collect outputs. Model-agnostic: it reads the model's KV specs."""
+import contextlib
+import logging
+
+import torch
+
+from atomlite.config import EngineConfig
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.sampler import sample, token_logprobs
+from atomlite.engine.scheduler import Scheduler
+from atomlite.engine.sequence import Sequence, Status
+from atomlite.loader import load_weights
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.platform import detect_platform
+from atomlite.models.registry import model_class
+from atomlite.outputs import CompletionOutput, RequestOutput
+from atomlite.sampling_params import SamplingParams
+from atomlite.tokenizer import load_tokenizer
+
+logger = logging.getLogger("atomlite")
+CPU_DEFAULT_KV_BYTES = 2 * 2**30
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model(config: EngineConfig):
+    spec, device = config.model_spec, config.torch_device
+    platform = detect_platform(device)
+    with dispatch.use(platform, config.kernel_backend), torch.device(device), _default_dtype(config.torch_dtype):
+        model = model_class(spec.architecture)(spec, max_positions=config.max_model_len)
+    load_weights(model, spec.path)
+    return model.eval()
+
+
+def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan) -> int:
+    wanted = one_seq_plan.seq_bytes * config.max_num_seqs + 2 * sum(g.block_bytes for g in one_seq_plan.groups)
+    device = config.torch_device
+    if device.type == "cpu":
+        return max(min(wanted, CPU_DEFAULT_KV_BYTES), one_seq_plan.budget)
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(min(wanted, int(free * 0.85) - 2**30), one_seq_plan.budget)
+
+
+def plan_for(config: EngineConfig, specs) -> KVPlan:
+    if config.kv_cache_memory is not None:
+        return plan_kv_cache(specs, config.kv_cache_memory, config.block_size, config.max_model_len)
+    one = plan_kv_cache(specs, 2**62, config.block_size, config.max_model_len)
+    one.budget = one.seq_bytes + 2 * sum(g.block_bytes for g in one.groups)
+    return plan_kv_cache(specs, default_kv_budget(config, one), config.block_size, config.max_model_len)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = config.torch_device
+        self.model = build_model(config)
+        specs = self.model.kv_specs(config.torch_dtype)
+        self.kv_plan = plan_for(config, specs)
+        self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
+                                 config.enable_prefix_caching)
+        self.runner = ModelRunner(self.model, self.kv, self.device)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.tokenizer = load_tokenizer(config.model_spec.path)
+        self.eos_token_ids = set(config.model_spec.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.vocab_size = config.model_spec.hf["vocab_size"]
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        self._generators: dict[int, torch.Generator] = {}
+        self.requests: dict[str, Sequence] = {}
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.config.model} has no tokenizer: pass token ids instead of text")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if len(token_ids) >= self.config.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens; the context length (--max-model-len) is "
+                             f"{self.config.max_model_len}, which must leave room for at least one new token")
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params.validate()
+        token_ids = self.encode(prompt)
+        self.validate_prompt(token_ids)
+        seq = Sequence(token_ids, params, request_id)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None] * len(token_ids)
+        if params.seed is not None:
+            self._generators[seq.seq_id] = torch.Generator(self.device).manual_seed(params.seed)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- stepping -------------------------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Runs one forward pass; returns the sequences that got a token or finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        logits, rows = self.runner.execute(batch)
+        self._record_prompt_logprobs(logits, rows.prompt)
+        for seq, num_new in batch:
+            seq.num_computed_tokens += num_new
+            self.kv.update_block_hashes(seq)
+            self.kv.release_out_of_window(seq)
+        if not rows.sample:
+            return []
+        seqs = [seq for seq, _ in rows.sample]
+        sample_logits = logits[[row for _, row in rows.sample]]
+        tokens = sample(sample_logits, [s.params for s in seqs],
+                        [self._generators.get(s.seq_id, self.generator) for s in seqs])
+        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        logprobs = torch.log_softmax(sample_logits, dim=-1) if want_logprobs else None
+        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+            seq.token_ids.append(token)
+            if seq.params.logprobs is not None:
+                seq.logprobs.append(token_logprobs(logprobs[i], token, seq.params.logprobs))
+            self._check_finished(seq, token)
+        return seqs
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, prompt_rows) -> None:
+        for seq, first_row, first_pos, count in prompt_rows:
+            logprobs = torch.log_softmax(logits[first_row:first_row + count], dim=-1)
+            for r in range(count):
+                next_token = seq.token_ids[first_pos + r + 1]
+                seq.prompt_logprobs[first_pos + r + 1] = token_logprobs(
+                    logprobs[r], next_token, seq.params.prompt_logprobs)
+
+    def _check_finished(self, seq: Sequence, token: int) -> None:
+        params = seq.params
+        if params.stop:
+            seq.text = self.decode(seq.output_token_ids)
+            cut = min((i for i in (seq.text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                seq.text = seq.text[:cut]
+                seq.stop_text_len = cut
+                return self._finish(seq, "stop")
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return self._finish(seq, "stop")
+        if len(seq.output_token_ids) >= params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
+            return self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq.stop_text_len is None:
+            seq.text = self.decode(seq.output_token_ids)
+        self.scheduler.remove(seq)
+        self._generators.pop(seq.seq_id, None)
+        self.requests.pop(seq.request_id, None)
+
+    def decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def output(self, seq: Sequence, prompt: str | None = None) -> RequestOutput:
+        completion = CompletionOutput(0, seq.text, seq.output_token_ids,
+                                      seq.logprobs if seq.params.logprobs is not None else None,
+                                      seq.finish_reason)
+        prompt_logprobs = seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None
+        return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), prompt_logprobs, [completion],
+                             seq.is_finished, seq.num_cached_tokens)

@@ -1,0 +1,80 @@
+"""Turns a scheduled batch into one forward pass: token ids, positions, per-group slot mappings and block
+tables, then the logits of just the rows that need them."""
+from dataclasses import dataclass
+
+import torch
+
+from atomlite.engine.block_pool import NULL_BLOCK
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.sequence import Sequence
+from atomlite.model_ops.context import ForwardContext, GroupBatch
+
+
+@dataclass
+class StepRows:
+    """Which logit rows belong to whom: one sampling row per finishing-prefill/decoding sequence, and a run of
+    rows per sequence that wants prompt logprobs (row r scores the prompt token after position r)."""
+    sample: list[tuple[Sequence, int]]
+    prompt: list[tuple[Sequence, int, int, int]]  # (seq, first row, first position, count)
+    indices: list[int]
+
+
+def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
+    sample, prompt, indices, offset = [], [], [], 0
+    for seq, num_new in batch:
+        start = seq.num_computed_tokens
+        if seq.params.prompt_logprobs is not None:
+            count = max(0, min(start + num_new, seq.num_prompt_tokens - 1) - start)
+            if count:
+                prompt.append((seq, len(indices), start, count))
+                indices.extend(range(offset, offset + count))
+        if start + num_new == len(seq.token_ids):
+            sample.append((seq, len(indices)))
+            indices.append(offset + num_new - 1)
+        offset += num_new
+    return StepRows(sample, prompt, indices)
+
+
+class ModelRunner:
+    def __init__(self, model, kv: KVCacheManager, device: torch.device):
+        self.model, self.kv, self.device = model, kv, device
+        for layer, attn in enumerate(model.attention_layers()):
+            attn.bind_cache(*kv.cache_for_layer(layer))
+
+    def _context(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardContext]:
+        ids, positions, starts, seq_lens = [], [], [0], []
+        for seq, num_new in batch:
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start:start + num_new])
+            positions.extend(range(start, start + num_new))
+            starts.append(starts[-1] + num_new)
+            seq_lens.append(start + num_new)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        groups = {g.id: self._group_batch(batch, g.id, pos) for g in self.kv.groups}
+        ctx = ForwardContext(pos.to(self.device), self._i32(starts), self._i32(seq_lens), groups)
+        return torch.tensor(ids, dtype=torch.int64, device=self.device), ctx
+
+    def _group_batch(self, batch, group_id: int, positions: torch.Tensor) -> GroupBatch:
+        width = max(len(seq.block_tables[group_id]) for seq, _ in batch)
+        table = torch.full((len(batch), width), NULL_BLOCK, dtype=torch.int32)
+        for b, (seq, _) in enumerate(batch):
+            blocks = seq.block_tables[group_id]
+            table[b, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        seq_index = torch.repeat_interleave(torch.arange(len(batch)), torch.tensor([n for _, n in batch]))
+        bs = self.kv.block_size
+        slots = table[seq_index, positions // bs].long() * bs + positions % bs
+        return GroupBatch(slots.to(self.device), table.to(self.device))
+
+    def _i32(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
+        """-> fp32 logits of the needed rows, and which rows they are."""
+        ids, ctx = self._context(batch)
+        rows = _rows(batch)
+        hidden = self.model(ids, ctx)
+        if not rows.indices:
+            return torch.empty(0), rows
+        selected = hidden[torch.tensor(rows.indices, device=self.device)]
+        return self.model.compute_logits(selected).float(), rows

@@ -1,0 +1,57 @@
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from atomlite.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    token_ids: list[int] = field(init=False)
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
+    block_hashes: list[int] = field(default_factory=list)  # of full, computed blocks
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str = ""
+    stop_text_len: int | None = None
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def reset_for_recompute(self) -> None:
+        self.num_computed_tokens = self.num_cached_tokens = 0
+        self.block_tables, self.block_hashes = [], []
+        self.status = Status.WAITING

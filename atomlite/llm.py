@@ -1,0 +1,49 @@
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(prompts, sampling_params)."""
+import itertools
+
+from tqdm import tqdm
+
+from atomlite.config import EngineConfig
+from atomlite.engine.llm_engine import LLMEngine
+from atomlite.outputs import RequestOutput
+from atomlite.sampling_params import SamplingParams
+
+
+class LLM:
+    """Load a checkpoint folder and generate from it.
+
+    LLM(model=DIR, dtype="auto"|"float32"|"bfloat16"|"float16", device="auto"|"cpu"|"cuda",
+        max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),
+        kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0)
+    """
+
+    def __init__(self, model: str, **engine_args):
+        self.engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in the order given."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        seqs = []
+        try:
+            for prompt, p in zip(prompts, params):
+                seqs.append(self.engine.add_request(f"offline-{next(self._ids)}", prompt, p))
+            with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
+                while self.engine.has_unfinished():
+                    bar.update(sum(s.is_finished for s in self.engine.step()))
+        except BaseException:
+            for seq in seqs:
+                self.engine.abort(seq.request_id)
+            raise
+        return [self.engine.output(seq, p if isinstance(p, str) else None) for seq, p in zip(seqs, prompts)]

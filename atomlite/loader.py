@@ -1,0 +1,96 @@
+"""safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
+one at a time; names the model skips (vision/audio towers, ...) are never read."""
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from safetensors import safe_open
+from tqdm import tqdm
+
+from atomlite.errors import ConfigError
+
+CHECKPOINT_ALIASES = (("model.language_model.", "model."),)
+
+
+def checkpoint_index(model_dir: Path) -> dict[str, Path]:
+    """Tensor name -> the file holding it, for single-file and sharded checkpoints."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"no *.safetensors weights in {model_dir}")
+    names = {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            names.update({name: file for name in f.keys()})
+    return names
+
+
+def _param_name(model, name: str) -> tuple[str, int | None]:
+    for old, new in CHECKPOINT_ALIASES:
+        if name.startswith(old):
+            name = new + name[len(old):]
+            break
+    for fragment, (fused, shard) in getattr(model, "packed_weights", {}).items():
+        if f".{fragment}." in name:
+            return name.replace(f".{fragment}.", f".{fused}."), shard
+    return name, None
+
+
+def _expected(model) -> set[tuple[str, int | None]]:
+    expected = set()
+    for name, param in model.named_parameters():
+        shards = getattr(param, "num_shards", None)
+        expected |= {(name, s) for s in range(shards)} if shards else {(name, None)}
+    return expected
+
+
+def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str, int | None]]]:
+    by_file = defaultdict(list)
+    for name, file in index.items():
+        if name.startswith(model.skipped_prefixes):
+            continue
+        target, shard = _param_name(model, name)
+        if not model.ignored_weight(target):
+            by_file[file].append((name, target, shard))
+    return by_file
+
+
+def load_weights(model, model_dir: str | Path) -> None:
+    model_dir = Path(model_dir)
+    params = dict(model.named_parameters())
+    by_file = _wanted(model, checkpoint_index(model_dir))
+    loaded = set()
+    total = sum(len(v) for v in by_file.values())
+    with tqdm(total=total, desc="Loading weights", unit="tensor", delay=1.0) as bar:
+        for file, entries in by_file.items():
+            if not file.exists():
+                raise ConfigError(f"weight file {file} listed in the checkpoint index does not exist")
+            with safe_open(file, framework="pt") as f:
+                for name, target, shard in entries:
+                    _load_one(params, f, name, target, shard, file)
+                    loaded.add((target, shard))
+                    bar.update()
+    missing = sorted(f"{n}" + ("" if s is None else f" (shard {s})") for n, s in _expected(model) - loaded)
+    if missing:
+        raise ConfigError(f"checkpoint {model_dir} lacks {len(missing)} tensor(s) the model needs: "
+                          f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    for module in model.modules():
+        if hasattr(module, "process_after_loading"):
+            module.process_after_loading()
+
+
+def _load_one(params, f, name: str, target: str, shard: int | None, file: Path) -> None:
+    param = params.get(target)
+    if param is None:
+        raise ConfigError(f"unexpected tensor {name} in {file}: the model has no parameter {target}")
+    tensor = f.get_tensor(name)
+    try:
+        if shard is None:
+            param.weight_loader(param, tensor)
+        else:
+            param.weight_loader(param, tensor, shard)
+    except ValueError as e:
+        raise ConfigError(f"tensor {name} in {file} {e}") from None

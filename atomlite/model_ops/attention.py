@@ -1,0 +1,34 @@
+import torch
+from torch import nn
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.context import ForwardContext
+
+
+class Attention(nn.Module):
+    """Writes this step's K/V into the layer's paged cache, then attends over the cache.
+
+    The engine binds the cache (bind_cache) after planning memory; a layer that reuses another layer's K/V
+    (KV sharing) is bound to that layer's cache with writes_kv=False and is called with k = v = None.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.window = scale, window
+        shape = dict(head_dim=head_dim, window=window is not None, gqa=num_heads // num_kv_heads)
+        self._attend = dispatch.choose("attention", **shape).fn
+        self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
+        self.k_cache = self.v_cache = None
+        self.group_id: int | None = None
+
+    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, group_id: int) -> None:
+        self.k_cache, self.v_cache, self.group_id = k_cache, v_cache, group_id
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                ctx: ForwardContext) -> torch.Tensor:
+        group = ctx.groups[self.group_id]
+        if k is not None:
+            self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
+        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
+                            ctx.query_start_loc, self.scale, self.window)

@@ -1,0 +1,46 @@
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
+    expected = tuple(param.shape) if expected is None else expected
+    if tuple(loaded.shape) != expected:
+        raise ValueError(f"has shape {tuple(loaded.shape)}, expected {expected}")
+
+
+def copy_weight(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    check_shape(param, loaded)
+    param.data.copy_(loaded)
+
+
+class Linear(nn.Module):
+    """y = x W^T (no bias). Quantized weights plug in as other linear classes with their own weight_loader."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.weight.weight_loader = copy_weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input stored as one weight (e.g. gate and up): one GEMM instead of two.
+
+    The checkpoint keeps them apart; weight_loader(param, tensor, shard) copies shard i into its rows.
+    """
+
+    def __init__(self, in_features: int, out_features: list[int]):
+        super().__init__(in_features, sum(out_features))
+        self.shard_offsets = [sum(out_features[:i]) for i in range(len(out_features))]
+        self.shard_sizes = list(out_features)
+        self.weight.weight_loader = self._load_shard
+        self.weight.num_shards = len(out_features)
+
+    def _load_shard(self, param: torch.Tensor, loaded: torch.Tensor, shard: int) -> None:
+        start, size = self.shard_offsets[shard], self.shard_sizes[shard]
+        check_shape(param, loaded, (size, self.in_features))
+        param.data[start:start + size].copy_(loaded)

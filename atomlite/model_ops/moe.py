@@ -1,0 +1,20 @@
+import torch
+from torch import nn
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.linear import copy_weight
+
+
+class Experts(nn.Module):
+    """Stacked expert MLPs: gate_up_proj [E, 2I, H] (gate first), down_proj [E, H, I]."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
+        self.gate_up_proj.weight_loader = copy_weight
+        self.down_proj.weight_loader = copy_weight
+        self._fn = dispatch.choose("moe_experts", experts=num_experts).fn
+
+    def forward(self, x, topk_weights, topk_ids):
+        return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)

@@ -1,0 +1,25 @@
+import torch
+from torch import nn
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.linear import copy_weight
+
+
+class RMSNorm(nn.Module):
+    """Gemma RMSNorm (plain weight). with_weight=False is the weightless form (v_norm, router norm)."""
+
+    def __init__(self, dim: int, eps: float, with_weight: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False) if with_weight else None
+        if with_weight:
+            self.weight.weight_loader = copy_weight
+        self._norm = dispatch.choose("rms_norm", dim=dim).fn
+        self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn if with_weight else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return self._add_norm(x, residual, self.weight, self.eps)

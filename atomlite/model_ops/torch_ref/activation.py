@@ -1,0 +1,8 @@
+import torch
+import torch.nn.functional as F
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x = [gate | up] on the last dim; returns gelu_tanh(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

@@ -1,0 +1,82 @@
+"""Reference attention: causal (aligned bottom-right), optional sliding window, GQA, any head_dim, optional LSE.
+
+Query i of a sequence with Lq queries and Lk keys sits at position Lk - Lq + i, so a chunk that follows cached
+tokens (a prefix hit or a later prefill chunk) still sees every earlier key.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def _mask(num_q: int, num_k: int, window: int | None, device: torch.device) -> torch.Tensor:
+    q_pos = torch.arange(num_k - num_q, num_k, device=device)[:, None]
+    k_pos = torch.arange(num_k, device=device)[None, :]
+    visible = k_pos <= q_pos
+    if window is not None:
+        visible &= (q_pos - k_pos) < window
+    return visible
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+            return_lse: bool, k_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D] -> out [Lq, Hq, D], lse [Lq, Hq]. k_offset: keys dropped before k[0]."""
+    num_q, num_heads, _ = q.shape
+    visible = _mask(num_q, k.shape[0] + k_offset, window, q.device)[:, k_offset:]
+    group = num_heads // k.shape[1]
+    if not return_lse:
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=visible, scale=scale, enable_gqa=group > 1)
+        return out[0].transpose(0, 1), None
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hqk,khd->qhd", torch.exp(scores - lse[..., None]), vf)
+    return out.to(q.dtype), lse.transpose(0, 1).contiguous()
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, scale: float, window: int | None = None,
+                     return_lse: bool = False):
+    """Packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D]; sequence b owns rows cu[b]:cu[b+1]."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        if cq[b + 1] == cq[b]:
+            continue
+        o, l = _attend(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], scale, window, return_lse)
+        out[cq[b]:cq[b + 1]] = o
+        if return_lse:
+            lse[cq[b]:cq[b + 1]] = l
+    return (out, lse) if return_lse else out
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    window: int | None = None, return_lse: bool = False):
+    """Attention over a paged cache, prefill and decode alike.
+
+    q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
+    logical block); seq_lens [B] keys per sequence including this step's queries; query_start_loc [B+1].
+    """
+    block_size = k_cache.shape[1]
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for b, num_k in enumerate(lens):
+        q_b = q[starts[b]:starts[b + 1]]
+        if q_b.shape[0] == 0:
+            continue
+        first_needed = 0 if window is None else max(0, num_k - q_b.shape[0] - window + 1)
+        first_block = first_needed // block_size
+        blocks = block_table[b, first_block:(num_k + block_size - 1) // block_size].long()
+        k_offset = first_block * block_size
+        k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset]
+        v_b = v_cache[blocks].flatten(0, 1)[:num_k - k_offset]
+        o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, k_offset)
+        out[starts[b]:starts[b + 1]] = o
+        if return_lse:
+            lse[starts[b]:starts[b + 1]] = l
+    return (out, lse) if return_lse else out

@@ -1,0 +1,231 @@
+"""Gemma 4 text decoder: dense (31B), MoE (26B-A4B) and per-layer-embedding + KV-sharing (E2B/E4B) variants.
+
+Math per shared/docs/GEMMA4.md, checked against transformers' modeling_gemma4.py. The model declares its KV
+specs and weight names; batching details reach it only through the ForwardContext.
+"""
+import math
+
+import torch
+from torch import nn
+
+from atomlite.config import ModelSpec
+from atomlite.errors import ConfigError
+from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.activation import GeluTanhAndMul
+from atomlite.model_ops.attention import Attention
+from atomlite.model_ops.context import ForwardContext
+from atomlite.model_ops.embedding import ScaledEmbedding
+from atomlite.model_ops.linear import Linear, MergedLinear, copy_weight
+from atomlite.model_ops.moe import Experts
+from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
+
+DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+
+
+def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
+    """Shared layer -> the last earlier non-shared layer of its kind, whose K/V it reuses."""
+    first_shared = len(layer_kinds) - num_shared
+    targets = {}
+    for i in range(first_shared, len(layer_kinds)):
+        owners = [j for j in range(first_shared) if layer_kinds[j] == layer_kinds[i]]
+        if not owners:
+            raise ConfigError(f"layer {i} ({layer_kinds[i]}) shares KV but no earlier layer of its kind owns any")
+        targets[i] = owners[-1]
+    return targets
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool):
+        super().__init__()
+        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
+        self.head_dim = layer.head_dim
+        self.q_proj = Linear(hidden, heads * self.head_dim)
+        self.q_norm = RMSNorm(self.head_dim, eps)
+        if not shares_kv:
+            self.k_proj = Linear(hidden, layer.num_kv_heads * self.head_dim)
+            self.v_proj = None if layer.k_eq_v else Linear(hidden, layer.num_kv_heads * self.head_dim)
+            self.k_norm = RMSNorm(self.head_dim, eps)
+            self.v_norm = RMSNorm(self.head_dim, eps, with_weight=False)
+        self.shares_kv = shares_kv
+        self.o_proj = Linear(heads * self.head_dim, hidden)
+        self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window)
+
+    def forward(self, x, rope: RotaryEmbedding, cos, sin, ctx: ForwardContext):
+        shape = (x.shape[0], -1, self.head_dim)
+        q = rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
+        k = v = None
+        if not self.shares_kv:
+            k_raw = self.k_proj(x).view(shape)
+            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(shape)
+            k = rope(self.k_norm(k_raw), cos, sin)
+            v = self.v_norm(v_raw)
+        return self.o_proj(self.attn(q, k, v, ctx).flatten(1))
+
+
+class Gemma4MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
+        self.act = GeluTanhAndMul(intermediate)
+        self.down_proj = Linear(intermediate, hidden)
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class Gemma4Router(nn.Module):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float):
+        super().__init__()
+        self.norm = RMSNorm(hidden, eps, with_weight=False)
+        self.proj = Linear(hidden, num_experts)
+        self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
+        self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+        self.scale.weight_loader = self.per_expert_scale.weight_loader = copy_weight
+        self.top_k, self.root_size = top_k, hidden ** -0.5
+
+    def forward(self, x):
+        scores = self.proj(self.norm(x) * self.scale * self.root_size)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids], ids
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, cfg: dict, layer, window, shares_kv: bool):
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv)
+        wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
+        self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, RMSNorm(hidden, eps))
+        self.layer_scalar = nn.Parameter(torch.empty(1), requires_grad=False)
+        self.layer_scalar.weight_loader = copy_weight
+        self.moe = bool(cfg.get("enable_moe_block"))
+        if self.moe:
+            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps)
+            self.experts = Experts(cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
+            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                         "pre_feedforward_layernorm_2"):
+                setattr(self, name, RMSNorm(hidden, eps))
+        self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
+        if self.ple_dim:
+            self.per_layer_input_gate = Linear(hidden, self.ple_dim)
+            self.ple_act = nn.GELU(approximate="tanh")
+            self.per_layer_projection = Linear(self.ple_dim, hidden)
+            self.post_per_layer_input_norm = RMSNorm(hidden, eps)
+
+    def forward(self, h, ple, rope, cos, sin, ctx):
+        attn = self.self_attn(self.input_layernorm(h), rope, cos, sin, ctx)
+        x, h = self.pre_feedforward_layernorm.add_and_norm(self.post_attention_layernorm(attn), h)
+        m = self.mlp(x)
+        if self.moe:
+            weights, ids = self.router(h)
+            experts = self.experts(self.pre_feedforward_layernorm_2(h), weights, ids)
+            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
+        h = h + self.post_feedforward_layernorm(m)
+        if self.ple_dim:
+            gated = self.ple_act(self.per_layer_input_gate(h)) * ple
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        return h * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, spec: ModelSpec, max_positions: int):
+        super().__init__()
+        cfg = spec.hf
+        if cfg.get("attention_bias"):
+            raise ConfigError("attention_bias=true is not supported for Gemma 4")
+        hidden = cfg["hidden_size"]
+        kinds = [layer.kind for layer in spec.layers]
+        self.share_targets = kv_share_targets(kinds, cfg.get("num_kv_shared_layers") or 0)
+        self.window = cfg.get("sliding_window")
+        self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
+        self.layers = nn.ModuleList(
+            Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
+                               i in self.share_targets)
+            for i, layer in enumerate(spec.layers))
+        self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
+        self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
+        if self.ple_dim:
+            self._build_per_layer_embeddings(cfg, len(spec.layers))
+        rope_params = cfg.get("rope_parameters") or {}
+        self.ropes = nn.ModuleDict()
+        for kind in sorted(set(kinds)):
+            head_dim = next(layer.head_dim for layer in spec.layers if layer.kind == kind)
+            params = rope_params.get(f"{kind}_attention") or DEFAULT_ROPE[kind]
+            self.ropes[kind] = RotaryEmbedding(head_dim, inv_freq_from_params(head_dim, params), max_positions)
+        self.kinds = kinds
+
+    def _build_per_layer_embeddings(self, cfg: dict, num_layers: int) -> None:
+        hidden, dim = cfg["hidden_size"], self.ple_dim
+        vocab = cfg.get("vocab_size_per_layer_input", cfg["vocab_size"])
+        self.embed_tokens_per_layer = ScaledEmbedding(vocab, num_layers * dim, dim ** 0.5)
+        self.per_layer_model_projection = Linear(hidden, num_layers * dim)
+        self.per_layer_projection_norm = RMSNorm(dim, cfg.get("rms_norm_eps", 1e-6))
+
+    def per_layer_inputs(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """PLE: a token-identity embedding plus a projection of the main embedding, one slice per layer."""
+        shape = (ids.shape[0], len(self.layers), self.ple_dim)
+        tokens = self.embed_tokens_per_layer(ids).reshape(shape)
+        context = (self.per_layer_model_projection(embeds) * embeds.shape[-1] ** -0.5).reshape(shape)
+        return (self.per_layer_projection_norm(context) + tokens) * 2.0 ** -0.5
+
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h = self.embed_tokens(ids)
+        ple = self.per_layer_inputs(ids, h) if self.ple_dim else None
+        cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        for i, layer in enumerate(self.layers):
+            kind = self.kinds[i]
+            h = layer(h, None if ple is None else ple[:, i], self.ropes[kind], *cos_sin[kind], ctx)
+        return self.norm(h)
+
+
+class Gemma4ForCausalLM(nn.Module):
+    # checkpoint name fragment -> (parameter name fragment, shard) for projections stored fused here
+    packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1)}
+    checkpoint_prefixes = ("model.language_model.", "model.")
+    skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
+                        "vision_tower.", "audio_tower.", "multi_modal_projector.")
+
+    def __init__(self, spec: ModelSpec, max_positions: int):
+        super().__init__()
+        self.spec = spec
+        self.model = Gemma4Model(spec, max_positions)
+        self.softcap = spec.hf.get("final_logit_softcapping")
+
+    def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:
+        specs = []
+        for i, layer in enumerate(self.spec.layers):
+            if i in self.model.share_targets:
+                specs.append(KVSpec("shared", target=self.model.share_targets[i]))
+            else:
+                window = self.model.window if layer.kind == "sliding" else None
+                specs.append(KVSpec(layer.kind, layer.num_kv_heads, layer.head_dim, dtype, window))
+        return specs
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def ignored_weight(self, name: str) -> bool:
+        """Checkpoint tensors this model never reads: towers, the tied lm_head, K/V of KV-sharing layers."""
+        if name.startswith(self.skipped_prefixes) or name == "lm_head.weight":
+            return True
+        parts = name.split(".")
+        if len(parts) > 4 and parts[1] == "layers" and parts[3] == "self_attn":
+            shares = int(parts[2]) in self.model.share_targets
+            return shares and parts[4] in ("k_proj", "v_proj", "k_norm", "v_norm")
+        return False
+
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model(ids, ctx)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = torch.nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

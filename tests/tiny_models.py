@@ -1,0 +1,68 @@
+"""Tiny random Gemma 4 checkpoints built with transformers (the reference), with every weight randomized:
+norm weights and layer_scalar too, since their default of 1 would hide bugs."""
+import json
+from pathlib import Path
+
+import torch
+from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
+
+BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
+            attention_k_eq_v=True, sliding_window=8, final_logit_softcapping=30.0, hidden_size_per_layer_input=0,
+            max_position_embeddings=512, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+VARIANTS = {
+    "dense": {},
+    "moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                attention_k_eq_v=True),
+    "ple": dict(hidden_size_per_layer_input=16, vocab_size_per_layer_input=96, num_kv_shared_layers=2,
+                use_double_wide_mlp=True, attention_k_eq_v=False, num_hidden_layers=7,
+                layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3
+                + ["full_attention"]),
+}
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name or name.endswith(("scale", "per_expert_scale")):
+                p.copy_(1.0 + 0.5 * torch.rand(p.shape, generator=g) - 0.25)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.08)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.6 + 0.8 * torch.rand(b.shape, generator=g))
+
+
+def text_config(variant: str, **overrides) -> Gemma4TextConfig:
+    return Gemma4TextConfig(**{**BASE, **VARIANTS[variant], **overrides})
+
+
+def build(variant: str, out: Path, seed: int = 0, multimodal: bool = False, per_layer_form: bool = True,
+          **overrides):
+    """Save a tiny checkpoint to out and return the float32 transformers model (eval mode)."""
+    cfg = text_config(variant, **overrides)
+    torch.manual_seed(seed)
+    if multimodal:
+        model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=cfg.to_dict()))
+    else:
+        model = Gemma4ForCausalLM(cfg)
+    randomize(model, seed)
+    model = model.float().eval()
+    model.save_pretrained(out)
+    if not per_layer_form:
+        _write_hub_form(out, variant, overrides)
+    return model
+
+
+def _write_hub_form(out: Path, variant: str, overrides: dict) -> None:
+    """Rewrite config.json the way hub checkpoints serialize it (global_head_dim, no per_layer_config)."""
+    path = out / "config.json"
+    raw = json.loads(path.read_text())
+    text = raw.get("text_config", raw)
+    text.pop("per_layer_config", None)
+    merged = {**BASE, **VARIANTS[variant], **overrides}
+    text["global_head_dim"] = merged["global_head_dim"]
+    text["num_global_key_value_heads"] = merged["num_global_key_value_heads"]
+    path.write_text(json.dumps(raw, indent=2))
