@@ -1,7 +1,35 @@
 import os
+import sys
 
 import torch
 
 # Triton fixes interpreter mode at its first import: decide before anything imports it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(__file__))
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+import tiny_models  # noqa: E402
+
+
+class Checkpoints:
+    """Tiny transformers checkpoints built once per test session: (folder, float32 reference model)."""
+
+    def __init__(self, root: Path):
+        self.root, self.cache = root, {}
+
+    def get(self, variant: str = "dense", multimodal: bool = False, per_layer_form: bool = True, **overrides):
+        key = (variant, multimodal, per_layer_form, tuple(sorted(overrides.items())))
+        if key not in self.cache:
+            out = self.root / f"{variant}-{len(self.cache)}"
+            self.cache[key] = (out, tiny_models.build(variant, out, multimodal=multimodal,
+                                                      per_layer_form=per_layer_form, **overrides))
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(tmp_path_factory.mktemp("ckpt"))

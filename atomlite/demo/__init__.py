@@ -1,0 +1,1 @@
+"""The tiny bundled demo model and the tools that make it."""

@@ -1,0 +1,39 @@
+"""`atomlite plan`: what a checkpoint will need, from config.json alone (the model is built on the meta device)."""
+import torch
+
+from atomlite.config import EngineConfig
+from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.platform import Platform
+from atomlite.models.registry import model_class
+
+
+def meta_model(config: EngineConfig, platform: Platform):
+    spec = config.model_spec
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(config.torch_dtype)
+    try:
+        with dispatch.use(platform, config.kernel_backend), torch.device("meta"):
+            return model_class(spec.architecture)(spec, max_positions=config.max_model_len)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def plan_report(config: EngineConfig, budget: int, platform: Platform) -> tuple[list[str], KVPlan]:
+    model = meta_model(config, platform)
+    plan = plan_kv_cache(model.kv_specs(config.torch_dtype), budget, config.block_size, config.max_model_len)
+    spec = config.model_spec
+    lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})",
+             f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
+             f"weights {weight_bytes(model) / 2**30:.2f} GiB",
+             f"max model len: {config.max_model_len}"]
+    specs = model.kv_specs(config.torch_dtype)
+    shared = sum(s.kind == "shared" for s in specs)
+    if shared:
+        lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")
+    lines += plan.describe()
+    return lines, plan

@@ -1,0 +1,37 @@
+import torch
+
+from atomlite import LLM, SamplingParams
+
+
+def random_prompt(length: int, seed: int, vocab: int = 96) -> list[int]:
+    return torch.randint(3, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] log-probs of the next token at each position, from transformers."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def hf_greedy(model, ids: list[int], max_tokens: int) -> list[int]:
+    """transformers' generate(), greedy, never stopping early (like ignore_eos=True)."""
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def atomlite_prompt_logprobs(llm: LLM, ids: list[int], vocab: int) -> torch.Tensor:
+    """[len(ids) - 1, vocab]: row i is the distribution atomlite gives for token i + 1."""
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=vocab))[0]
+    rows = []
+    for entry in out.prompt_logprobs[1:]:
+        row = torch.full((vocab,), float("nan"))
+        for token, logprob in entry.items():
+            row[token] = logprob
+        rows.append(row)
+    return torch.stack(rows)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)

@@ -1,0 +1,93 @@
+"""Bad input gets a message that names the problem, never a traceback from deep inside."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from atomlite import LLM, SamplingParams
+from atomlite.errors import ConfigError
+from helpers import random_prompt
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints):
+    path, _ = checkpoints.get("dense")
+    return LLM(str(path), dtype="float32", device="cpu", max_model_len=64)
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ([], "empty"),
+    (random_prompt(64, seed=0), "context length"),
+    ([5, 10_000], "token ids"),
+    ("text", "no tokenizer"),
+])
+def test_bad_prompts_are_rejected_and_leave_nothing_behind(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([prompt], SamplingParams())
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1), "temperature"),
+    (dict(top_k=0), "top_k"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
+])
+def test_bad_sampling_params_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_unknown_architecture_lists_supported(checkpoints, tmp_path):
+    path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="LlamaForCausalLM.*supported: Gemma4ForCausalLM"):
+        LLM(str(path), device="cpu")
+
+
+def test_missing_weight_file_is_named(checkpoints, tmp_path):
+    path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match="no \\*.safetensors weights"):
+        LLM(str(path), device="cpu")
+
+
+def _rewrite(path, edit):
+    tensors = load_file(path / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, path / "model.safetensors")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.pop("model.layers.2.mlp.up_proj.weight"), "lacks 1 tensor.*layers.2.mlp.gate_up_proj"),
+    (lambda t: t.__setitem__("model.layers.0.self_attn.q_proj.weight", t["model.layers.0.self_attn.q_proj.weight"][:5]),
+     "model.layers.0.self_attn.q_proj.weight in .*model.safetensors has shape \\(5, 64\\), expected \\(128, 64\\)"),
+    (lambda t: t.__setitem__("model.layers.0.self_attn.extra.weight", t["model.norm.weight"].clone()),
+     "unexpected tensor model.layers.0.self_attn.extra.weight"),
+])
+def test_bad_tensors_are_named_with_their_file(checkpoints, tmp_path, edit, message):
+    path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
+    _rewrite(path, edit)
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(path), device="cpu")
+
+
+def test_cli_reports_errors_without_traceback(checkpoints, tmp_path):
+    cases = [
+        ["generate", "--model", str(tmp_path / "nowhere"), "hi"],
+        ["generate", "--model", str(checkpoints.get("dense")[0]), "--max-tokens", "0", "hi"],
+        ["plan", "--model", str(checkpoints.get("dense")[0]), "--kv-cache-memory", "lots"],
+    ]
+    for args in cases:
+        result = subprocess.run([sys.executable, "-m", "atomlite.cli", *args], capture_output=True, text=True)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
