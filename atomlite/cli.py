@@ -1,13 +1,15 @@
 """The `atomlite` command: generate, plan (serve, bench and eval come with their issues)."""
 import logging
 import sys
+from pathlib import Path
 
 import click
 
 from atomlite.errors import ConfigError
 
 ENGINE_OPTIONS = [
-    click.option("--model", "model", required=True, type=click.Path(), help="Checkpoint folder (config.json + *.safetensors)."),
+    click.option("--model", "model", default=None, type=click.Path(),
+                 help="Checkpoint folder (config.json + *.safetensors); default: the bundled demo model."),
     click.option("--dtype", default="auto", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                  show_default=True, help="Weights and activations dtype; auto = the checkpoint's."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (ROCm GPUs are cuda in torch)."),
@@ -26,6 +28,10 @@ def engine_options(fn):
     for option in reversed(ENGINE_OPTIONS):
         fn = option(fn)
     return fn
+
+
+def model_dir(kw: dict) -> str:
+    return str(kw["model"] or default_model())
 
 
 def engine_args(kw: dict) -> dict:
@@ -63,7 +69,7 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
     try:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                 seed=seed, stop=list(stop))
-        llm = LLM(kw["model"], **engine_args(kw))
+        llm = LLM(model_dir(kw), **engine_args(kw))
         outputs = llm.generate(list(prompts), params)
     except (ConfigError, ValueError) as e:
         fail(str(e))
@@ -71,6 +77,55 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
         completion = out.outputs[0]
         click.echo(f"--- {prompt!r} ({len(completion.token_ids)} tokens, {completion.finish_reason})")
         click.echo(prompt + completion.text)
+
+
+def _startup_report(engine) -> list[str]:
+    from atomlite.model_ops import dispatch
+    spec = engine.config.model_spec
+    lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
+             f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, device {engine.device})"]
+    lines += engine.kv_plan.describe()
+    lines.append("kernels:")
+    lines += [f"  {line}" for line in dispatch.describe_choices()]
+    return lines
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 to listen on all).")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--served-model-name", default=None, help="Model name clients must send (default: the folder name).")
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on API routes.")
+@click.option("--max-waiting", type=int, default=1024, show_default=True,
+              help="Requests allowed to wait; beyond this the server answers 503.")
+@click.option("--shutdown-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds SIGTERM waits for in-flight requests before aborting them.")
+@engine_options
+def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, **kw):
+    """Serve a model over an OpenAI-compatible HTTP API."""
+    try:
+        import uvicorn
+
+        from atomlite.server.app import make_app
+    except ImportError as e:
+        fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
+    from atomlite.config import EngineConfig
+    from atomlite.engine.llm_engine import LLMEngine
+    model = model_dir(kw)
+    try:
+        engine = LLMEngine(EngineConfig(model=model, **engine_args(kw)))
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+    if max_waiting < 1:
+        fail("--max-waiting must be at least 1")
+    name = served_model_name or Path(model).name
+    click.echo("\n".join(_startup_report(engine)))
+    click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
+    app = make_app(engine, name, api_key, max_waiting)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+
+
+def default_model() -> Path:
+    fail("no --model given and no bundled demo model in this build: pass --model DIR")
 
 
 @main.command()
@@ -87,7 +142,7 @@ def plan(seq_len, **kw):
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
         if seq_len is not None:
             args["max_model_len"] = seq_len
-        config = EngineConfig(model=kw["model"], **args)
+        config = EngineConfig(model=model_dir(kw), **args)
         device = config.torch_device if config.device != "auto" else torch.device("cpu")
         lines, _ = plan_report(config, budget, detect_platform(device))
     except (ConfigError, ValueError) as e:

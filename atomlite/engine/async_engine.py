@@ -1,0 +1,229 @@
+"""The engine on its own thread, fed by asyncio handlers.
+
+HTTP handlers validate a request, then `generate()` hands it to the engine thread and yields deltas (new tokens,
+new text, finish) as they come. A handler that stops listening (client gone, task cancelled) aborts its request,
+which returns its KV blocks at once. `shutdown()` aborts whatever is left and stops the thread.
+"""
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from atomlite.engine.llm_engine import LLMEngine
+from atomlite.engine.sequence import Sequence
+from atomlite.sampling_params import SamplingParams
+
+logger = logging.getLogger("atomlite.async_engine")
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+@dataclass
+class Delta:
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict[int, float]]
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_logprobs: list | None = None
+    num_prompt_tokens: int = 0
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrival: float = field(default_factory=time.monotonic)
+    sent_tokens: int = 0
+    sent_text: int = 0
+    last_token_time: float | None = None
+    finished: bool = False
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_waiting: int = 1024, metrics=None):
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="atomlite-engine", daemon=True)
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        self._thread.join(timeout)
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.engine.scheduler.waiting) + self._commands.qsize()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.engine.scheduler.running)
+
+    async def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta]:
+        if not self.is_running:
+            raise EngineStopped("the server is shutting down")
+        if self.num_waiting >= self.max_waiting:
+            raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        self._send(("add", request_id, token_ids, params))
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not stream.finished:
+                self._send(("abort", request_id))
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    # -- engine thread ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._apply_commands()
+                if not self.engine.has_unfinished():
+                    self._update_gauges()
+                    self._wakeup.wait(0.5)
+                    self._wakeup.clear()
+                    continue
+                self._publish(self.engine.step())
+                self._update_gauges()
+        except Exception as e:  # a bug, not user input: fail every open request rather than hang them
+            logger.exception("engine loop failed")
+            for request_id in list(self._streams):
+                self._deliver(request_id, RuntimeError(f"engine failure: {e}"))
+        finally:
+            self._stopping = True
+            self._abort_all()
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                self._add(*command[1:])
+            else:
+                self._abort(command[1])
+
+    def _add(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
+        if request_id not in self._streams:
+            return  # its client left before the engine saw it
+        try:
+            self.engine.add_request(request_id, token_ids, params)
+        except ValueError as e:
+            self._deliver(request_id, e)
+            return
+        if self.metrics:
+            self.metrics.prompt_tokens.inc(len(token_ids))
+
+    def _abort(self, request_id: str) -> None:
+        self._finish_stream(request_id)
+        if request_id in self.engine.requests:
+            self.engine.abort(request_id)
+            if self.metrics:
+                self.metrics.finished.labels(reason="abort").inc()
+
+    def _abort_all(self) -> None:
+        while True:
+            try:
+                self._commands.get_nowait()
+            except queue.Empty:
+                break
+        for request_id in list(self.engine.requests):
+            self._abort(request_id)
+        for request_id in list(self._streams):
+            self._deliver(request_id, EngineStopped("the server shut down before this request finished"))
+
+    def _publish(self, seqs: list[Sequence]) -> None:
+        now = time.monotonic()
+        for seq in seqs:
+            stream = self._streams.get(seq.request_id)
+            if stream is None:
+                continue
+            delta = self._delta(seq, stream)
+            self._observe_latency(stream, now, len(delta.token_ids), delta)
+            self._deliver(seq.request_id, delta)
+
+    def _delta(self, seq: Sequence, stream: _Stream) -> Delta:
+        output = seq.output_token_ids
+        new_tokens = output[stream.sent_tokens:]
+        logprobs = seq.logprobs[stream.sent_tokens:] if seq.params.logprobs is not None else []
+        first = stream.sent_tokens == 0
+        stream.sent_tokens = len(output)
+        if seq.is_finished:
+            text = seq.text
+            safe = len(text)
+        else:
+            text = self.engine.decode(output)
+            safe = len(text.rstrip("\ufffd"))  # an unfinished multi-byte character
+            if seq.params.stop:
+                safe = min(safe, len(text) - max(map(len, seq.params.stop)) + 1)
+        new_text = text[stream.sent_text:max(safe, stream.sent_text)]
+        stream.sent_text = max(safe, stream.sent_text)
+        return Delta(new_tokens, new_text, logprobs, seq.is_finished, seq.finish_reason,
+                     seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
+                     seq.num_prompt_tokens)
+
+    def _observe_latency(self, stream: _Stream, now: float, num_tokens: int, delta: Delta) -> None:
+        if not self.metrics:
+            return
+        self.metrics.generation_tokens.inc(num_tokens)
+        if stream.last_token_time is None:
+            self.metrics.ttft.observe(now - stream.arrival)
+        else:
+            self.metrics.itl.observe(now - stream.last_token_time)
+        stream.last_token_time = now
+        if delta.finished:
+            self.metrics.finished.labels(reason=delta.finish_reason).inc()
+
+    def _deliver(self, request_id: str, item) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if isinstance(item, Exception) or item.finished:
+            self._finish_stream(request_id)
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:
+            pass  # its event loop is closed: nobody is listening any more
+
+    def _finish_stream(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.finished = True
+
+    def _update_gauges(self) -> None:
+        if self.metrics:
+            self.metrics.update_engine(self.num_running, self.num_waiting, self.engine.kv.usage())

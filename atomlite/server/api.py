@@ -1,0 +1,187 @@
+"""The OpenAI-compatible HTTP API over the async engine."""
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+
+from atomlite.engine.async_engine import AsyncEngine, Delta, EngineStopped, QueueFull
+from atomlite.sampling_params import SamplingParams
+from atomlite.server.errors import APIError, error_body, install_error_handlers
+from atomlite.server.formatting import Choice, Formatter
+from atomlite.server.protocol import ChatCompletionRequest, SamplingFields
+
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Server:
+    """Request handling that does not depend on FastAPI: prompts -> engine streams -> OpenAI bodies."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None):
+        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        self.core = engine.engine
+        self.tokenizer = self.core.tokenizer
+        self.max_model_len = self.core.config.max_model_len
+        self.fmt = Formatter(self.tokenizer, model_name)
+
+    # -- checks ---------------------------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
+                           "model")
+
+    def need_tokenizer(self, what: str):
+        if self.tokenizer is None:
+            raise APIError(400, f"this model has no tokenizer, so {what} is not available; send token ids")
+        return self.tokenizer
+
+    def check_lengths(self, ids: list[int], max_tokens: int) -> None:
+        self.core.validate_prompt(ids)
+        if len(ids) + max_tokens > self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; the request "
+                                f"has {len(ids)} prompt tokens and asks for {max_tokens} more. Lower max_tokens "
+                                f"or shorten the prompt.", "max_tokens")
+
+    def check_capacity(self, count: int) -> None:
+        if not self.engine.is_running:
+            raise EngineStopped("the server is shutting down")
+        if self.engine.num_waiting + count > self.engine.max_waiting:
+            raise QueueFull(f"the waiting queue is full ({self.engine.max_waiting} requests); retry later")
+
+    def sampling_params(self, req: SamplingFields, max_tokens: int, seed_offset: int, **extra) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
+            max_tokens=max_tokens, seed=None if req.seed is None else req.seed + seed_offset, stop=req.stop,
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, **extra)
+
+    # -- prompts ---------------------------------------------------------------------------------------------
+    def completion_prompts(self, prompt) -> list[tuple[list[int], str | None]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        elif isinstance(prompt[0], int):
+            prompt = [prompt]
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                out.append((self.need_tokenizer("a text prompt").encode(p), p))
+            else:
+                out.append((list(p), self.core.decode(p) if self.tokenizer is not None else None))
+        return out
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        tok = self.need_tokenizer("chat")
+        if not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions")
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tok.encode(text, add_special_tokens=False)
+
+    # -- streams ---------------------------------------------------------------------------------------------
+    def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
+        self.check_capacity(len(prompts) * n)
+        base = uuid.uuid4().hex
+        choices, gens = [], []
+        for p, (ids, text) in enumerate(prompts):
+            for j in range(n):
+                index = p * n + j
+                choices.append(Choice(index, p, ids, text))
+                gens.append(self.engine.generate(f"{base}-{index}", ids, make_params(j)))
+        return choices, gens
+
+
+async def merge(gens: list) -> AsyncIterator[tuple[int, Delta]]:
+    """Deltas of several engine streams as they come; leaving early closes (aborts) every stream."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, gen):
+        try:
+            async with contextlib.aclosing(gen):
+                async for delta in gen:
+                    queue.put_nowait((i, delta))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collect(request: Request, choices: list[Choice], gens: list) -> None:
+    """Gather every delta into its choice; a client that hangs up aborts the requests."""
+    async def consume():
+        async with contextlib.aclosing(merge(gens)) as deltas:
+            async for i, delta in deltas:
+                choices[i].add(delta)
+
+    task = asyncio.create_task(consume())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def sse(body: dict | str) -> str:
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
+
+
+async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream that fails midway still ends in an OpenAI error event and [DONE], never a cut connection."""
+    try:
+        async for event in events:
+            yield event
+    except (EngineStopped, QueueFull, ValueError) as e:
+        yield sse(error_body(503 if not isinstance(e, ValueError) else 400, str(e)))
+    except Exception as e:  # noqa: BLE001 - reported to the client, logged by uvicorn's caller
+        yield sse(error_body(500, f"internal error: {type(e).__name__}"))
+    yield sse("[DONE]")
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, metrics=None) -> FastAPI:
+    server = Server(engine, model_name, api_key)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if not engine.is_running:
+            engine.start()
+        yield
+        await asyncio.to_thread(engine.shutdown)
+
+    app = FastAPI(title="atomlite", lifespan=lifespan)
+    app.state.server = server
+    install_error_handlers(app)
+
+    async def authorized(request: Request):
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+    from atomlite.server.routes import add_routes
+    add_routes(app, server, Depends(authorized), metrics)
+    return app

@@ -1,0 +1,72 @@
+"""Every error leaves the server in OpenAI's JSON shape: {"error": {"message", "type", "param", "code"}}."""
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from atomlite.engine.async_engine import EngineStopped, QueueFull
+
+logger = logging.getLogger("atomlite.server")
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable",
+               500: "internal_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    where = ".".join(loc)
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+    return (f"{where}: {message}" if where else message), (loc[0] if loc else None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        status = 400 if exc.status_code == 422 else exc.status_code
+        return error_response(status, str(exc.detail))
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(ValueError)
+    async def _value(request: Request, exc: ValueError):
+        return error_response(400, str(exc))
+
+    @app.exception_handler(QueueFull)
+    async def _full(request: Request, exc: QueueFull):
+        return error_response(503, str(exc))
+
+    @app.exception_handler(EngineStopped)
+    async def _stopped(request: Request, exc: EngineStopped):
+        return error_response(503, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        logger.exception("internal error on %s", request.url.path)
+        return error_response(500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,115 @@
+"""OpenAI response bodies (completions, chat, their stream chunks, logprobs) from engine deltas."""
+import time
+from dataclasses import dataclass, field
+
+from atomlite.engine.async_engine import Delta
+
+
+@dataclass
+class Choice:
+    """What one choice has received so far."""
+    index: int
+    prompt_index: int
+    prompt_ids: list[int]
+    prompt_text: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list | None = None
+    finish_reason: str | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.token_ids += delta.token_ids
+        self.text += delta.text
+        self.logprobs += delta.logprobs
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+        if delta.finished:
+            self.finish_reason = delta.finish_reason
+
+
+class Formatter:
+    def __init__(self, tokenizer, model_name: str):
+        self.tokenizer, self.model_name = tokenizer, model_name
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
+
+    def header(self, request_id: str, kind: str) -> dict:
+        return {"id": request_id, "object": kind, "created": int(time.time()), "model": self.model_name}
+
+    # -- completions -----------------------------------------------------------------------------------------
+    def completion_logprobs(self, tokens: list[int], entries: list, offset: int = 0) -> dict:
+        """OpenAI legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset (None entries: no score)."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, entry in zip(tokens, entries):
+            text = self.token_text(token)
+            out["tokens"].append(text)
+            out["text_offset"].append(offset)
+            offset += len(text)
+            if entry is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+            else:
+                out["token_logprobs"].append(entry[token])
+                out["top_logprobs"].append({self.token_text(t): lp for t, lp in entry.items()})
+        return out
+
+    def completion_choice(self, choice: Choice, echo: bool, want_logprobs: bool) -> dict:
+        text = (choice.prompt_text or "") + choice.text if echo else choice.text
+        logprobs = None
+        if want_logprobs:
+            tokens, entries = list(choice.token_ids), list(choice.logprobs)
+            if echo:
+                tokens = choice.prompt_ids + tokens
+                entries = (choice.prompt_logprobs or [None] * len(choice.prompt_ids)) + entries
+            logprobs = self.completion_logprobs(tokens, entries)
+        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+
+    def completion(self, request_id: str, choices: list[Choice], echo: bool, want_logprobs: bool) -> dict:
+        body = self.header(request_id, "text_completion")
+        body["choices"] = [self.completion_choice(c, echo, want_logprobs) for c in choices]
+        body["usage"] = usage(choices)
+        return body
+
+    def completion_chunk(self, request_id: str, index: int, text: str, logprobs: dict | None,
+                         finish_reason: str | None) -> dict:
+        body = self.header(request_id, "text_completion")
+        body["choices"] = [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]
+        return body
+
+    # -- chat ------------------------------------------------------------------------------------------------
+    def chat_logprobs(self, tokens: list[int], entries: list, top: int) -> dict:
+        content = []
+        for token, entry in zip(tokens, entries):
+            ranked = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
+            content.append({**self._chat_token(token, entry[token]),
+                            "top_logprobs": [self._chat_token(t, lp) for t, lp in ranked]})
+        return {"content": content}
+
+    def _chat_token(self, token: int, logprob: float) -> dict:
+        text = self.token_text(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None) -> dict:
+        body = self.header(request_id, "chat.completion")
+        body["choices"] = [{
+            "index": c.index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": self.chat_logprobs(c.token_ids, c.logprobs, top_logprobs) if top_logprobs is not None
+            else None,
+            "finish_reason": c.finish_reason} for c in choices]
+        body["usage"] = usage(choices)
+        return body
+
+    def chat_chunk(self, request_id: str, index: int, delta: dict, logprobs: dict | None,
+                   finish_reason: str | None) -> dict:
+        body = self.header(request_id, "chat.completion.chunk")
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        return body
+
+
+def usage(choices: list[Choice]) -> dict:
+    prompt_tokens = sum({c.prompt_index: len(c.prompt_ids) for c in choices}.values())
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,140 @@
+"""Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /tokenize, /detokenize,
+/tokenizer_info."""
+import contextlib
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from atomlite.server.api import ClientGone, Server, collect, guarded, merge, sse
+from atomlite.server.errors import APIError
+from atomlite.server.formatting import usage
+from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+CLIENT_CLOSED = 499
+
+
+def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
+    fmt = server.fmt
+
+    @app.get("/health")
+    async def health():
+        if not server.engine.is_running:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics_endpoint():
+        return Response(metrics.render() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[auth])
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "atomlite", "max_model_len": server.max_model_len}]}
+
+    @app.post("/v1/completions", dependencies=[auth])
+    async def completions(req: CompletionRequest, request: Request):
+        server.check_model(req.model)
+        prompts = server.completion_prompts(req.prompt)
+        max_tokens = req.max_tokens or 16
+        for ids, _ in prompts:
+            server.check_lengths(ids, max_tokens)
+        want_logprobs = req.logprobs is not None
+        extra = {"logprobs": req.logprobs} if want_logprobs else {}
+        if req.echo and want_logprobs:
+            extra["prompt_logprobs"] = req.logprobs
+        choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra))
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        if req.stream:
+            events = completion_events(server, request_id, choices, gens, req, want_logprobs)
+            return StreamingResponse(guarded(events), media_type="text/event-stream")
+        try:
+            await collect(request, choices, gens)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        return fmt.completion(request_id, choices, req.echo, want_logprobs)
+
+    @app.post("/v1/chat/completions", dependencies=[auth])
+    async def chat(req: ChatCompletionRequest, request: Request):
+        server.check_model(req.model)
+        ids = server.chat_prompt(req)
+        max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
+        server.check_lengths(ids, max_tokens)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        extra = {"logprobs": top} if top is not None else {}
+        choices, gens = server.streams([(ids, None)], req.n,
+                                       lambda j: server.sampling_params(req, max_tokens, j, **extra))
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if req.stream:
+            return StreamingResponse(guarded(chat_events(server, request_id, choices, gens, req, top)),
+                                     media_type="text/event-stream")
+        try:
+            await collect(request, choices, gens)
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        return fmt.chat(request_id, choices, top)
+
+    @app.get("/tokenizer_info", dependencies=[auth])
+    async def tokenizer_info():
+        tok = server.need_tokenizer("tokenizer_info")
+        return {"eos_token": tok.eos_token, "bos_token": tok.bos_token, "pad_token": tok.pad_token,
+                "chat_template": getattr(tok, "chat_template", None), "model_max_length": server.max_model_len,
+                "tokenizer_class": type(tok).__name__}
+
+    @app.post("/tokenize", dependencies=[auth])
+    async def tokenize(req: TokenizeRequest):
+        server.check_model(req.model)
+        tok = server.need_tokenizer("tokenize")
+        if req.prompt is not None:
+            tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            text = tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in req.messages],
+                                           tokenize=False, add_generation_prompt=True)
+            tokens = tok.encode(text, add_special_tokens=False)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
+
+    @app.post("/detokenize", dependencies=[auth])
+    async def detokenize(req: DetokenizeRequest):
+        server.check_model(req.model)
+        server.need_tokenizer("detokenize")
+        vocab = server.core.vocab_size
+        if any(t >= vocab for t in req.tokens):
+            raise APIError(400, f"token ids must be below the vocabulary size {vocab}", "tokens")
+        return {"prompt": server.tokenizer.decode(req.tokens)}
+
+
+async def completion_events(server: Server, request_id, choices, gens, req: CompletionRequest, want_logprobs):
+    fmt, started = server.fmt, set()
+    async with contextlib.aclosing(merge(gens)) as deltas:
+        async for i, delta in deltas:
+            choice = choices[i]
+            choice.add(delta)
+            text, tokens, entries = delta.text, delta.token_ids, delta.logprobs
+            if req.echo and i not in started:
+                text = (choice.prompt_text or "") + text
+                tokens = choice.prompt_ids + tokens
+                entries = (delta.prompt_logprobs or [None] * len(choice.prompt_ids)) + entries
+            started.add(i)
+            logprobs = fmt.completion_logprobs(tokens, entries) if want_logprobs else None
+            yield sse(fmt.completion_chunk(request_id, i, text, logprobs,
+                                           delta.finish_reason if delta.finished else None))
+    if req.stream_options and req.stream_options.include_usage:
+        yield sse({**fmt.header(request_id, "text_completion"), "choices": [], "usage": usage(choices)})
+
+
+async def chat_events(server: Server, request_id, choices, gens, req: ChatCompletionRequest, top):
+    fmt = server.fmt
+    for choice in choices:
+        yield sse(fmt.chat_chunk(request_id, choice.index, {"role": "assistant", "content": ""}, None, None))
+    async with contextlib.aclosing(merge(gens)) as deltas:
+        async for i, delta in deltas:
+            choices[i].add(delta)
+            logprobs = fmt.chat_logprobs(delta.token_ids, delta.logprobs, top) if top is not None else None
+            content = {"content": delta.text} if delta.text else {}
+            yield sse(fmt.chat_chunk(request_id, i, content, logprobs,
+                                     delta.finish_reason if delta.finished else None))
+    if req.stream_options and req.stream_options.include_usage:
+        yield sse({**fmt.header(request_id, "chat.completion.chunk"), "choices": [], "usage": usage(choices)})
+
