@@ -1,5 +1,6 @@
 """The `atomlite` command: generate, plan (serve, bench and eval come with their issues)."""
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -121,7 +122,12 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     click.echo("\n".join(_startup_report(engine)))
     click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
     app = make_app(engine, name, api_key, max_waiting)
+    # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
+    # make that handler a clean exit, since a drained shutdown is a success.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+    click.echo("server stopped")
 
 
 def default_model() -> Path:

@@ -1,9 +1,11 @@
 from dataclasses import dataclass
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class SamplingParams:
-    """Same field names and defaults as vLLM's. temperature 0 means greedy."""
+    """Same field names and defaults as vLLM's. temperature 0 (or below 1e-5) means greedy."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -44,4 +46,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below this, dividing logits by the temperature overflows float32; the result is argmax anyway
+        return self.temperature < GREEDY_BELOW

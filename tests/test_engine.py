@@ -156,3 +156,10 @@ def test_max_tokens_and_context_length_end_with_length(dense):
     out = llm.generate([random_prompt(15, seed=1), random_prompt(3, seed=1)], greedy(30))
     assert [len(o.outputs[0].token_ids) for o in out] == [5, 17]
     assert all(o.outputs[0].finish_reason == "length" for o in out)
+
+
+def test_vanishing_temperature_is_greedy_not_nan(dense, expected):
+    path, _ = dense
+    llm = LLM(str(path), dtype="float32", device="cpu")
+    params = SamplingParams(temperature=1e-30, max_tokens=10, ignore_eos=True, top_p=0.5)
+    assert llm.generate([random_prompt(17, seed=17)], params)[0].outputs[0].token_ids == expected[17]

@@ -116,15 +116,20 @@ class AsyncEngine:
                     self._wakeup.wait(0.5)
                     self._wakeup.clear()
                     continue
-                self._publish(self.engine.step())
-                self._update_gauges()
-        except Exception as e:  # a bug, not user input: fail every open request rather than hang them
-            logger.exception("engine loop failed")
-            for request_id in list(self._streams):
-                self._deliver(request_id, RuntimeError(f"engine failure: {e}"))
+                self._step()
         finally:
             self._stopping = True
             self._abort_all()
+
+    def _step(self) -> None:
+        try:
+            self._publish(self.engine.step())
+        except Exception as e:  # a bug, not user input: fail the open requests, keep serving new ones
+            logger.exception("engine step failed; aborting the requests in flight")
+            for request_id in list(self.engine.requests):
+                self._deliver(request_id, RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
+                self._abort(request_id)
+        self._update_gauges()
 
     def _apply_commands(self) -> None:
         while True:

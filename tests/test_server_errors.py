@@ -1,0 +1,150 @@
+"""Malformed requests get a 4xx in OpenAI's error shape, never a 5xx or a hung connection."""
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from atomlite import LLM
+from atomlite.demo.random_model import build_random_model
+from atomlite.server.app import make_app
+from server_utils import free_port, running, wait_for_idle
+
+NAME = "tiny"
+OK = {"model": NAME, "prompt": "Hi", "max_tokens": 2}
+CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("srv-err") / "tiny"
+    build_random_model(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=64)
+    with running(make_app(llm.engine, NAME)) as base:
+        yield base
+
+
+BAD = [
+    ("completions", {**OK, "max_tokens": -1}, "max_tokens"),
+    ("completions", {**OK, "max_tokens": 0}, "max_tokens"),
+    ("completions", {**OK, "max_tokens": 10**9}, "maximum context length"),
+    ("completions", {**OK, "max_tokens": "5"}, "max_tokens"),
+    ("completions", {**OK, "max_tokens": 2.5}, "max_tokens"),
+    ("completions", {**OK, "prompt": "x" * 100}, "context length"),
+    ("completions", {**OK, "prompt": ""}, "prompt"),
+    ("completions", {**OK, "prompt": []}, "prompt"),
+    ("completions", {**OK, "prompt": [[]]}, "prompt"),
+    ("completions", {**OK, "prompt": [1, "a"]}, "prompt"),
+    ("completions", {**OK, "prompt": [10**7]}, "token ids"),
+    ("completions", {**OK, "prompt": [-1]}, "prompt"),
+    ("completions", {**OK, "prompt": None}, "prompt"),
+    ("completions", {"model": NAME}, "prompt"),
+    ("completions", {**OK, "temperature": -0.5}, "temperature"),
+    ("completions", {**OK, "temperature": "hot"}, "temperature"),
+    ("completions", {**OK, "top_p": 0}, "top_p"),
+    ("completions", {**OK, "top_p": 1.5}, "top_p"),
+    ("completions", {**OK, "top_k": 0}, "top_k"),
+    ("completions", {**OK, "n": 0}, "n"),
+    ("completions", {**OK, "n": 10_000}, "n"),
+    ("completions", {**OK, "stop": 5}, "stop"),
+    ("completions", {**OK, "stop": [""]}, "stop"),
+    ("completions", {**OK, "logprobs": 1000}, "logprobs"),
+    ("completions", {**OK, "logprobs": -2}, "logprobs"),
+    ("completions", {**OK, "echo": "yes"}, "echo"),
+    ("completions", {**OK, "stream": "true"}, "stream"),
+    ("completions", {**OK, "seed": "abc"}, "seed"),
+    ("completions", {**OK, "frequency_penalty": 1.0}, "frequency_penalty"),
+    ("chat/completions", {**CHAT, "messages": []}, "messages"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user"}]}, "content"),
+    ("chat/completions", {**CHAT, "messages": [{"role": "user", "content": 42}]}, "content"),
+    ("chat/completions", {**CHAT, "messages": "hello"}, "messages"),
+    ("chat/completions", {**CHAT, "max_completion_tokens": -4}, "max_completion_tokens"),
+    ("chat/completions", {**CHAT, "top_logprobs": 3}, "logprobs"),
+    ("chat/completions", {**CHAT, "top_p": 0.0}, "top_p"),
+]
+
+
+@pytest.mark.parametrize("route,body,needle", BAD, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(BAD)])
+def test_malformed_request_is_a_400_with_a_message(server, route, body, needle):
+    resp = httpx.post(f"{server}/v1/{route}", json=body, timeout=10)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and needle in error["message"] + str(error["param"])
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"", b"[1, 2]", b'"just a string"'])
+def test_unparseable_body_is_a_400(server, content):
+    resp = httpx.post(f"{server}/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"]
+
+
+def test_unknown_model_is_a_404(server):
+    resp = httpx.post(f"{server}/v1/completions", json={**OK, "model": "gpt-9"})
+    assert resp.status_code == 404 and "gpt-9" in resp.json()["error"]["message"]
+
+
+def test_no_blocks_are_held_after_rejections(server):
+    text = wait_for_idle(server)
+    assert all(float(l.rsplit(" ", 1)[1]) == 0 for l in text.splitlines() if l.startswith("atomlite:kv_blocks_used"))
+    assert httpx.post(f"{server}/v1/completions", json=OK).status_code == 200
+
+
+def test_api_key_is_required_when_set(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=64)
+    with running(make_app(llm.engine, NAME, api_key="s3cret")) as base:
+        assert httpx.post(f"{base}/v1/completions", json=OK).status_code == 401
+        wrong = httpx.post(f"{base}/v1/completions", json=OK, headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        right = httpx.post(f"{base}/v1/completions", json=OK, headers={"Authorization": "Bearer s3cret"})
+        assert right.status_code == 200
+        assert httpx.get(f"{base}/health").status_code == 200
+
+
+def test_full_waiting_queue_is_a_503_and_the_rest_complete(model_dir):
+    import asyncio
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
+    with running(make_app(llm.engine, NAME, max_waiting=2)) as base:
+        async def main():
+            async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+                body = {**OK, "max_tokens": 60, "ignore_eos": True}
+                return await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(12)))
+        codes = sorted(r.status_code for r in asyncio.run(main()))
+        assert 503 in codes and 200 in codes and set(codes) <= {200, 503}
+        wait_for_idle(base)
+
+
+def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model_dir), "--port",
+                             str(port), "--dtype", "float32", "--max-model-len", "512"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
+                          json={**OK, "max_tokens": 300, "ignore_eos": True, "stream": True}) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data:")
+            proc.send_signal(signal.SIGTERM)
+            rest = list(lines)
+        assert rest[-2] == "data: [DONE]" or rest[-1] == "data: [DONE]"
+        assert '"finish_reason": "length"' in "".join(rest)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
