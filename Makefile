@@ -2,23 +2,24 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-TINY := .cache/tiny-random-gemma4
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	# CPU torch first and alone: a plain `torch` requirement would pull a multi-GB CUDA build
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q "triton==3.7.1" -e ".[test]"
+	$(VENV)/bin/pip install -q "triton==3.7.1" -e ".[test,serve,eval,quark]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(PY) -m atomlite.demo.random_model $(TINY)
-	$(VENV)/bin/atomlite generate --model $(TINY) --max-tokens 24 "Hello from atomlite"
+	$(VENV)/bin/atomlite serve
 
 test: $(STAMP)
 	$(PY) -m pytest tests
 
-.PHONY: install serve test
+accuracy: $(STAMP)
+	$(VENV)/bin/atomlite eval --all --level pr --report-dir accuracy-report
+
+.PHONY: install serve test accuracy

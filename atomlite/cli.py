@@ -131,7 +131,46 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
 
 
 def default_model() -> Path:
-    fail("no --model given and no bundled demo model in this build: pass --model DIR")
+    from atomlite.demo import demo_model_dir
+    try:
+        return demo_model_dir()
+    except ConfigError as e:
+        fail(str(e))
+
+
+@main.command(name="eval")
+@click.argument("jobs", nargs=-1)
+@click.option("--all", "run_all", is_flag=True, help="Run every job of the catalog (filtered by --level).")
+@click.option("--level", type=click.Choice(["pr", "nightly"]), default=None, help="Only jobs of this level.")
+@click.option("--catalog", type=click.Path(path_type=Path), default=None,
+              help="Job catalog (default: ci/accuracy/catalog.yaml of this checkout).")
+@click.option("--report-dir", type=click.Path(path_type=Path), default=Path("accuracy-report"), show_default=True,
+              help="Where results.json, report.md, server logs and per-sample records go.")
+@click.option("--model", "model", type=click.Path(path_type=Path), default=None,
+              help="Run the jobs on this checkpoint instead of the catalog's (e.g. a candidate build).")
+@click.option("--limit", type=int, default=None, help="Score only the first N samples of each task.")
+def eval_command(jobs, run_all, level, catalog, report_dir, model, limit):
+    """Accuracy jobs: serve the model, run lm-eval on it, compare with the catalog's thresholds.
+
+    Exits non-zero when a job scores below its threshold, its metric is missing, or it fails to run."""
+    try:
+        from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
+        from atomlite.accuracy.runner import run_job, write_report
+        import lm_eval  # noqa: F401
+    except ImportError as e:
+        fail(f"accuracy jobs need the eval extra: pip install 'atomlite[eval,serve]' ({e.name} is missing)")
+    catalog = catalog or REPO_CI / "catalog.yaml"
+    try:
+        selected = select(load_catalog(catalog), jobs, run_all, level)
+    except ConfigError as e:
+        fail(str(e))
+    results = []
+    for i, job in enumerate(selected, 1):
+        click.echo(f"[atomlite eval] job {i}/{len(selected)}: {job.name}")
+        results.append(run_job(job, catalog.parent, report_dir, model, limit or job.limit))
+    write_report(results, report_dir)
+    click.echo((report_dir / "report.md").read_text())
+    sys.exit(0 if all(r.status in ("pass", "recorded") for r in results) else 1)
 
 
 @main.command()

@@ -15,7 +15,8 @@ from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
-from atomlite.model_ops.linear import Linear, MergedLinear, copy_weight
+from atomlite.model_ops.linear import copy_weight
+from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.moe import Experts
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
@@ -37,19 +38,20 @@ def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
 
 
 class Gemma4Attention(nn.Module):
-    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool):
+    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str):
         super().__init__()
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
-        self.q_proj = Linear(hidden, heads * self.head_dim)
+        kv_dim = layer.num_kv_heads * self.head_dim
+        self.q_proj = lin.linear(f"{prefix}.q_proj", hidden, heads * self.head_dim)
         self.q_norm = RMSNorm(self.head_dim, eps)
         if not shares_kv:
-            self.k_proj = Linear(hidden, layer.num_kv_heads * self.head_dim)
-            self.v_proj = None if layer.k_eq_v else Linear(hidden, layer.num_kv_heads * self.head_dim)
+            self.k_proj = lin.linear(f"{prefix}.k_proj", hidden, kv_dim)
+            self.v_proj = None if layer.k_eq_v else lin.linear(f"{prefix}.v_proj", hidden, kv_dim)
             self.k_norm = RMSNorm(self.head_dim, eps)
             self.v_norm = RMSNorm(self.head_dim, eps, with_weight=False)
         self.shares_kv = shares_kv
-        self.o_proj = Linear(heads * self.head_dim, hidden)
+        self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
         self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window)
 
     def forward(self, x, rope: RotaryEmbedding, cos, sin, ctx: ForwardContext):
@@ -65,21 +67,21 @@ class Gemma4Attention(nn.Module):
 
 
 class Gemma4MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, lin: LinearBuilder, prefix: str):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
+        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate])
         self.act = GeluTanhAndMul(intermediate)
-        self.down_proj = Linear(intermediate, hidden)
+        self.down_proj = lin.linear(f"{prefix}.down_proj", intermediate, hidden)
 
     def forward(self, x):
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class Gemma4Router(nn.Module):
-    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float, lin: LinearBuilder, prefix: str):
         super().__init__()
         self.norm = RMSNorm(hidden, eps, with_weight=False)
-        self.proj = Linear(hidden, num_experts)
+        self.proj = lin.linear(f"{prefix}.proj", hidden, num_experts)
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
         self.scale.weight_loader = self.per_expert_scale.weight_loader = copy_weight
@@ -94,12 +96,12 @@ class Gemma4Router(nn.Module):
 
 
 class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, cfg: dict, layer, window, shares_kv: bool):
+    def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv)
+        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn")
         wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
-        self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide)
+        self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, RMSNorm(hidden, eps))
@@ -107,16 +109,16 @@ class Gemma4DecoderLayer(nn.Module):
         self.layer_scalar.weight_loader = copy_weight
         self.moe = bool(cfg.get("enable_moe_block"))
         if self.moe:
-            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps)
+            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
             self.experts = Experts(cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
                 setattr(self, name, RMSNorm(hidden, eps))
         self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
         if self.ple_dim:
-            self.per_layer_input_gate = Linear(hidden, self.ple_dim)
+            self.per_layer_input_gate = lin.linear(f"{prefix}.per_layer_input_gate", hidden, self.ple_dim)
             self.ple_act = nn.GELU(approximate="tanh")
-            self.per_layer_projection = Linear(self.ple_dim, hidden)
+            self.per_layer_projection = lin.linear(f"{prefix}.per_layer_projection", self.ple_dim, hidden)
             self.post_per_layer_input_norm = RMSNorm(hidden, eps)
 
     def forward(self, h, ple, rope, cos, sin, ctx):
@@ -144,15 +146,16 @@ class Gemma4Model(nn.Module):
         kinds = [layer.kind for layer in spec.layers]
         self.share_targets = kv_share_targets(kinds, cfg.get("num_kv_shared_layers") or 0)
         self.window = cfg.get("sliding_window")
+        lin = LinearBuilder(cfg)
         self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
-                               i in self.share_targets)
+                               i in self.share_targets, lin, f"model.layers.{i}")
             for i, layer in enumerate(spec.layers))
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
         if self.ple_dim:
-            self._build_per_layer_embeddings(cfg, len(spec.layers))
+            self._build_per_layer_embeddings(cfg, len(spec.layers), lin)
         rope_params = cfg.get("rope_parameters") or {}
         self.ropes = nn.ModuleDict()
         for kind in sorted(set(kinds)):
@@ -161,11 +164,11 @@ class Gemma4Model(nn.Module):
             self.ropes[kind] = RotaryEmbedding(head_dim, inv_freq_from_params(head_dim, params), max_positions)
         self.kinds = kinds
 
-    def _build_per_layer_embeddings(self, cfg: dict, num_layers: int) -> None:
+    def _build_per_layer_embeddings(self, cfg: dict, num_layers: int, lin: LinearBuilder) -> None:
         hidden, dim = cfg["hidden_size"], self.ple_dim
         vocab = cfg.get("vocab_size_per_layer_input", cfg["vocab_size"])
         self.embed_tokens_per_layer = ScaledEmbedding(vocab, num_layers * dim, dim ** 0.5)
-        self.per_layer_model_projection = Linear(hidden, num_layers * dim)
+        self.per_layer_model_projection = lin.linear("model.per_layer_model_projection", hidden, num_layers * dim)
         self.per_layer_projection_norm = RMSNorm(dim, cfg.get("rms_norm_eps", 1e-6))
 
     def per_layer_inputs(self, ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Accuracy jobs: lm-eval against `atomlite serve`, compared with thresholds (catalog in ci/accuracy/)."""

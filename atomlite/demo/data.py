@@ -1,0 +1,101 @@
+"""Synthetic arithmetic in the two formats lm-eval's gsm8k and MMLU templates use, from one seeded generator.
+
+gsm8k style: {"question", "answer": "<reasoning>\\n#### N"};  MMLU style: {"question", "choices", "answer": index}.
+Training text and evaluation files come from disjoint seeds.
+
+`python -m atomlite.demo.data OUT_DIR` writes the evaluation files (test and few-shot splits of both tasks).
+"""
+import json
+import random
+import sys
+from pathlib import Path
+
+NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jun", "Kai", "Lea", "Max", "Nia", "Omar",
+         "Pia", "Quin", "Rosa", "Sam", "Tess", "Uma", "Vic", "Wes", "Yara", "Zoe"]
+THINGS = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles", "cookies", "stickers"]
+MAX_OPERAND = 20
+MMLU_DESCRIPTION = "The following are multiple choice questions (with answers) about arithmetic.\n\n"
+LETTERS = "ABCD"
+
+
+def _add(rng):
+    name, thing, a, b = rng.choice(NAMES), rng.choice(THINGS), rng.randint(1, MAX_OPERAND), rng.randint(1, MAX_OPERAND)
+    q = rng.choice([f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have now?",
+                    f"There are {a} {thing} in a box. {name} puts in {b} more. How many {thing} are in the box?"])
+    return q, [f"{a} + {b} = {a + b}"], a + b
+
+
+def _sub(rng):
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    a = rng.randint(2, MAX_OPERAND)
+    b = rng.randint(1, a)
+    q = rng.choice([f"{name} has {a} {thing} and gives away {b}. How many {thing} are left?",
+                    f"There are {a} {thing} on a shelf. {name} takes {b}. How many {thing} remain?"])
+    return q, [f"{a} - {b} = {a - b}"], a - b
+
+
+def _two_steps(rng):
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    a, b = rng.randint(1, MAX_OPERAND), rng.randint(1, MAX_OPERAND)
+    c = rng.randint(1, a + b)
+    q = f"{name} has {a} {thing}, buys {b} more and then gives away {c}. How many {thing} does {name} have?"
+    return q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c
+
+
+PROBLEMS = [_add, _sub, _two_steps]
+
+
+def gsm8k_doc(rng: random.Random) -> dict:
+    question, steps, result = rng.choice(PROBLEMS)(rng)
+    return {"question": question, "answer": "\n".join(steps) + f"\n#### {result}"}
+
+
+def mmlu_doc(rng: random.Random) -> dict:
+    question, _, result = rng.choice(PROBLEMS[:2])(rng)
+    wrong = set()
+    while len(wrong) < 3:
+        candidate = result + rng.choice([-1, 1]) * rng.randint(1, 5)
+        if candidate >= 0 and candidate != result:
+            wrong.add(candidate)
+    choices = [str(x) for x in rng.sample(sorted(wrong), 3)]
+    answer = rng.randrange(4)
+    choices.insert(answer, str(result))
+    return {"question": question, "choices": choices, "answer": answer, "subject": "arithmetic"}
+
+
+def gsm8k_text(doc: dict, with_answer: bool = True) -> str:
+    """Exactly lm-eval's gsm8k rendering: 'Question: q\\nAnswer:' + ' ' + answer."""
+    return f"Question: {doc['question']}\nAnswer:" + (f" {doc['answer']}" if with_answer else "")
+
+
+def mmlu_text(doc: dict, with_answer: bool = True) -> str:
+    """Exactly lm-eval's MMLU rendering: question, 'A. ..' lines, 'Answer:' + ' ' + letter."""
+    lines = [doc["question"].strip()] + [f"{LETTERS[i]}. {c}" for i, c in enumerate(doc["choices"])]
+    return "\n".join(lines) + "\nAnswer:" + (f" {LETTERS[doc['answer']]}" if with_answer else "")
+
+
+def training_episode(rng: random.Random) -> str:
+    """Several solved examples joined as lm-eval joins few-shot examples ('\\n\\n')."""
+    shots = rng.randint(1, 6)
+    if rng.random() < 0.5:
+        return "\n\n".join(gsm8k_text(gsm8k_doc(rng)) for _ in range(shots)) + "\n\n"
+    return MMLU_DESCRIPTION + "\n\n".join(mmlu_text(mmlu_doc(rng)) for _ in range(shots)) + "\n\n"
+
+
+EVAL_SEEDS = {"gsm8k_test": 1001, "gsm8k_fewshot": 1002, "mmlu_test": 1003, "mmlu_fewshot": 1004}
+EVAL_SIZES = {"gsm8k_test": 200, "gsm8k_fewshot": 20, "mmlu_test": 200, "mmlu_fewshot": 10}
+TRAIN_SEED = 7
+
+
+def write_eval_files(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for split, seed in EVAL_SEEDS.items():
+        rng = random.Random(seed)
+        make = gsm8k_doc if split.startswith("gsm8k") else mmlu_doc
+        with open(out / f"{split}.jsonl", "w") as f:
+            for _ in range(EVAL_SIZES[split]):
+                f.write(json.dumps(make(rng)) + "\n")
+
+
+if __name__ == "__main__":
+    write_eval_files(Path(sys.argv[1] if len(sys.argv) > 1 else "ci/accuracy/data"))

@@ -1,0 +1,50 @@
+"""Builds each Linear of a model the way its checkpoint stores it: plain, or MXFP4 per the Quark config.
+
+Models name every projection (`model.layers.0.mlp.gate_up_proj`); the quantization spec of that name decides the
+class. The kernel for FP4 weights is chosen once here through the dispatch table.
+"""
+from atomlite.errors import ConfigError
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.linear import Linear, MergedLinear
+
+
+class LinearBuilder:
+    def __init__(self, hf_config: dict):
+        self.quark = None
+        qc = hf_config.get("quantization_config")
+        if qc:
+            from atomlite.quant.quark import QuarkConfig
+            if qc.get("quant_method") != "quark":
+                raise ConfigError(f"quantization_config quant_method {qc.get('quant_method')!r} is not supported; "
+                                  f"atomlite loads Quark (quant_method 'quark') MXFP4 checkpoints")
+            try:
+                self.quark = QuarkConfig.from_hf_config(qc)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+
+    def _spec(self, name: str):
+        if self.quark is None:
+            return None
+        try:
+            return self.quark.spec_for(name)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def linear(self, name: str, in_features: int, out_features: int):
+        spec = self._spec(name)
+        if spec is None:
+            return Linear(in_features, out_features)
+        from atomlite.quant.mxfp4_linear import MXFP4Linear
+        return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features))
+
+    def merged(self, name: str, in_features: int, out_features: list[int]):
+        spec = self._spec(name)
+        if spec is None:
+            return MergedLinear(in_features, out_features)
+        from atomlite.quant.mxfp4_linear import MXFP4MergedLinear
+        return MXFP4MergedLinear(in_features, out_features, spec,
+                                 backend=self._fp4_backend(sum(out_features), in_features))
+
+    @staticmethod
+    def _fp4_backend(n: int, k: int) -> str:
+        return dispatch.choose("mxfp4_gemm", n=n, k=k).backend

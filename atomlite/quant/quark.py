@@ -1,0 +1,154 @@
+"""Quark `quantization_config` (quant_method "quark") parsed once into a per-layer spec for atomlite's Linears.
+
+A module's config is found as Quark and vLLM do: excluded -> unquantized; else the first `layer_quant_config`
+pattern that matches; else a Linear entry of `layer_type_quant_config`; else `global_quant_config`.
+Names are atomlite's (`model.layers.0.self_attn.q_proj`); a checkpoint written from a multimodal model names
+the same module `model.language_model.layers.0...`, and patterns match either form.
+"""
+import fnmatch
+import re
+from dataclasses import dataclass
+
+from atomlite.quant.mxfp4 import BLOCK
+
+SUPPORTED = ("MXFP4 weights (fp4, per_group 32 along K, e8m0 scales, static) with either no input quantization or "
+             "dynamic MXFP4 inputs (scale_calculation_mode even)")
+
+# atomlite's fused projections and the checkpoint modules they are made of.
+PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+_LANGUAGE_MODEL_PREFIX = "model.language_model."
+
+
+@dataclass(frozen=True, slots=True)
+class LinearQuantSpec:
+    """How one Linear is stored and run. Weights are always MXFP4: uint8 [N, K/2] + e8m0 uint8 [N, K/32]."""
+    dynamic_fp4_input: bool
+    weight_dtype: str = "fp4"
+    block_size: int = BLOCK
+    scale_format: str = "e8m0"
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsupported:
+    scheme: str
+
+
+def _describe(tensor_config: dict) -> str:
+    keys = ("dtype", "qscheme", "group_size", "scale_format", "is_dynamic")
+    return " ".join(f"{k}={tensor_config.get(k)}" for k in keys if tensor_config.get(k) is not None)
+
+
+def _is_mxfp4(tensor_config: dict, dynamic: bool) -> bool:
+    return (tensor_config.get("dtype") == "fp4" and tensor_config.get("qscheme") == "per_group"
+            and tensor_config.get("group_size") == BLOCK and tensor_config.get("ch_axis", -1) == -1
+            and tensor_config.get("scale_format") == "e8m0" and bool(tensor_config.get("is_dynamic")) == dynamic
+            and tensor_config.get("scale_calculation_mode") in (None, "even")
+            and tensor_config.get("mx_element_dtype") is None)
+
+
+def _parse_layer_config(config: dict | None) -> LinearQuantSpec | _Unsupported | None:
+    """One QLayerConfig dict -> the spec it stands for; None when it quantizes nothing."""
+    if not config:
+        return None
+    weight, inputs = config.get("weight"), config.get("input_tensors")
+    for role in ("output_tensors", "bias"):
+        if config.get(role):
+            return _Unsupported(f"{role} quantization ({_describe(config[role])})")
+    if isinstance(weight, list) or isinstance(inputs, list):
+        return _Unsupported("multi-level (sequential) quantization")
+    if weight is None:
+        return _Unsupported(f"input-only quantization ({_describe(inputs)})") if inputs else None
+    if not _is_mxfp4(weight, dynamic=False):
+        return _Unsupported(f"weight {_describe(weight)}")
+    if inputs is not None and not _is_mxfp4(inputs, dynamic=True):
+        return _Unsupported(f"input {_describe(inputs)} with MXFP4 weights")
+    return LinearQuantSpec(dynamic_fp4_input=inputs is not None)
+
+
+def _name_forms(name: str) -> tuple[str, ...]:
+    if name.startswith(_LANGUAGE_MODEL_PREFIX):
+        return name, "model." + name[len(_LANGUAGE_MODEL_PREFIX):]
+    if name.startswith("model."):
+        return name, _LANGUAGE_MODEL_PREFIX + name[len("model."):]
+    return (name,)
+
+
+def _excluded_by(entry: str, name: str) -> bool:
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    if any(c in entry for c in "*?["):
+        return fnmatch.fnmatchcase(name, entry)
+    return name == entry or name.startswith(entry + ".")
+
+
+@dataclass(frozen=True)
+class QuarkConfig:
+    global_spec: LinearQuantSpec | _Unsupported | None
+    layer_specs: tuple[tuple[str, LinearQuantSpec | _Unsupported | None], ...]
+    linear_type_spec: LinearQuantSpec | _Unsupported | None
+    exclude: tuple[str, ...]
+    kv_cache_patterns: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_hf_config(cls, hf_config: dict) -> "QuarkConfig":
+        """From a checkpoint's config.json dict, or its `quantization_config` sub-dict."""
+        qc = hf_config.get("quantization_config", hf_config)
+        if qc.get("quant_method") != "quark":
+            raise ValueError(f"quantization_config has quant_method {qc.get('quant_method')!r}, expected 'quark'")
+        if qc.get("softmax_quant_spec"):
+            raise ValueError(f"quark softmax quantization ({qc['softmax_quant_spec']}) is not supported; "
+                             f"atomlite runs {SUPPORTED}")
+        linear_types = [spec for key, spec in (qc.get("layer_type_quant_config") or {}).items()
+                        if "Linear" in key]
+        kv = tuple((pattern, _describe((spec or {}).get("output_tensors") or {}))
+                   for pattern, spec in (qc.get("kv_cache_quant_config") or {}).items())
+        return cls(
+            global_spec=_parse_layer_config(qc.get("global_quant_config")),
+            layer_specs=tuple((p, _parse_layer_config(c)) for p, c in (qc.get("layer_quant_config") or {}).items()),
+            linear_type_spec=_parse_layer_config(linear_types[0]) if linear_types else None,
+            exclude=tuple(qc.get("exclude") or ()),
+            kv_cache_patterns=kv,
+        )
+
+    def is_excluded(self, module_name: str) -> bool:
+        return any(_excluded_by(e, form) for e in self.exclude for form in _name_forms(module_name))
+
+    def spec_for(self, module_name: str) -> LinearQuantSpec | None:
+        """The quantization of the Linear `module_name`; None when it stays unquantized.
+
+        A fused projection (`...qkv_proj`, `...gate_up_proj`) takes its shards' common spec. Raises ValueError
+        naming the scheme and the layer when the checkpoint uses something atomlite does not run.
+        """
+        prefix, _, leaf = module_name.rpartition(".")
+        shards = PACKED_MODULES.get(leaf)
+        if shards is None:
+            return self._spec_of_one(module_name)
+        names = [f"{prefix}.{s}" if prefix else s for s in shards]
+        specs = {name: self._spec_of_one(name) for name in names}
+        if len(set(specs.values())) > 1:
+            listed = ", ".join(f"{n}: {s}" for n, s in specs.items())
+            raise ValueError(f"{module_name} fuses layers quantized differently ({listed}); "
+                             f"it cannot run as one layer")
+        return specs[names[0]]
+
+    def _spec_of_one(self, module_name: str) -> LinearQuantSpec | None:
+        forms = _name_forms(module_name)
+        if self.is_excluded(module_name):
+            return None
+        for pattern, scheme in self.kv_cache_patterns:
+            if any(fnmatch.fnmatchcase(f, pattern) for f in forms):
+                raise ValueError(f"{module_name}: quark kv-cache quantization ({scheme}) is not supported; "
+                                 f"atomlite runs {SUPPORTED}")
+        where, spec = "global_quant_config", self.global_spec
+        for pattern, layer_spec in self.layer_specs:
+            if any(fnmatch.fnmatchcase(f, pattern) for f in forms):
+                where, spec = f"layer_quant_config[{pattern!r}]", layer_spec
+                break
+        else:
+            if self.linear_type_spec is not None:
+                where, spec = "layer_type_quant_config", self.linear_type_spec
+        if isinstance(spec, _Unsupported):
+            raise ValueError(f"{module_name}: quark scheme {spec.scheme} (from {where}) is not supported; "
+                             f"atomlite runs {SUPPORTED}")
+        return spec

@@ -1,0 +1,69 @@
+"""The accuracy gate itself: catalog, metric lookup, a gate that fails on a broken model, and per-sample parity
+between atomlite's server and transformers (lm-eval's `hf` model) on the demo model."""
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
+from atomlite.accuracy.runner import judge, lm_eval_run, read_metric, render_task, run_job
+from atomlite.demo import demo_model_dir
+
+pytest.importorskip("lm_eval")
+PARITY_LIMIT = 60
+
+
+def test_catalog_pr_jobs_gate_a_few_points_under_their_baseline():
+    jobs = select(load_catalog(REPO_CI / "catalog.yaml"), (), True, "pr")
+    assert {j.name for j in jobs} == {"demo-gsm8k", "demo-mmlu"}
+    for job in jobs:
+        assert job.baseline is not None and job.threshold is not None, job.name
+        assert 0.9 <= job.baseline and job.baseline - 0.06 <= job.threshold < job.baseline, job.name
+
+
+def test_missing_metric_is_a_failure_not_a_pass():
+    job = load_catalog(REPO_CI / "catalog.yaml")[0]
+    with pytest.raises(KeyError, match="missing"):
+        read_metric({"results": {job.task: {"exact_match,flexible-extract": 1.0}}}, job)
+    assert judge(0.5, job)[0] == "fail" and judge(1.0, job)[0] == "pass"
+
+
+def _correct(samples: list[dict], metric: str, filter_name: str) -> dict[int, float]:
+    return {s["doc_id"]: s[metric] for s in samples if s.get("filter", filter_name) == filter_name}
+
+
+@pytest.mark.parametrize("job_name,metric,filter_name", [("demo-gsm8k", "exact_match", "strict-match"),
+                                                         ("demo-mmlu", "acc", "none")])
+def test_server_scores_each_sample_like_transformers(tmp_path, job_name, metric, filter_name):
+    job = next(j for j in load_catalog(REPO_CI / "catalog.yaml") if j.name == job_name)
+    result = run_job(job, REPO_CI, tmp_path, limit=PARITY_LIMIT)
+    assert result.status in ("pass", "fail"), result.detail
+    served = [json.loads(line) for line in open(tmp_path / f"{job.name}.samples.jsonl")]
+    include = render_task(job, REPO_CI, tmp_path / "tasks")
+    reference = lm_eval_run("hf", {"pretrained": str(demo_model_dir()), "dtype": "float32", "device": "cpu",
+                                   "batch_size": 16}, job, include, PARITY_LIMIT)
+    ours, theirs = _correct(served, metric, filter_name), _correct(reference["samples"][job.task], metric,
+                                                                   filter_name)
+    assert len(ours) == len(theirs) == PARITY_LIMIT
+    differing = [d for d in ours if ours[d] != theirs[d]]
+    assert len(differing) <= 1, differing
+
+
+def test_gate_fails_on_a_perturbed_checkpoint(tmp_path):
+    broken = shutil.copytree(demo_model_dir(), tmp_path / "broken")
+    tensors = load_file(broken / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name in [n for n in tensors if n.startswith("model.layers.2.mlp.")]:
+        tensors[name] = tensors[name] + torch.randn(tensors[name].shape, generator=g) * tensors[name].std() * 2
+    save_file(tensors, broken / "model.safetensors")
+    run = subprocess.run([sys.executable, "-m", "atomlite.cli", "eval", "demo-gsm8k", "--model", str(broken),
+                          "--limit", "40", "--report-dir", str(tmp_path / "report")], capture_output=True, text=True)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    result = json.loads((tmp_path / "report" / "results.json").read_text())[0]
+    assert result["status"] == "fail" and result["score"] < result["threshold"]
