@@ -33,3 +33,12 @@ class Checkpoints:
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Gemma 4 with the char tokenizer and chat template (text in, text out)."""
+    from atomlite.demo.random_model import build_random_model
+    path = tmp_path_factory.mktemp("random") / "tiny"
+    build_random_model(path)
+    return path

@@ -1,17 +1,12 @@
 """Run the real app under uvicorn on a free 127.0.0.1 port, in a thread of the test process."""
 import contextlib
-import socket
 import threading
 import time
 
 import httpx
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from atomlite.accuracy.runner import free_port
 
 
 @contextlib.contextmanager

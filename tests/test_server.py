@@ -6,7 +6,6 @@ import openai
 import pytest
 
 from atomlite import LLM, SamplingParams
-from atomlite.demo.random_model import build_random_model
 from atomlite.server.app import make_app
 from server_utils import metric, running, wait_for_idle
 
@@ -15,10 +14,8 @@ PROMPTS = ["Hello there", "Question: 12+7=?", "The sky is", "a", "Once upon a ti
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("srv") / "tiny"
-    build_random_model(path)
-    return path
+def model_dir(random_model_dir):
+    return random_model_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,13 @@
 """Malformed requests get a 4xx in OpenAI's error shape, never a 5xx or a hung connection."""
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from atomlite import LLM
-from atomlite.demo.random_model import build_random_model
+from atomlite.accuracy.runner import SERVED_NAME, start_server
 from atomlite.server.app import make_app
-from server_utils import free_port, running, wait_for_idle
+from server_utils import running, wait_for_idle
 
 NAME = "tiny"
 OK = {"model": NAME, "prompt": "Hi", "max_tokens": 2}
@@ -18,10 +15,8 @@ CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tok
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("srv-err") / "tiny"
-    build_random_model(path)
-    return path
+def model_dir(random_model_dir):
+    return random_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -122,29 +117,20 @@ def test_full_waiting_queue_is_a_503_and_the_rest_complete(model_dir):
         wait_for_idle(base)
 
 
-def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model_dir), "--port",
-                             str(port), "--dtype", "float32", "--max-model-len", "512"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
+def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_path):
+    proc, base = start_server(model_dir, ["--dtype", "float32", "--max-model-len", "512"], tmp_path / "server.log")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
         with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
-                          json={**OK, "max_tokens": 300, "ignore_eos": True, "stream": True}) as resp:
+                          json={**OK, "model": SERVED_NAME, "max_tokens": 300, "ignore_eos": True,
+                                "stream": True}) as resp:
             lines = resp.iter_lines()
             assert next(lines).startswith("data:")
             proc.send_signal(signal.SIGTERM)
-            rest = list(lines)
-        assert rest[-2] == "data: [DONE]" or rest[-1] == "data: [DONE]"
-        assert '"finish_reason": "length"' in "".join(rest)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]"
+        assert '"finish_reason": "length"' in rest[-2]
         assert proc.wait(30) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{base}/health")
     finally:
         proc.kill()

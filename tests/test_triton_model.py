@@ -1,0 +1,18 @@
+"""The whole model on the Triton kernels (interpreter on CPU) gives the torch backend's greedy tokens."""
+import pytest
+
+from atomlite import LLM
+from atomlite.model_ops import triton as triton_ops
+from helpers import greedy, random_prompt
+
+
+@pytest.mark.parametrize("variant", ["dense", "ple"])
+def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
+    path, _ = checkpoints.get(variant)
+    prompts = [random_prompt(n, seed=n) for n in (3, 21)]
+    want = [o.outputs[0].token_ids for o in
+            LLM(str(path), dtype="float32", device="cpu", kernel_backend="torch").generate(prompts, greedy(6))]
+    llm = LLM(str(path), dtype="float32", device="cpu", kernel_backend="triton", max_num_batched_tokens=16)
+    attention = llm.engine.model.attention_layers()[0]
+    assert attention._attend is triton_ops.OPS["attention"]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))] == want
