@@ -176,12 +176,18 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit):
 @main.command()
 @engine_options
 @click.option("--seq-len", type=int, default=None, help="Sequence length to count fitting sequences for (default: --max-model-len).")
-def plan(seq_len, **kw):
+@click.option("--platform", "platform_text", default=None,
+              help="Plan for this platform instead of this machine: cpu, cuda, sm_90, rocm, gfx942, gfx950[+aiter].")
+@click.option("--kernels", is_flag=True, help="List the kernel each op gets (aiter | triton | torch) and why.")
+def plan(seq_len, platform_text, kernels, **kw):
     """Print KV groups, bytes per token, weight bytes and how many sequences fit, from config.json alone."""
+    import torch
+
     from atomlite.config import EngineConfig, parse_memory_size
+    from atomlite.model_ops import dispatch
+    from atomlite.model_ops.aiter.plan import parse_platform
     from atomlite.model_ops.platform import detect_platform
     from atomlite.plan import plan_report
-    import torch
     try:
         args = engine_args(kw)
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
@@ -189,7 +195,11 @@ def plan(seq_len, **kw):
             args["max_model_len"] = seq_len
         config = EngineConfig(model=model_dir(kw), **args)
         device = config.torch_device if config.device != "auto" else torch.device("cpu")
-        lines, _ = plan_report(config, budget, detect_platform(device))
+        platform = parse_platform(platform_text) if platform_text else detect_platform(device)
+        lines, _ = plan_report(config, budget, platform)
+        if kernels:
+            lines.append(f"kernels of this model on {platform.describe()}:")
+            lines += [f"  {line}" for line in dispatch.describe_choices()]
     except (ConfigError, ValueError) as e:
         fail(str(e))
     click.echo("\n".join(lines))

@@ -3,7 +3,7 @@ the global ones, a window shorter than a few-shot prompt) on synthetic arithmeti
 
     python -m atomlite.demo.train [--out atomlite/demo/model] [--steps 1500]
 
-Seeded and reproducible (same machine, same thread count); about 15 minutes on 2 CPU cores (a C++
+Seeded and reproducible (same machine, same thread count); about 20 minutes on 2 idle CPU cores (a C++
 compiler is needed: the step is compiled with torch.compile). It trains with
 transformers' own Gemma4ForCausalLM, then saves config.json, model.safetensors and the tokenizer.
 """

@@ -35,7 +35,7 @@ class LinearBuilder:
         if spec is None:
             return Linear(in_features, out_features)
         from atomlite.quant.mxfp4_linear import MXFP4Linear
-        return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features))
+        return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features, spec))
 
     def merged(self, name: str, in_features: int, out_features: list[int]):
         spec = self._spec(name)
@@ -43,8 +43,8 @@ class LinearBuilder:
             return MergedLinear(in_features, out_features)
         from atomlite.quant.mxfp4_linear import MXFP4MergedLinear
         return MXFP4MergedLinear(in_features, out_features, spec,
-                                 backend=self._fp4_backend(sum(out_features), in_features))
+                                 backend=self._fp4_backend(sum(out_features), in_features, spec))
 
     @staticmethod
-    def _fp4_backend(n: int, k: int) -> str:
-        return dispatch.choose("mxfp4_gemm", n=n, k=k).backend
+    def _fp4_backend(n: int, k: int, spec) -> str:
+        return dispatch.choose("mxfp4_linear", n=n, k=k, dynamic_input=spec.dynamic_fp4_input).backend

@@ -19,7 +19,7 @@ OPS = {
     "rope": apply_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,
-    "mxfp4_gemm": mxfp4_gemm,
+    "mxfp4_linear": mxfp4_gemm,
 }
 
 

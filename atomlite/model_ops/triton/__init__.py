@@ -1,0 +1,44 @@
+"""Triton kernels (ROCm and CUDA; CPU under TRITON_INTERPRET=1). Each op has the torch_ref op's signature."""
+from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.triton.attention import paged_attention
+from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.kv_write import write_kv
+from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
+from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
+from atomlite.model_ops.triton.rope import apply_rope
+
+__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
+
+OPS = {
+    "attention": paged_attention,
+    "write_kv": write_kv,
+    "rms_norm": rms_norm,
+    "add_rms_norm": add_rms_norm,
+    "rope": apply_rope,
+    "gelu_tanh_and_mul": gelu_tanh_and_mul,
+    "mxfp4_linear": mxfp4_gemm,
+}
+
+MAX_HEAD_DIM = 512
+MAX_GQA_GROUP = 64
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def limits(op: str, platform, shape: dict) -> str | None:
+    """None when the Triton kernel serves this op and shape, else why not (dispatch then falls back)."""
+    if not platform.is_gpu and not interpreting():
+        return "triton kernels need a GPU (or TRITON_INTERPRET=1)"
+    head_dim = shape.get("head_dim")
+    if op == "attention":
+        if head_dim is not None and not (_is_power_of_two(head_dim) and 16 <= head_dim <= MAX_HEAD_DIM):
+            return f"head_dim {head_dim} is not a power of two in [16, {MAX_HEAD_DIM}]"
+        if shape.get("gqa", 1) > MAX_GQA_GROUP:
+            return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+    if op == "rope" and head_dim is not None and head_dim % 2:
+        return f"head_dim {head_dim} is odd"
+    if op in ("rms_norm", "add_rms_norm") and shape.get("dim", 0) > MAX_DIM:
+        return f"dim {shape['dim']} exceeds {MAX_DIM}"
+    return None

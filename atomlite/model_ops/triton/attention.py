@@ -1,0 +1,233 @@
+"""Paged attention for prefill and decode alike: one kernel over the batch's block tables.
+
+Each program owns BLOCK_Q query positions of one sequence times the GROUP query heads that share one KV head,
+stacked into BLOCK_M rows, so every K/V tile loaded is used by the whole GQA group. Programs find their sequence
+by binary search over query_start_loc (no host sync, so the launch can be graph-captured). Query i of a sequence
+with Lq queries and Lk keys sits at position Lk - Lq + i. With a window, tiles wholly before the window are
+skipped and rows of blocks before it are never loaded (their block-table entries may point to a null block).
+With SPLIT_KV the key range is cut into splits whose partial results split_kv.combine merges.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton import split_kv
+from atomlite.model_ops.triton.common import dot_precision, interpreting
+
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    block_m: int  # rows per program: query positions x heads of one GQA group
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1
+
+
+@triton.jit
+def _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """Sequence b owns tiles [qsl[b] // BLOCK_Q + b, qsl[b + 1] // BLOCK_Q + b + 1): at least cdiv(Lq, BLOCK_Q)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc + mid) // BLOCK_Q + mid <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_start, tile_end, k_lo, k_hi,
+                  window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
+                  MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    """Online softmax over key tiles [tile_start, tile_end); scores in log2 units."""
+    dims = tl.arange(0, HEAD_DIM)
+    for kv_tile in range(tile_start, tile_end):
+        k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        slot = k_pos % BLOCK_SIZE
+        if MASKED:
+            # Rows outside [k_lo, k_hi) may live in null or unwritten blocks: never load them.
+            k_ok = (k_pos >= k_lo) & (k_pos < k_hi)
+            block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+            k_block = tl.load(k_base + block[:, None] * stride_kb + slot[:, None] * stride_ks + dims[None, :],
+                              mask=k_ok[:, None], other=0.0)
+            v_block = tl.load(v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + dims[None, :],
+                              mask=k_ok[:, None], other=0.0)
+        else:
+            block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
+            k_block = tl.load(k_base + block[:, None] * stride_kb + slot[:, None] * stride_ks + dims[None, :])
+            v_block = tl.load(v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + dims[None, :])
+        if UPCAST:
+            k_block = k_block.to(tl.float32)
+            v_block = v_block.to(tl.float32)
+        scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION) * scale_log2
+        if MASKED:
+            visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            if HAS_WINDOW:
+                visible &= (q_pos[:, None] - k_pos[None, :]) < window
+            scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        acc = acc * alpha[:, None]
+        l_i = l_i * alpha
+        m_i = m_new
+        p = tl.exp2(scores - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = tl.dot(p.to(v_block.dtype), v_block, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attention_kernel(
+        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc,
+        scale_log2, window, num_seqs, num_heads, num_splits,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_ot, stride_oh, stride_os, stride_ls, stride_bt,
+        GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
+        SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc + seq)
+    q_len = tl.load(query_start_loc + seq + 1) - q_start
+    q_tile = tile - (q_start // BLOCK_Q + seq)
+    if q_tile * BLOCK_Q >= q_len:
+        return
+    k_len = tl.load(seq_lens + seq)
+
+    rows = tl.arange(0, BLOCK_M)
+    q_local = q_tile * BLOCK_Q + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (q_local < q_len) & (rows < BLOCK_Q * GROUP)
+    q_pos = k_len - q_len + q_local
+    dims = tl.arange(0, HEAD_DIM)
+    q_tile_ptrs = q + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :]
+    q_block = tl.load(q_tile_ptrs, mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q_block = q_block.to(tl.float32)
+
+    first_pos = k_len - q_len + q_tile * BLOCK_Q
+    k_hi = tl.minimum(k_len, first_pos + BLOCK_Q)
+    k_lo = 0
+    if HAS_WINDOW:
+        k_lo = tl.maximum(first_pos - window + 1, 0)
+    tile_lo = k_lo // BLOCK_N
+    tile_hi = tl.cdiv(k_hi, BLOCK_N)
+    if SPLIT_KV:
+        per_split = tl.cdiv(tile_hi - tile_lo, num_splits)
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_hi, tile_lo + per_split)
+
+    # Tiles [tile_lo, full_lo) and [full_hi, tile_hi) cut the window edge or the diagonal and need masks;
+    # tiles between are visible to every row and skip both the mask and the bounds checks.
+    last_pos = k_hi - 1
+    full_lo = tile_lo
+    if HAS_WINDOW:
+        full_lo = tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N)
+    full_lo = tl.minimum(tl.maximum(full_lo, tile_lo), tile_hi)
+    full_hi = tl.minimum(tl.maximum((first_pos + 1) // BLOCK_N, full_lo), tile_hi)
+
+    # A finite start keeps fully masked rows NaN-free: exp2(-inf - (-1e30)) = 0.
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    table_row = block_table + seq * stride_bt
+    k_base = k_cache + kv_head * stride_kh
+    v_base = v_cache + kv_head * stride_vh
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi, window,
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, True, HAS_WINDOW, BLOCK_N,
+        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, False, HAS_WINDOW, BLOCK_N,
+        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = _attend_tiles(
+        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, True, HAS_WINDOW, BLOCK_N,
+        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    token = q_start + q_local
+    out_ptrs = out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
+    tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=row_ok[:, None])
+    if STORE_LSE:
+        row_lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+        lse_ptrs = lse + split * stride_ls + token * num_heads + head
+        tl.store(lse_ptrs, row_lse, mask=row_ok)
+
+
+def pick_config(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, group: int) -> AttnConfig:
+    """Tile shapes by head_dim and batch shape; decode-like batches (about one query per sequence) get split-KV."""
+    head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
+    wide = q.element_size() > 2 or interpreting()
+    if num_tokens <= 2 * num_seqs:
+        block_n = 32 if head_dim >= 512 or wide else 64
+        max_keys = block_table.shape[1] * k_cache.shape[1]
+        splits = split_kv.num_splits(q.device, num_seqs * k_cache.shape[2], max_keys, block_n)
+        return AttnConfig(16, block_n, 4, 3, splits)
+    if head_dim >= 512:
+        return AttnConfig(64, 16 if wide else 32, 8, 2)
+    if head_dim >= 256:
+        return AttnConfig(64 if wide else 128, 32 if wide else 64, 8, 2)
+    return AttnConfig(128, 64, 8 if head_dim >= 128 else 4, 3)
+
+
+def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
+           config: AttnConfig):
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    num_seqs = block_table.shape[0]
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    if num_tokens == 0 or num_seqs == 0:
+        return (out, lse) if return_lse else out
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    splits = config.num_splits
+    if splits > 1:
+        part_out = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=q.device)
+        dest, dest_lse = part_out, part_lse
+    else:
+        dest, dest_lse = out, lse
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, splits)
+    _attention_kernel[grid](
+        q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
+        query_start_loc, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        dest.stride(-3), dest.stride(-2), dest.stride(0) if splits > 1 else 0,
+        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0),
+        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
+        SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        split_kv.combine(part_out, part_lse, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    window: int | None = None, return_lse: bool = False):
+    """Same contract as torch_ref.paged_attention."""
+    group = q.shape[1] // k_cache.shape[2]
+    config = pick_config(q, k_cache, block_table, group)
+    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config)

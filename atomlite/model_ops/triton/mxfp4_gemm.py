@@ -1,0 +1,257 @@
+"""y = x @ W^T with W in MXFP4 (packed e2m1 uint8 [N, K/2] + e8m0 uint8 [N, K/32]), read packed from memory.
+
+Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32 inputs) in registers, a few bit
+ops per weight; on NVIDIA as PTX working on two weights per 32-bit register (portable Triton elsewhere). The tile
+is computed transposed (acc[N, M] = W x^T): the expanded weight is the dot's register operand and x^T comes from
+memory. Dynamic MXFP4 activation quantization is a separate pass over x (inside the GEMM it would be
+repeated for every N tile, and for the padding rows of a decode tile).
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import interpreting
+
+# Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
+K_ALIGN = 256
+DECODE_MAX_M = 32
+
+
+@dataclass(frozen=True, slots=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_n: int = 8
+
+
+# Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
+DECODE = GemmConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+PREFILL = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+LARGE_PREFILL = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+def pick_config(m: int) -> GemmConfig:
+    return DECODE if m <= DECODE_MAX_M else PREFILL if m <= 256 else LARGE_PREFILL
+
+
+@triton.jit
+def _e2m1_to_float(code, scale_byte, FP32: tl.constexpr):
+    """Nibble codes [.., G, 16] and their blocks' e8m0 bytes [.., G, 1] -> e2m1 value * 2^(scale - 127).
+
+    The code's 3 magnitude bits are placed at the top of the float's exponent field, which makes them the value
+    times 2^-126 (code 1, 0.5, comes out subnormal, exactly); multiplying by 2^(scale - 1) is then exact. That
+    factor must be a normal float: scale bytes up to 128 (scales up to 2, i.e. block amax under ~7).
+    """
+    if FP32:
+        bits = ((code & 7) << 22) | ((code & 8) << 28)
+        factor = ((scale_byte + 126) << 23).to(tl.float32, bitcast=True)
+        return bits.to(tl.float32, bitcast=True) * factor
+    bits = ((code & 7) << 6) | ((code & 8) << 12)
+    factor = ((scale_byte + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True) * factor
+
+
+# Four bytes (eight codes) and their four scale bytes -> low-nibble values (2 x bf16x2) and high-nibble values.
+# Bytes go to the two 16-bit halves (prmt); magnitude bits to the top of the exponent field, sign to bit 15, which
+# is the value times 2^-126; one bf16x2 multiply by 2^(scale - 1) per pair then gives value * 2^(scale - 127).
+_E2M1X8_TO_BF16_PTX = tl.constexpr("""
+{
+.reg .b32 z, t0, t1, f0, f1, a, b;
+mov.b32 z, 0;
+prmt.b32 t0, $4, z, 0x4140;
+prmt.b32 t1, $4, z, 0x4342;
+prmt.b32 f0, $5, z, 0x4140;
+prmt.b32 f1, $5, z, 0x4342;
+add.u32 f0, f0, 0x007E007E;
+shl.b32 f0, f0, 7;
+add.u32 f1, f1, 0x007E007E;
+shl.b32 f1, f1, 7;
+shl.b32 a, t0, 6;
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t0, 12;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $0, a, f0;
+shl.b32 a, t1, 6;
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t1, 12;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $1, a, f1;
+shl.b32 a, t0, 2;
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t0, 8;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $2, a, f0;
+shl.b32 a, t1, 2;
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t1, 8;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $3, a, f1;
+}
+""")
+
+
+@triton.jit
+def _expand_ptx(packed, scale_byte):
+    """uint8 bytes [.., G, 16] and uint8 scales [.., G, 1] -> bf16 (low-nibble values, high-nibble values)."""
+    scales = tl.broadcast_to(scale_byte, packed.shape)
+    return tl.inline_asm_elementwise(_E2M1X8_TO_BF16_PTX, "=r,=r,=r,=r,r,r", [packed, scales],
+                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+
+@triton.jit
+def _e2m1_to_float_wide(code, scale_byte, FP32: tl.constexpr):
+    """As _e2m1_to_float for any scale byte from 2 up: the scale goes straight into the exponent bits."""
+    mag = code & 7
+    exp_minus_1 = tl.maximum(scale_byte, 2) - 1
+    if FP32:
+        bits = tl.where(mag >= 2, (mag << 22) + (exp_minus_1 << 23), tl.where(mag == 1, exp_minus_1 << 23, 0))
+        return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    bits = tl.where(mag >= 2, (mag << 6) + (exp_minus_1 << 7), tl.where(mag == 1, exp_minus_1 << 7, 0))
+    return (bits | ((code & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _quantize_dequantize(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """fp32 [ROWS, COLS] -> the same values after MXFP4 quantization per 32 along COLS (Quark "even" rounding).
+    Blocks whose amax is under ~2^-124 come out as zeros (2^E would be subnormal)."""
+    blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
+    amax = tl.max(tl.abs(blocks), axis=2)
+    rounded_exponent = ((amax.to(tl.int32, bitcast=True) + 0x200000) >> 23) & 0xFF
+    exponent = tl.minimum(tl.maximum(rounded_exponent - 129, -127), 127)
+    inverse_scale = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+    a = tl.abs(blocks * inverse_scale[:, :, None])
+    # Half-even ties go to the code with mantissa bit 0: 0, 1, 2, 4 (hence >= at 0.75, 1.75, 3.5).
+    q = tl.where(a > 5.0, 6.0, tl.where(a >= 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(a >= 1.75, 2.0, tl.where(
+        a > 1.25, 1.5, tl.where(a >= 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
+    q = tl.where(blocks < 0, -q, q) * scale[:, :, None]
+    return tl.reshape(q, (ROWS, COLS))
+
+
+@triton.jit
+def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_LOOP, stride_xm, stride_wn, stride_sn, stride_om,
+                       FP32: tl.constexpr, EVEN_K: tl.constexpr, WIDE_SCALES: tl.constexpr, PTX: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
+    # Programs that share an x tile run close together (L2 reuse of x and of W across neighbouring N tiles).
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_N * tiles_m
+    first_n = (pid // group_size) * GROUP_N
+    group_n = tl.minimum(tiles_n - first_n, GROUP_N)
+    pid_n = first_n + (pid % group_size) % group_n
+    pid_m = (pid % group_size) // group_n
+
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
+    rm_safe = rm % M
+    g = tl.arange(0, GROUPS)
+    byte = tl.arange(0, 16)
+    w_rows = w + rn_safe[:, None, None] * stride_wn + g[None, :, None] * 16 + byte[None, None, :]
+    s_rows = w_scale + rn_safe[:, None] * stride_sn + g[None, :]
+    kk = tl.arange(0, BLOCK_K)
+    x_rows = x + rm_safe[:, None] * stride_xm + kk[None, :]
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K_LOOP, BLOCK_K):
+        packed = tl.load(w_rows + k0 // 2)
+        scale_byte = tl.load(s_rows + k0 // 32)[:, :, None]
+        if PTX:
+            low, high = _expand_ptx(packed, scale_byte)
+        elif WIDE_SCALES:
+            low = _e2m1_to_float_wide(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
+            high = _e2m1_to_float_wide(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+        else:
+            low = _e2m1_to_float(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
+            high = _e2m1_to_float(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+        w_tile = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
+        if EVEN_K:
+            x_tile = tl.load(x_rows + k0)
+        else:
+            x_tile = tl.load(x_rows + k0, mask=(k0 + kk < K)[None, :], other=0.0)
+        x_tile = x_tile.to(w_tile.dtype)
+        acc = tl.dot(w_tile, tl.trans(x_tile), acc, input_precision=DOT_PRECISION)
+
+    out_ptrs = out + rm[None, :] * stride_om + rn[:, None]
+    tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=(rm < M)[None, :] & (rn < N)[:, None])
+
+
+@triton.jit
+def _quantize_dequantize_kernel(x, out, M, K, stride_xm, stride_om, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rm < M)[:, None] & (rk < K)[None, :]
+    tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    qdq = _quantize_dequantize(tile, BLOCK_M, BLOCK_K)
+    tl.store(out + rm[:, None] * stride_om + rk[None, :], qdq.to(out.dtype.element_ty), mask=mask)
+
+
+# _e2m1_to_float's fast path holds for scale bytes up to this; weights with larger scales take the wide path.
+FAST_MAX_SCALE_BYTE = 128
+
+
+def pad_to_k_align(weight: torch.Tensor, weight_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load-time layout for mxfp4_gemm: K padded with zero bytes to a multiple of K_ALIGN, rows contiguous."""
+    pad = -(weight.shape[1] * 2) % K_ALIGN
+    weight = torch.nn.functional.pad(weight, (0, pad // 2))
+    weight_scale = torch.nn.functional.pad(weight_scale, (0, pad // 32))
+    return weight.contiguous(), weight_scale.contiguous()
+
+
+def needs_wide_scales(weight_scale: torch.Tensor) -> bool:
+    """Load-time check (it syncs): does this weight need the slower exact expansion for scales above 2?"""
+    return bool(weight_scale.numel()) and int(weight_scale.max()) > FAST_MAX_SCALE_BYTE
+
+
+def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic MXFP4 activation quantization of x [M, K] (K a multiple of 32), in x's dtype."""
+    out = torch.empty_like(x)
+    block_m, block_k = 16, 256
+    grid = (triton.cdiv(x.shape[0], block_m), triton.cdiv(x.shape[1], block_k))
+    _quantize_dequantize_kernel[grid](x, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
+                                      BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
+def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
+               wide_scales: bool = True, config: GemmConfig | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
+
+    weight [N, K'/2] / weight_scale [N, K'/32] come from pad_to_k_align; wide_scales=needs_wide_scales(weight_scale)
+    (True is always right, False is faster). quantize_x applies dynamic MXFP4 activation quantization first.
+    """
+    m, k = x.shape
+    out_features = weight.shape[0]
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"mxfp4_gemm takes bf16 or fp32 activations, got {x.dtype}")
+    out = torch.empty((m, out_features), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    config = config or pick_config(m)
+    k_padded = weight.shape[1] * 2
+    if k_padded % config.block_k or k_padded < k:
+        raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {config.block_k}: "
+                         f"prepare weights with pad_to_k_align")
+    if quantize_x:
+        x = quantize_dequantize(x)
+    fp32 = x.dtype == torch.float32 or interpreting()
+    ptx = not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(out_features, config.block_n),)
+    _mxfp4_gemm_kernel[grid](
+        x, weight, weight_scale, out, m, out_features, k, triton.cdiv(k, config.block_k) * config.block_k,
+        x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), FP32=fp32,
+        EVEN_K=k % config.block_k == 0, WIDE_SCALES=wide_scales, PTX=ptx, DOT_PRECISION="ieee" if fp32 else "tf32",
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_N=config.group_n,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return out

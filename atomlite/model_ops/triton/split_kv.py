@@ -1,0 +1,53 @@
+"""Split-KV (flash-decoding): when a decode batch has too few (sequence, KV head) pairs to fill the GPU, each pair's
+keys are cut into splits that run in parallel; this merges their partial outputs by their log-sum-exps."""
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import num_sms
+
+MAX_SPLITS = 16
+MIN_TILES_PER_SPLIT = 4
+
+
+def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int) -> int:
+    """The most splits (a power of two) that keep all programs in one wave of about two per multiprocessor, each
+    still walking several key tiles: a partly filled second wave costs more than the splits gain."""
+    splits = 1
+    affordable = max_keys // (block_n * MIN_TILES_PER_SPLIT)
+    while splits * 2 <= min(affordable, MAX_SPLITS) and num_pairs * splits * 2 <= 2 * num_sms(device):
+        splits *= 2
+    return splits
+
+
+@triton.jit
+def _combine_kernel(part_out, part_lse, out, lse, num_splits, num_heads,
+                    stride_ps, stride_ls, stride_ot, stride_oh,
+                    SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    STORE_LSE: tl.constexpr):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_P2)
+    dims = tl.arange(0, HEAD_DIM)
+    row = token * num_heads + head
+    split_lse = tl.load(part_lse + splits * stride_ls + row, mask=splits < num_splits, other=float("-inf"))
+    # Every query sees at least its own key, so some split is non-empty and top is finite.
+    top = tl.max(split_lse, 0)
+    weight = tl.exp(split_lse - top)
+    total = tl.sum(weight, 0)
+    parts = tl.load(part_out + splits[:, None] * stride_ps + row * HEAD_DIM + dims[None, :],
+                    mask=(splits < num_splits)[:, None], other=0.0)
+    merged = tl.sum(parts * (weight / total)[:, None], 0)
+    tl.store(out + token * stride_ot + head * stride_oh + dims, merged.to(out.dtype.element_ty))
+    if STORE_LSE:
+        tl.store(lse + row, top + tl.log(total))
+
+
+def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """part_out [S, T, H, D] fp32 (each split normalised), part_lse [S, T, H] -> out [T, H, D], lse [T, H]."""
+    splits, num_tokens, num_heads, head_dim = part_out.shape
+    _combine_kernel[(num_tokens, num_heads)](
+        part_out, part_lse, out, lse if lse is not None else part_lse, splits, num_heads,
+        part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1),
+        SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,
+        STORE_LSE=lse is not None, num_warps=4)

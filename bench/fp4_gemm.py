@@ -1,0 +1,100 @@
+"""MXFP4 GEMM (Triton, packed weights read directly) vs torch bf16 GEMM, on the GPU, for Gemma-4-31B shapes.
+
+Checks the kernel against the torch reference first, then times both in the same run (median, L2 flushed between
+runs by do_bench) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's: dynamic MXFP4 activation
+quantization included. --sweep also times candidate tile configs and prints the best per shape.
+
+    PYTHONPATH=. python bench/fp4_gemm.py [--sweep]
+"""
+import argparse
+import sys
+
+import torch
+import triton
+
+from atomlite.model_ops.triton import mxfp4_gemm as fp4
+from atomlite.quant import mxfp4
+
+SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
+MS = [1, 16, 64, 256, 2048]
+CANDIDATES = {
+    "decode": [fp4.GemmConfig(16, 32, 128, 4, 4), fp4.GemmConfig(16, 64, 128, 4, 4),
+               fp4.GemmConfig(16, 64, 256, 4, 3), fp4.GemmConfig(16, 128, 128, 4, 4),
+               fp4.GemmConfig(16, 64, 128, 2, 4)],
+    "prefill": [fp4.GemmConfig(64, 128, 64, 4, 4), fp4.GemmConfig(128, 128, 64, 8, 3),
+                fp4.GemmConfig(256, 128, 64, 8, 3), fp4.GemmConfig(128, 256, 64, 8, 3),
+                fp4.GemmConfig(128, 128, 128, 8, 3)],
+}
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got.float() - expected).norm() / expected.norm()).item()
+
+
+def make_weight(n: int, k: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    packed, scale = mxfp4.quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
+    return packed, scale, mxfp4.dequantize(packed, scale)
+
+
+def check(packed, scale, w_ref, wide: bool, seed: int) -> list[str]:
+    failures = []
+    weight, weight_scale = fp4.pad_to_k_align(packed, scale)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for m in (1, 16, 100, 2048):
+        x = torch.randn(m, w_ref.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
+        for quantize_x in (True, False):
+            xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
+            expected = xr @ w_ref.T
+            got = fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide)
+            err = relative_error(got, expected)
+            if not err < 4e-3 or torch.isnan(got).any():
+                failures.append(f"N={w_ref.shape[0]} K={w_ref.shape[1]} M={m} quantize_x={quantize_x} "
+                                f"wide={wide}: relative error {err:.2e}")
+    return failures
+
+
+def time_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    rows, failures = [], []
+    for i, (n, k) in enumerate(SHAPES):
+        packed, scale, w_ref = make_weight(n, k, seed=i)
+        failures += check(packed, scale, w_ref, wide=fp4.needs_wide_scales(scale), seed=i)
+        if i == 0:
+            failures += check(packed, scale, w_ref, wide=True, seed=10)
+        weight, weight_scale = fp4.pad_to_k_align(packed, scale)
+        wide = fp4.needs_wide_scales(weight_scale)
+        w_bf16 = w_ref.to(torch.bfloat16)
+        for m in MS:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            t_bf16 = time_ms(lambda: torch.nn.functional.linear(x, w_bf16))
+            t_fp4 = time_ms(lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide))
+            best = ""
+            if args.sweep:
+                regime = "decode" if m <= fp4.DECODE_MAX_M else "prefill"
+                timed = [(time_ms(lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c)), c)
+                         for c in CANDIDATES[regime]]
+                t_best, c_best = min(timed, key=lambda tc: tc[0])
+                best = (f"  best {t_bf16 / t_best:5.2f}x {c_best.block_m}x{c_best.block_n}x{c_best.block_k}"
+                        f" w{c_best.num_warps} s{c_best.num_stages}")
+                print("   ", n, k, m, " ".join(f"{t * 1e3:.0f}" for t, _ in timed), flush=True)
+            gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
+            rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "
+                        f"{gbps:8.0f}{best}")
+            print(rows[-1], flush=True)
+    print("\n     N      K     M   bf16 us    fp4 us  speedup  fp4 GB/s (weights)")
+    print("\n".join(rows))
+    print("\ncheck vs torch reference:", "FAILED\n  " + "\n  ".join(failures) if failures else "passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Contract: every AITER call the adapters make names a function that exists in AITER's source and passes only keywords
+that function accepts (and every argument it requires), for each pinned AITER version.
+
+AITER cannot be imported on these machines (it needs ROCm; see shared/docs/AITER.md A0), so the adapters run against a
+stand-in `aiter` module built from the pinned signatures (atomlite/model_ops/aiter/signatures.json, generated from the
+amd-aiter 0.1.7.post2.dev18 wheel and the ROCm/aiter e4048607 source tree by tools/aiter_signatures.py). A stand-in is
+used ONLY here and only for that reason. Each stand-in function records its call and computes, in torch, what AITER
+documents the function to compute (test_aiter_semantics.py), so the adapters' argument translation (window, scale,
+LSE layout, gathers, layouts) is checked too. None of this runs an AITER kernel.
+"""
+import copy
+import inspect
+import sys
+import types
+
+import pytest
+import torch
+
+from atomlite.model_ops import aiter as backend, torch_ref
+from atomlite.model_ops.aiter import detect, functions as F, kv_layout, mxfp4
+from atomlite.quant import mxfp4 as ref_mxfp4
+from test_aiter_semantics import SEMANTICS
+
+VERSIONS = sorted(detect.pinned())
+KINDS = {"positional_only": inspect.Parameter.POSITIONAL_ONLY, "keyword_only": inspect.Parameter.KEYWORD_ONLY,
+         "positional_or_keyword": inspect.Parameter.POSITIONAL_OR_KEYWORD}
+# Defaults the adapters rely on by not passing the argument; a changed default must fail the contract.
+DEFAULTS_RELIED_ON = {
+    F.ADD_RMS_NORM: {"gemma_norm": "False", "use_model_sensitive_rmsnorm": "0"},
+    F.RMS_NORM: {"use_model_sensitive_rmsnorm": "0"},
+    F.FLASH_VARLEN: {"dropout_p": "0.0", "logits_soft_cap": "0.0", "alibi_slopes": "None", "bias": "None"},
+    F.GEMM_A4W4: {"bias": "None", "alpha": "1.0", "beta": "0.0"},
+}
+
+
+def _signature(spec: dict) -> inspect.Signature:
+    params = [inspect.Parameter(p["name"], KINDS[p["kind"]],
+                                default=inspect.Parameter.empty if p["default"] is None else p["default"])
+              for p in spec["params"]]
+    return inspect.Signature(params)
+
+
+def _recorder(path: str, spec: dict, calls: list):
+    def stand_in(*args, **kwargs):
+        calls.append((path, args, kwargs))
+        return SEMANTICS[path](**kwargs)
+    stand_in.__signature__ = _signature(spec)
+    return stand_in
+
+
+def install_stand_in(monkeypatch, functions: dict) -> list:
+    """Put an `aiter` module with `functions` where detect finds it; returns the list calls are recorded in."""
+    calls, root = [], types.ModuleType("aiter")
+    modules = {"aiter": root}
+    for path, spec in functions.items():
+        *parents, name = path.split(".")
+        module, dotted = root, "aiter"
+        for part in parents:
+            dotted += "." + part
+            if dotted not in modules:
+                modules[dotted] = types.ModuleType(dotted)
+                setattr(module, part, modules[dotted])
+            module = modules[dotted]
+        setattr(module, name, _recorder(path, spec, calls))
+    for dotted, module in modules.items():
+        monkeypatch.setitem(sys.modules, dotted, module)
+    monkeypatch.setitem(detect._state, "module", root)
+    monkeypatch.setitem(detect._state, "error", None)
+    monkeypatch.setitem(detect._state, "tried", True)
+    return calls
+
+
+def contract_problems(calls: list, functions: dict) -> list[str]:
+    problems = []
+    for path, args, kwargs in calls:
+        spec = functions.get(path)
+        if spec is None:
+            problems.append(f"{path}: no such function in AITER")
+            continue
+        if args:
+            problems.append(f"{path}: called with {len(args)} positional arguments")
+        names = {p["name"] for p in spec["params"] if p["kind"] != "positional_only"}
+        problems += [f"{path}: no keyword {k!r}" for k in kwargs if k not in names and not spec["var_keyword"]]
+        problems += [f"{path}: required {p['name']!r} not passed" for p in spec["params"]
+                     if p["default"] is None and p["name"] not in kwargs]
+        defaults = {p["name"]: p["default"] for p in spec["params"]}
+        problems += [f"{path}: default of {k!r} is {defaults[k]}, adapter assumes {v}"
+                     for k, v in DEFAULTS_RELIED_ON.get(path, {}).items()
+                     if k in defaults and k not in kwargs and defaults[k] != v]
+    return problems
+
+
+class Batch:
+    """A paged cache with a prefill batch (one chunk after a cached prefix, one fresh prompt) and a decode batch."""
+
+    def __init__(self, head_dim=64, heads=4, kv_heads=2, block_size=16, dtype=torch.bfloat16, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.block_size, self.dtype, self.heads, self.head_dim = block_size, dtype, heads, head_dim
+        num_blocks = 12
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.k_cache = torch.randn(shape, generator=g).to(dtype)
+        self.v_cache = torch.randn(shape, generator=g).to(dtype)
+        self.block_table = torch.randperm(num_blocks - 1, generator=g)[:9].add(1).reshape(3, 3).int()
+        self.g = g
+
+    def queries(self, counts):
+        return torch.randn(sum(counts), self.heads, self.head_dim, generator=self.g).to(self.dtype)
+
+    @staticmethod
+    def starts(counts):
+        return torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
+
+
+def run_adapters(window=8):
+    """Calls every adapter once per route; returns (name, got, want) triples."""
+    results = []
+    b = Batch()
+    for lens, counts in (([27, 5, 40], [7, 5, 1]), ([30, 17, 5], [1, 1, 1])):
+        q, qsl, seq_lens = b.queries(counts), Batch.starts(counts), torch.tensor(lens, dtype=torch.int32)
+        for w in (window, None):
+            args = (q, b.k_cache, b.v_cache, b.block_table[:3], seq_lens, qsl, 0.125, w)
+            results.append((f"attention {counts} window={w}", backend.paged_attention(*args),
+                            torch_ref.paged_attention(*args)))
+        got_o, got_l = backend.paged_attention(*args, return_lse=True)
+        want_o, want_l = torch_ref.paged_attention(*args, return_lse=True)
+        results += [(f"attention lse {counts}", got_l, want_l), (f"attention lse out {counts}", got_o, want_o)]
+    k_new, v_new = b.queries([6])[:, :2], b.queries([6])[:, :2]
+    slots = torch.tensor([3, -1, 17, 40, -1, 100])
+    got_k, got_v, want_k, want_v = b.k_cache.clone(), b.v_cache.clone(), b.k_cache.clone(), b.v_cache.clone()
+    backend.write_kv(k_new, v_new, got_k, got_v, slots)
+    torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
+    results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
+    results += run_asm_adapters() + run_norm_act_adapters() + run_mxfp4_adapter()
+    return results
+
+
+def run_asm_adapters():
+    b = Batch(head_dim=kv_layout.ASM_HEAD_DIM, seed=1)
+    k5, v5 = kv_layout.nhd_to_asm(b.k_cache, b.v_cache)
+    lens, counts = [30, 17, 5], [1, 1, 1]
+    q, seq_lens = b.queries(counts), torch.tensor(lens, dtype=torch.int32)
+    out = [("asm decode", backend.paged_attention(q, k5, v5, b.block_table, seq_lens, Batch.starts(counts), 0.1),
+            torch_ref.paged_attention(q, b.k_cache, b.v_cache, b.block_table, seq_lens, Batch.starts(counts), 0.1))]
+    counts = [7, 5, 1]
+    q, seq_lens = b.queries(counts), torch.tensor([27, 5, 40], dtype=torch.int32)
+    out.append(("asm prefill", backend.paged_attention(q, k5, v5, b.block_table, seq_lens, Batch.starts(counts), 0.1),
+                torch_ref.paged_attention(q, b.k_cache, b.v_cache, b.block_table, seq_lens, Batch.starts(counts),
+                                          0.1)))
+    k_new, v_new, slots = b.queries([3])[:, :2], b.queries([3])[:, :2], torch.tensor([5, -1, 33])
+    torch_ref.write_kv(k_new, v_new, b.k_cache, b.v_cache, slots)
+    backend.write_kv(k_new, v_new, k5, v5, slots)
+    want_k5, want_v5 = kv_layout.nhd_to_asm(b.k_cache, b.v_cache)
+    return out + [("asm write_kv k", k5, want_k5), ("asm write_kv v", v5, want_v5)]
+
+
+def run_norm_act_adapters():
+    g = torch.Generator().manual_seed(2)
+    x, r = torch.randn(2, 3, 64, generator=g).bfloat16(), torch.randn(2, 3, 64, generator=g).bfloat16()
+    w = torch.randn(64, generator=g).bfloat16()
+    got_n, got_s = backend.add_rms_norm(x, r, w, 1e-6)
+    want_n, want_s = torch_ref.add_rms_norm(x, r, w, 1e-6)
+    return [("rms_norm", backend.rms_norm(x, w, 1e-6), torch_ref.rms_norm(x, w, 1e-6)),
+            ("rms_norm no weight", backend.rms_norm(x, None, 1e-6), torch_ref.rms_norm(x, None, 1e-6)),
+            ("add_rms_norm", got_n, want_n), ("add_rms_norm sum", got_s, want_s),
+            ("gelu_tanh_and_mul", backend.gelu_tanh_and_mul(x), torch_ref.gelu_tanh_and_mul(x))]
+
+
+def run_mxfp4_adapter():
+    g = torch.Generator().manual_seed(3)
+    n, k = 48, 320
+    packed, scale = ref_mxfp4.quantize(torch.randn(n, k, generator=g))
+    x = torch.randn(5, k, generator=g).bfloat16()
+    want = (ref_mxfp4.quantize_dequantize(x.float()) @ ref_mxfp4.dequantize(packed, scale).T).bfloat16()
+    return [("mxfp4_linear", backend.mxfp4_linear(x, mxfp4.prepare_weight(packed, scale)), want)]
+
+
+@pytest.fixture(params=VERSIONS)
+def pinned_aiter(request, monkeypatch):
+    functions = detect.pinned()[request.param]["functions"]
+    return functions, install_stand_in(monkeypatch, functions)
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def recorded(request):
+    """Every adapter run once against one pinned version: (functions, calls, results)."""
+    functions = detect.pinned()[request.param]["functions"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = install_stand_in(monkeypatch, functions)
+        return functions, calls, run_adapters()
+
+
+def test_every_adapter_call_matches_the_pinned_aiter_signature(recorded):
+    functions, calls, _ = recorded
+    assert contract_problems(calls, functions) == []
+    called = {path for path, _, _ in calls}
+    assert called == {p for paths in F.REQUIRED.values() for p in paths} | {F.ASM_DECODE, F.WRITE_KV_ASM}
+
+
+def test_adapters_compute_what_aiter_documents(recorded):
+    for name, got, want in recorded[2]:
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=2e-2, msg=name)
+
+
+def test_a_renamed_keyword_or_missing_function_fails_the_contract(recorded):
+    functions, calls, _ = recorded
+    renamed = copy.deepcopy(functions)
+    for p in renamed[F.FLASH_VARLEN]["params"]:
+        if p["name"] == "softmax_scale":
+            p["name"] = "sm_scale"
+    assert f"{F.FLASH_VARLEN}: no keyword 'softmax_scale'" in contract_problems(calls, renamed)
+    del renamed[F.WRITE_KV_NHD]
+    assert f"{F.WRITE_KV_NHD}: no such function in AITER" in contract_problems(calls, renamed)
+    flipped = copy.deepcopy(functions)
+    for p in flipped[F.ADD_RMS_NORM]["params"]:
+        if p["name"] == "use_model_sensitive_rmsnorm":
+            p["default"] = "1"
+    assert any("use_model_sensitive_rmsnorm" in p for p in contract_problems(calls, flipped))
+
+
+def test_gemm_a4w4_gets_a_32_row_out_only_where_aiter_takes_one(pinned_aiter):
+    functions, calls = pinned_aiter
+    run_mxfp4_adapter()
+    (gemm,) = [kw for path, _, kw in calls if path == F.GEMM_A4W4]
+    if any(p["name"] == "out" for p in functions[F.GEMM_A4W4]["params"]):
+        assert gemm["out"].shape == (32, 48) and "dtype" not in gemm
+    else:
+        assert gemm["dtype"] == torch.bfloat16 and "out" not in gemm
+
+
+def test_decode_batches_use_paged_decode_and_others_flash_varlen(pinned_aiter):
+    _, calls = pinned_aiter
+    b = Batch()
+    seq_lens = torch.tensor([30, 17, 5], dtype=torch.int32)
+    backend.paged_attention(b.queries([1, 1, 1]), b.k_cache, b.v_cache, b.block_table, seq_lens,
+                            Batch.starts([1, 1, 1]), 0.1, 8)
+    backend.paged_attention(b.queries([2, 1, 1]), b.k_cache, b.v_cache, b.block_table, seq_lens,
+                            Batch.starts([2, 1, 1]), 0.1, 8)
+    assert [path for path, _, _ in calls] == [F.PAGED_DECODE, F.FLASH_VARLEN]
+    assert calls[0][2]["sliding_window"] == 8 and calls[0][2]["kv_cache_layout"] == "NHD"
+    assert calls[1][2]["window_size"] == (7, 0) and calls[1][2]["causal"] is True

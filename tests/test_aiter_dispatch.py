@@ -1,0 +1,102 @@
+"""The dispatch table picks the documented backend, with its reason, on hand-made platforms; nothing imports aiter."""
+import sys
+
+import pytest
+
+from atomlite.model_ops import aiter as backend, dispatch
+from atomlite.model_ops.aiter import detect, plan
+from atomlite.model_ops.platform import Platform
+
+GFX950 = Platform("rocm", "gfx950", has_aiter=True)
+GFX942 = Platform("rocm", "gfx942", has_aiter=True)
+ROCM_NO_AITER = Platform("rocm", "gfx942", has_aiter=False)
+CUDA = Platform("cuda", "sm_90")
+CPU = Platform("cpu")
+CK_LIMIT = "aiter: CK flash attention stops at head_dim 256"
+FP4_LIMIT = "aiter: MXFP4 GEMM needs gfx950"
+
+# (platform, head_dim, expected backend, text the reason must contain)
+ATTENTION = [
+    (GFX950, 256, "aiter", "aiter on gfx950"), (GFX950, 512, "triton", CK_LIMIT),
+    (GFX942, 256, "aiter", "aiter on gfx942"), (GFX942, 512, "triton", CK_LIMIT),
+    (ROCM_NO_AITER, 256, "triton", "triton on rocm"), (ROCM_NO_AITER, 512, "triton", "triton on rocm"),
+    (CUDA, 256, "triton", "triton on cuda"), (CUDA, 512, "triton", "triton on cuda"),
+    (CPU, 256, "torch", "reference on cpu"), (CPU, 512, "torch", "reference on cpu"),
+]
+MXFP4 = [(GFX950, "aiter", "aiter on gfx950"), (GFX942, "triton", FP4_LIMIT),
+         (ROCM_NO_AITER, "triton", "triton on rocm"), (CUDA, "triton", "triton on cuda"),
+         (CPU, "torch", "reference on cpu")]
+
+
+@pytest.mark.parametrize("window", [True, False])
+@pytest.mark.parametrize("platform,head_dim,expected,reason", ATTENTION)
+def test_attention_backend_per_platform_and_head_dim(platform, head_dim, expected, reason, window):
+    choice = dispatch.choose("attention", platform, "auto", head_dim=head_dim, window=window, gqa=2)
+    assert (choice.backend, choice.fn.__module__.split(".")[2]) == (expected, {"aiter": "aiter", "triton": "triton",
+                                                                             "torch": "torch_ref"}[expected])
+    assert reason in choice.reason
+
+
+@pytest.mark.parametrize("platform,expected,reason", MXFP4)
+def test_mxfp4_linear_uses_aiter_only_on_gfx950(platform, expected, reason):
+    (row,) = plan.plan_kernels(platform, shapes=(("mxfp4_linear", dict(n=2560, k=10240, dynamic_input=True)),))
+    assert row.backend == expected and reason in row.reason
+
+
+def test_bf16_ops_on_aiter_platforms_and_what_falls_back():
+    rows = {(r.op, tuple(r.shape.values())): r for r in plan.plan_kernels(GFX942)}
+    for op in ("write_kv", "rms_norm", "add_rms_norm", "gelu_tanh_and_mul"):
+        assert all(r.backend == "aiter" for (o, _), r in rows.items() if o == op), op
+    assert rows[("rope", (256,))].backend == "triton" and "aiter: no rope kernel" in rows[("rope", (256,))].reason
+    assert rows[("moe_experts", (128,))].backend != "aiter"
+
+
+def test_limits_refuse_unsupported_shapes_and_archs():
+    assert "divisible by 8" in backend.limits("attention", GFX950, dict(head_dim=100))
+    assert "gfx942/gfx950" in backend.limits("rms_norm", Platform("rocm", "gfx90a", True), dict(dim=64))
+    assert "weight-only" in backend.limits("mxfp4_linear", GFX950, dict(n=32, dynamic_input=False))
+    assert "divisible by 16" in backend.limits("mxfp4_linear", GFX950, dict(n=40))
+
+
+def test_hand_made_platform_availability_comes_from_the_pinned_signatures(monkeypatch):
+    pinned = detect.pinned()
+    trimmed = {v: {**p, "functions": {k: f for k, f in p["functions"].items() if k != "rmsnorm2d_fwd"}}
+               for v, p in pinned.items()}
+    monkeypatch.setattr(detect, "pinned", lambda: trimmed)
+    assert backend.limits("rms_norm", GFX950, dict(dim=64)) == "this AITER has no rmsnorm2d_fwd"
+    choice = dispatch.choose("rms_norm", GFX950, "auto", dim=64)
+    assert choice.backend == "triton" and "aiter: this AITER has no rmsnorm2d_fwd" in choice.reason
+
+
+def test_a_failed_import_on_this_machine_falls_back_with_its_reason(monkeypatch):
+    monkeypatch.setattr(detect, "local_platform", lambda: GFX950)
+    monkeypatch.setitem(detect._state, "tried", True)
+    monkeypatch.setitem(detect._state, "module", None)
+    monkeypatch.setitem(detect._state, "error", "import aiter failed: RuntimeError: ROCm version file not found")
+    choice = dispatch.choose("rms_norm", GFX950, "auto", dim=64)
+    assert choice.backend == "triton" and "ROCm version file not found" in choice.reason
+
+
+def test_this_cpu_machine_is_no_aiter_platform_and_nothing_imported_aiter():
+    assert detect.local_platform() is None
+    plan.plan_kernels(GFX950)
+    assert "aiter" not in sys.modules
+
+
+@pytest.mark.parametrize("text,platform", [
+    ("gfx950+aiter", GFX950), ("GFX942+aiter", GFX942), ("gfx942", ROCM_NO_AITER), ("sm_90", CUDA),
+    ("cpu", CPU), ("rocm", Platform("rocm"))])
+def test_parse_platform(text, platform):
+    assert plan.parse_platform(text) == platform
+
+
+@pytest.mark.parametrize("text", ["cuda+aiter", "gfx950+rocm", "tpu"])
+def test_parse_platform_rejects_what_cannot_exist(text):
+    with pytest.raises(ValueError, match="--platform"):
+        plan.parse_platform(text)
+
+
+def test_plan_leaves_the_running_models_choices_alone():
+    before = dict(dispatch.choices_made)
+    plan.plan_kernels(GFX950)
+    assert dispatch.choices_made == before

@@ -1,0 +1,172 @@
+"""What each AITER function computes, written in torch from AITER's own documentation and kernels (ops/mha.py
+docstrings, csrc/cpp_itfs/pa/pa_kernels.cuh, csrc/kernels/cache_kernels.cu, ops/rmsnorm.py, ops/gemm_op_a4w4.py).
+test_aiter_contract.py's stand-in `aiter` module answers with these; they are never a claim that AITER ran."""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from atomlite.model_ops.aiter import functions as names
+from atomlite.quant import mxfp4 as ref_mxfp4
+from test_aiter_layout import asm_destinations, gather, scale_destinations, scatter, weight_destinations
+
+
+def _softmax_attend(q, k, v, scale, visible):
+    """q [Lq, Hq, D], k/v [Lk, Hk, D], visible [Lq, Lk] -> out [Lq, Hq, D] (fp32), lse [Hq, Lq]."""
+    group = q.shape[1] // k.shape[1]
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float().repeat_interleave(group, 1)) * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return torch.einsum("hqk,khd->qhd", torch.exp(scores - lse[..., None]),
+                        v.float().repeat_interleave(group, 1)), lse
+
+
+def flash_mask(sq: int, sk: int, causal: bool, window_size) -> torch.Tensor:
+    """ops/mha.py: query i sees keys in [i + sk - sq - left, i + sk - sq + right]; causal is bottom-right aligned."""
+    left, right = window_size[0], window_size[1]
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    i, j = torch.arange(sq)[:, None], torch.arange(sk)[None, :]
+    visible = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        visible &= j >= i + sk - sq - left
+    if right >= 0:
+        visible &= j <= i + sk - sq + right
+    return visible
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), return_lse=False, **_):
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        o, l_b = _softmax_attend(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], scale,
+                                 flash_mask(sq, sk, causal, window_size))
+        out[cq[b]:cq[b + 1]], lse[:, cq[b]:cq[b + 1]] = o.to(q.dtype), l_b
+    return (out, lse) if return_lse else out
+
+
+def _paged_keys(key_cache, value_cache, table_row, ctx):
+    blocks = table_row[:math.ceil(ctx / key_cache.shape[1])].long()
+    return key_cache[blocks].flatten(0, 1)[:ctx], value_cache[blocks].flatten(0, 1)[:ctx]
+
+
+def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, context_lens, kv_cache_layout,
+                       workspace_buffer, max_context_len, sliding_window=0, partition_size=256, **_):
+    """pa_kernels.cuh: a token is masked iff token_idx < context_len - sliding_window (when sliding_window > 0)."""
+    assert kv_cache_layout == "NHD" and partition_size % key_cache.shape[1] == 0
+    assert block_tables.shape[1] >= math.ceil(max_context_len / key_cache.shape[1]) >= 1
+    assert max_context_len >= int(context_lens.max())
+    parts = math.ceil(max_context_len / partition_size)
+    assert workspace_buffer.numel() >= query.numel() * parts * (query.element_size() + 8 / query.shape[-1])
+    for s, ctx in enumerate(context_lens.tolist()):
+        k, v = _paged_keys(key_cache, value_cache, block_tables[s], ctx)
+        visible = torch.arange(ctx)[None, :] >= (ctx - sliding_window if sliding_window > 0 else 0)
+        out[s] = _softmax_attend(query[s:s + 1], k, v, scale, visible)[0][0].to(out.dtype)
+    return out
+
+
+def _asm_to_nhd(k5, v5):
+    n, h, _, bs, x = k5.shape
+    d = v5.shape[3]
+    key_idx, value_idx = asm_destinations(n, bs, h, d, x)
+    return gather(k5, key_idx), gather(v5, value_idx)
+
+
+def pa_fwd_asm(Q, K, V, block_tables, context_lens, block_tables_stride0, **_):
+    """ASM decode: K/V in the 5-D layouts of cache_kernels.cu, softmax scale fixed at 1/sqrt(128)."""
+    assert block_tables_stride0 == block_tables.stride(0) and Q.shape[-1] == 128
+    k_nhd, v_nhd = _asm_to_nhd(K, V)
+    out = torch.empty_like(Q)
+    for s, ctx in enumerate(context_lens.tolist()):
+        k, v = _paged_keys(k_nhd, v_nhd, block_tables[s], ctx)
+        out[s] = _softmax_attend(Q[s:s + 1], k, v, 128 ** -0.5, torch.ones(1, ctx, dtype=torch.bool))[0][0]
+    return out
+
+
+def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
+    assert kv_cache_dtype == "auto" and k_scale.dtype == v_scale.dtype == torch.float32
+    keep = slot_mapping >= 0
+    slots, bs = slot_mapping[keep].long(), key_cache.shape[1]
+    key_cache[slots // bs, slots % bs] = key[keep]
+    value_cache[slots // bs, slots % bs] = value[keep]
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, asm_layout=False, **_):
+    assert kv_cache_dtype == "auto" and asm_layout
+    k_nhd, v_nhd = _asm_to_nhd(key_cache, value_cache)
+    reshape_and_cache_flash(key, value, k_nhd, v_nhd, slot_mapping, "auto", torch.ones(1), torch.ones(1))
+    n, h, _, bs, x = key_cache.shape
+    key_idx, value_idx = asm_destinations(n, bs, h, value_cache.shape[3], x)
+    key_cache.copy_(scatter(k_nhd, key_idx).view(key_cache.shape))
+    value_cache.copy_(scatter(v_nhd, value_idx).view(value_cache.shape))
+
+
+def _rms(x, weight, eps, gemma_norm=False):
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (weight.float() + (1 if gemma_norm else 0))
+
+
+def rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0):
+    assert input.dim() == 2 and weight.dtype == input.dtype
+    return _rms(input, weight, epsilon).to(input.dtype)
+
+
+def rmsnorm2d_fwd_with_add(out, input, residual_in, residual_out, weight, epsilon, gemma_norm=False,
+                           use_model_sensitive_rmsnorm=0):
+    summed = input.float() + residual_in.float()
+    residual_out.copy_(summed)
+    out.copy_(_rms(summed, weight, epsilon, gemma_norm))
+
+
+def gelu_tanh_and_mul(out, input):
+    d = input.shape[-1] // 2
+    out.copy_(F.gelu(input[..., :d].float(), approximate="tanh") * input[..., d:].float())
+
+
+def dynamic_mxfp4_quant(x, scaling_mode="even", shuffle=False):
+    """fp4_utils: Quark "even" scales; with shuffle the scale is [pad256(M), pad8(K/32)] in gemm_a4w4's order."""
+    assert scaling_mode == "even" and shuffle
+    packed, scale = ref_mxfp4.quantize(x.float())
+    rows, cols = -(-scale.shape[0] // 256) * 256, -(-scale.shape[1] // 8) * 8
+    padded = torch.full((rows, cols), 127, dtype=torch.uint8)
+    padded[:scale.shape[0], :scale.shape[1]] = scale
+    return packed, scatter(padded, scale_destinations(rows, cols))
+
+
+def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **_):
+    assert bpreshuffle and (out is None) != (dtype is None)
+    m, kb = A.shape
+    n = B.shape[0]
+    w = gather(B.view(torch.uint8), weight_destinations(n, kb))
+    w_scale = gather(B_scale.view(torch.uint8), scale_destinations(*B_scale.shape))[:n, :kb // 16]
+    x_scale = gather(A_scale.view(torch.uint8), scale_destinations(*A_scale.shape))[:m, :kb // 16]
+    y = ref_mxfp4.dequantize(A.view(torch.uint8), x_scale) @ ref_mxfp4.dequantize(w, w_scale).T
+    if out is None:
+        return y.to(dtype)
+    assert out.shape[0] % 32 == 0
+    out[:m] = y
+    return out
+
+
+SEMANTICS = {
+    names.FLASH_VARLEN: flash_attn_varlen_func, names.PAGED_DECODE: paged_attention_v1, names.ASM_DECODE: pa_fwd_asm,
+    names.WRITE_KV_NHD: reshape_and_cache_flash, names.WRITE_KV_ASM: reshape_and_cache,
+    names.RMS_NORM: rmsnorm2d_fwd, names.ADD_RMS_NORM: rmsnorm2d_fwd_with_add,
+    names.GELU_TANH_AND_MUL: gelu_tanh_and_mul, names.MXFP4_QUANT: dynamic_mxfp4_quant, names.GEMM_A4W4: gemm_a4w4,
+}
+
+
+def test_flash_mask_reproduces_aiter_docstring_examples():
+    assert flash_mask(2, 5, True, (-1, -1)).int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert flash_mask(5, 2, True, (-1, -1)).int().tolist() == [[0, 0], [0, 0], [0, 0], [1, 0], [1, 1]]
+
+
+def test_window_w_minus_1_is_hf_window_w():
+    window = 3
+    visible = flash_mask(4, 6, True, (window - 1, 0))
+    q_pos, k_pos = torch.arange(2, 6)[:, None], torch.arange(6)[None, :]
+    assert torch.equal(visible, (q_pos - k_pos >= 0) & (q_pos - k_pos < window))

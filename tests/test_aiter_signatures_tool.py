@@ -1,0 +1,43 @@
+"""tools/aiter_signatures.py reads signatures the way Python resolves `aiter.<name>`, and the pinned file is current."""
+import importlib.util
+from pathlib import Path
+
+from atomlite.model_ops.aiter import detect
+from atomlite.model_ops.aiter.functions import ALL_PATHS
+
+TOOL = Path(__file__).resolve().parents[1] / "tools/aiter_signatures.py"
+spec = importlib.util.spec_from_file_location("aiter_signatures", TOOL)
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+
+SOURCES = {
+    "aiter/__init__.py": "import os\nif os.getenv('X'):\n    pass\nelse:\n    from .ops.old import *\n"
+                         "    from .ops.new import *\n",
+    "aiter/ops/old.py": "def norm(x, eps):\n    ...\n",
+    "aiter/ops/new.py": "try:\n    import foo\nexcept ImportError:\n    pass\n"
+                        "@decorated('m')\ndef norm(out, x, eps=1e-6, *, flag: bool = False, **kw) -> None:\n    ...\n",
+    "aiter/utility/fp4_utils.py": "def quant(x, /, mode='even'):\n    ...\n",
+}
+
+
+def test_star_imports_resolve_to_the_last_definition():
+    file, fn = tool.Tree(SOURCES).find("norm")
+    assert file == "aiter/ops/new.py"
+    described = tool.describe(fn)
+    assert [(p["name"], p["kind"], p["default"]) for p in described["params"]] == [
+        ("out", "positional_or_keyword", None), ("x", "positional_or_keyword", None),
+        ("eps", "positional_or_keyword", "1e-06"), ("flag", "keyword_only", "False")]
+    assert described["var_keyword"] and not described["var_positional"]
+
+
+def test_dotted_paths_name_submodules():
+    file, fn = tool.Tree(SOURCES).find("utility.fp4_utils.quant")
+    assert file == "aiter/utility/fp4_utils.py"
+    assert [p["kind"] for p in tool.describe(fn)["params"]] == ["positional_only", "positional_or_keyword"]
+    assert tool.Tree(SOURCES).find("utility.fp4_utils.missing") is None
+
+
+def test_pinned_file_covers_every_function_the_adapter_calls():
+    for version, pinned in detect.pinned().items():
+        assert set(pinned["functions"]) == set(ALL_PATHS), f"rerun tools/aiter_signatures.py ({version})"
+    assert detect.ASSUMED_VERSION in detect.pinned()

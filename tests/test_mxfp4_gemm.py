@@ -1,0 +1,106 @@
+"""The Triton MXFP4 GEMM and MXFP4Linear against the torch reference (on CPU under TRITON_INTERPRET=1)."""
+import pytest
+import torch
+
+from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, GemmConfig, mxfp4_gemm,
+                                                  needs_wide_scales, pad_to_k_align)
+from atomlite.quant import mxfp4
+from atomlite.quant.mxfp4_linear import MXFP4Linear
+from atomlite.quant.quark import LinearQuantSpec
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SMALL_DECODE = GemmConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
+SMALL_PREFILL = GemmConfig(block_m=32, block_n=32, block_k=64, num_warps=4, num_stages=2)
+
+
+def random_case(m: int, n: int, k: int, dtype: torch.dtype, seed: int, wide: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    # Blocks of very different magnitudes, so a scale applied to the wrong block shows; wide: scales above 2 too.
+    exponents = torch.randint(-6, 7 if wide else 0, (n, k // 32), generator=gen).float()
+    w = torch.randn(n, k, generator=gen) * torch.exp2(exponents).repeat_interleave(32, dim=1)
+    x = torch.randn(m, k, generator=gen) * torch.exp2(torch.randint(-4, 4, (m, 1), generator=gen).float())
+    packed, scale = mxfp4.quantize(w)
+    return x.to(dtype), packed, scale
+
+
+def reference(x, packed, scale, quantize_x: bool) -> torch.Tensor:
+    xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
+    return xr.double() @ mxfp4.dequantize(packed, scale).double().T
+
+
+def assert_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype):
+    assert got.dtype == dtype
+    # fp32: summation order only. bf16: the output rounding (the interpreter truncates: up to 1 ulp).
+    rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=rtol, atol=rtol * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("m, n, k, config", [
+    (1, 40, 96, SMALL_DECODE),      # N not a multiple of the tile, K not a multiple of block_k
+    (7, 64, 256, SMALL_DECODE),
+    (45, 72, 160, SMALL_PREFILL),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("quantize_x", [True, False])
+@pytest.mark.parametrize("wide", [False, True])
+def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide):
+    x, packed, scale = random_case(m, n, k, dtype, seed=m + n + k, wide=wide)
+    assert needs_wide_scales(scale) == wide
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), quantize_x, wide, config)
+    assert_matches(got, reference(x, packed, scale, quantize_x), dtype)
+
+
+@pytest.mark.parametrize("m, config", [(3, DECODE), (40, PREFILL), (40, LARGE_PREFILL)])
+def test_shipped_configs_match_reference(m, config):
+    x, packed, scale = random_case(m, 64, 256, torch.float32, seed=m)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config)
+    assert_matches(got, reference(x, packed, scale, True), torch.float32)
+
+
+def loaded_linear(k: int, n: int, spec: LinearQuantSpec, backend: str, seed: int = 0) -> MXFP4Linear:
+    _, packed, scale = random_case(1, n, k, torch.float32, seed)
+    layer = MXFP4Linear(k, n, spec, backend=backend)
+    layer.weight.weight_loader(layer.weight, packed)
+    layer.weight_scale.weight_loader(layer.weight_scale, scale)
+    layer.process_after_loading()
+    return layer.to(DEVICE)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_linear_triton_backend_matches_torch_backend(dynamic):
+    spec = LinearQuantSpec(dynamic_fp4_input=dynamic)
+    x = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    expected = loaded_linear(96, 48, spec, "torch")(x)
+    got = loaded_linear(96, 48, spec, "triton")(x)
+    assert got.shape == (2, 3, 48)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_linear_torch_backend_quantizes_inputs_only_when_the_spec_says_so():
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
+    for dynamic in (True, False):
+        layer = loaded_linear(64, 32, LinearQuantSpec(dynamic_fp4_input=dynamic), "torch").cpu()
+        w = mxfp4.dequantize(layer.weight, layer.weight_scale)
+        xr = mxfp4.quantize_dequantize(x) if dynamic else x
+        torch.testing.assert_close(layer(x), xr @ w.T)
+
+
+@pytest.mark.parametrize("param_name, tensor, expected", [
+    ("weight", torch.zeros(32, 64, dtype=torch.uint8), r"expected torch.uint8 \(32, 32\), got torch.uint8 \(32, 64\)"),
+    ("weight_scale", torch.zeros(32, 4, dtype=torch.uint8),
+     r"expected torch.uint8 \(32, 2\), got torch.uint8 \(32, 4\)"),
+    ("weight_scale", torch.zeros(32, 2, dtype=torch.bfloat16), r"expected torch.uint8 \(32, 2\), got torch.bfloat16"),
+    ("weight", torch.zeros(32, 64, dtype=torch.bfloat16), r"got torch.bfloat16 \(32, 64\)"),  # an unquantized weight
+])
+def test_weight_loader_refuses_wrong_shape_or_dtype(param_name, tensor, expected):
+    layer = MXFP4Linear(64, 32, LinearQuantSpec(dynamic_fp4_input=True))
+    param = getattr(layer, param_name)
+    with pytest.raises(ValueError, match=expected):
+        param.weight_loader(param, tensor)
+
+
+def test_in_features_must_be_a_multiple_of_the_block():
+    with pytest.raises(ValueError, match="divisible by 32, got 48"):
+        MXFP4Linear(48, 32, LinearQuantSpec(dynamic_fp4_input=True))

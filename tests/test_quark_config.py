@@ -1,0 +1,114 @@
+"""Parsing Quark quantization_config dicts (the key layout Quark 0.13 writes, shared/docs/QUARK_MXFP4.md), including
+forms Quark itself does not export (prefix and `re:` excludes) that other tools write into the same field.
+A config exported by Quark itself is parsed in test_quark_reference.py."""
+import copy
+
+import pytest
+
+from atomlite.quant.quark import LinearQuantSpec, QuarkConfig
+
+MXFP4_TENSOR = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "ch_axis": -1, "is_dynamic": False,
+                "scale_format": "e8m0", "scale_calculation_mode": "even", "scale_type": "float",
+                "round_method": "half_even", "observer_cls": "PerBlockMXObserver", "symmetric": None,
+                "block_size": None, "mx_element_dtype": None, "is_scale_quant": False, "zero_point_type": "int32"}
+MXFP4_LAYER = {"weight": MXFP4_TENSOR, "input_tensors": {**MXFP4_TENSOR, "is_dynamic": True},
+               "output_tensors": None, "bias": None, "target_device": None}
+FP8_OUTPUT = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False,
+              "observer_cls": "PerTensorMinMaxObserver"}
+
+
+def quark_config(**overrides) -> dict:
+    config = {"quant_method": "quark", "quant_mode": "eager_mode", "version": "0.13",
+              "global_quant_config": copy.deepcopy(MXFP4_LAYER), "layer_quant_config": {},
+              "layer_type_quant_config": {}, "exclude": ["lm_head"], "kv_cache_quant_config": {},
+              "kv_cache_post_rope": False, "softmax_quant_spec": None, "algo_config": None}
+    return {"architectures": ["Gemma4ForCausalLM"], "quantization_config": {**config, **overrides}}
+
+
+DYNAMIC = LinearQuantSpec(dynamic_fp4_input=True)
+WEIGHT_ONLY = LinearQuantSpec(dynamic_fp4_input=False)
+
+
+def test_global_mxfp4_gives_dynamic_fp4_inputs_and_lm_head_stays_unquantized():
+    config = QuarkConfig.from_hf_config(quark_config())
+    assert config.spec_for("model.layers.0.self_attn.q_proj") == DYNAMIC
+    assert config.spec_for("lm_head") is None
+
+
+@pytest.mark.parametrize("entry", [
+    "model.layers.1.mlp.down_proj",                   # exact name
+    "model.language_model.layers.1.mlp.down_proj",    # as a multimodal checkpoint names it
+    "model.layers.1.mlp",                             # prefix (a parent module)
+    "*layers.1.mlp.*",                                # glob
+    r"re:.*layers\.1\.mlp\.(gate|up|down)_proj",      # regex
+])
+def test_every_exclude_form_leaves_the_layer_unquantized(entry):
+    config = QuarkConfig.from_hf_config(quark_config(exclude=[entry]))
+    assert config.spec_for("model.layers.1.mlp.down_proj") is None
+    assert config.spec_for("model.layers.11.mlp.down_proj") == DYNAMIC
+    assert config.spec_for("model.layers.1.mlp_extra.down_proj") == DYNAMIC
+
+
+def test_layer_pattern_overrides_global_config():
+    weight_only = {**MXFP4_LAYER, "input_tensors": None}
+    config = QuarkConfig.from_hf_config(quark_config(layer_quant_config={"*v_proj": weight_only}))
+    assert config.spec_for("model.layers.3.self_attn.v_proj") == WEIGHT_ONLY
+    assert config.spec_for("model.layers.3.self_attn.k_proj") == DYNAMIC
+
+
+def test_patterns_written_for_multimodal_names_match_atomlite_names():
+    weight_only = {**MXFP4_LAYER, "input_tensors": None}
+    config = QuarkConfig.from_hf_config(quark_config(
+        layer_quant_config={"model.language_model.layers.0.*": weight_only},
+        exclude=["*vision_tower*", "model.language_model.layers.2.self_attn.o_proj"]))
+    assert config.spec_for("model.layers.0.mlp.up_proj") == WEIGHT_ONLY
+    assert config.spec_for("model.layers.2.self_attn.o_proj") is None
+    assert config.spec_for("model.language_model.layers.2.self_attn.o_proj") is None
+
+
+def test_fused_projection_takes_the_common_spec_of_its_shards_and_refuses_a_mix():
+    weight_only = {**MXFP4_LAYER, "input_tensors": None}
+    config = QuarkConfig.from_hf_config(quark_config(layer_quant_config={"*v_proj": weight_only},
+                                                     exclude=["*layers.2.mlp.gate_proj", "*layers.2.mlp.up_proj"]))
+    assert config.spec_for("model.layers.0.mlp.gate_up_proj") == DYNAMIC
+    assert config.spec_for("model.layers.2.mlp.gate_up_proj") is None
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.qkv_proj fuses"):
+        config.spec_for("model.layers.0.self_attn.qkv_proj")
+
+
+@pytest.mark.parametrize("change, scheme", [
+    ({"weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_tensor"}}, "weight dtype=fp8_e4m3"),
+    ({"weight": {**MXFP4_TENSOR, "dtype": "int4", "group_size": 128}}, "weight dtype=int4"),
+    ({"output_tensors": FP8_OUTPUT}, "output_tensors quantization (dtype=fp8_e4m3"),
+    ({"input_tensors": {**MXFP4_TENSOR, "is_dynamic": False}}, "input dtype=fp4 qscheme=per_group"),
+])
+def test_unsupported_scheme_names_the_scheme_and_the_layer(change, scheme):
+    config = QuarkConfig.from_hf_config(quark_config(layer_quant_config={"*o_proj": {**MXFP4_LAYER, **change}}))
+    assert config.spec_for("model.layers.0.self_attn.q_proj") == DYNAMIC
+    with pytest.raises(ValueError, match="model.layers.4.self_attn.o_proj") as error:
+        config.spec_for("model.layers.4.self_attn.o_proj")
+    assert scheme in str(error.value) and "layer_quant_config['*o_proj']" in str(error.value)
+
+
+def test_kv_cache_quantization_is_refused_on_the_kv_projections():
+    kv = {**MXFP4_LAYER, "output_tensors": FP8_OUTPUT}
+    config = QuarkConfig.from_hf_config(quark_config(layer_quant_config={"*k_proj": kv, "*v_proj": kv},
+                                                     kv_cache_quant_config={"*k_proj": kv, "*v_proj": kv}))
+    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.k_proj: quark kv-cache quantization "
+                                         r"\(dtype=fp8_e4m3 qscheme=per_tensor"):
+        config.spec_for("model.layers.0.self_attn.k_proj")
+    assert config.spec_for("model.layers.0.self_attn.q_proj") == DYNAMIC
+
+
+def test_unsupported_global_scheme_is_fine_when_every_such_layer_is_overridden_or_excluded():
+    fp8 = {**MXFP4_LAYER, "weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_tensor"}}
+    config = QuarkConfig.from_hf_config(quark_config(global_quant_config=fp8, layer_quant_config={
+        "*mlp.*": MXFP4_LAYER}))
+    assert config.spec_for("model.layers.0.mlp.down_proj") == DYNAMIC
+    with pytest.raises(ValueError, match=r"q_proj: quark scheme weight dtype=fp8_e4m3.*global_quant_config"):
+        config.spec_for("model.layers.0.self_attn.q_proj")
+
+
+def test_other_quant_methods_are_refused():
+    with pytest.raises(ValueError, match="quant_method 'fp8'"):
+        QuarkConfig.from_hf_config({"quantization_config": {"quant_method": "fp8"}})

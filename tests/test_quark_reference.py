@@ -1,0 +1,162 @@
+"""atomlite's MXFP4 path against amd-quark 0.13 itself: its quantizer functions, and a tiny random Gemma 4 that it
+quantizes and exports. Quark runs once per session in a subprocess (run as a script: `python this_file OUT_DIR`),
+which keeps its heavy import and its patches out of the test process."""
+import json
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+import torch
+
+LAYER_TYPES = ["sliding_attention", "full_attention"]
+EXTRA_EXCLUDE = "*layers.1.mlp.*"
+WEIGHT_ONLY_PATTERN = "*v_proj"
+
+
+def make_reference(out: Path) -> None:
+    """Quantize a tiny Gemma 4 with Quark; save its export, its in-memory outputs and its format functions' results."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import tiny_models
+    from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
+    from quark.torch.quantization.config.config import OCP_MXFP4Spec
+    from quark.torch.quantization.tensor_quantize import FakeQuantizeBase
+    from quark.torch.utils.numerics import to_e8m0_uint8
+    from quark.torch.utils.pack import create_pack_method
+    from transformers import Gemma4ForCausalLM
+
+    torch.manual_seed(0)
+    model = Gemma4ForCausalLM(tiny_models.text_config("dense", num_hidden_layers=2, layer_types=LAYER_TYPES))
+    tiny_models.randomize(model, seed=0)
+    model = model.float().eval()
+    template = LLMTemplate.get("gemma4")
+    config = template.get_config(scheme="mxfp4", exclude_layers=template.exclude_layers_name + [EXTRA_EXCLUDE],
+                                 layer_config={WEIGHT_ONLY_PATTERN: "mxfp4_weight_only"})
+    calibration = [torch.randint(3, 96, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    quantizer = ModelQuantizer(config)
+    qmodel = quantizer.freeze(quantizer.quantize_model(model, torch.utils.data.DataLoader(calibration,
+                                                                                          batch_size=None)))
+    gen = torch.Generator().manual_seed(1)
+    linears = {}
+    with torch.no_grad():
+        for name, module in qmodel.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                x = torch.randn(5, module.in_features, generator=gen) * torch.logspace(-2, 2, 5)[:, None]
+                linears[name] = (type(module).__name__, x, module(x))
+        ids = torch.randint(3, 96, (1, 12), generator=gen)
+        logits = qmodel(ids).logits
+
+    x = torch.randn(64, 256, generator=gen) * torch.logspace(-4, 4, 64)[:, None]
+    x[0, :32], x[1, 32:64] = 0.0, -1e-3 * x[1, 32:64].abs()
+    fake_quantize = FakeQuantizeBase.get_fake_quantize(OCP_MXFP4Spec(ch_axis=-1, is_dynamic=False)
+                                                       .to_quantization_spec())
+    qdq = fake_quantize(x)
+    scale = fake_quantize.scale
+    pack = create_pack_method("per_group", "fp4")
+    elements = (qdq.reshape(64, 8, 32) / scale.reshape(64, 8, 1)).reshape(64, 256)
+    all_bytes = torch.arange(256, dtype=torch.uint8).reshape(8, 32)
+    torch.save(dict(linears=linears, ids=ids, logits=logits, x=x, qdq=qdq, scale=to_e8m0_uint8(scale),
+                    packed=pack.pack(elements, True), all_bytes=all_bytes,
+                    all_bytes_unpacked=pack.unpack(all_bytes, True)), out / "quark_reference.pt")
+    with torch.no_grad():
+        export_safetensors(qmodel, str(out / "checkpoint"), custom_mode="quark")
+
+
+@pytest.fixture(scope="session")
+def quark_run(tmp_path_factory):
+    if find_spec("quark") is None:
+        pytest.skip("amd-quark is not installed (pip install atomlite[quark])")
+    out = tmp_path_factory.mktemp("quark")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    from safetensors.torch import load_file
+    checkpoint = out / "checkpoint"
+    return dict(reference=torch.load(out / "quark_reference.pt"), dir=checkpoint,
+                tensors=load_file(checkpoint / "model.safetensors"),
+                config=json.loads((checkpoint / "config.json").read_text()))
+
+
+def test_random_tensors_quantize_like_quark(quark_run):
+    from atomlite.quant import mxfp4
+    ref = quark_run["reference"]
+    packed, scale = mxfp4.quantize(ref["x"])
+    assert torch.equal(scale, ref["scale"])
+    assert torch.equal(packed, ref["packed"])
+    assert torch.equal(mxfp4.quantize_dequantize(ref["x"]), ref["qdq"])
+    nonzero = ref["scale"] > 1  # Quark stores byte 1 for all-zero blocks but quantized them with 2^-127
+    roundtrip = mxfp4.dequantize(packed, scale).reshape(64, 8, 32)[nonzero]
+    assert torch.equal(roundtrip, ref["qdq"].reshape(64, 8, 32)[nonzero])
+    assert torch.equal(mxfp4.e2m1_decode(mxfp4.unpack_e2m1(ref["all_bytes"])), ref["all_bytes_unpacked"])
+
+
+def test_export_has_packed_weights_and_keeps_excluded_layers_float(quark_run):
+    """Every exported weight is uint8 [N, K/2] + [N, K/32]; excluded layers keep a float weight and no scale."""
+    tensors = quark_run["tensors"]
+    scales = [name for name in tensors if name.endswith(".weight_scale")]
+    # layer 0: q k v o gate up down; layer 1 (full attention, k_eq_v: no v_proj; mlp excluded): q k o
+    assert len(scales) == 7 + 3
+    for name in scales:
+        weight = tensors[name.removesuffix("_scale")]
+        assert weight.dtype == torch.uint8 and tensors[name].shape == (weight.shape[0], weight.shape[1] // 16)
+    for leaf in ("gate_proj", "up_proj", "down_proj"):
+        assert tensors[f"model.layers.1.mlp.{leaf}.weight"].is_floating_point()
+        assert f"model.layers.1.mlp.{leaf}.weight_scale" not in tensors
+
+
+def test_exported_config_gives_each_layer_its_spec(quark_run):
+    from atomlite.quant.quark import QuarkConfig
+    config = QuarkConfig.from_hf_config(quark_run["config"])
+    for name, (kind, _, _) in quark_run["reference"]["linears"].items():
+        spec = config.spec_for(name)
+        assert (spec is not None) == (kind == "QuantLinear"), name
+        if spec is not None:
+            assert spec.dynamic_fp4_input == (not name.endswith("v_proj")), name
+    assert config.spec_for("model.layers.0.mlp.gate_up_proj").dynamic_fp4_input
+    assert config.spec_for("model.layers.1.mlp.gate_up_proj") is None
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_mxfp4_linear_matches_quark_quantized_module(quark_run, backend):
+    from atomlite.quant.mxfp4_linear import MXFP4Linear
+    from atomlite.quant.quark import QuarkConfig
+    config = QuarkConfig.from_hf_config(quark_run["config"])
+    tensors = quark_run["tensors"]
+    checked = 0
+    for name, (kind, x, expected) in quark_run["reference"]["linears"].items():
+        spec = config.spec_for(name)
+        if spec is None:
+            continue
+        layer = MXFP4Linear(x.shape[1], expected.shape[1], spec, backend=backend)
+        for param_name, param in layer.named_parameters():
+            param.weight_loader(param, tensors[f"{name}.{param_name}"])
+        layer.process_after_loading()
+        got = layer(x)
+        # fp32: only the summation order differs from Quark's dequantize-then-F.linear.
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item(), msg=name)
+        checked += 1
+    assert checked == 10
+
+
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+def test_whole_model_matches_quarks_quantized_model(quark_run, kernel_backend):
+    """atomlite loads Quark's export (MXFP4 layers, an excluded float MLP, weight-only v_proj) and scores every
+    position of a prompt like Quark's own in-memory quantized model; greedy next tokens agree everywhere."""
+    from atomlite import LLM, SamplingParams
+    ref = quark_run["reference"]
+    ids = ref["ids"][0].tolist()
+    llm = LLM(str(quark_run["dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
+    vocab = ref["logits"].shape[-1]
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=vocab))[0]
+    expected = torch.log_softmax(ref["logits"][0].float(), dim=-1)
+    for pos in range(1, len(ids)):
+        got = torch.tensor([out.prompt_logprobs[pos][t] for t in range(vocab)])
+        torch.testing.assert_close(got, expected[pos - 1], rtol=0, atol=2e-4, msg=f"position {pos}")
+    assert out.outputs[0].token_ids[0] == int(expected[-1].argmax())
+
+
+if __name__ == "__main__":
+    make_reference(Path(sys.argv[1]))

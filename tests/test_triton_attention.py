@@ -1,0 +1,126 @@
+"""Triton paged attention equals torch_ref.paged_attention (CPU: interpreter; GPU: compiled)."""
+import pytest
+import torch
+
+from atomlite.model_ops import torch_ref
+from atomlite.model_ops.triton import attention as tri
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+NULL_BLOCK = 0
+
+
+def paged_batch(q_lens: list[int], k_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+                block_size: int, dtype: torch.dtype, window: int | None = None, device: str = "cpu",
+                seed: int = 0):
+    """Random q and caches. Block 0 is the null block (all NaN): unused block-table entries and blocks wholly
+    before the window point at it. Cache slots past each sequence's length are NaN too."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [(k + block_size - 1) // block_size for k in k_lens]
+    num_blocks = 1 + sum(blocks_per_seq)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen)
+    v_cache = torch.randn(shape, generator=gen)
+    physical = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    max_blocks = max(blocks_per_seq + [1]) + 1
+    block_table = torch.full((len(k_lens), max_blocks), NULL_BLOCK, dtype=torch.int32)
+    for b, (q_len, k_len) in enumerate(zip(q_lens, k_lens)):
+        mine = [physical.pop() for _ in range(blocks_per_seq[b])]
+        for slot in range(k_len, len(mine) * block_size):
+            k_cache[mine[slot // block_size], slot % block_size] = float("nan")
+            v_cache[mine[slot // block_size], slot % block_size] = float("nan")
+        first_needed = 0 if window is None else max(0, k_len - q_len - window + 1)
+        for i, block in enumerate(mine):
+            if i >= first_needed // block_size:
+                block_table[b, i] = block
+    k_cache[NULL_BLOCK] = float("nan")
+    v_cache[NULL_BLOCK] = float("nan")
+    q = torch.randn((sum(q_lens), num_heads, head_dim), generator=gen)
+    starts = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seq_lens = torch.tensor(k_lens, dtype=torch.int32)
+    to = dict(device=device)
+    return (q.to(dtype).to(**to), k_cache.to(dtype).to(**to), v_cache.to(dtype).to(**to), block_table.to(**to),
+            seq_lens.to(**to), starts.to(**to))
+
+
+# Each batch mixes an empty sequence, a first token, a decode step, a prefix hit / later chunk (Lq < Lk) and a
+# whole prefill.
+Q_LENS, K_LENS = [0, 1, 1, 7, 20], [5, 1, 37, 40, 20]
+
+
+def assert_close_to_reference(out, lse, args, scale, window):
+    upcast = [a.float() if a.is_floating_point() else a for a in args]
+    ref_out, ref_lse = torch_ref.paged_attention(*upcast, scale, window, True)
+    assert not out.isnan().any()
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=2e-5)
+    elif DEVICE == "cpu":
+        # One bf16 rounding of an fp32 result: within one ulp (the interpreter truncates on store).
+        err = (out.float() - ref_out).abs()
+        assert (err <= ref_out.abs() * 2.0 ** -7 * 1.01 + 1e-5).all(), err.max()
+    else:
+        # Compiled kernels also round P to bf16 before the PV product.
+        torch.testing.assert_close(out.float(), ref_out, atol=2e-2, rtol=2e-2)
+    if lse is not None:
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim,num_heads,num_kv_heads,block_size,window,dtype,return_lse", [
+    (64, 2, 2, 16, None, torch.float32, True),
+    (64, 4, 2, 16, 8, torch.bfloat16, True),  # window smaller than a block; 64-key tiles span null blocks
+    (256, 8, 1, 16, 40, torch.float32, True),  # GQA 8, window larger than a block
+    (256, 4, 2, 64, None, torch.bfloat16, False),
+    (512, 4, 2, 32, None, torch.float32, True),
+    (512, 8, 1, 16, 24, torch.bfloat16, True),
+    (64, 8, 1, 128, 100, torch.bfloat16, True),
+])
+def test_paged_attention_matches_reference(head_dim, num_heads, num_kv_heads, block_size, window, dtype,
+                                           return_lse):
+    seed = torch.randint(0, 2**31, ()).item()
+    args = paged_batch(Q_LENS, K_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype, window, DEVICE, seed)
+    result = tri.paged_attention(*args, head_dim ** -0.5, window, return_lse)
+    out, lse = result if return_lse else (result, None)
+    assert out.shape == args[0].shape and out.dtype == dtype
+    assert_close_to_reference(out, lse, args, head_dim ** -0.5, window)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_many_query_tiles_per_sequence_match_reference(group):
+    seed = torch.randint(0, 2**31, ()).item()
+    args = paged_batch([33, 0, 18, 1], [40, 3, 50, 2], 2 * group, 2, 64, 16, torch.float32, 30, DEVICE, seed)
+    config = tri.AttnConfig(block_m=8, block_n=16, num_warps=4, num_stages=1)
+    out, lse = tri.launch(*args, 2.0, 30, True, config)  # a large scale makes row maxima jump often
+    assert_close_to_reference(out, lse, args, 2.0, 30)
+
+
+def test_strided_query_view_matches_reference():
+    seed = torch.randint(0, 2**31, ()).item()
+    q, *rest = paged_batch(Q_LENS, K_LENS, 4, 2, 64, 16, torch.float32, None, DEVICE, seed)
+    qkv = torch.randn(q.shape[0], 8, 64, device=DEVICE)
+    qkv[:, :4] = q
+    args = (qkv[:, :4], *rest)
+    out = tri.paged_attention(*args, 0.125)
+    assert_close_to_reference(out, None, args, 0.125, None)
+
+
+@pytest.mark.parametrize("window", [None, 48])
+def test_split_kv_matches_reference(window):
+    seed = torch.randint(0, 2**31, ()).item()
+    args = paged_batch([1, 5, 1], [130, 70, 9], 4, 2, 64, 16, torch.float32, window, DEVICE, seed)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, num_splits=3)
+    out, lse = tri.launch(*args, 0.125, window, True, config)
+    assert_close_to_reference(out, lse, args, 0.125, window)
+
+
+def test_decode_batch_picks_split_kv_and_matches_reference():
+    seed = torch.randint(0, 2**31, ()).item()
+    args = paged_batch([1, 1, 1], [700, 2, 161], 8, 1, 256, 32, torch.bfloat16, None, DEVICE, seed)
+    config = tri.pick_config(args[0], args[1], args[3], group=8)
+    assert config.num_splits > 1
+    out, lse = tri.paged_attention(*args, 0.0625, None, True)
+    assert_close_to_reference(out, lse, args, 0.0625, None)
+
+
+def test_attention_without_queries_returns_empty():
+    args = paged_batch([0, 0], [3, 9], 2, 1, 64, 16, torch.float32, None, DEVICE)
+    out, lse = tri.paged_attention(*args, 0.1, None, True)
+    assert out.shape == (0, 2, 64) and lse.shape == (0, 2)

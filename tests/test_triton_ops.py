@@ -1,0 +1,129 @@
+"""Triton KV write, RMSNorm (+ residual add), RoPE and gelu_tanh_and_mul equal their torch_ref functions."""
+import pytest
+import torch
+
+from atomlite.model_ops import torch_ref
+from atomlite.model_ops import triton as tri
+from atomlite.model_ops.platform import Platform
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def assert_matches(out, ref_fp32):
+    """fp32: rounding-level; bf16: one rounding of the fp32 result, so within one bf16 ulp."""
+    assert out.shape == ref_fp32.shape and not out.isnan().any()
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, ref_fp32, atol=1e-5, rtol=1e-5)
+    else:
+        err = (out.float() - ref_fp32).abs()
+        assert (err <= ref_fp32.abs() * 2.0 ** -7 * 1.01 + 1e-5).all(), err.max()
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (1, 512, 32), (3, 80, 16)])
+def test_write_kv_matches_reference_and_skips_negative_slots(dtype, num_kv_heads, head_dim, block_size):
+    num_blocks, num_tokens = 6, 13
+    k, v = randn(num_tokens, num_kv_heads, head_dim, dtype=dtype), randn(num_tokens, num_kv_heads, head_dim,
+                                                                         dtype=dtype)
+    slots = torch.randperm(num_blocks * block_size, device=DEVICE)[:num_tokens]
+    slots[[2, 7]] = -1
+    caches = [torch.full((num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype,
+                         device=DEVICE) for _ in range(4)]
+    torch_ref.write_kv(k, v, caches[0], caches[1], slots)
+    tri.write_kv(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[2].isnan(), caches[0].isnan())
+    assert torch.equal(caches[2].nan_to_num(), caches[0].nan_to_num())
+    assert torch.equal(caches[3].nan_to_num(), caches[1].nan_to_num())
+
+
+def test_write_kv_reads_strided_views():
+    kv = randn(5, 2, 2, 64)  # a fused projection: k and v are views with a token stride of 256
+    caches = [torch.zeros(4, 16, 2, 64, device=DEVICE) for _ in range(4)]
+    slots = torch.tensor([3, -1, 17, 40, 63], device=DEVICE)
+    torch_ref.write_kv(kv[:, 0], kv[:, 1], caches[0], caches[1], slots)
+    tri.write_kv(kv[:, 0], kv[:, 1], caches[2], caches[3], slots)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,with_weight", [((7, 5376), True), ((9, 3, 256), False), ((4, 2, 512), True),
+                                               ((5, 100), True)])
+def test_rms_norm_matches_reference(dtype, shape, with_weight):
+    x = randn(*shape, dtype=dtype) * 3
+    weight = randn(shape[-1], dtype=dtype) if with_weight else None
+    ref = torch_ref.rms_norm(x.float(), weight.float() if with_weight else None, 1e-6)
+    assert_matches(tri.rms_norm(x, weight, 1e-6), ref)
+
+
+def test_rms_norm_on_head_view_of_fused_projection():
+    qkv = randn(6, 4 + 2 + 2, 128)
+    q = qkv[:, :4]
+    weight = randn(128)
+    assert_matches(tri.rms_norm(q, weight, 1e-6), torch_ref.rms_norm(q, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [5376, 64])
+def test_add_rms_norm_matches_reference(dtype, hidden):
+    x, residual = randn(11, hidden, dtype=dtype), randn(11, hidden, dtype=dtype) * 4
+    weight = randn(hidden, dtype=dtype)
+    normed, summed = tri.add_rms_norm(x, residual, weight, 1e-6)
+    ref_summed = x.float() + residual.float()
+    assert_matches(summed, ref_summed)
+    # The norm sees the sum as rounded to x's dtype, exactly as the reference does.
+    assert_matches(normed, torch_ref.rms_norm(summed.float(), weight.float(), 1e-6))
+    ref_normed, ref_summed_exact = torch_ref.add_rms_norm(x, residual, weight, 1e-6)
+    assert_matches(ref_summed_exact, ref_summed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads,head_dim", [(3, 64), (2, 256), (1, 512)])
+def test_rope_matches_reference(dtype, num_heads, head_dim):
+    num_tokens = 9
+    positions = torch.randint(0, 4096, (num_tokens,), device=DEVICE).float()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
+    inv_freq[head_dim // 8:] = 0.0  # proportional RoPE: the upper frequencies do not rotate
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    x = randn(num_tokens, num_heads, head_dim, dtype=dtype)
+    ref = torch_ref.apply_rope(x.float(), cos.float(), sin.float())
+    assert_matches(tri.apply_rope(x, cos, sin), ref)
+
+
+def test_rope_on_head_view_of_fused_projection():
+    qkv = randn(5, 6, 64)
+    cos, sin = randn(5, 64), randn(5, 64)
+    assert_matches(tri.apply_rope(qkv[:, 2:5], cos, sin), torch_ref.apply_rope(qkv[:, 2:5], cos, sin))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(6, 2 * 2112), (3, 2, 2 * 96)])
+def test_gelu_tanh_and_mul_matches_reference(dtype, shape):
+    x = randn(*shape, dtype=dtype) * 3
+    assert_matches(tri.gelu_tanh_and_mul(x), torch_ref.gelu_tanh_and_mul(x.float()))
+
+
+def test_empty_inputs_give_empty_outputs():
+    assert tri.rms_norm(randn(0, 64), None, 1e-6).shape == (0, 64)
+    assert tri.apply_rope(randn(0, 2, 64), randn(0, 64), randn(0, 64)).shape == (0, 2, 64)
+    assert tri.gelu_tanh_and_mul(randn(0, 128)).shape == (0, 64)
+
+
+@pytest.mark.parametrize("op,shape,refused", [
+    ("attention", dict(head_dim=512, window=False, gqa=8), False),
+    ("attention", dict(head_dim=576, window=False, gqa=8), True),
+    ("attention", dict(head_dim=1024, window=True, gqa=2), True),
+    ("attention", dict(head_dim=256, window=True, gqa=128), True),
+    ("rope", dict(head_dim=63), True),
+    ("rms_norm", dict(dim=5376), False),
+])
+def test_limits_refuse_shapes_the_kernels_cannot_do(op, shape, refused):
+    reason = tri.limits(op, Platform("cuda", "sm_90"), shape)
+    assert (reason is not None) == refused
+    assert op in tri.OPS
