@@ -19,7 +19,11 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests
 
+test-vllm:
+	tools/vllm_venv.sh
+	.venv-vllm/bin/python -m pytest tests/test_vllm_plugin.py tests/test_vllm_register.py tests/test_vllm_kv_layout.py
+
 accuracy: $(STAMP)
 	$(VENV)/bin/atomlite eval --all --level pr --report-dir accuracy-report
 
-.PHONY: install serve test accuracy
+.PHONY: install serve test test-vllm accuracy

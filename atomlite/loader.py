@@ -47,14 +47,44 @@ def _expected(model) -> set[tuple[str, int | None]]:
     return expected
 
 
+def resolve(model, name: str) -> tuple[str, int | None] | None:
+    """Checkpoint tensor name -> (parameter name, shard), or None for a tensor the model never reads."""
+    if name.startswith(model.skipped_prefixes):
+        return None
+    target, shard = _param_name(model, name)
+    return None if model.ignored_weight(target) else (target, shard)
+
+
+def load_tensor(params: dict, name: str, target: str, shard: int | None, tensor, where: str) -> None:
+    param = params.get(target)
+    if param is None:
+        raise ConfigError(f"unexpected tensor {name}{where}: the model has no parameter {target}")
+    try:
+        if shard is None:
+            param.weight_loader(param, tensor)
+        else:
+            param.weight_loader(param, tensor, shard)
+    except ValueError as e:
+        raise ConfigError(f"tensor {name}{where} {e}") from None
+
+
+def finish_loading(model, loaded: set[tuple[str, int | None]], source: str) -> None:
+    """Every parameter (every shard of a fused one) must have been loaded; then one-time re-layouts run."""
+    missing = sorted(f"{n}" + ("" if s is None else f" (shard {s})") for n, s in _expected(model) - loaded)
+    if missing:
+        raise ConfigError(f"{source} lacks {len(missing)} tensor(s) the model needs: "
+                          f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    for module in model.modules():
+        if hasattr(module, "process_after_loading"):
+            module.process_after_loading()
+
+
 def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str, int | None]]]:
     by_file = defaultdict(list)
     for name, file in index.items():
-        if name.startswith(model.skipped_prefixes):
-            continue
-        target, shard = _param_name(model, name)
-        if not model.ignored_weight(target):
-            by_file[file].append((name, target, shard))
+        resolved = resolve(model, name)
+        if resolved is not None:
+            by_file[file].append((name, *resolved))
     return by_file
 
 
@@ -70,27 +100,7 @@ def load_weights(model, model_dir: str | Path) -> None:
                 raise ConfigError(f"weight file {file} listed in the checkpoint index does not exist")
             with safe_open(file, framework="pt") as f:
                 for name, target, shard in entries:
-                    _load_one(params, f, name, target, shard, file)
+                    load_tensor(params, name, target, shard, f.get_tensor(name), f" in {file}")
                     loaded.add((target, shard))
                     bar.update()
-    missing = sorted(f"{n}" + ("" if s is None else f" (shard {s})") for n, s in _expected(model) - loaded)
-    if missing:
-        raise ConfigError(f"checkpoint {model_dir} lacks {len(missing)} tensor(s) the model needs: "
-                          f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
-    for module in model.modules():
-        if hasattr(module, "process_after_loading"):
-            module.process_after_loading()
-
-
-def _load_one(params, f, name: str, target: str, shard: int | None, file: Path) -> None:
-    param = params.get(target)
-    if param is None:
-        raise ConfigError(f"unexpected tensor {name} in {file}: the model has no parameter {target}")
-    tensor = f.get_tensor(name)
-    try:
-        if shard is None:
-            param.weight_loader(param, tensor)
-        else:
-            param.weight_loader(param, tensor, shard)
-    except ValueError as e:
-        raise ConfigError(f"tensor {name} in {file} {e}") from None
+    finish_loading(model, loaded, f"checkpoint {model_dir}")

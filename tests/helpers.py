@@ -1,5 +1,7 @@
 import torch
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 from atomlite import LLM, SamplingParams
 
 

