@@ -1,5 +1,7 @@
-"""The whole model on the Triton kernels (interpreter on CPU) gives the torch backend's greedy tokens."""
+"""The whole model on the Triton kernels (the interpreter on CPU, compiled on a GPU) gives the torch backend's
+greedy tokens."""
 import pytest
+import torch
 
 from atomlite import LLM
 from atomlite.model_ops import triton as triton_ops
@@ -10,9 +12,10 @@ from helpers import greedy, random_prompt
 def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
     path, _ = checkpoints.get(variant)
     prompts = [random_prompt(n, seed=n) for n in (3, 21)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     want = [o.outputs[0].token_ids for o in
-            LLM(str(path), dtype="float32", device="cpu", kernel_backend="torch").generate(prompts, greedy(6))]
-    llm = LLM(str(path), dtype="float32", device="cpu", kernel_backend="triton", max_num_batched_tokens=16)
+            LLM(str(path), dtype="float32", device=device, kernel_backend="torch").generate(prompts, greedy(6))]
+    llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
     attention = llm.engine.model.attention_layers()[0]
     assert attention._attend is triton_ops.OPS["attention"]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))] == want
