@@ -27,7 +27,7 @@ def _add(rng):
 
 def _sub(rng):
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
-    a = rng.randint(2, MAX_OPERAND)
+    a = rng.randint(2, 2 * MAX_OPERAND)  # as large as the sums that two-step problems subtract from
     b = rng.randint(1, a)
     q = rng.choice([f"{name} has {a} {thing} and gives away {b}. How many {thing} are left?",
                     f"There are {a} {thing} on a shelf. {name} takes {b}. How many {thing} remain?"])
@@ -50,8 +50,16 @@ def gsm8k_doc(rng: random.Random) -> dict:
     return {"question": question, "answer": "\n".join(steps) + f"\n#### {result}"}
 
 
+def _expression(rng):
+    a, b = rng.randint(1, MAX_OPERAND), rng.randint(1, MAX_OPERAND)
+    if rng.random() < 0.5:
+        return f"What is {a} + {b}?", [], a + b
+    a, b = max(a, b), min(a, b)
+    return f"What is {a} - {b}?", [], a - b
+
+
 def mmlu_doc(rng: random.Random) -> dict:
-    question, _, result = rng.choice(PROBLEMS[:2])(rng)
+    question, _, result = rng.choice([_expression, _expression, _add, _sub])(rng)
     wrong = set()
     while len(wrong) < 3:
         candidate = result + rng.choice([-1, 1]) * rng.randint(1, 5)
@@ -74,12 +82,26 @@ def mmlu_text(doc: dict, with_answer: bool = True) -> str:
     return "\n".join(lines) + "\nAnswer:" + (f" {LETTERS[doc['answer']]}" if with_answer else "")
 
 
-def training_episode(rng: random.Random) -> str:
-    """Several solved examples joined as lm-eval joins few-shot examples ('\\n\\n')."""
+ANSWER_WEIGHT = {"gsm8k": 3.0, "mmlu": 20.0}
+
+
+def training_episode(rng: random.Random) -> list[tuple[str, float]]:
+    """Several solved examples joined as lm-eval joins few-shot examples ('\\n\\n'), as (text, loss weight)
+    pieces: the answers weigh more than the questions, most of all the single MMLU answer letter."""
     shots = rng.randint(1, 6)
-    if rng.random() < 0.5:
-        return "\n\n".join(gsm8k_text(gsm8k_doc(rng)) for _ in range(shots)) + "\n\n"
-    return MMLU_DESCRIPTION + "\n\n".join(mmlu_text(mmlu_doc(rng)) for _ in range(shots)) + "\n\n"
+    pieces: list[tuple[str, float]] = []
+    if rng.random() < 0.4:
+        for _ in range(shots):
+            doc = gsm8k_doc(rng)
+            pieces += [(gsm8k_text(doc, with_answer=False), 1.0), (f" {doc['answer']}", ANSWER_WEIGHT["gsm8k"]),
+                       ("\n\n", 1.0)]
+        return pieces
+    pieces.append((MMLU_DESCRIPTION, 1.0))
+    for _ in range(shots):
+        doc = mmlu_doc(rng)
+        pieces += [(mmlu_text(doc, with_answer=False), 1.0), (f" {LETTERS[doc['answer']]}", ANSWER_WEIGHT["mmlu"]),
+                   ("\n\n", 1.0)]
+    return pieces
 
 
 EVAL_SEEDS = {"gsm8k_test": 1001, "gsm8k_fewshot": 1002, "mmlu_test": 1003, "mmlu_fewshot": 1004}
