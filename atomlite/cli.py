@@ -94,7 +94,8 @@ def _startup_report(engine) -> list[str]:
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 to listen on all).")
 @click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--served-model-name", default=None, help="Model name clients must send (default: the folder name).")
+@click.option("--served-model-name", default=None,
+              help="Model name clients must send (default: the folder name; atomlite-demo for the demo model).")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on API routes.")
 @click.option("--max-waiting", type=int, default=1024, show_default=True,
               help="Requests allowed to wait; beyond this the server answers 503.")
@@ -118,7 +119,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         fail(str(e))
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
-    name = served_model_name or Path(model).name
+    name = served_model_name or ("atomlite-demo" if kw["model"] is None else Path(model).name)
     click.echo("\n".join(_startup_report(engine)))
     click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
     app = make_app(engine, name, api_key, max_waiting)
