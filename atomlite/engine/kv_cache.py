@@ -112,6 +112,7 @@ class KVCacheManager:
     def update_block_hashes(self, seq: Sequence) -> None:
         """Hash every newly completed block of seq and make it findable in each group."""
         full_blocks = seq.num_computed_tokens // self.block_size
+        first_new = len(seq.block_hashes)
         while len(seq.block_hashes) < full_blocks:
             i = len(seq.block_hashes)
             previous = seq.block_hashes[-1] if seq.block_hashes else None
@@ -119,7 +120,7 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         for group, table in zip(self.groups, seq.block_tables):
-            for i in range(min(full_blocks, len(table))):
+            for i in range(first_new, min(full_blocks, len(table))):
                 group.pool.register(table[i], seq.block_hashes[i])
 
     def _prompt_hashes(self, seq: Sequence) -> list[int]:
