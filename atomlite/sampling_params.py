@@ -1,6 +1,7 @@
 from dataclasses import dataclass
 
 GREEDY_BELOW = 1e-5
+SEED_MIN, SEED_MAX = -2**63, 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 @dataclass
@@ -27,6 +28,8 @@ class SamplingParams:
     def validate(self) -> None:
         def bad(msg):
             raise ValueError(msg)
+        if self.seed is not None and (not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
+            bad(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature:

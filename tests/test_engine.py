@@ -165,3 +165,5 @@ def test_vanishing_temperature_is_greedy_not_nan(dense, expected):
     llm = LLM(str(path), dtype="float32", device="cpu")
     params = SamplingParams(temperature=1e-30, max_tokens=10, ignore_eos=True, top_p=0.5)
     assert llm.generate([random_prompt(17, seed=17)], params)[0].outputs[0].token_ids == expected[17]
+    vanishing_top_p = SamplingParams(temperature=1.0, top_p=5e-324, max_tokens=10, ignore_eos=True, seed=1)
+    assert llm.generate([random_prompt(17, seed=17)], vanishing_top_p)[0].outputs[0].token_ids == expected[17]

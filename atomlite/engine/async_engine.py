@@ -150,6 +150,10 @@ class AsyncEngine:
         except ValueError as e:
             self._deliver(request_id, e)
             return
+        except Exception as e:  # a bug, not user input: this request fails, the engine keeps serving
+            logger.exception("could not add request %s", request_id)
+            self._deliver(request_id, RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
+            return
         if self.metrics:
             self.metrics.prompt_tokens.inc(len(token_ids))
 

@@ -15,8 +15,10 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token once the tokens before it already cover top_p (the first token always stays)
+        # drop a token once the tokens before it already cover top_p; the most likely token always stays
+        # (a top_p below float32's smallest value would otherwise drop it too)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[0] = False
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     return logits
 

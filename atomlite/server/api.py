@@ -72,6 +72,7 @@ class Server:
             if isinstance(p, str):
                 out.append((self.need_tokenizer("a text prompt").encode(p), p))
             else:
+                self.core.validate_prompt(list(p))  # before decoding: ids beyond the vocabulary are an error
                 out.append((list(p), self.core.decode(p) if self.tokenizer is not None else None))
         return out
 
