@@ -4,8 +4,6 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
