@@ -1,22 +1,12 @@
 """`atomlite plan`: what a checkpoint will need, from config.json alone (the model is built on the meta device)."""
-import torch
-
 from atomlite.config import EngineConfig
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
-from atomlite.model_ops import dispatch
+from atomlite.engine.llm_engine import construct_model
 from atomlite.model_ops.platform import Platform
-from atomlite.models.registry import model_class
 
 
 def meta_model(config: EngineConfig, platform: Platform):
-    spec = config.model_spec
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(config.torch_dtype)
-    try:
-        with dispatch.use(platform, config.kernel_backend), torch.device("meta"):
-            return model_class(spec.architecture)(spec, max_positions=config.max_model_len)
-    finally:
-        torch.set_default_dtype(previous)
+    return construct_model(config, "meta", platform)
 
 
 def weight_bytes(model) -> int:

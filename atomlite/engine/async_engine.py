@@ -82,11 +82,18 @@ class AsyncEngine:
     def num_running(self) -> int:
         return len(self.engine.scheduler.running)
 
-    async def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta]:
+    def admit(self, count: int) -> None:
+        """Raise unless `count` more sequences may wait: checked once per HTTP request, for all its sequences,
+        so a request is either admitted whole or refused whole."""
         if not self.is_running:
             raise EngineStopped("the server is shutting down")
-        if self.num_waiting >= self.max_waiting:
+        if self.num_waiting + count > self.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+
+    async def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta]:
+        """Call admit() first. Yields deltas until the sequence finishes; leaving early aborts it."""
+        if not self.is_running:  # its commands would never be read: fail now rather than hang
+            raise EngineStopped("the server is shutting down")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
         self._send(("add", request_id, token_ids, params))

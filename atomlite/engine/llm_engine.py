@@ -13,7 +13,7 @@ from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.loader import load_weights
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.platform import detect_platform
+from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.models.registry import model_class
 from atomlite.outputs import CompletionOutput, RequestOutput
 from atomlite.sampling_params import SamplingParams
@@ -33,30 +33,35 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def build_model(config: EngineConfig):
-    spec, device = config.model_spec, config.torch_device
-    platform = detect_platform(device)
+def construct_model(config: EngineConfig, device: torch.device | str, platform: Platform):
+    """The model's modules for config, on device (meta: no memory), with kernels chosen for platform."""
+    spec = config.model_spec
     with dispatch.use(platform, config.kernel_backend), torch.device(device), _default_dtype(config.torch_dtype):
-        model = model_class(spec.architecture)(spec, max_positions=config.max_model_len)
-    load_weights(model, spec.path)
+        return model_class(spec.architecture)(spec, max_positions=config.max_model_len)
+
+
+def build_model(config: EngineConfig):
+    device = config.torch_device
+    model = construct_model(config, device, detect_platform(device))
+    load_weights(model, config.model_spec.path)
     return model.eval()
 
 
-def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan) -> int:
+def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan, minimum: int) -> int:
     wanted = one_seq_plan.seq_bytes * config.max_num_seqs + 2 * sum(g.block_bytes for g in one_seq_plan.groups)
     device = config.torch_device
     if device.type == "cpu":
-        return max(min(wanted, CPU_DEFAULT_KV_BYTES), one_seq_plan.budget)
+        return max(min(wanted, CPU_DEFAULT_KV_BYTES), minimum)
     free, _ = torch.cuda.mem_get_info(device)
-    return max(min(wanted, int(free * 0.85) - 2**30), one_seq_plan.budget)
+    return max(min(wanted, int(free * 0.85) - 2**30), minimum)
 
 
 def plan_for(config: EngineConfig, specs) -> KVPlan:
     if config.kv_cache_memory is not None:
         return plan_kv_cache(specs, config.kv_cache_memory, config.block_size, config.max_model_len)
     one = plan_kv_cache(specs, 2**62, config.block_size, config.max_model_len)
-    one.budget = one.seq_bytes + 2 * sum(g.block_bytes for g in one.groups)
-    return plan_kv_cache(specs, default_kv_budget(config, one), config.block_size, config.max_model_len)
+    minimum = one.seq_bytes + 2 * sum(g.block_bytes for g in one.groups)  # one sequence, plus the null blocks
+    return plan_kv_cache(specs, default_kv_budget(config, one, minimum), config.block_size, config.max_model_len)
 
 
 class LLMEngine:

@@ -48,12 +48,6 @@ class Server:
                                 f"has {len(ids)} prompt tokens and asks for {max_tokens} more. Lower max_tokens "
                                 f"or shorten the prompt.", "max_tokens")
 
-    def check_capacity(self, count: int) -> None:
-        if not self.engine.is_running:
-            raise EngineStopped("the server is shutting down")
-        if self.engine.num_waiting + count > self.engine.max_waiting:
-            raise QueueFull(f"the waiting queue is full ({self.engine.max_waiting} requests); retry later")
-
     def sampling_params(self, req: SamplingFields, max_tokens: int, seed_offset: int, **extra) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -86,7 +80,7 @@ class Server:
 
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
-        self.check_capacity(len(prompts) * n)
+        self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
         choices, gens = [], []
         for p, (ids, text) in enumerate(prompts):
