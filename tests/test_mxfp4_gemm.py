@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, GemmConfig, mxfp4_gemm,
-                                                  needs_wide_scales, pad_to_k_align)
+                                                  needs_wide_scales, pad_to_k_align, pick_config)
 from atomlite.quant import mxfp4
 from atomlite.quant.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
@@ -11,6 +11,8 @@ from atomlite.quant.quark import LinearQuantSpec
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_DECODE = GemmConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
 SMALL_PREFILL = GemmConfig(block_m=32, block_n=32, block_k=64, num_warps=4, num_stages=2)
+PREFETCH = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, prefetch=True)
+SPLIT_K = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, split_k=3, prefetch=True)
 
 
 def random_case(m: int, n: int, k: int, dtype: torch.dtype, seed: int, wide: bool = False):
@@ -39,6 +41,8 @@ def assert_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     (1, 40, 96, SMALL_DECODE),      # N not a multiple of the tile, K not a multiple of block_k
     (7, 64, 256, SMALL_DECODE),
     (45, 72, 160, SMALL_PREFILL),
+    (1, 40, 96, PREFETCH),          # the next weight tile loaded ahead; a masked K tail
+    (7, 64, 320, SPLIT_K),          # three K splits, the last one shorter
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("quantize_x", [True, False])
@@ -49,6 +53,12 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     weight, weight_scale = pad_to_k_align(packed, scale)
     got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), quantize_x, wide, config)
     assert_matches(got, reference(x, packed, scale, quantize_x), dtype)
+
+
+def test_decode_splits_k_only_when_n_has_few_tiles():
+    assert pick_config(1, 21504) == DECODE
+    assert pick_config(16, 5376).split_k == 4 and pick_config(16, 5376).block_n == DECODE.block_n
+    assert pick_config(64, 5376) == PREFILL
 
 
 @pytest.mark.parametrize("m, config", [(3, DECODE), (40, PREFILL), (40, LARGE_PREFILL)])

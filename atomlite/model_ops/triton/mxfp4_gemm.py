@@ -3,9 +3,11 @@
 Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32 inputs) in registers, a few bit
 ops per weight; on NVIDIA as PTX working on two weights per 32-bit register (portable Triton elsewhere). The tile
 is computed transposed (acc[N, M] = W x^T): the expanded weight is the dot's register operand and x^T comes from
-memory. Dynamic MXFP4 activation quantization is a separate pass over x (inside the GEMM it would be
-repeated for every N tile, and for the padding rows of a decode tile).
+memory. Decode tiles load the next weight tile while computing this one, and split K when N has too few tiles
+to keep every SM streaming. Dynamic MXFP4 activation quantization is a separate pass over x (inside the GEMM it
+is repeated for every N tile: measured slower).
 """
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -27,16 +29,26 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_n: int = 8
+    prefetch: bool = False
+    split_k: int = 1  # K splits, summed with fp32 atomics; pick_config sets it when N has too few tiles
 
 
-# Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
-DECODE = GemmConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)
+# Best of bench/fp4_gemm.py --sweep on an H200 for Gemma-4-31B shapes.
+DECODE = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4, prefetch=True)
 PREFILL = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 LARGE_PREFILL = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
+# Decode with fewer N tiles than MIN_DECODE_TILES splits K (up to 4 ways) towards two programs per SM of an
+# H100/H200 (132 SMs), so that every SM streams weights.
+MIN_DECODE_TILES, DECODE_PROGRAMS = 100, 264
 
 
-def pick_config(m: int) -> GemmConfig:
-    return DECODE if m <= DECODE_MAX_M else PREFILL if m <= 256 else LARGE_PREFILL
+def pick_config(m: int, n: int) -> GemmConfig:
+    if m > DECODE_MAX_M:
+        return PREFILL if m <= 256 else LARGE_PREFILL
+    tiles = triton.cdiv(n, DECODE.block_n)
+    if tiles >= MIN_DECODE_TILES:
+        return DECODE
+    return dataclasses.replace(DECODE, split_k=min(4, triton.cdiv(DECODE_PROGRAMS, tiles)))
 
 
 @triton.jit
@@ -50,10 +62,12 @@ def _e2m1_to_float(code, scale_byte, FP32: tl.constexpr):
     if FP32:
         bits = ((code & 7) << 22) | ((code & 8) << 28)
         factor = ((scale_byte + 126) << 23).to(tl.float32, bitcast=True)
-        return bits.to(tl.float32, bitcast=True) * factor
-    bits = ((code & 7) << 6) | ((code & 8) << 12)
-    factor = ((scale_byte + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True) * factor
+        value = bits.to(tl.float32, bitcast=True) * factor
+    else:
+        bits = ((code & 7) << 6) | ((code & 8) << 12)
+        factor = ((scale_byte + 126) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        value = bits.to(tl.int16).to(tl.bfloat16, bitcast=True) * factor
+    return value
 
 
 # Four bytes (eight codes) and their four scale bytes -> low-nibble values (2 x bf16x2) and high-nibble values.
@@ -114,9 +128,11 @@ def _e2m1_to_float_wide(code, scale_byte, FP32: tl.constexpr):
     exp_minus_1 = tl.maximum(scale_byte, 2) - 1
     if FP32:
         bits = tl.where(mag >= 2, (mag << 22) + (exp_minus_1 << 23), tl.where(mag == 1, exp_minus_1 << 23, 0))
-        return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
-    bits = tl.where(mag >= 2, (mag << 6) + (exp_minus_1 << 7), tl.where(mag == 1, exp_minus_1 << 7, 0))
-    return (bits | ((code & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        value = (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    else:
+        bits = tl.where(mag >= 2, (mag << 6) + (exp_minus_1 << 7), tl.where(mag == 1, exp_minus_1 << 7, 0))
+        value = (bits | ((code & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return value
 
 
 @triton.jit
@@ -138,8 +154,26 @@ def _quantize_dequantize(x, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_LOOP, stride_xm, stride_wn, stride_sn, stride_om,
+def _expand_tile(packed, scale_byte, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, PTX: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Packed bytes [BLOCK_N, BLOCK_K/2] and scale bytes [BLOCK_N, BLOCK_K/32] -> values [BLOCK_N, BLOCK_K]."""
+    packed = tl.reshape(packed, (BLOCK_N, BLOCK_K // 32, 16))
+    scale_byte = tl.reshape(scale_byte, (BLOCK_N, BLOCK_K // 32, 1))
+    if PTX:
+        low, high = _expand_ptx(packed, scale_byte)
+    elif WIDE_SCALES:
+        low = _e2m1_to_float_wide(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
+        high = _e2m1_to_float_wide(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+    else:
+        low = _e2m1_to_float(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
+        high = _e2m1_to_float(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+    return tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_SPLIT, K_END, stride_xm, stride_wn, stride_sn, stride_om,
                        FP32: tl.constexpr, EVEN_K: tl.constexpr, WIDE_SCALES: tl.constexpr, PTX: tl.constexpr,
+                       SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr,
                        DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr):
     # Programs that share an x tile run close together (L2 reuse of x and of W across neighbouring N tiles).
@@ -150,41 +184,46 @@ def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_LOOP, stride_xm, stride_wn
     group_n = tl.minimum(tiles_n - first_n, GROUP_N)
     pid_n = first_n + (pid % group_size) % group_n
     pid_m = (pid % group_size) // group_n
+    k_first = tl.program_id(1) * K_SPLIT
 
-    GROUPS: tl.constexpr = BLOCK_K // 32
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
     rm_safe = rm % M
-    g = tl.arange(0, GROUPS)
-    byte = tl.arange(0, 16)
-    w_rows = w + rn_safe[:, None, None] * stride_wn + g[None, :, None] * 16 + byte[None, None, :]
-    s_rows = w_scale + rn_safe[:, None] * stride_sn + g[None, :]
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, BLOCK_K // 2)[None, :]
+    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[None, :]
     kk = tl.arange(0, BLOCK_K)
     x_rows = x + rm_safe[:, None] * stride_xm + kk[None, :]
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K_LOOP, BLOCK_K):
-        packed = tl.load(w_rows + k0 // 2)
-        scale_byte = tl.load(s_rows + k0 // 32)[:, :, None]
-        if PTX:
-            low, high = _expand_ptx(packed, scale_byte)
-        elif WIDE_SCALES:
-            low = _e2m1_to_float_wide(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
-            high = _e2m1_to_float_wide(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+    k_end = tl.minimum(k_first + K_SPLIT, K_END)
+    # PREFETCH loads the next weight tile into registers while this one is expanded and multiplied: Triton's
+    # pipeliner stages these loads through shared memory, which measured slower for small M (bench/fp4_gemm.py).
+    packed = tl.load(w_rows + k_first // 2)
+    scale_byte = tl.load(s_rows + k_first // 32)
+    for k0 in range(k_first, k_end, BLOCK_K):
+        if PREFETCH:
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last iteration re-reads its own tile
+            packed_next = tl.load(w_rows + k_next // 2)
+            scale_next = tl.load(s_rows + k_next // 32)
         else:
-            low = _e2m1_to_float(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
-            high = _e2m1_to_float(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
-        w_tile = tl.reshape(tl.join(low, high), (BLOCK_N, BLOCK_K))
+            packed = tl.load(w_rows + k0 // 2)
+            scale_byte = tl.load(s_rows + k0 // 32)
         if EVEN_K:
             x_tile = tl.load(x_rows + k0)
         else:
             x_tile = tl.load(x_rows + k0, mask=(k0 + kk < K)[None, :], other=0.0)
-        x_tile = x_tile.to(w_tile.dtype)
-        acc = tl.dot(w_tile, tl.trans(x_tile), acc, input_precision=DOT_PRECISION)
+        w_tile = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K)
+        acc = tl.dot(w_tile, tl.trans(x_tile.to(w_tile.dtype)), acc, input_precision=DOT_PRECISION)
+        if PREFETCH:
+            packed, scale_byte = packed_next, scale_next
 
     out_ptrs = out + rm[None, :] * stride_om + rn[:, None]
-    tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=(rm < M)[None, :] & (rn < N)[:, None])
+    mask = (rm < M)[None, :] & (rn < N)[:, None]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -235,10 +274,9 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     out_features = weight.shape[0]
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"mxfp4_gemm takes bf16 or fp32 activations, got {x.dtype}")
-    out = torch.empty((m, out_features), dtype=x.dtype, device=x.device)
     if m == 0:
-        return out
-    config = config or pick_config(m)
+        return torch.empty((m, out_features), dtype=x.dtype, device=x.device)
+    config = config or pick_config(m, out_features)
     k_padded = weight.shape[1] * 2
     if k_padded % config.block_k or k_padded < k:
         raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {config.block_k}: "
@@ -247,11 +285,19 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         x = quantize_dequantize(x)
     fp32 = x.dtype == torch.float32 or interpreting()
     ptx = not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(out_features, config.block_n),)
+    k_loop = triton.cdiv(k, config.block_k)
+    k_split = triton.cdiv(k_loop, config.split_k) * config.block_k
+    split_k = triton.cdiv(k_loop * config.block_k, k_split)
+    if split_k > 1:
+        out = torch.zeros((m, out_features), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty((m, out_features), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(out_features, config.block_n), split_k)
     _mxfp4_gemm_kernel[grid](
-        x, weight, weight_scale, out, m, out_features, k, triton.cdiv(k, config.block_k) * config.block_k,
+        x, weight, weight_scale, out, m, out_features, k, k_split, k_loop * config.block_k,
         x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), FP32=fp32,
-        EVEN_K=k % config.block_k == 0, WIDE_SCALES=wide_scales, PTX=ptx, DOT_PRECISION="ieee" if fp32 else "tf32",
+        EVEN_K=k % config.block_k == 0, WIDE_SCALES=wide_scales, PTX=ptx, SPLIT_K=split_k,
+        PREFETCH=config.prefetch, DOT_PRECISION="ieee" if fp32 else "tf32",
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_N=config.group_n,
         num_warps=config.num_warps, num_stages=config.num_stages)
-    return out
+    return out.to(x.dtype)
