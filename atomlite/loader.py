@@ -33,6 +33,9 @@ def _param_name(model, name: str) -> tuple[str, int | None]:
         if name.startswith(old):
             name = new + name[len(old):]
             break
+    stacked = getattr(model, "stacked_weight", None)
+    if stacked is not None and (found := stacked(name)) is not None:
+        return found
     for fragment, (fused, shard) in getattr(model, "packed_weights", {}).items():
         if f".{fragment}." in name:
             return name.replace(f".{fragment}.", f".{fused}."), shard

@@ -22,10 +22,12 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 16, 64, 256, 2048]
 C = fp4.GemmConfig
 CANDIDATES = {
-    "decode": [C(16, 64, 256, 4, 4), C(16, 64, 256, 4, 4, prefetch=True), C(16, 64, 256, 4, 4, prefetch=True, split_k=2),
-               C(16, 64, 128, 4, 4, prefetch=True, split_k=4), C(16, 64, 256, 4, 6, prefetch=True, split_k=2),
-               C(16, 128, 256, 4, 3, prefetch=True), C(16, 32, 256, 4, 4, prefetch=True)],
-    "prefill": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3, prefetch=True), C(128, 128, 128, 8, 3), C(128, 256, 64, 8, 3),
+    "decode": [C(16, 64, 256, 4, 4), C(16, 64, 256, 4, 4, prefetch=1), C(16, 64, 256, 4, 4, prefetch=1, split_k=2),
+               C(16, 64, 128, 4, 4, prefetch=1, split_k=4), C(16, 64, 256, 4, 6, prefetch=1, split_k=2),
+               C(16, 128, 256, 4, 3, prefetch=1), C(16, 64, 256, 4, 4, prefetch=2),
+               C(16, 64, 256, 4, 4, prefetch=2, split_k=2), C(16, 64, 128, 4, 4, prefetch=2),
+               C(16, 128, 128, 8, 4, prefetch=2)],
+    "prefill": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3, prefetch=1), C(128, 128, 128, 8, 3), C(128, 256, 64, 8, 3),
                 C(64, 128, 128, 4, 3), C(256, 128, 64, 8, 3)],
 }
 
@@ -110,7 +112,7 @@ def main() -> int:
                          for c in CANDIDATES[regime]]
                 t_best, c = min(timed, key=lambda tc: tc[0])
                 best = (f"  best {t_bf16 / t_best:5.2f}x {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps}"
-                        f" s{c.num_stages} split{c.split_k}{' prefetch' if c.prefetch else ''}")
+                        f" s{c.num_stages} split{c.split_k} prefetch{c.prefetch}")
                 print("   ", n, k, m, " ".join(f"{t * 1e3:.0f}" for t, _ in timed), flush=True)
             gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
             rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "

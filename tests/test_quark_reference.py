@@ -16,28 +16,46 @@ EXTRA_EXCLUDE = "*layers.1.mlp.*"
 WEIGHT_ONLY_PATTERN = "*v_proj"
 
 
-def make_reference(out: Path) -> None:
-    """Quantize a tiny Gemma 4 with Quark; save its export, its in-memory outputs and its format functions' results."""
+def quantize_with_quark(variant: str, seed: int):
+    """A tiny random Gemma 4 quantized by Quark's gemma4 MXFP4 template, as Quark's LLM PTQ tool does it:
+    preprocess_for_quantization first (it splits fused MoE experts into per-expert Linears; a no-op for dense)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import tiny_models
-    from quark.torch import LLMTemplate, ModelQuantizer, export_safetensors
-    from quark.torch.quantization.config.config import OCP_MXFP4Spec
-    from quark.torch.quantization.tensor_quantize import FakeQuantizeBase
-    from quark.torch.utils.numerics import to_e8m0_uint8
-    from quark.torch.utils.pack import create_pack_method
+    from quark.torch import LLMTemplate, ModelQuantizer
+    from quark.torch.utils.llm import preprocess_for_quantization
     from transformers import Gemma4ForCausalLM
 
-    torch.manual_seed(0)
-    model = Gemma4ForCausalLM(tiny_models.text_config("dense", num_hidden_layers=2, layer_types=LAYER_TYPES))
-    tiny_models.randomize(model, seed=0)
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(tiny_models.text_config(variant, num_hidden_layers=2, layer_types=LAYER_TYPES))
+    tiny_models.randomize(model, seed=seed)
     model = model.float().eval()
+    preprocess_for_quantization(model)
     template = LLMTemplate.get("gemma4")
     config = template.get_config(scheme="mxfp4", exclude_layers=template.exclude_layers_name + [EXTRA_EXCLUDE],
                                  layer_config={WEIGHT_ONLY_PATTERN: "mxfp4_weight_only"})
     calibration = [torch.randint(3, 96, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     quantizer = ModelQuantizer(config)
-    qmodel = quantizer.freeze(quantizer.quantize_model(model, torch.utils.data.DataLoader(calibration,
-                                                                                          batch_size=None)))
+    return quantizer.freeze(quantizer.quantize_model(model, torch.utils.data.DataLoader(calibration,
+                                                                                        batch_size=None)))
+
+
+def make_reference(out: Path) -> None:
+    """Quantize tiny dense and MoE Gemma 4s with Quark; save their exports, their in-memory outputs and Quark's
+    format functions' results."""
+    from quark.torch import export_safetensors
+    from quark.torch.quantization.config.config import OCP_MXFP4Spec
+    from quark.torch.quantization.tensor_quantize import FakeQuantizeBase
+    from quark.torch.utils.numerics import to_e8m0_uint8
+    from quark.torch.utils.pack import create_pack_method
+
+    qmoe = quantize_with_quark("moe", seed=3)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        moe_ids = torch.randint(3, 96, (1, 12), generator=gen)
+        torch.save(dict(ids=moe_ids, logits=qmoe(moe_ids).logits), out / "quark_moe_reference.pt")
+        export_safetensors(qmoe, str(out / "moe_checkpoint"), custom_mode="quark")
+
+    qmodel = quantize_with_quark("dense", seed=0)
     gen = torch.Generator().manual_seed(1)
     linears = {}
     with torch.no_grad():
@@ -77,7 +95,8 @@ def quark_run(tmp_path_factory):
     checkpoint = out / "checkpoint"
     return dict(reference=torch.load(out / "quark_reference.pt"), dir=checkpoint,
                 tensors=load_file(checkpoint / "model.safetensors"),
-                config=json.loads((checkpoint / "config.json").read_text()))
+                config=json.loads((checkpoint / "config.json").read_text()),
+                moe_reference=torch.load(out / "quark_moe_reference.pt"), moe_dir=out / "moe_checkpoint")
 
 
 def test_random_tensors_quantize_like_quark(quark_run):
@@ -156,6 +175,66 @@ def test_whole_model_matches_quarks_quantized_model(quark_run, kernel_backend):
         got = torch.tensor([out.prompt_logprobs[pos][t] for t in range(vocab)])
         torch.testing.assert_close(got, expected[pos - 1], rtol=0, atol=2e-4, msg=f"position {pos}")
     assert out.outputs[0].token_ids[0] == int(expected[-1].argmax())
+
+
+def test_moe_export_stores_each_expert_as_packed_linears(quark_run):
+    """Quark (after preprocess_for_quantization) exports per-expert MXFP4 Linears; the router stays float."""
+    from safetensors.torch import load_file
+    tensors = load_file(quark_run["moe_dir"] / "model.safetensors")
+    config = json.loads((quark_run["moe_dir"] / "config.json").read_text())
+    experts, hidden, inter = config["num_experts"], config["hidden_size"], config["moe_intermediate_size"]
+    for layer in range(2):
+        prefix = f"model.layers.{layer}.experts"
+        assert f"{prefix}.gate_up_proj" not in tensors
+        for e in range(experts):
+            for proj, (n, k) in {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+                                 "down_proj": (hidden, inter)}.items():
+                assert tensors[f"{prefix}.{e}.{proj}.weight"].shape == (n, k // 2)
+                assert tensors[f"{prefix}.{e}.{proj}.weight_scale"].shape == (n, k // 32)
+        assert tensors[f"model.layers.{layer}.router.proj.weight"].is_floating_point()
+
+
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+def test_moe_model_matches_quarks_quantized_model(quark_run, kernel_backend):
+    """MXFP4 experts (stacked from Quark's per-expert tensors) score every position like Quark's own model."""
+    from atomlite import LLM, SamplingParams
+    from atomlite.quant.mxfp4_moe import MXFP4Experts
+    ref = quark_run["moe_reference"]
+    ids = ref["ids"][0].tolist()
+    llm = LLM(str(quark_run["moe_dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
+    experts = [m for m in llm.engine.model.modules() if isinstance(m, MXFP4Experts)]
+    assert len(experts) == 2 and all(m.backend == kernel_backend for m in experts)
+    vocab = ref["logits"].shape[-1]
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=vocab))[0]
+    expected = torch.log_softmax(ref["logits"][0].float(), dim=-1)
+    for pos in range(1, len(ids)):
+        got = torch.tensor([out.prompt_logprobs[pos][t] for t in range(vocab)])
+        torch.testing.assert_close(got, expected[pos - 1], rtol=0, atol=2e-4, msg=f"position {pos}")
+    assert out.outputs[0].token_ids[0] == int(expected[-1].argmax())
+
+
+def test_moe_checkpoint_with_float_experts_under_an_mxfp4_config_is_refused(quark_run, tmp_path):
+    """Quark's ModelQuantizer without preprocess_for_quantization leaves the fused experts float32 while the
+    exported config still covers them; loading such a checkpoint names the tensor and the fix."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from atomlite import LLM
+    from atomlite.errors import ConfigError
+    shutil.copytree(quark_run["moe_dir"], tmp_path / "ckpt")
+    tensors = load_file(tmp_path / "ckpt" / "model.safetensors")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    experts, hidden, inter = config["num_experts"], config["hidden_size"], config["moe_intermediate_size"]
+    for layer in range(2):
+        prefix = f"model.layers.{layer}.experts"
+        for name in [n for n in tensors if n.startswith(prefix + ".")]:
+            del tensors[name]
+        tensors[f"{prefix}.gate_up_proj"] = torch.randn(experts, 2 * inter, hidden)
+        tensors[f"{prefix}.down_proj"] = torch.randn(experts, hidden, inter)
+    save_file(tensors, tmp_path / "ckpt" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"experts\.(gate_up|down)_proj .*preprocess_for_quantization"):
+        LLM(str(tmp_path / "ckpt"), dtype="float32", device="cpu")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,24 @@ class LinearBuilder:
         return MXFP4MergedLinear(in_features, out_features, spec,
                                  backend=self._fp4_backend(sum(out_features), in_features, spec))
 
+    def experts(self, name: str, num_experts: int, hidden: int, intermediate: int):
+        """Float stacked experts, or MXFP4 ones when Quark's config quantizes the per-expert projections
+        (name.E.gate_proj / up_proj / down_proj), which must then all share one spec."""
+        from atomlite.model_ops.moe import Experts
+        specs = {self._spec(f"{name}.{e}.{proj}") for e in range(num_experts)
+                 for proj in ("gate_proj", "up_proj", "down_proj")}
+        if len(specs) > 1:
+            raise ConfigError(f"quantization_config gives the experts of {name} different schemes; atomlite loads "
+                              f"MoE experts either all MXFP4 (one scheme) or all unquantized")
+        spec = specs.pop()
+        if spec is None:
+            return Experts(num_experts, hidden, intermediate)
+        from atomlite.quant.mxfp4_moe import MXFP4Experts
+        try:
+            return MXFP4Experts(num_experts, hidden, intermediate, spec)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
+
     @staticmethod
     def _fp4_backend(n: int, k: int, spec) -> str:
         return dispatch.choose("mxfp4_linear", n=n, k=k, dynamic_input=spec.dynamic_fp4_input).backend

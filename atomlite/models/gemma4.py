@@ -4,6 +4,7 @@ Math per shared/docs/GEMMA4.md, checked against transformers' modeling_gemma4.py
 specs and weight names; batching details reach it only through the ForwardContext.
 """
 import math
+import re
 
 import torch
 from torch import nn
@@ -17,7 +18,6 @@ from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
-from atomlite.model_ops.moe import Experts
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 
@@ -110,7 +110,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.moe = bool(cfg.get("enable_moe_block"))
         if self.moe:
             self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
-            self.experts = Experts(cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
+            self.experts = lin.experts(f"{prefix}.experts", cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
                 setattr(self, name, RMSNorm(hidden, eps))
@@ -191,6 +191,8 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(nn.Module):
     # checkpoint name fragment -> (parameter name fragment, shard) for projections stored fused here
     packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1)}
+    # Quark's MXFP4 export keeps one tensor per expert: experts.E.{gate,up,down}_proj.{weight,weight_scale}
+    per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
     checkpoint_prefixes = ("model.language_model.", "model.")
     skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
@@ -213,6 +215,16 @@ class Gemma4ForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    def stacked_weight(self, name: str) -> tuple[str, int] | None:
+        """A per-expert checkpoint tensor -> (stacked parameter, shard), see MXFP4Experts; else None."""
+        match = self.per_expert_tensor.match(name)
+        if match is None:
+            return None
+        prefix, expert, proj, kind = match.groups()
+        stacked = "down_proj" if proj == "down" else "gate_up_proj"
+        shard = int(expert) if proj == "down" else 2 * int(expert) + (proj == "up")
+        return f"{prefix}.{stacked}{'_scale' if kind == 'weight_scale' else ''}", shard
 
     def ignored_weight(self, name: str) -> bool:
         """Checkpoint tensors this model never reads: towers, the tied lm_head, K/V of KV-sharing layers."""

@@ -20,6 +20,7 @@ OPS = {
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,
     "mxfp4_linear": mxfp4_gemm,
+    "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
 }
 
 

@@ -17,6 +17,7 @@ OPS = {
     "rope": apply_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "mxfp4_linear": mxfp4_gemm,
+    "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
 }
 
 MAX_HEAD_DIM = 512

@@ -1,0 +1,74 @@
+"""MoE experts with MXFP4 weights, as Quark exports them: one packed Linear per expert and projection
+(experts.E.{gate,up,down}_proj.{weight,weight_scale}), stacked here like the float experts (gate rows first)."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.quant.mxfp4_linear import load_exact
+from atomlite.quant.quark import LinearQuantSpec
+
+
+class MXFP4Experts(nn.Module):
+    """gate_up_proj [E, 2I, H/2] + gate_up_proj_scale [E, 2I, H/32]; down_proj [E, H, I/2] + down_proj_scale
+    [E, H, I/32]. Shard s of gate_up is expert s // 2, gate (even) or up (odd); shard e of down is expert e."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, spec: LinearQuantSpec):
+        super().__init__()
+        for features in (hidden, intermediate):
+            if features % spec.block_size:
+                raise ValueError(f"MXFP4 experts need sizes divisible by {spec.block_size}, got {features}")
+        self.spec, self.intermediate = spec, intermediate
+        shapes = {"gate_up_proj": (2 * intermediate, hidden), "down_proj": (hidden, intermediate)}
+        for name, (rows, k) in shapes.items():
+            self._packed_param(name, (num_experts, rows, k // 2), 2 * num_experts if name == "gate_up_proj" else
+                               num_experts)
+            self._packed_param(f"{name}_scale", (num_experts, rows, k // spec.block_size),
+                               getattr(self, name).num_shards)
+        choice = dispatch.choose("mxfp4_expert_linear", n=2 * intermediate, k=hidden,
+                                 dynamic_input=spec.dynamic_fp4_input)
+        self.backend, self._matmul = choice.backend, choice.fn
+        self.wide_scales = True
+
+    def _packed_param(self, name: str, shape: tuple[int, ...], shards: int) -> None:
+        param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
+        param.weight_loader, param.num_shards = self._load_shard, shards
+        setattr(self, name, param)
+
+    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int | None = None) -> None:
+        if shard is None:
+            raise ValueError("is one tensor for all experts, but this checkpoint's quantization_config quantizes the "
+                             "experts: quantize with Quark's preprocess_for_quantization (per-expert MXFP4 "
+                             "tensors), or exclude the experts in quantization_config")
+        per_expert = param.num_shards // param.shape[0]
+        expert, part = divmod(shard, per_expert)
+        rows = param.shape[1] // per_expert
+        load_exact(param[expert, part * rows:(part + 1) * rows], loaded)
+
+    def process_after_loading(self) -> None:
+        if self.backend != "triton":
+            return
+        for name in ("gate_up_proj", "down_proj"):
+            weight, scale = getattr(self, name), getattr(self, f"{name}_scale")
+            padded = [pad_to_k_align(weight.data[e], scale.data[e]) for e in range(weight.shape[0])]
+            weight.data = torch.stack([w for w, _ in padded])
+            scale.data = torch.stack([s for _, s in padded])
+        self.wide_scales = needs_wide_scales(self.gate_up_proj_scale) or needs_wide_scales(self.down_proj_scale)
+
+    def _project(self, x: torch.Tensor, name: str, expert: int) -> torch.Tensor:
+        weight, scale = getattr(self, name)[expert], getattr(self, f"{name}_scale")[expert]
+        args = (self.wide_scales,) if self.backend == "triton" else ()
+        return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input, *args)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for expert in topk_ids.unique().tolist():
+            token_idx, slot = torch.where(topk_ids == expert)
+            gate, up = self._project(x[token_idx], "gate_up_proj", expert).chunk(2, dim=-1)
+            y = self._project(F.gelu(gate, approximate="tanh") * up, "down_proj", expert)
+            out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
+        return out
+
+    def extra_repr(self) -> str:
+        return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"
