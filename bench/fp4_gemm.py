@@ -22,13 +22,12 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 16, 64, 256, 2048]
 C = fp4.GemmConfig
 CANDIDATES = {
-    "decode": [C(16, 64, 256, 4, 4), C(16, 64, 256, 4, 4, prefetch=1), C(16, 64, 256, 4, 4, prefetch=1, split_k=2),
-               C(16, 64, 128, 4, 4, prefetch=1, split_k=4), C(16, 64, 256, 4, 6, prefetch=1, split_k=2),
-               C(16, 128, 256, 4, 3, prefetch=1), C(16, 64, 256, 4, 4, prefetch=2),
-               C(16, 64, 256, 4, 4, prefetch=2, split_k=2), C(16, 64, 128, 4, 4, prefetch=2),
-               C(16, 128, 128, 8, 4, prefetch=2)],
-    "prefill": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3, prefetch=1), C(128, 128, 128, 8, 3), C(128, 256, 64, 8, 3),
-                C(64, 128, 128, 4, 3), C(256, 128, 64, 8, 3)],
+    "decode": [C(16, 64, 256, 4, 4), C(16, 64, 256, 4, 4, prefetch=True),
+               C(16, 64, 256, 4, 4, prefetch=True, split_k=2), C(16, 64, 128, 4, 4, prefetch=True, split_k=4),
+               C(16, 64, 256, 4, 6, prefetch=True, split_k=2), C(16, 128, 256, 4, 3, prefetch=True),
+               C(16, 64, 128, 4, 4, prefetch=True), C(16, 128, 128, 8, 4, prefetch=True)],
+    "prefill": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3, prefetch=True), C(128, 128, 128, 8, 3),
+                C(128, 256, 64, 8, 3), C(64, 128, 128, 4, 3), C(256, 128, 64, 8, 3)],
 }
 
 
@@ -63,19 +62,22 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
     return failures
 
 
+SHOWN_CONSTANTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
+PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.global."), ("cp.async", "cp.async.c"),
+           ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")]
+
+
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
+    names = fp4._mxfp4_gemm_kernel.arg_names
     for device_cache in fp4._mxfp4_gemm_kernel.device_caches.values():
-        for key, kernel in device_cache[0].items():
+        for kernel in device_cache[0].values():
             ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
-            loop = ttgir[ttgir.find("scf.for"):]
-            counts = {name: ptx.count(op) for name, op in [
-                ("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.global."), ("cp.async", "cp.async.c"),
-                ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")]}
-            consts = {k: v for k, v in kernel.src.constants.items()} if hasattr(kernel, "src") else {}
-            print(f"  regs {kernel.n_regs} spills {kernel.n_spills} smem {kernel.metadata.shared} "
-                  f"warps {kernel.metadata.num_warps} stages {kernel.metadata.num_stages} "
-                  f"converts-in-loop {loop.count('convert_layout')} {counts} {str(key)[-160:] if not consts else consts}")
+            constants = {names[key[0]]: value for key, value in kernel.src.constants.items()
+                         if names[key[0]] in SHOWN_CONSTANTS}
+            counts = " ".join(f"{name}={ptx.count(op)}" for name, op in PTX_OPS)
+            print(f"  {constants}: regs {kernel.n_regs} spills {kernel.n_spills} smem {kernel.metadata.shared} "
+                  f"converts-in-loop {ttgir[ttgir.find('scf.for'):].count('convert_layout')} {counts}")
 
 
 def time_ms(fn) -> float:
@@ -112,7 +114,7 @@ def main() -> int:
                          for c in CANDIDATES[regime]]
                 t_best, c = min(timed, key=lambda tc: tc[0])
                 best = (f"  best {t_bf16 / t_best:5.2f}x {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps}"
-                        f" s{c.num_stages} split{c.split_k} prefetch{c.prefetch}")
+                        f" s{c.num_stages} split{c.split_k}{' prefetch' if c.prefetch else ''}")
                 print("   ", n, k, m, " ".join(f"{t * 1e3:.0f}" for t, _ in timed), flush=True)
             gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
             rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "

@@ -11,9 +11,8 @@ from atomlite.quant.quark import LinearQuantSpec
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL_DECODE = GemmConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=2)
 SMALL_PREFILL = GemmConfig(block_m=32, block_n=32, block_k=64, num_warps=4, num_stages=2)
-PREFETCH = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, prefetch=1)
-PREFETCH_2 = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, prefetch=2)
-SPLIT_K = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, split_k=3, prefetch=2)
+PREFETCH = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, prefetch=True)
+SPLIT_K = GemmConfig(block_m=16, block_n=32, block_k=64, num_warps=4, num_stages=2, split_k=3, prefetch=True)
 
 
 def random_case(m: int, n: int, k: int, dtype: torch.dtype, seed: int, wide: bool = False):
@@ -43,8 +42,8 @@ def assert_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     (7, 64, 256, SMALL_DECODE),
     (45, 72, 160, SMALL_PREFILL),
     (1, 40, 96, PREFETCH),          # the next weight tile loaded ahead; a masked K tail
-    (2, 40, 320, PREFETCH_2),       # two tiles ahead, over five tiles
-    (3, 40, 64, PREFETCH_2),        # two tiles ahead of a single tile
+    (2, 40, 320, PREFETCH),         # over five tiles
+    (3, 40, 64, PREFETCH),          # a single tile
     (7, 64, 320, SPLIT_K),          # three K splits, the last one shorter
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -29,12 +29,12 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_n: int = 8
-    prefetch: int = 0  # weight tiles loaded ahead into registers: 0, 1 or 2
+    prefetch: bool = False  # load the next weight tile into registers during this one
     split_k: int = 1  # K splits, summed with fp32 atomics; pick_config sets it when N has too few tiles
 
 
 # Best of bench/fp4_gemm.py --sweep on an H200 for Gemma-4-31B shapes.
-DECODE = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4, prefetch=1)
+DECODE = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4, prefetch=True)
 PREFILL = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 LARGE_PREFILL = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
 # Decode with fewer N tiles than MIN_DECODE_TILES splits K (up to 4 ways) towards two programs per SM of an
@@ -197,17 +197,13 @@ def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_SPLIT, K_END, stride_xm, s
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     k_end = tl.minimum(k_first + K_SPLIT, K_END)
-    # PREFETCH = 1 or 2 loads weight tiles that many iterations ahead into registers while this one is expanded and
-    # multiplied; 0 leaves the loads to Triton's pipeliner (through shared memory: measured slower for small M).
+    # PREFETCH loads the next weight tile into registers while this one is expanded and multiplied; without it
+    # Triton's pipeliner stages the loads through shared memory, which measured slower for small M.
     packed = tl.load(w_rows + k_first // 2)
     scale_byte = tl.load(s_rows + k_first // 32)
-    if PREFETCH == 2:
-        k_second = tl.minimum(k_first + BLOCK_K, k_end - BLOCK_K)
-        packed_2 = tl.load(w_rows + k_second // 2)
-        scale_2 = tl.load(s_rows + k_second // 32)
     for k0 in range(k_first, k_end, BLOCK_K):
-        if PREFETCH > 0:
-            k_next = tl.minimum(k0 + PREFETCH * BLOCK_K, k_end - BLOCK_K)  # past the end: re-read the last tile
+        if PREFETCH:
+            k_next = tl.minimum(k0 + BLOCK_K, k_end - BLOCK_K)  # the last iteration re-reads its own tile
             packed_next = tl.load(w_rows + k_next // 2)
             scale_next = tl.load(s_rows + k_next // 32)
         else:
@@ -219,10 +215,7 @@ def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_SPLIT, K_END, stride_xm, s
             x_tile = tl.load(x_rows + k0, mask=(k0 + kk < K)[None, :], other=0.0)
         w_tile = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K)
         acc = tl.dot(w_tile, tl.trans(x_tile.to(w_tile.dtype)), acc, input_precision=DOT_PRECISION)
-        if PREFETCH == 2:
-            packed, scale_byte = packed_2, scale_2
-            packed_2, scale_2 = packed_next, scale_next
-        elif PREFETCH == 1:
+        if PREFETCH:
             packed, scale_byte = packed_next, scale_next
 
     out_ptrs = out + rm[None, :] * stride_om + rn[:, None]
@@ -304,7 +297,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         x, weight, weight_scale, out, m, out_features, k, k_split, k_loop * config.block_k,
         x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), FP32=fp32,
         EVEN_K=k % config.block_k == 0, WIDE_SCALES=wide_scales, PTX=ptx, SPLIT_K=split_k,
-        PREFETCH=int(config.prefetch), DOT_PRECISION="ieee" if fp32 else "tf32",
+        PREFETCH=config.prefetch, DOT_PRECISION="ieee" if fp32 else "tf32",
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_N=config.group_n,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out.to(x.dtype)
