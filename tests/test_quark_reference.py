@@ -164,10 +164,15 @@ def test_mxfp4_linear_matches_quark_quantized_module(quark_run, backend):
 def test_whole_model_matches_quarks_quantized_model(quark_run, kernel_backend):
     """atomlite loads Quark's export (MXFP4 layers, an excluded float MLP, weight-only v_proj) and scores every
     position of a prompt like Quark's own in-memory quantized model; greedy next tokens agree everywhere."""
-    from atomlite import LLM, SamplingParams
-    ref = quark_run["reference"]
+    from atomlite import LLM
+    assert_scores_like_quark(LLM(str(quark_run["dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend),
+                             quark_run["reference"])
+
+
+def assert_scores_like_quark(llm, ref: dict) -> None:
+    """Every prompt position's log-probs within 2e-4 of Quark's in-memory model; the greedy next token agrees."""
+    from atomlite import SamplingParams
     ids = ref["ids"][0].tolist()
-    llm = LLM(str(quark_run["dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
     vocab = ref["logits"].shape[-1]
     out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=vocab))[0]
     expected = torch.log_softmax(ref["logits"][0].float(), dim=-1)
@@ -197,20 +202,12 @@ def test_moe_export_stores_each_expert_as_packed_linears(quark_run):
 @pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
 def test_moe_model_matches_quarks_quantized_model(quark_run, kernel_backend):
     """MXFP4 experts (stacked from Quark's per-expert tensors) score every position like Quark's own model."""
-    from atomlite import LLM, SamplingParams
+    from atomlite import LLM
     from atomlite.quant.mxfp4_moe import MXFP4Experts
-    ref = quark_run["moe_reference"]
-    ids = ref["ids"][0].tolist()
     llm = LLM(str(quark_run["moe_dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
     experts = [m for m in llm.engine.model.modules() if isinstance(m, MXFP4Experts)]
     assert len(experts) == 2 and all(m.backend == kernel_backend for m in experts)
-    vocab = ref["logits"].shape[-1]
-    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=vocab))[0]
-    expected = torch.log_softmax(ref["logits"][0].float(), dim=-1)
-    for pos in range(1, len(ids)):
-        got = torch.tensor([out.prompt_logprobs[pos][t] for t in range(vocab)])
-        torch.testing.assert_close(got, expected[pos - 1], rtol=0, atol=2e-4, msg=f"position {pos}")
-    assert out.outputs[0].token_ids[0] == int(expected[-1].argmax())
+    assert_scores_like_quark(llm, quark_run["moe_reference"])
 
 
 def test_moe_checkpoint_with_float_experts_under_an_mxfp4_config_is_refused(quark_run, tmp_path):
