@@ -62,7 +62,7 @@ def test_k_padding_keeps_the_product_and_reaches_256():
     n, k = 32, 320
     w_ref = torch.randn(n, k)
     packed, scale = ref_mxfp4.quantize(w_ref)
-    padded_w, padded_s = mxfp4.pad_k(packed, scale)
+    padded_w, padded_s = mxfp4.pad_k(packed, scale, mxfp4.K_ALIGN)
     assert padded_w.shape == (n, 512 // 2) and padded_s.shape == (n, 512 // 32)
     x = torch.randn(3, k)
     y_ref = x @ ref_mxfp4.dequantize(packed, scale).T
@@ -76,7 +76,7 @@ def test_prepare_weight_is_shuffled_padded_bytes():
     packed, scale = ref_mxfp4.quantize(torch.randn(n, k))
     prepared = mxfp4.prepare_weight(packed, scale)
     assert (prepared.in_features, prepared.padded_in_features) == (192, 256)
-    padded_w, padded_s = mxfp4.pad_k(packed, scale)
+    padded_w, padded_s = mxfp4.pad_k(packed, scale, mxfp4.K_ALIGN)
     assert torch.equal(gather(prepared.weight.view(torch.uint8), weight_destinations(n, 128)), padded_w)
     assert torch.equal(gather(prepared.scale.view(torch.uint8), scale_destinations(256, 8))[:n], padded_s)
 

@@ -92,3 +92,12 @@ def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
     code, exponent = _codes_and_exponents(x)
     values = _blocks(e2m1_decode(code)) * torch.exp2(exponent.to(torch.float32))[..., None]
     return values.reshape(x.shape).to(x.dtype)
+
+
+def pad_k(weight: torch.Tensor, scale: torch.Tensor, k_align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed weight [N, K/2] and scales [N, K/32] -> K padded to a multiple of k_align with zero codes under
+    unit scales (byte 127, 2^0), contiguous: the padded elements are exact zeros for every kernel."""
+    extra = -(weight.shape[1] * 2) % k_align
+    weight = torch.nn.functional.pad(weight, (0, extra // 2))
+    scale = torch.nn.functional.pad(scale, (0, extra // BLOCK), value=E8M0_BIAS)
+    return weight.contiguous(), scale.contiguous()

@@ -18,28 +18,19 @@ import torch
 import torch.nn.functional as nnf
 
 from atomlite.model_ops.aiter import detect, functions as F
+from atomlite.quant.mxfp4 import E8M0_BIAS as UNIT_SCALE, pad_k
 
 K_ALIGN = 256
 M_ALIGN = 32
 N_ALIGN = 16
 SCALE_ROW_ALIGN = 256
 SCALE_COL_ALIGN = 8
-UNIT_SCALE = 127  # e8m0 byte of 2^0
 FP4X2 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
 E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def pad_k(weight: torch.Tensor, scale: torch.Tensor, k_align: int = K_ALIGN) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 [N, K/2] and [N, K/32] -> K padded to k_align with zero elements under unit scales."""
-    k = weight.shape[1] * 2
-    extra = round_up(k, k_align) - k
-    if not extra:
-        return weight, scale
-    return nnf.pad(weight, (0, extra // 2)), nnf.pad(scale, (0, extra // 32), value=UNIT_SCALE)
 
 
 def pad_rows(x: torch.Tensor, multiple: int, value: int = 0) -> torch.Tensor:
@@ -74,7 +65,7 @@ class PreparedWeight:
 def prepare_weight(weight: torch.Tensor, scale: torch.Tensor) -> PreparedWeight:
     """Once at load: Quark's uint8 weight [N, K/2] and e8m0 scale [N, K/32] -> what gemm_a4w4 reads."""
     k = weight.shape[1] * 2
-    padded_w, padded_s = pad_k(weight, scale)
+    padded_w, padded_s = pad_k(weight, scale, K_ALIGN)
     return PreparedWeight(shuffle_weight(padded_w).view(FP4X2), shuffle_scale(padded_s).view(E8M0), k,
                           padded_w.shape[1] * 2)
 

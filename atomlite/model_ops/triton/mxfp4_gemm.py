@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting
+from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
 K_ALIGN = 256
@@ -241,11 +242,8 @@ FAST_MAX_SCALE_BYTE = 128
 
 
 def pad_to_k_align(weight: torch.Tensor, weight_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Load-time layout for mxfp4_gemm: K padded with zero bytes to a multiple of K_ALIGN, rows contiguous."""
-    pad = -(weight.shape[1] * 2) % K_ALIGN
-    weight = torch.nn.functional.pad(weight, (0, pad // 2))
-    weight_scale = torch.nn.functional.pad(weight_scale, (0, pad // 32))
-    return weight.contiguous(), weight_scale.contiguous()
+    """Load-time layout for mxfp4_gemm: K padded to a multiple of K_ALIGN, rows contiguous."""
+    return mxfp4.pad_k(weight, weight_scale, K_ALIGN)
 
 
 def needs_wide_scales(weight_scale: torch.Tensor) -> bool:
