@@ -62,6 +62,9 @@ def load_tensor(params: dict, name: str, target: str, shard: int | None, tensor,
     param = params.get(target)
     if param is None:
         raise ConfigError(f"unexpected tensor {name}{where}: the model has no parameter {target}")
+    if shard is not None and getattr(param, "num_shards", None) is None:
+        raise ConfigError(f"tensor {name}{where} is one part of {target}, which this model loads as one tensor "
+                          f"(its quantization_config does not quantize it)")
     try:
         if shard is None:
             param.weight_loader(param, tensor)

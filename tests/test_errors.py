@@ -81,6 +81,23 @@ def test_bad_tensors_are_named_with_their_file(checkpoints, tmp_path, edit, mess
         LLM(str(path), device="cpu")
 
 
+def test_per_expert_tensors_for_float_experts_are_refused(checkpoints, tmp_path):
+    """Per-expert tensors (Quark's export layout) where the config leaves the experts unquantized."""
+    path = _copy(checkpoints.get("moe")[0], tmp_path / "m")
+
+    def split_experts(tensors):
+        name = next(n for n in tensors if n.endswith("experts.gate_up_proj"))
+        fused = tensors.pop(name)
+        for e in range(fused.shape[0]):
+            gate, up = fused[e].chunk(2)
+            tensors[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = gate.contiguous()
+            tensors[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = up.contiguous()
+    _rewrite(path, split_experts)
+    message = r"experts\.0\.(gate|up)_proj\.weight .* is one part of .*experts\.gate_up_proj"
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(path), device="cpu")
+
+
 def test_cli_reports_errors_without_traceback(checkpoints, tmp_path):
     cases = [
         ["generate", "--model", str(tmp_path / "nowhere"), "hi"],
