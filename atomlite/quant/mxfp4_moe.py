@@ -20,12 +20,12 @@ class MXFP4Experts(nn.Module):
             if features % spec.block_size:
                 raise ValueError(f"MXFP4 experts need sizes divisible by {spec.block_size}, got {features}")
         self.spec, self.intermediate = spec, intermediate
-        shapes = {"gate_up_proj": (2 * intermediate, hidden), "down_proj": (hidden, intermediate)}
-        for name, (rows, k) in shapes.items():
-            self._packed_param(name, (num_experts, rows, k // 2), 2 * num_experts if name == "gate_up_proj" else
-                               num_experts)
-            self._packed_param(f"{name}_scale", (num_experts, rows, k // spec.block_size),
-                               getattr(self, name).num_shards)
+        # name: (rows, K, checkpoint tensors per expert)
+        shapes = {"gate_up_proj": (2 * intermediate, hidden, 2), "down_proj": (hidden, intermediate, 1)}
+        for name, (rows, k, per_expert) in shapes.items():
+            shards = num_experts * per_expert
+            self._packed_param(name, (num_experts, rows, k // 2), shards)
+            self._packed_param(f"{name}_scale", (num_experts, rows, k // spec.block_size), shards)
         choice = dispatch.choose("mxfp4_expert_linear", n=2 * intermediate, k=hidden,
                                  dynamic_input=spec.dynamic_fp4_input)
         self.backend, self._matmul = choice.backend, choice.fn
