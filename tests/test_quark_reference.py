@@ -18,7 +18,7 @@ WEIGHT_ONLY_PATTERN = "*v_proj"
 
 def quantize_with_quark(variant: str, seed: int):
     """A tiny random Gemma 4 quantized by Quark's gemma4 MXFP4 template, as Quark's LLM PTQ tool does it:
-    preprocess_for_quantization first (it splits fused MoE experts into per-expert Linears; a no-op for dense)."""
+    preprocess_for_quantization first (it splits fused MoE experts into per-expert Linears)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import tiny_models
     from quark.torch import LLMTemplate, ModelQuantizer
