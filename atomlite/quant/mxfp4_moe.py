@@ -1,10 +1,10 @@
 """MoE experts with MXFP4 weights, as Quark exports them: one packed Linear per expert and projection
 (experts.E.{gate,up,down}_proj.{weight,weight_scale}), stacked here like the float experts (gate rows first)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.torch_ref.moe import route_to_experts
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant.mxfp4_linear import load_exact
 from atomlite.quant.quark import LinearQuantSpec
@@ -62,13 +62,7 @@ class MXFP4Experts(nn.Module):
         return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input, *args)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        for expert in topk_ids.unique().tolist():
-            token_idx, slot = torch.where(topk_ids == expert)
-            gate, up = self._project(x[token_idx], "gate_up_proj", expert).chunk(2, dim=-1)
-            y = self._project(F.gelu(gate, approximate="tanh") * up, "down_proj", expert)
-            out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
-        return out
+        return route_to_experts(x, topk_weights, topk_ids, self._project)
 
     def extra_repr(self) -> str:
         return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"

@@ -8,10 +8,17 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
 
     x [T, H]; gate_up [E, 2I, H] (gate rows first); down [E, H, I]; topk_* [T, K].
     """
+    weights = {"gate_up_proj": gate_up, "down_proj": down}
+    return route_to_experts(x, topk_weights, topk_ids, lambda rows, name, e: F.linear(rows, weights[name][e]))
+
+
+def route_to_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, project) -> torch.Tensor:
+    """The expert loop of every MoE layout: project(rows, "gate_up_proj" | "down_proj", expert) applies one
+    expert's projection to its tokens' rows; outputs are weighted and summed per token."""
     out = torch.zeros_like(x)
     for expert in topk_ids.unique().tolist():
         token_idx, slot = torch.where(topk_ids == expert)
-        gate, up = F.linear(x[token_idx], gate_up[expert]).chunk(2, dim=-1)
-        y = F.linear(F.gelu(gate, approximate="tanh") * up, down[expert])
+        gate, up = project(x[token_idx], "gate_up_proj", expert).chunk(2, dim=-1)
+        y = project(F.gelu(gate, approximate="tanh") * up, "down_proj", expert)
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
     return out
