@@ -1,8 +1,9 @@
 """MXFP4 GEMM (Triton, packed weights read directly) vs torch bf16 GEMM, on the GPU, for Gemma-4-31B shapes.
 
-Checks the kernel against the torch reference first, then times both in the same run (median, L2 flushed between
-runs by do_bench) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's: dynamic MXFP4 activation
-quantization included. --sweep also times candidate tile configs and prints the best per shape.
+Checks every path against the torch reference first, then times both in the same run (CUDA graphs, L2 flushed
+before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's
+(mxfp4_gemm.pick_path), dynamic MXFP4 activation quantization included.
+--sweep also times candidate configs and prints the best per shape.
 
     PYTHONPATH=. python bench/fp4_gemm.py [--sweep]
 """
@@ -17,18 +18,32 @@ from atomlite.quant import mxfp4
 
 # the module, not the function of the same name that atomlite.model_ops.triton exports
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
+fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
-MS = [1, 16, 64, 256, 2048]
-C = fp4.GemmConfig
+MS = [1, 2, 16, 64, 256, 512, 2048]
+C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
-    "decode": [C(16, 64, 256, 4, 4), C(16, 64, 256, 4, 4, prefetch=True),
-               C(16, 64, 256, 4, 4, prefetch=True, split_k=2), C(16, 64, 128, 4, 4, prefetch=True, split_k=4),
-               C(16, 64, 256, 4, 6, prefetch=True, split_k=2), C(16, 128, 256, 4, 3, prefetch=True),
-               C(16, 64, 128, 4, 4, prefetch=True), C(16, 128, 128, 8, 4, prefetch=True)],
-    "prefill": [C(128, 128, 64, 8, 3), C(128, 128, 64, 8, 3, prefetch=True), C(128, 128, 128, 8, 3),
-                C(128, 256, 64, 8, 3), C(64, 128, 128, 4, 3), C(256, 128, 64, 8, 3)],
+    "block_diagonal": [F(2, 64, 4, 3), F(2, 64, 4, 4), F(2, 64, 4, 6), F(2, 64, 4, 3, split_k=2),
+                       F(2, 64, 4, 3, split_k=4), F(2, 64, 8, 3), C(16, 64, 256, 4, 4, prefetch=True)],
+    "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(32, 64, 4, 3), F(32, 64, 4, 3, split_k=2),
+            C(16, 64, 256, 4, 4, prefetch=True)],
+    "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
+
+
+def regime(m: int) -> str:
+    return "block_diagonal" if m <= fp8.BLOCK_DIAGONAL_MAX_M else "fp8" if m <= fp8.MAX_M else "prefill"
+
+
+def describe(config) -> str:
+    if isinstance(config, D):
+        return f"dequantize {config.rows} rows + torch.matmul"
+    kind = "fp8" if isinstance(config, F) else "bf16"
+    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, F)
+            else f"{config.block_m}x{config.block_n}x{config.block_k}")
+    extra = " prefetch" if getattr(config, "prefetch", False) else ""
+    return f"{kind} {tile} w{config.num_warps} s{config.num_stages} split{config.split_k}{extra}"
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -46,12 +61,12 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
     failures = []
     weight, weight_scale = fp4.pad_to_k_align(packed, scale)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    runs = [(m, None) for m in (1, 16, 100, 2048)]
+    runs = [(m, None) for m in (1, 2, 16, 100, 2048)]
     if candidates:
-        runs += [(m, config) for m, regime in ((5, "decode"), (300, "prefill")) for config in CANDIDATES[regime]]
+        runs += [(m, config) for m in (2, 17, 600) for config in CANDIDATES[regime(m)]]
     for m, config in runs:
         x = torch.randn(m, w_ref.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
-        for quantize_x in (True, False):
+        for quantize_x in (True, False) if not isinstance(config, F) else (True,):
             xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
             expected = xr @ w_ref.T
             got = fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config)
@@ -62,15 +77,21 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
     return failures
 
 
-SHOWN_CONSTANTS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
+SHOWN_CONSTANTS = ("BLOCK_M", "ROWS", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
 PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.global."), ("cp.async", "cp.async.c"),
            ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")]
 
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    names = fp4._mxfp4_gemm_kernel.arg_names
-    for device_cache in fp4._mxfp4_gemm_kernel.device_caches.values():
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._per_block_kernel):
+        print(f"  {jit.fn.__name__}")
+        kernel_stats(jit)
+
+
+def kernel_stats(jit) -> None:
+    names = jit.arg_names
+    for device_cache in jit.device_caches.values():
         for kernel in device_cache[0].values():
             ptx, ttgir = kernel.asm["ptx"], kernel.asm["ttgir"]
             constants = {names[key[0]]: value for key, value in kernel.src.constants.items()
@@ -80,8 +101,52 @@ def compile_stats() -> None:
                   f"converts-in-loop {ttgir[ttgir.find('scf.for'):].count('convert_layout')} {counts}")
 
 
-def time_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+ROUNDS = 3
+CALLS_PER_GRAPH = 20
+
+
+def graph_ms(fn, flush) -> float:
+    """GPU time of one fn call: a CUDA graph of CALLS_PER_GRAPH (L2 flush, fn) pairs minus one of flushes alone,
+    median of 10 replays each. Graphs, as a serving engine runs decode: timed eagerly, a 40 us kernel pair measured
+    the Python launch cost instead (one config timed 42 and 91 us)."""
+    graphs = []
+    for body in ((lambda: (flush(), fn())), flush):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            body()  # warm the caching allocator on the capture stream
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(CALLS_PER_GRAPH):
+                    body()
+        torch.cuda.synchronize()
+        graphs.append(graph)
+    medians = []
+    for graph in graphs:
+        times = []
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        medians.append(sorted(times)[len(times) // 2])
+    return (medians[0] - medians[1]) / CALLS_PER_GRAPH
+
+
+def time_ms(fns: dict) -> dict:
+    """Each fn's graph_ms, the best of ROUNDS rounds that each time every fn in turn, so that a slow spell of the
+    lent GPU spoils one round only."""
+    # Flushing by reading leaves clean lines: zeroing (do_bench's way) leaves 50 MB of dirty lines that the timed
+    # call then writes back, about 15 us on an H100.
+    l2_flush = torch.ones(64 * 2**20, dtype=torch.float32, device="cuda")
+    for fn in fns.values():
+        fn()  # compile outside the timing
+    best = {}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            best[name] = min(best.get(name, float("inf")), graph_ms(fn, l2_flush.sum))
+    return best
 
 
 def main() -> int:
@@ -104,23 +169,26 @@ def main() -> int:
         w_bf16 = w_ref.to(torch.bfloat16)
         for m in MS:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            t_bf16 = time_ms(lambda: torch.nn.functional.linear(x, w_bf16))
-            t_fp4 = time_ms(lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide))
-            t_quant = time_ms(lambda: fp4.quantize_dequantize(x))
+            path = fp4.pick_path(m, n, x, True)
+            fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
+                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
+                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, m <= fp8.BLOCK_DIAGONAL_MAX_M)
+                                     if isinstance(path, F) else fp4.quantize_dequantize(x))}
+            candidates = CANDIDATES[regime(m)] if args.sweep else []
+            fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})
+            times = time_ms(fns)
+            t_bf16, t_fp4, t_quant = times["bf16"], times["fp4"], times["quant"]
             best = ""
-            if args.sweep:
-                regime = "decode" if m <= fp4.DECODE_MAX_M else "prefill"
-                timed = [(time_ms(lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c)), c)
-                         for c in CANDIDATES[regime]]
-                t_best, c = min(timed, key=lambda tc: tc[0])
-                best = (f"  best {t_bf16 / t_best:5.2f}x {c.block_m}x{c.block_n}x{c.block_k} w{c.num_warps}"
-                        f" s{c.num_stages} split{c.split_k}{' prefetch' if c.prefetch else ''}")
-                print("   ", n, k, m, " ".join(f"{t * 1e3:.0f}" for t, _ in timed), flush=True)
+            if candidates:
+                c = min(candidates, key=times.get)
+                t_best = times[c]
+                best = f"  best {t_bf16 / t_best:5.2f}x {describe(c)}"
+                print("   ", n, k, m, " ".join(f"{times[c] * 1e3:.1f}" for c in candidates), flush=True)
             gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
             rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "
-                        f"{gbps:8.0f} {t_quant * 1e3:8.1f}{best}")
+                        f"{gbps:8.0f} {t_quant * 1e3:8.1f}  {describe(path)}{best}")
             print(rows[-1], flush=True)
-    print("\n     N      K     M   bf16 us    fp4 us  speedup  fp4 GB/s (weights)  x-quant us (inside fp4 us)")
+    print("\n     N      K     M   bf16 us    fp4 us  speedup  fp4 GB/s (weights)  x-quant us (inside fp4 us)  path")
     print("\n".join(rows))
     if args.compile_stats:
         compile_stats()

@@ -2,8 +2,11 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, GemmConfig, mxfp4_gemm,
-                                                  needs_wide_scales, pad_to_k_align, pick_config)
+from atomlite.model_ops.triton import mxfp4_gemm_fp8
+from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, DEQUANTIZE, LARGE_PREFILL, PREFILL, DequantizeConfig,
+                                                  GemmConfig, mxfp4_gemm, needs_wide_scales, pad_to_k_align,
+                                                  pick_config, pick_path)
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.quant import mxfp4
 from atomlite.quant.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
@@ -55,6 +58,60 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     weight, weight_scale = pad_to_k_align(packed, scale)
     got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), quantize_x, wide, config)
     assert_matches(got, reference(x, packed, scale, quantize_x), dtype)
+
+
+@pytest.mark.parametrize("m, n, k, config", [
+    (1, 40, 96, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # block-diagonal; K tail
+    (2, 72, 544, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2, split_k=2)),  # 3 K steps in 2 splits
+    (3, 40, 512, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # two block-diagonal row pairs
+    (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
+    (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
+    (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
+    (3, 72, 96, DequantizeConfig(rows=16)),                                      # 5 slabs: both buffers reused
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
+    """Scales from 2^-6 to 2^6 on both sides, every K step and split in use: the fp8 products and the per-block
+    scaling are exact, so fp32 agrees to summation order."""
+    x, packed, scale = random_case(m, n, k, dtype, seed=m + n + k, wide=True)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True, config)
+    assert_matches(got, reference(x, packed, scale, True), dtype)
+
+
+def test_fp8_path_needs_quantized_activations():
+    x, packed, scale = random_case(1, 32, 64, torch.float32, seed=0)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    with pytest.raises(ValueError, match="quantize_x must be True"):
+        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, True,
+                   mxfp4_gemm_fp8.BLOCK_DIAGONAL)
+
+
+def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
+    x, packed, scale = random_case(2, 32, 64, torch.float32, seed=1)
+    scale[:] = 0  # every weight is its e2m1 value times 2^-127 (subnormal)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm((x * 2.0 ** 100).to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True,
+                     mxfp4_gemm_fp8.BLOCK_DIAGONAL)
+    assert_matches(got, reference(x * 2.0 ** 100, packed, scale, True), torch.float32)
+
+
+def test_paths_by_rows():
+    x = torch.empty(0)
+    assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
+    assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
+    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PER_BLOCK
+    assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
+    assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
+    assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2
+    assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 2
+    if torch.cuda.is_available():
+        cuda = torch.empty(0, device="cuda")
+        assert pick_path(4096, 21504, cuda, True) == DEQUANTIZE
+        if mxfp4_gemm_fp8.supported(cuda):
+            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+            assert pick_path(1, 21504, cuda, False) == DECODE
 
 
 def test_decode_splits_k_only_when_n_has_few_tiles():

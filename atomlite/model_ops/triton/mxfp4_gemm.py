@@ -1,20 +1,28 @@
 """y = x @ W^T with W in MXFP4 (packed e2m1 uint8 [N, K/2] + e8m0 uint8 [N, K/32]), read packed from memory.
 
-Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32 inputs) in registers, a few bit
-ops per weight; on NVIDIA as PTX working on two weights per 32-bit register (portable Triton elsewhere). The tile
-is computed transposed (acc[N, M] = W x^T): the expanded weight is the dot's register operand and x^T comes from
-memory. Decode tiles load the next weight tile while computing this one, and split K when N has too few tiles
-to keep every SM streaming. Dynamic MXFP4 activation quantization is a separate pass over x (inside the GEMM it
-is repeated for every N tile: measured slower).
+mxfp4_gemm picks one of three paths (pick_path):
+- fp8 MMAs (mxfp4_gemm_fp8) for up to 64 rows of MXFP4-quantized activations on NVIDIA sm_89+;
+- from 512 rows on a GPU, slabs of weight rows expanded to x's dtype by _dequantize_kernel, each multiplied by the
+  vendor GEMM: a pass over the packed weight per call is small next to the GEMM's M x N x K work;
+- otherwise the kernel below. Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32
+  inputs) in registers, a few bit ops per weight; on NVIDIA as PTX working on two weights per 32-bit register
+  (portable Triton elsewhere). The tile is computed transposed (acc[N, M] = W x^T): the expanded weight is the
+  dot's register operand and x^T comes from memory. Decode tiles load the next weight tile while computing this
+  one, and split K when N has too few tiles to keep every SM streaming. Dynamic MXFP4 activation quantization is a
+  separate pass over x (inside the GEMM it is repeated for every N tile: measured slower).
 """
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton import mxfp4_gemm_fp8
 from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
+from atomlite.model_ops.triton.mxfp4_quant import quantize_dequantize
 from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
@@ -137,24 +145,6 @@ def _e2m1_to_float_wide(code, scale_byte, FP32: tl.constexpr):
 
 
 @triton.jit
-def _quantize_dequantize(x, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """fp32 [ROWS, COLS] -> the same values after MXFP4 quantization per 32 along COLS (Quark "even" rounding).
-    Blocks whose amax is under ~2^-124 come out as zeros (2^E would be subnormal)."""
-    blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
-    amax = tl.max(tl.abs(blocks), axis=2)
-    rounded_exponent = ((amax.to(tl.int32, bitcast=True) + 0x200000) >> 23) & 0xFF
-    exponent = tl.minimum(tl.maximum(rounded_exponent - 129, -127), 127)
-    inverse_scale = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
-    scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    a = tl.abs(blocks * inverse_scale[:, :, None])
-    # Half-even ties go to the code with mantissa bit 0: 0, 1, 2, 4 (hence >= at 0.75, 1.75, 3.5).
-    q = tl.where(a > 5.0, 6.0, tl.where(a >= 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(a >= 1.75, 2.0, tl.where(
-        a > 1.25, 1.5, tl.where(a >= 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
-    q = tl.where(blocks < 0, -q, q) * scale[:, :, None]
-    return tl.reshape(q, (ROWS, COLS))
-
-
-@triton.jit
 def _expand_tile(packed, scale_byte, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, PTX: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed bytes [BLOCK_N, BLOCK_K/2] and scale bytes [BLOCK_N, BLOCK_K/32] -> values [BLOCK_N, BLOCK_K]."""
@@ -227,16 +217,6 @@ def _mxfp4_gemm_kernel(x, w, w_scale, out, M, N, K, K_SPLIT, K_END, stride_xm, s
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
 
 
-@triton.jit
-def _quantize_dequantize_kernel(x, out, M, K, stride_xm, stride_om, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rm < M)[:, None] & (rk < K)[None, :]
-    tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-    qdq = _quantize_dequantize(tile, BLOCK_M, BLOCK_K)
-    tl.store(out + rm[:, None] * stride_om + rk[None, :], qdq.to(out.dtype.element_ty), mask=mask)
-
-
 # _e2m1_to_float's fast path holds for scale bytes up to this; weights with larger scales take the wide path.
 FAST_MAX_SCALE_BYTE = 128
 
@@ -251,22 +231,122 @@ def needs_wide_scales(weight_scale: torch.Tensor) -> bool:
     return bool(weight_scale.numel()) and int(weight_scale.max()) > FAST_MAX_SCALE_BYTE
 
 
-def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
-    """Dynamic MXFP4 activation quantization of x [M, K] (K a multiple of 32), in x's dtype."""
-    out = torch.empty_like(x)
-    block_m, block_k = 16, 256
-    grid = (triton.cdiv(x.shape[0], block_m), triton.cdiv(x.shape[1], block_k))
-    _quantize_dequantize_kernel[grid](x, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
-                                      BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+@triton.jit
+def _dequantize_kernel(w, w_scale, out, N, stride_wn, stride_sn, stride_on, FP32: tl.constexpr,
+                       WIDE_SCALES: tl.constexpr, PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    rn_safe = rn % N
+    packed = tl.load(w + rn_safe[:, None] * stride_wn + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :])
+    scale_byte = tl.load(w_scale + rn_safe[:, None] * stride_sn + k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :])
+    tile = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K)
+    tl.store(out + rn[:, None] * stride_on + k0 + tl.arange(0, BLOCK_K)[None, :], tile, mask=(rn < N)[:, None])
+
+
+@dataclass(frozen=True, slots=True)
+class DequantizeConfig:
+    """Large M: expand `rows` weight rows at a time to x's dtype, then the vendor GEMM (cuBLAS / hipBLASLt).
+    On a GPU the next slab is expanded on a side stream while the GEMM of this one runs (two slab buffers), and
+    the first one while x is quantized: the expansion is a memory-bound pass, the GEMM compute-bound."""
+    rows: int
+
+
+DEQUANTIZE_MIN_M = 512
+DEQUANTIZE = DequantizeConfig(rows=4096)
+
+
+@functools.cache
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device_index)
+
+
+class _SlabExpander:
+    """Expands weight rows [first, first + count) into one of two slab buffers, on a side stream on a GPU."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, wide_scales: bool,
+                 rows: int, slabs: int):
+        self.weight, self.weight_scale, self.wide_scales = weight, weight_scale, wide_scales
+        self.fp32 = x.dtype == torch.float32 or interpreting()
+        self.ptx = not self.fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+        shape = (min(rows, weight.shape[0]), weight.shape[1] * 2)
+        self.slabs = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(slabs)]
+        self.main = torch.cuda.current_stream(x.device) if x.is_cuda else None
+        self.side = _side_stream(self.main.device.index) if x.is_cuda else None
+        self.used = [None] * slabs  # per slab: the main stream's event after its last GEMM
+        self.ready = [None] * slabs  # per slab: the side stream's event after its expansion
+        if self.side is not None:
+            self.side.wait_stream(self.main)  # weight and x are written on the main stream
+
+    def expand(self, index: int, first: int, count: int) -> None:
+        slot = index % len(self.slabs)
+        if self.side is None:
+            self._launch(self.slabs[slot], first, count)
+            return
+        with torch.cuda.stream(self.side):
+            if self.used[slot] is not None:
+                self.side.wait_event(self.used[slot])
+            self._launch(self.slabs[slot], first, count)
+            self.ready[slot] = torch.cuda.Event()
+            self.ready[slot].record(self.side)
+
+    def acquire(self, index: int) -> torch.Tensor:
+        """The slab of expand(index), once expanded (the main stream waits for it)."""
+        slot = index % len(self.slabs)
+        if self.side is not None:
+            self.main.wait_event(self.ready[slot])
+        return self.slabs[slot]
+
+    def release(self, index: int) -> None:
+        """The main stream's work on this slab is queued: the side stream may overwrite it after that."""
+        if self.main is not None:
+            self.used[index % len(self.slabs)] = torch.cuda.Event()
+            self.used[index % len(self.slabs)].record(self.main)
+
+    def _launch(self, slab: torch.Tensor, first: int, count: int) -> None:
+        block_n, block_k = 64, K_ALIGN
+        _dequantize_kernel[(triton.cdiv(count, block_n), slab.shape[1] // block_k)](
+            self.weight[first:], self.weight_scale[first:], slab, count, self.weight.stride(0),
+            self.weight_scale.stride(0), slab.stride(0), FP32=self.fp32, WIDE_SCALES=self.wide_scales,
+            PTX=self.ptx, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+
+
+def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
+                        wide_scales: bool, rows: int) -> torch.Tensor:
+    m, k = x.shape
+    n = weight.shape[0]
+    firsts = range(0, n, rows)
+    expander = _SlabExpander(x, weight, weight_scale, wide_scales, rows, slabs=min(2, len(firsts)))
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    expander.expand(0, 0, min(rows, n))  # queued first: it overlaps x's quantization
+    if quantize_x:
+        x = quantize_dequantize(x)
+    for index, first in enumerate(firsts):
+        if index + 1 < len(firsts):
+            expander.expand(index + 1, firsts[index + 1], min(rows, n - firsts[index + 1]))
+        count = min(rows, n - first)
+        torch.matmul(x, expander.acquire(index)[:count, :k].T, out=out[:, first:first + count])
+        expander.release(index)
     return out
 
 
+def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool) -> GemmConfig | Fp8Config | DequantizeConfig:
+    """The kernel and tile config for this call: fp8 MMAs for small M where they exist and x is MXFP4-quantized,
+    the vendor GEMM on expanded slabs for large M, the bf16-expanding kernel otherwise."""
+    if quantize_x and m <= mxfp4_gemm_fp8.MAX_M and mxfp4_gemm_fp8.supported(x):
+        return mxfp4_gemm_fp8.pick_config(m, n)
+    if m >= DEQUANTIZE_MIN_M and x.is_cuda:
+        return DEQUANTIZE
+    return pick_config(m, n)
+
+
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
-               wide_scales: bool = True, config: GemmConfig | None = None) -> torch.Tensor:
+               wide_scales: bool = True, config: GemmConfig | Fp8Config | DequantizeConfig | None = None
+               ) -> torch.Tensor:
     """x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
 
     weight [N, K'/2] / weight_scale [N, K'/32] come from pad_to_k_align; wide_scales=needs_wide_scales(weight_scale)
     (True is always right, False is faster). quantize_x applies dynamic MXFP4 activation quantization first.
+    config (default pick_path) also picks the kernel: Fp8Config needs quantize_x.
     """
     m, k = x.shape
     out_features = weight.shape[0]
@@ -274,13 +354,26 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         raise ValueError(f"mxfp4_gemm takes bf16 or fp32 activations, got {x.dtype}")
     if m == 0:
         return torch.empty((m, out_features), dtype=x.dtype, device=x.device)
-    config = config or pick_config(m, out_features)
     k_padded = weight.shape[1] * 2
-    if k_padded % config.block_k or k_padded < k:
-        raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {config.block_k}: "
+    if k_padded % K_ALIGN or k_padded < k:
+        raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {K_ALIGN}: "
                          f"prepare weights with pad_to_k_align")
+    config = config or pick_path(m, out_features, x, quantize_x)
+    if isinstance(config, Fp8Config):
+        if not quantize_x:
+            raise ValueError("the fp8 kernels multiply MXFP4-quantized activations: quantize_x must be True")
+        return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config)
+    if isinstance(config, DequantizeConfig):
+        return _dequantized_matmul(x, weight, weight_scale, quantize_x, wide_scales, config.rows)
     if quantize_x:
         x = quantize_dequantize(x)
+    return _bf16_kernel(x, weight, weight_scale, wide_scales, config)
+
+
+def _bf16_kernel(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, wide_scales: bool,
+                 config: GemmConfig) -> torch.Tensor:
+    m, k = x.shape
+    out_features = weight.shape[0]
     fp32 = x.dtype == torch.float32 or interpreting()
     ptx = not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
     k_loop = triton.cdiv(k, config.block_k)

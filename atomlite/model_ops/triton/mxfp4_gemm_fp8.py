@@ -1,0 +1,290 @@
+"""y = x @ W^T for MXFP4 weights and MXFP4-quantized activations (W4A4), on fp8 tensor cores.
+
+An e2m1 code is exact in fp8 e4m3: its three magnitude bits moved to e4m3's low exponent and top mantissa bits give
+the value times 2^-6 (five bit operations per eight weights, on NVIDIA as PTX), and a quantized activation's e2m1
+value is an e4m3 value as it is. So each 32-element block's dot product is an exact fp8 MMA; its sum is then
+multiplied by the two blocks' e8m0 scales (and 2^6, once at the end) in fp32. Within every 32-block both sides use
+the same K order (the low nibbles of the 16 bytes, then their high nibbles), which is the order the bytes expand in.
+
+- Up to two rows (decode): x is written block-diagonally. Row 8m+j of x' holds row m of x in the blocks b with
+  b % 8 == j and zeros elsewhere, so one MMA over 256 K yields the eight per-block sums of a row in eight columns;
+  the scales apply per column, and the columns are summed once at the end. An MMA has 16 columns at least, so for
+  one or two rows these columns are otherwise padding.
+- More rows: one 32-K MMA per block.
+The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner).
+"""
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+
+BLOCK_DIAGONAL_MAX_M = 2
+MAX_M = 64  # above this, the per-block scaling costs more than expanding weights to bf16 once per tile
+STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
+# With fewer N tiles than this, K is split (fp32 atomics) so that every SM streams weights; block-diagonal tiles
+# split 4 ways under SPLIT_K_BELOW_TILES / 2 tiles (bench/fp4_gemm.py --sweep on an H100).
+SPLIT_K_BELOW_TILES = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Config:
+    block_m: int  # rows of x per tile (block-diagonal: 8 columns per row)
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+
+
+# Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
+BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3)
+PER_BLOCK = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3)
+PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
+
+
+def pick_config(m: int, n: int) -> Fp8Config:
+    config = BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PER_BLOCK if m <= 16 else PER_BLOCK_32
+    tiles = triton.cdiv(n, config.block_n)
+    if tiles >= SPLIT_K_BELOW_TILES:
+        return config
+    split_k = 4 if config is BLOCK_DIAGONAL and tiles < SPLIT_K_BELOW_TILES // 2 else 2
+    return dataclasses.replace(config, split_k=split_k)
+
+
+def supported(x: torch.Tensor) -> bool:
+    """fp8 e4m3 MMAs: NVIDIA sm_89 and newer (ROCm's fp8 MMAs differ per chip: the bf16 kernel runs there)."""
+    if not x.is_cuda or torch.version.cuda is None:
+        return False
+    return _has_fp8_mma(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _has_fp8_mma(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+# Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
+# sign to bit 7, the three magnitude bits to bits 4..2.
+_E2M1X8_TO_E4M3_PTX = tl.constexpr("""
+{
+.reg .b32 a, b;
+shl.b32 a, $2, 4;
+and.b32 a, a, 0x80808080;
+shl.b32 b, $2, 2;
+and.b32 b, b, 0x1C1C1C1C;
+or.b32 $0, a, b;
+and.b32 a, $2, 0x80808080;
+shr.u32 b, $2, 2;
+and.b32 b, b, 0x1C1C1C1C;
+or.b32 $1, a, b;
+}
+""")
+
+
+@triton.jit
+def _expand_e4m3(packed, PTX: tl.constexpr):
+    """uint8 [..., 16 * G] -> e4m3 (low-nibble values, high-nibble values), each times 2^-6."""
+    if PTX:
+        low, high = tl.inline_asm_elementwise(_E2M1X8_TO_E4M3_PTX, "=r,=r,r", [packed],
+                                              dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True, pack=4)
+    else:
+        p = packed.to(tl.int32)
+        low = (((p & 8) << 4) | ((p & 7) << 2)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+        high = ((p & 0x80) | ((p & 0x70) >> 2)).to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+    return low, high
+
+
+@triton.jit
+def _blockwise_k_order(low, high, ROWS: tl.constexpr, K: tl.constexpr):
+    """Expanded low/high nibbles [ROWS, K/2] -> [ROWS, K]: per 32-block its 16 low values, then its 16 high ones."""
+    pairs = tl.reshape(tl.join(low, high), (ROWS, K // 32, 16, 2))
+    return tl.reshape(tl.permute(pairs, (0, 1, 3, 2)), (ROWS, K))
+
+
+@triton.jit
+def _e8m0_to_float(byte):
+    """e8m0 bytes (int32) -> 2^(byte - 127) as fp32; byte 0 is the subnormal 2^-127."""
+    return tl.where(byte == 0, 0x400000, byte << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+    """Programs that share an x tile run close together (L2 reuse of x and of W across neighbouring N tiles)."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    group_size = GROUP_N * tiles_m
+    first_n = (pid // group_size) * GROUP_N
+    group_n = tl.minimum(tiles_n - first_n, GROUP_N)
+    return (pid % group_size) // group_n, first_n + (pid % group_size) % group_n
+
+
+@triton.jit
+def _store(out, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.constexpr):
+    """acc [BLOCK_N, rows] (still without the 2^6 of the weight expansion) -> out[rm, rn]."""
+    acc = acc * 64.0
+    out_ptrs = out + rm[None, :] * stride_om + rn[:, None]
+    mask = (rm < M)[None, :] & (rn < N)[:, None]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
+                     BLOCK_DIAGONAL: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
+    """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
+    Plain: xq [M, K'], x_scale [M, K'/32]. Block-diagonal (BLOCK_M == 1): xq [8 M', K'], x_scale [K'/256, 8 M']
+    (see the module docstring); rows from M up to M' are zeros."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
+    q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
+    low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
+                               (BLOCK_M, STEP)).to(tl.float8e4nv)
+    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
+    if BLOCK_DIAGONAL:
+        j = tl.arange(0, 8)
+        rows = rm * 8 + j  # BLOCK_M == 1: rm is this program's one row
+        diagonal = tl.where((rk // 32 % 8)[None, :] == j[:, None], low_then_high, 0.0)
+        tl.store(xq + rows[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
+        tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (8,)))
+    else:
+        rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
+        mask = (rm < M)[:, None]
+        tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high, mask=mask)
+        tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :] * stride_sk, factor, mask=mask)
+
+
+@triton.jit
+def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, M, N, K_SPLIT, K_END, stride_xm, stride_sk, stride_wn,
+                           stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr, ROWS: tl.constexpr,
+                           BLOCK_N: tl.constexpr, STEP: tl.constexpr, GROUP_N: tl.constexpr):
+    COLUMNS: tl.constexpr = 8 * ROWS
+    pid_m, pid_n = _tile_ids(M, N, ROWS, BLOCK_N, GROUP_N)
+    k_first = tl.program_id(1) * K_SPLIT
+    k_end = tl.minimum(k_first + K_SPLIT, K_END)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rc = pid_m * COLUMNS + tl.arange(0, COLUMNS)
+    rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 2)[None, :]
+    s_cols = w_scale + rn_safe[:, None] * stride_sn + (tl.arange(0, COLUMNS) % 8)[None, :]
+    x_rows = xq + rc[:, None] * stride_xm + tl.arange(0, STEP)[None, :]
+    xs_cols = x_scale + rc
+    w_factor = _e8m0_to_float(tl.load(s_cols + k_first // 32).to(tl.int32))
+    x_factor = tl.load(xs_cols + (k_first // STEP) * stride_sk)
+    acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
+    for k0 in range(k_first, k_end, STEP):
+        k_next = tl.minimum(k0 + STEP, k_end - STEP)  # the last step re-reads its own scales
+        w_factor_next = _e8m0_to_float(tl.load(s_cols + k_next // 32).to(tl.int32))
+        x_factor_next = tl.load(xs_cols + (k_next // STEP) * stride_sk)
+        low, high = _expand_e4m3(tl.load(w_rows + k0 // 2), PTX)
+        sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, STEP), tl.trans(tl.load(x_rows + k0)))
+        acc += sums * w_factor * x_factor[None, :]
+        w_factor, x_factor = w_factor_next, x_factor_next
+    rows = tl.sum(tl.reshape(acc, (BLOCK_N, ROWS, 8)), axis=2)
+    _store(out, rows, pid_m * ROWS + tl.arange(0, ROWS), rn, M, N, stride_om, SPLIT_K)
+
+
+@triton.jit
+def _columns8(t):
+    """[R, 8] -> its 8 columns, each [R] (splits within each thread's registers)."""
+    even, odd = tl.split(tl.reshape(t, (t.shape[0], 4, 2)))
+    e0, e1 = tl.split(tl.reshape(even, (t.shape[0], 2, 2)))
+    o0, o1 = tl.split(tl.reshape(odd, (t.shape[0], 2, 2)))
+    c0, c4 = tl.split(e0)
+    c2, c6 = tl.split(e1)
+    c1, c5 = tl.split(o0)
+    c3, c7 = tl.split(o1)
+    return c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _block_dot(acc, w_rows, x_rows, block, w_factor, x_factor, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
+    low, high = _expand_e4m3(tl.load(w_rows + block * 16), PTX)
+    w_tile = tl.reshape(tl.permute(tl.join(low, high), (0, 2, 1)), (BLOCK_N, 32))
+    sums = tl.dot(w_tile, tl.trans(tl.load(x_rows + block * 32)))
+    return acc + sums * (w_factor[:, None] * x_factor[None, :])
+
+
+@triton.jit
+def _per_block_kernel(xq, x_scale, w, w_scale, out, M, N, K_SPLIT, K_END, stride_xm, stride_sm, stride_wn,
+                      stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
+    k_first = tl.program_id(1) * K_SPLIT
+    k_end = tl.minimum(k_first + K_SPLIT, K_END)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn_safe = rn % N
+    rm_safe = rm % M
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 16)[None, :]
+    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
+    x_rows = xq + rm_safe[:, None] * stride_xm + tl.arange(0, 32)[None, :]
+    xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
+    w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
+    x_factors = tl.load(xs_rows + k_first // 32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_first, k_end, 256):
+        k_next = tl.minimum(k0 + 256, k_end - 256)
+        w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
+        x_factors_next = tl.load(xs_rows + k_next // 32)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
+        b = k0 // 32
+        acc = _block_dot(acc, w_rows, x_rows, b, w0, x0, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 1, w1, x1, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 2, w2, x2, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 3, w3, x3, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 4, w4, x4, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 5, w5, x5, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 6, w6, x6, PTX, BLOCK_N)
+        acc = _block_dot(acc, w_rows, x_rows, b + 7, w7, x7, PTX, BLOCK_N)
+        w_factors, x_factors = w_factors_next, x_factors_next
+    _store(out, acc, rm, rn, M, N, stride_om, SPLIT_K)
+
+
+def quantize_activations(x: torch.Tensor, k_padded: int, block_diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout the chosen kernel reads (module docstring)."""
+    m, k = x.shape
+    if block_diagonal:
+        rows = triton.cdiv(m, BLOCK_DIAGONAL.block_m) * BLOCK_DIAGONAL.block_m
+        xq = torch.empty((8 * rows, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+        x_scale = torch.empty((k_padded // STEP_K, 8 * rows), dtype=torch.float32, device=x.device)
+        grid, block_m, stride_sm, stride_sk = (rows, k_padded // STEP_K), 1, 0, x_scale.stride(0)
+    else:
+        xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+        x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
+        grid, block_m, stride_sm, stride_sk = (triton.cdiv(m, 16), k_padded // STEP_K), 16, x_scale.stride(0), 1
+    _quantize_kernel[grid](x, xq, x_scale, m, k, x.stride(0), xq.stride(0), stride_sm, stride_sk,
+                           BLOCK_DIAGONAL=block_diagonal, BLOCK_M=block_m, STEP=STEP_K, num_warps=4)
+    return xq, x_scale
+
+
+def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   config: Fp8Config | None = None) -> torch.Tensor:
+    """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
+    weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align)."""
+    m = x.shape[0]
+    n, k_padded = weight.shape[0], weight.shape[1] * 2
+    config = config or pick_config(m, n)
+    block_diagonal = config.block_m <= BLOCK_DIAGONAL_MAX_M
+    xq, x_scale = quantize_activations(x, k_padded, block_diagonal)
+    steps = k_padded // STEP_K
+    k_split = triton.cdiv(steps, config.split_k) * STEP_K
+    split_k = triton.cdiv(k_padded, k_split)
+    if split_k > 1:
+        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
+    kernel, rows = ((_block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)) if block_diagonal
+                    else (_per_block_kernel, dict(BLOCK_M=config.block_m)))
+    kernel[grid](xq, x_scale, weight, weight_scale, out, m, n, k_split, k_padded, xq.stride(0), x_scale.stride(0),
+                 weight.stride(0), weight_scale.stride(0), out.stride(0), PTX=x.is_cuda, SPLIT_K=split_k,
+                 BLOCK_N=config.block_n, GROUP_N=8, num_warps=config.num_warps, num_stages=config.num_stages, **rows)
+    return out.to(x.dtype)
