@@ -26,8 +26,8 @@ C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
     "block_diagonal": [F(2, 64, 4, 3), F(2, 64, 4, 4), F(2, 64, 4, 6), F(2, 64, 4, 3, split_k=2),
                        F(2, 64, 4, 3, split_k=4), F(2, 64, 8, 3), C(16, 64, 256, 4, 4, prefetch=True)],
-    "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(32, 64, 4, 3), F(32, 64, 4, 3, split_k=2),
-            C(16, 64, 256, 4, 4, prefetch=True)],
+    "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3),
+            F(32, 64, 4, 3, split_k=2), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
