@@ -24,9 +24,8 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 2, 16, 64, 256, 512, 2048]
 C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
-    "block_diagonal": [F(2, 64, 4, 3), F(2, 64, 4, 3, split_k=2), F(2, 64, 4, 3, split_k=4), F(1, 64, 4, 3),
-                       F(1, 64, 4, 4), F(1, 64, 4, 3, split_k=2), F(1, 64, 4, 3, split_k=4), F(1, 64, 8, 3),
-                       C(16, 64, 256, 4, 4, prefetch=True)],
+    "block_diagonal": [F(2, 64, 4, 3), F(2, 64, 4, 4), F(2, 64, 4, 6), F(2, 64, 4, 3, split_k=2),
+                       F(2, 64, 4, 3, split_k=4), F(2, 64, 8, 3), C(16, 64, 256, 4, 4, prefetch=True)],
     "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3),
             F(32, 64, 4, 3, split_k=2), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
@@ -35,10 +34,6 @@ CANDIDATES = {
 
 def regime(m: int) -> str:
     return "block_diagonal" if m <= fp8.BLOCK_DIAGONAL_MAX_M else "fp8" if m <= fp8.MAX_M else "prefill"
-
-
-def block_diagonal_rows(config) -> int:
-    return config.block_m if config.block_m <= fp8.BLOCK_DIAGONAL_MAX_M else 0
 
 
 def describe(config) -> str:
@@ -177,7 +172,7 @@ def main() -> int:
             path = fp4.pick_path(m, n, x, True)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
                    "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
-                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, block_diagonal_rows(path))
+                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, m <= fp8.BLOCK_DIAGONAL_MAX_M)
                                      if isinstance(path, F) else fp4.quantize_dequantize(x))}
             candidates = CANDIDATES[regime(m)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})

@@ -64,8 +64,6 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (1, 40, 96, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # block-diagonal; K tail
     (2, 72, 544, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2, split_k=2)),  # 3 K steps in 2 splits
     (3, 40, 512, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # two block-diagonal row pairs
-    (1, 40, 544, Fp8Config(block_m=1, block_n=64, num_warps=4, num_stages=2)),   # period 16: a 512-K step + a tail
-    (2, 72, 1312, Fp8Config(block_m=1, block_n=64, num_warps=4, num_stages=2, split_k=2)),  # 3 steps, 2 splits
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
@@ -105,8 +103,7 @@ def test_paths_by_rows():
     x = torch.empty(0)
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
-    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_1
-    assert mxfp4_gemm_fp8.pick_config(2, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
     assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PER_BLOCK
     assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
     assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
@@ -118,7 +115,7 @@ def test_paths_by_rows():
         cuda = torch.empty(0, device="cuda")
         assert pick_path(4096, 21504, cuda, True) == DEQUANTIZE
         if mxfp4_gemm_fp8.supported(cuda):
-            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_1
+            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
             assert pick_path(1, 21504, cuda, False) == DECODE
 
 

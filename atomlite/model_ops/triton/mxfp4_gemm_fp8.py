@@ -6,11 +6,10 @@ value is an e4m3 value as it is. So each 32-element block's dot product is an ex
 multiplied by the two blocks' e8m0 scales (and 2^6, once at the end) in fp32. Within every 32-block both sides use
 the same K order (the low nibbles of the 16 bytes, then their high nibbles), which is the order the bytes expand in.
 
-- Up to two rows (decode): x is written block-diagonally with period P = 16 / rows (16 for one row, 8 for two).
-  Row Pm+j of x' holds row m of x in the 32-blocks b with b % P == j and zeros elsewhere, so one MMA over a step
-  of 32P K yields the P per-block sums of a row in P columns; the scales apply per column, and the columns are
-  summed once at the end. An MMA has 16 columns at least, so for one or two rows these columns are otherwise
-  padding.
+- Up to two rows (decode): x is written block-diagonally. Row 8m+j of x' holds row m of x in the blocks b with
+  b % 8 == j and zeros elsewhere, so one MMA over 256 K yields the eight per-block sums of a row in eight columns;
+  the scales apply per column, and the columns are summed once at the end. An MMA has 16 columns at least, so for
+  one or two rows these columns are otherwise padding.
 - More rows: one 32-K MMA per block.
 The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner).
 """
@@ -26,15 +25,15 @@ from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 BLOCK_DIAGONAL_MAX_M = 2
 MAX_M = 64  # above this, the per-block scaling costs more than expanding weights to bf16 once per tile
-STEP_K = 256  # K per loop step (block-diagonal: 32 P); weights are padded to a multiple of 256 at load time
-# With fewer N tiles than this, K is split (fp32 atomics) so that every SM streams weights; block-diagonal tiles
-# split 4 ways under SPLIT_K_BELOW_TILES / 2 tiles (bench/fp4_gemm.py --sweep on an H100).
+STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
+# With fewer N tiles than this, K is split so that every SM streams weights; tiles of up to 16 rows split 4 ways
+# under SPLIT_K_BELOW_TILES / 2 tiles (bench/fp4_gemm.py --sweep on an H100).
 SPLIT_K_BELOW_TILES = 200
 
 
 @dataclass(frozen=True, slots=True)
 class Fp8Config:
-    block_m: int  # rows of x per tile (block-diagonal: 1 or 2, 16 / block_m columns per row)
+    block_m: int  # rows of x per tile (block-diagonal: 8 columns per row)
     block_n: int
     num_warps: int
     num_stages: int
@@ -43,14 +42,12 @@ class Fp8Config:
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
 BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3)
-BLOCK_DIAGONAL_1 = Fp8Config(block_m=1, block_n=64, num_warps=4, num_stages=3)
 PER_BLOCK = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3)
 PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
 
 
 def pick_config(m: int, n: int) -> Fp8Config:
-    config = (BLOCK_DIAGONAL_1 if m == 1 else BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PER_BLOCK if m <= 16
-              else PER_BLOCK_32)
+    config = BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PER_BLOCK if m <= 16 else PER_BLOCK_32
     tiles = triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES:
         return config
@@ -153,10 +150,10 @@ def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.co
 
 @triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
-                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
+                     BLOCK_DIAGONAL: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
-    Plain (PERIOD 0): xq [M, K'], x_scale [M, K'/32]. Block-diagonal (BLOCK_M 1, STEP 32 PERIOD): xq [P M', K'],
-    x_scale [K'/STEP, P M'] (see the module docstring); rows from M up to M' are zeros."""
+    Plain: xq [M, K'], x_scale [M, K'/32]. Block-diagonal (BLOCK_M == 1): xq [8 M', K'], x_scale [K'/256, 8 M']
+    (see the module docstring); rows from M up to M' are zeros."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -164,12 +161,12 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
                                (BLOCK_M, STEP)).to(tl.float8e4nv)
     factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
-    if PERIOD:
-        j = tl.arange(0, PERIOD)
-        rows = rm * PERIOD + j  # BLOCK_M == 1: rm is this program's one row
-        diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j[:, None], low_then_high, 0.0)
+    if BLOCK_DIAGONAL:
+        j = tl.arange(0, 8)
+        rows = rm * 8 + j  # BLOCK_M == 1: rm is this program's one row
+        diagonal = tl.where((rk // 32 % 8)[None, :] == j[:, None], low_then_high, 0.0)
         tl.store(xq + rows[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
-        tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (PERIOD,)))
+        tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (8,)))
     else:
         rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
         mask = (rm < M)[:, None]
@@ -178,47 +175,32 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
 
 
 @triton.jit
-def _load_k(ptrs, start, columns, end, EVEN_STEPS: tl.constexpr):
-    """ptrs [R, C] offset by start, columns past end (start + columns >= end) read as zeros unless EVEN_STEPS."""
-    if EVEN_STEPS:
-        return tl.load(ptrs + start)
-    return tl.load(ptrs + start, mask=(start + columns < end)[None, :], other=0)
-
-
-@triton.jit
 def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
                            stride_sk, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                           ROWS: tl.constexpr, EVEN_STEPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                           GROUP_N: tl.constexpr):
-    COLUMNS: tl.constexpr = 16
-    PERIOD: tl.constexpr = COLUMNS // ROWS
-    STEP: tl.constexpr = 32 * PERIOD
+                           ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, GROUP_N: tl.constexpr):
+    COLUMNS: tl.constexpr = 8 * ROWS
     pid_m, pid_n = _tile_ids(M, N, ROWS, BLOCK_N, GROUP_N)
     k_first = tl.program_id(1) * K_SPLIT
     k_end = tl.minimum(k_first + K_SPLIT, K_END)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rc = pid_m * COLUMNS + tl.arange(0, COLUMNS)
     rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
-    # A step may run past the weights' K (a multiple of 256, not of STEP): masked, those weights read as zeros.
-    byte_k = tl.arange(0, STEP // 2)
-    w_rows = w + rn_safe[:, None] * stride_wn + byte_k[None, :]
-    column_block = tl.arange(0, COLUMNS) % PERIOD
-    s_cols = w_scale + rn_safe[:, None] * stride_sn + column_block[None, :]
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 2)[None, :]
+    s_cols = w_scale + rn_safe[:, None] * stride_sn + (tl.arange(0, COLUMNS) % 8)[None, :]
     x_rows = xq + rc[:, None] * stride_xm + tl.arange(0, STEP)[None, :]
     xs_cols = x_scale + rc
-    w_factor = _e8m0_to_float(_load_k(s_cols, k_first // 32, column_block, K_END // 32, EVEN_STEPS).to(tl.int32))
+    w_factor = _e8m0_to_float(tl.load(s_cols + k_first // 32).to(tl.int32))
     x_factor = tl.load(xs_cols + (k_first // STEP) * stride_sk)
     acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, STEP):
-        k_next = tl.minimum(k0 + STEP, k_end - 1) // STEP * STEP  # the last step re-reads its own scales
-        w_factor_next = _e8m0_to_float(_load_k(s_cols, k_next // 32, column_block, K_END // 32, EVEN_STEPS)
-                                       .to(tl.int32))
+        k_next = tl.minimum(k0 + STEP, k_end - STEP)  # the last step re-reads its own scales
+        w_factor_next = _e8m0_to_float(tl.load(s_cols + k_next // 32).to(tl.int32))
         x_factor_next = tl.load(xs_cols + (k_next // STEP) * stride_sk)
-        low, high = _expand_e4m3(_load_k(w_rows, k0 // 2, byte_k, K_END // 2, EVEN_STEPS), PTX)
+        low, high = _expand_e4m3(tl.load(w_rows + k0 // 2), PTX)
         sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, STEP), tl.trans(tl.load(x_rows + k0)))
         acc += sums * w_factor * x_factor[None, :]
         w_factor, x_factor = w_factor_next, x_factor_next
-    rows = tl.sum(tl.reshape(acc, (BLOCK_N, ROWS, PERIOD)), axis=2)
+    rows = tl.sum(tl.reshape(acc, (BLOCK_N, ROWS, 8)), axis=2)
     _store(out, partials, arrivals, rows, pid_m * ROWS + tl.arange(0, ROWS), rn, M, N, stride_om, SPLIT_K)
 
 
@@ -293,30 +275,20 @@ def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def block_diagonal_step(rows: int) -> int:
-    """K per step of the block-diagonal kernel for tiles of `rows` rows (1 or 2): 32 * (16 / rows)."""
-    return 32 * 16 // rows
-
-
-def quantize_activations(x: torch.Tensor, k_padded: int, block_diagonal_rows: int = 0
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout the chosen kernel reads (module docstring):
-    block-diagonal for tiles of block_diagonal_rows rows (1 or 2), else plain."""
+def quantize_activations(x: torch.Tensor, k_padded: int, block_diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout the chosen kernel reads (module docstring)."""
     m, k = x.shape
-    if block_diagonal_rows:
-        period, step = 16 // block_diagonal_rows, block_diagonal_step(block_diagonal_rows)
-        rows = triton.cdiv(m, block_diagonal_rows) * block_diagonal_rows
-        k_steps = triton.cdiv(k_padded, step) * step
-        xq = torch.empty((period * rows, k_steps), dtype=torch.float8_e4m3fn, device=x.device)
-        x_scale = torch.empty((k_steps // step, period * rows), dtype=torch.float32, device=x.device)
-        grid, block_m, stride_sm, stride_sk = (rows, k_steps // step), 1, 0, x_scale.stride(0)
+    if block_diagonal:
+        rows = triton.cdiv(m, BLOCK_DIAGONAL.block_m) * BLOCK_DIAGONAL.block_m
+        xq = torch.empty((8 * rows, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+        x_scale = torch.empty((k_padded // STEP_K, 8 * rows), dtype=torch.float32, device=x.device)
+        grid, block_m, stride_sm, stride_sk = (rows, k_padded // STEP_K), 1, 0, x_scale.stride(0)
     else:
-        period, step = 0, STEP_K
         xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
         x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
-        grid, block_m, stride_sm, stride_sk = (triton.cdiv(m, 16), k_padded // step), 16, x_scale.stride(0), 1
+        grid, block_m, stride_sm, stride_sk = (triton.cdiv(m, 16), k_padded // STEP_K), 16, x_scale.stride(0), 1
     _quantize_kernel[grid](x, xq, x_scale, m, k, x.stride(0), xq.stride(0), stride_sm, stride_sk,
-                           PERIOD=period, BLOCK_M=block_m, STEP=step, num_warps=4)
+                           BLOCK_DIAGONAL=block_diagonal, BLOCK_M=block_m, STEP=STEP_K, num_warps=4)
     return xq, x_scale
 
 
@@ -328,18 +300,16 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     config = config or pick_config(m, n)
     block_diagonal = config.block_m <= BLOCK_DIAGONAL_MAX_M
-    xq, x_scale = quantize_activations(x, k_padded, config.block_m if block_diagonal else 0)
-    step = block_diagonal_step(config.block_m) if block_diagonal else STEP_K
-    k_split = triton.cdiv(triton.cdiv(k_padded, step), config.split_k) * step
+    xq, x_scale = quantize_activations(x, k_padded, block_diagonal)
+    steps = k_padded // STEP_K
+    k_split = triton.cdiv(steps, config.split_k) * STEP_K
     split_k = triton.cdiv(k_padded, k_split)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
     partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
     arrivals = _arrival_counters(x.device, grid[0])
-    if block_diagonal:
-        kernel, rows = _block_diagonal_kernel, dict(ROWS=config.block_m, EVEN_STEPS=k_padded % step == 0)
-    else:
-        kernel, rows = _per_block_kernel, dict(BLOCK_M=config.block_m)
+    kernel, rows = ((_block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)) if block_diagonal
+                    else (_per_block_kernel, dict(BLOCK_M=config.block_m)))
     kernel[grid](xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded,
                  xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
                  PTX=x.is_cuda, SPLIT_K=split_k, BLOCK_N=config.block_n, GROUP_N=8, num_warps=config.num_warps,
