@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from atomlite.model_ops.triton import mxfp4_gemm_fp8
-from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, DEQUANTIZE, LARGE_PREFILL, PREFILL, DequantizeConfig,
-                                                  GemmConfig, mxfp4_gemm, needs_wide_scales, pad_to_k_align,
-                                                  pick_config, pick_path)
+from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
+                                                  GemmConfig, dequantize_config, mxfp4_gemm, needs_wide_scales,
+                                                  pad_to_k_align, pick_config, pick_path)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.quant import mxfp4
 from atomlite.quant.mxfp4_linear import MXFP4Linear
@@ -100,7 +100,7 @@ def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
 
 
 def test_paths_by_rows():
-    x = torch.empty(0)
+    x = torch.empty(0, 5376)
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
     assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
@@ -110,13 +110,19 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2
     assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(16, 8192).split_k == 2
-    assert mxfp4_gemm_fp8.pick_config(40, 5376).split_k == 2
+    assert mxfp4_gemm_fp8.pick_config(40, 5376).split_k == 1
     if torch.cuda.is_available():
-        cuda = torch.empty(0, device="cuda")
-        assert pick_path(4096, 21504, cuda, True) == DEQUANTIZE
+        cuda = torch.empty(0, 5376, device="cuda")
+        assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)
         if mxfp4_gemm_fp8.supported(cuda):
             assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
             assert pick_path(1, 21504, cuda, False) == DECODE
+
+
+def test_slabs_hold_about_the_same_number_of_values_whatever_k():
+    assert dequantize_config(5376).rows == 8192
+    assert dequantize_config(21504).rows == 2048
+    assert dequantize_config(10 ** 6).rows == 256
 
 
 def test_decode_splits_k_only_when_n_has_few_tiles():

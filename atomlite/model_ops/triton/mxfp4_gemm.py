@@ -252,7 +252,13 @@ class DequantizeConfig:
 
 
 DEQUANTIZE_MIN_M = 512
-DEQUANTIZE = DequantizeConfig(rows=4096)
+# Slabs of about 2048 x 21504 values (84 MiB in bf16): the best slab measured 2048 rows at K=21504 and 8192 rows at
+# K=5376 (bench/fp4_gemm.py --sweep, H100, M=2048).
+SLAB_VALUES = 2048 * 21504
+
+
+def dequantize_config(k_padded: int) -> DequantizeConfig:
+    return DequantizeConfig(rows=max(256, SLAB_VALUES // k_padded // 256 * 256))
 
 
 @functools.cache
@@ -335,7 +341,7 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool) -> GemmConfig |
     if quantize_x and m <= mxfp4_gemm_fp8.MAX_M and mxfp4_gemm_fp8.supported(x):
         return mxfp4_gemm_fp8.pick_config(m, n)
     if m >= DEQUANTIZE_MIN_M and x.is_cuda:
-        return DEQUANTIZE
+        return dequantize_config(x.shape[1])
     return pick_config(m, n)
 
 

@@ -26,8 +26,8 @@ from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 BLOCK_DIAGONAL_MAX_M = 2
 MAX_M = 64  # above this, the per-block scaling costs more than expanding weights to bf16 once per tile
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
-# With fewer N tiles than this, K is split so that every SM streams weights; tiles of up to 16 rows split 4 ways
-# under SPLIT_K_BELOW_TILES / 2 tiles (bench/fp4_gemm.py --sweep on an H100).
+# With fewer N tiles than this, tiles of up to 16 rows split K so that every SM streams weights: 4 ways under
+# SPLIT_K_BELOW_TILES / 2 tiles, else 2 (bench/fp4_gemm.py --sweep on an H100).
 SPLIT_K_BELOW_TILES = 200
 
 
@@ -49,9 +49,9 @@ PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
 def pick_config(m: int, n: int) -> Fp8Config:
     config = BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PER_BLOCK if m <= 16 else PER_BLOCK_32
     tiles = triton.cdiv(n, config.block_n)
-    if tiles >= SPLIT_K_BELOW_TILES:
+    if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
-    split_k = 4 if config.block_m <= 16 and tiles < SPLIT_K_BELOW_TILES // 2 else 2
+    split_k = 4 if tiles < SPLIT_K_BELOW_TILES // 2 else 2
     return dataclasses.replace(config, split_k=split_k)
 
 
