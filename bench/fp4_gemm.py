@@ -24,8 +24,10 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 2, 16, 64, 256, 512, 2048]
 C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
-    "block_diagonal": [F(2, 64, 4, 3), F(2, 64, 4, 4), F(2, 64, 4, 6), F(2, 64, 4, 3, split_k=2),
-                       F(2, 64, 4, 3, split_k=4), F(2, 64, 8, 3), C(16, 64, 256, 4, 4, prefetch=True)],
+    "block_diagonal": [F(2, 64, 4, 3, block_diagonal=True), F(2, 64, 4, 4, block_diagonal=True),
+                       F(2, 64, 4, 6, block_diagonal=True), F(2, 64, 4, 3, split_k=2, block_diagonal=True),
+                       F(2, 64, 4, 3, split_k=4, block_diagonal=True), F(2, 64, 8, 3, block_diagonal=True),
+                       F(16, 64, 4, 3), C(16, 64, 256, 4, 4, prefetch=True)],
     "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3),
             F(32, 64, 4, 3, split_k=2), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
@@ -39,7 +41,8 @@ def regime(m: int) -> str:
 def describe(config) -> str:
     if isinstance(config, D):
         return f"dequantize {config.rows} rows + torch.matmul"
-    kind = "fp8" if isinstance(config, F) else "bf16"
+    kind = ("fp8 block-diagonal" if getattr(config, "block_diagonal", False) else "fp8" if isinstance(config, F)
+            else "bf16")
     tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, F)
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
@@ -172,7 +175,7 @@ def main() -> int:
             path = fp4.pick_path(m, n, x, True)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
                    "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
-                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, m <= fp8.BLOCK_DIAGONAL_MAX_M)
+                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path.block_diagonal)
                                      if isinstance(path, F) else fp4.quantize_dequantize(x))}
             candidates = CANDIDATES[regime(m)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})

@@ -61,9 +61,9 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
 
 
 @pytest.mark.parametrize("m, n, k, config", [
-    (1, 40, 96, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # block-diagonal; K tail
-    (2, 72, 544, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2, split_k=2)),  # 3 K steps in 2 splits
-    (3, 40, 512, Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=2)),   # two block-diagonal row pairs
+    (1, 40, 96, Fp8Config(2, 64, 4, 2, block_diagonal=True)),             # block-diagonal; K tail
+    (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, block_diagonal=True)),  # 3 K steps in 2 splits
+    (3, 40, 512, Fp8Config(2, 64, 4, 2, block_diagonal=True)),            # two block-diagonal row pairs
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
@@ -80,6 +80,11 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
         assert_matches(got, reference(x, packed, scale, True), dtype)
     if isinstance(config, Fp8Config) and config.split_k > 1:
         assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
+
+
+def test_block_diagonal_tiles_have_two_rows():
+    with pytest.raises(ValueError, match="block-diagonal tiles have 2 rows, got block_m=4"):
+        Fp8Config(4, 64, 4, 2, block_diagonal=True)
 
 
 def test_fp8_path_needs_quantized_activations():
@@ -104,6 +109,8 @@ def test_paths_by_rows():
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
     assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+    assert mxfp4_gemm_fp8.pick_config(4, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.PER_BLOCK
     assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PER_BLOCK
     assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
     assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
