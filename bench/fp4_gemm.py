@@ -5,7 +5,7 @@ before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The fp4 
 (mxfp4_gemm.pick_path), dynamic MXFP4 activation quantization included.
 --sweep also times candidate configs and prints the best per shape.
 
-    PYTHONPATH=. python bench/fp4_gemm.py [--sweep]
+    PYTHONPATH=. python bench/fp4_gemm.py [--sweep] [--ms 1,2,16] [--compile-stats]
 """
 import argparse
 import importlib
@@ -28,8 +28,9 @@ CANDIDATES = {
                        F(2, 64, 4, 6, block_diagonal=True), F(2, 64, 4, 3, split_k=2, block_diagonal=True),
                        F(2, 64, 4, 3, split_k=4, block_diagonal=True), F(2, 64, 8, 3, block_diagonal=True),
                        F(16, 64, 4, 3), C(16, 64, 256, 4, 4, prefetch=True)],
-    "fp8": [F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2), F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3),
-            F(32, 64, 4, 3, split_k=2), C(16, 64, 256, 4, 4, prefetch=True)],
+    "fp8": [F(2, 64, 4, 3, block_diagonal=True), F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2),
+            F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3), F(32, 64, 4, 3, split_k=2),
+            C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
@@ -155,6 +156,7 @@ def time_ms(fns: dict) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated row counts M to time")
     parser.add_argument("--compile-stats", action="store_true", help="print each compiled variant's PTX statistics")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -170,7 +172,7 @@ def main() -> int:
         weight, weight_scale = fp4.pad_to_k_align(packed, scale)
         wide = fp4.needs_wide_scales(weight_scale)
         w_bf16 = w_ref.to(torch.bfloat16)
-        for m in MS:
+        for m in map(int, args.ms.split(",")):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             path = fp4.pick_path(m, n, x, True)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
