@@ -24,13 +24,12 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 2, 16, 64, 256, 512, 2048]
 C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
-    "block_diagonal": [F(2, 64, 4, 3, block_diagonal=True), F(2, 64, 4, 4, block_diagonal=True),
-                       F(2, 64, 4, 6, block_diagonal=True), F(2, 64, 4, 3, split_k=2, block_diagonal=True),
-                       F(2, 64, 4, 3, split_k=4, block_diagonal=True), F(2, 64, 8, 3, block_diagonal=True),
-                       F(16, 64, 4, 3), C(16, 64, 256, 4, 4, prefetch=True)],
-    "fp8": [F(2, 64, 4, 3, block_diagonal=True), F(16, 64, 4, 3), F(16, 64, 4, 2), F(16, 64, 4, 3, split_k=2),
-            F(16, 64, 4, 3, split_k=4), F(32, 64, 4, 3), F(32, 64, 4, 3, split_k=2),
-            C(16, 64, 256, 4, 4, prefetch=True)],
+    "block_diagonal": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 6, period=8),
+                       F(2, 64, 4, 3, split_k=2, period=8), F(2, 64, 4, 3, split_k=4, period=8),
+                       F(8, 64, 4, 3, period=2), F(16, 64, 4, 3), C(16, 64, 256, 4, 4, prefetch=True)],
+    "fp8": [F(2, 64, 4, 3, period=8), F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=2, period=2),
+            F(16, 64, 4, 3, period=2), F(16, 64, 4, 3, split_k=2, period=2), F(16, 64, 4, 3, split_k=4, period=2),
+            F(16, 64, 4, 3), F(32, 64, 4, 3), F(32, 64, 4, 3, period=2), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
@@ -42,8 +41,7 @@ def regime(m: int) -> str:
 def describe(config) -> str:
     if isinstance(config, D):
         return f"dequantize {config.rows} rows + torch.matmul"
-    kind = ("fp8 block-diagonal" if getattr(config, "block_diagonal", False) else "fp8" if isinstance(config, F)
-            else "bf16")
+    kind = f"fp8 period {config.period}" if isinstance(config, F) else "bf16"
     tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, F)
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
@@ -88,7 +86,8 @@ PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.glob
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._per_block_kernel):
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._pair_diagonal_kernel,
+                fp8._per_block_kernel):
         print(f"  {jit.fn.__name__}")
         kernel_stats(jit)
 
@@ -177,7 +176,7 @@ def main() -> int:
             path = fp4.pick_path(m, n, x, True)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
                    "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
-                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path.block_diagonal)
+                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path)
                                      if isinstance(path, F) else fp4.quantize_dequantize(x))}
             candidates = CANDIDATES[regime(m)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})

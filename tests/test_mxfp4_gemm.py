@@ -61,9 +61,11 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
 
 
 @pytest.mark.parametrize("m, n, k, config", [
-    (1, 40, 96, Fp8Config(2, 64, 4, 2, block_diagonal=True)),             # block-diagonal; K tail
-    (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, block_diagonal=True)),  # 3 K steps in 2 splits
-    (3, 40, 512, Fp8Config(2, 64, 4, 2, block_diagonal=True)),            # two block-diagonal row pairs
+    (1, 40, 96, Fp8Config(2, 64, 4, 2, period=8)),             # block-diagonal; K tail
+    (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, period=8)),  # 3 K steps in 2 splits
+    (3, 40, 512, Fp8Config(2, 64, 4, 2, period=8)),            # two block-diagonal row pairs
+    (5, 72, 288, Fp8Config(8, 64, 4, 2, period=2)),            # pair-diagonal, 3 padding rows
+    (19, 40, 544, Fp8Config(16, 64, 4, 2, split_k=2, period=2)),  # two tiles of 16 rows, K split
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
@@ -82,9 +84,10 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
         assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
 
 
-def test_block_diagonal_tiles_have_two_rows():
-    with pytest.raises(ValueError, match="block-diagonal tiles have 2 rows, got block_m=4"):
-        Fp8Config(4, 64, 4, 2, block_diagonal=True)
+@pytest.mark.parametrize("block_m, period", [(4, 8), (2, 2), (4, 1), (16, 4)])
+def test_fp8_tiles_need_16_columns_and_a_known_period(block_m, period):
+    with pytest.raises(ValueError, match=f"got period {period}, block_m {block_m}"):
+        Fp8Config(block_m, 64, 4, 2, period=period)
 
 
 def test_fp8_path_needs_quantized_activations():
@@ -110,8 +113,8 @@ def test_paths_by_rows():
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
     assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
     assert mxfp4_gemm_fp8.pick_config(4, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
-    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.PER_BLOCK
-    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PER_BLOCK
+    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_8
+    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
     assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
     assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2

@@ -6,12 +6,13 @@ value is an e4m3 value as it is. So each 32-element block's dot product is an ex
 multiplied by the two blocks' e8m0 scales (and 2^6, once at the end) in fp32. Within every 32-block both sides use
 the same K order (the low nibbles of the 16 bytes, then their high nibbles), which is the order the bytes expand in.
 
-- Up to four rows (decode), in tiles of two rows: x is written block-diagonally. Row 8m+j of x' holds row m of x
-  in the blocks b with b % 8 == j and zeros elsewhere, so one MMA over 256 K yields the eight per-block sums of a
-  row in eight columns; the scales apply per column, and the columns are summed once at the end. An MMA has 16
-  columns at least, so for two rows these columns are otherwise padding. Each tile of two rows expands the weights
-  again: from 6 rows on, the per-block MMAs measured as fast or faster (H100).
-- More rows: one 32-K MMA per block.
+x is written block-diagonally with a period P: row Pm+j of x' holds row m of x in the blocks b with b % P == j and
+zeros elsewhere, so one MMA over P blocks yields each row's P per-block sums in P columns; the scales apply per
+column, and the columns of a row are summed once at the end. P trades MMA work (P times the minimum) for fewer
+MMA waits and scaling passes (Triton waits for each MMA before its result is used):
+- up to 4 rows (decode), P = 8 in tiles of 2 rows: one MMA per 256-K step, in the 16 columns an MMA has anyway;
+- up to 16 rows, P = 2 (4 MMAs per step), measured 1.2-1.6x faster than P = 1 on an H100;
+- more rows, P = 1: one 32-K MMA per block.
 The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner).
 """
 import dataclasses
@@ -24,7 +25,8 @@ import triton.language as tl
 
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
-BLOCK_DIAGONAL_MAX_M = 4
+BLOCK_DIAGONAL_MAX_M = 4  # P = 8 tiles of 2 rows each expand the weights again: from 6 rows on P = 1 was as fast
+PAIR_DIAGONAL_MAX_M = 16
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
 # With fewer N tiles than this, tiles of up to 16 rows split K so that every SM streams weights: 4 ways under
@@ -39,21 +41,24 @@ class Fp8Config:
     num_warps: int
     num_stages: int
     split_k: int = 1
-    block_diagonal: bool = False  # 2-row tiles only (16 columns)
+    period: int = 1  # P of the module docstring: 1, 2, or 8 (8: tiles of 2 rows)
 
     def __post_init__(self):
-        if self.block_diagonal and self.block_m != 2:
-            raise ValueError(f"block-diagonal tiles have 2 rows, got block_m={self.block_m}")
+        if self.period not in (1, 2, 8) or (self.period == 8) != (self.block_m == 2) or self.period * self.block_m < 16:
+            raise ValueError(f"fp8 GEMM tiles take period 1 or 2 with block_m * period >= 16, or period 8 with "
+                             f"block_m 2; got period {self.period}, block_m {self.block_m}")
 
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
-BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, block_diagonal=True)
-PER_BLOCK = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3)
+BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
+PAIR_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=2)
+PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)
 PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
 
 
 def pick_config(m: int, n: int) -> Fp8Config:
-    config = BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PER_BLOCK if m <= 16 else PER_BLOCK_32
+    config = (BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PAIR_DIAGONAL_8 if m <= 8
+              else PAIR_DIAGONAL_16 if m <= PAIR_DIAGONAL_MAX_M else PER_BLOCK_32)
     tiles = triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
@@ -156,10 +161,10 @@ def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.co
 
 @triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
-                     BLOCK_DIAGONAL: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
+                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
-    Plain: xq [M, K'], x_scale [M, K'/32]. Block-diagonal (BLOCK_M == 1): xq [8 M', K'], x_scale [K'/256, 8 M']
-    (see the module docstring); rows from M up to M' are zeros."""
+    PERIOD 1: xq [M, K'], x_scale [M, K'/32]. PERIOD 2 (BLOCK_M 1): xq [2 M', K'] pair-diagonal, x_scale as for 1.
+    PERIOD 8 (BLOCK_M 1): xq [8 M', K'], x_scale [K'/256, 8 M']. Rows from M up to M' are zeros."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -167,17 +172,18 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
                                (BLOCK_M, STEP)).to(tl.float8e4nv)
     factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
-    if BLOCK_DIAGONAL:
-        j = tl.arange(0, 8)
-        rows = rm * 8 + j  # BLOCK_M == 1: rm is this program's one row
-        diagonal = tl.where((rk // 32 % 8)[None, :] == j[:, None], low_then_high, 0.0)
+    rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
+    if PERIOD == 1:
+        tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high, mask=(rm < M)[:, None])
+    else:  # BLOCK_M == 1: rm is this program's one row; rows of the padding (rm >= M) are stored as zeros
+        j = tl.arange(0, PERIOD)
+        rows = rm * PERIOD + j
+        diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j[:, None], low_then_high, 0.0)
         tl.store(xq + rows[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
+    if PERIOD == 8:
         tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (8,)))
     else:
-        rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
-        mask = (rm < M)[:, None]
-        tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high, mask=mask)
-        tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :] * stride_sk, factor, mask=mask)
+        tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :] * stride_sk, factor, mask=(rm < M)[:, None])
 
 
 @triton.jit
@@ -268,6 +274,52 @@ def _per_block_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_
     _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K)
 
 
+@triton.jit
+def _pair_dot(acc, w_rows, x_rows, pair, w_even, w_odd, x_even, x_odd, PTX: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_M: tl.constexpr):
+    """Blocks 2 pair and 2 pair + 1 of every row at once: x' row 2m+j holds row m's block 2 pair + j; columns (m, j)."""
+    low, high = _expand_e4m3(tl.load(w_rows + pair * 32), PTX)
+    sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 64), tl.trans(tl.load(x_rows + pair * 64)))
+    w_factor = tl.reshape(tl.broadcast_to(tl.expand_dims(tl.join(w_even, w_odd), 1), (BLOCK_N, BLOCK_M, 2)),
+                          (BLOCK_N, 2 * BLOCK_M))
+    x_factor = tl.reshape(tl.join(x_even, x_odd), (2 * BLOCK_M,))
+    return acc + sums * w_factor * x_factor[None, :]
+
+
+@triton.jit
+def _pair_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
+                          stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
+    k_first = tl.program_id(1) * K_SPLIT
+    k_end = tl.minimum(k_first + K_SPLIT, K_END)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn_safe = rn % N
+    rm_safe = rm % M
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 32)[None, :]
+    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
+    x_rows = xq + (pid_m * 2 * BLOCK_M + tl.arange(0, 2 * BLOCK_M))[:, None] * stride_xm + tl.arange(0, 64)[None, :]
+    xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
+    w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
+    x_factors = tl.load(xs_rows + k_first // 32)
+    acc = tl.zeros((BLOCK_N, 2 * BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_first, k_end, 256):
+        k_next = tl.minimum(k0 + 256, k_end - 256)
+        w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
+        x_factors_next = tl.load(xs_rows + k_next // 32)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
+        p = k0 // 64
+        acc = _pair_dot(acc, w_rows, x_rows, p, w0, w1, x0, x1, PTX, BLOCK_N, BLOCK_M)
+        acc = _pair_dot(acc, w_rows, x_rows, p + 1, w2, w3, x2, x3, PTX, BLOCK_N, BLOCK_M)
+        acc = _pair_dot(acc, w_rows, x_rows, p + 2, w4, w5, x4, x5, PTX, BLOCK_N, BLOCK_M)
+        acc = _pair_dot(acc, w_rows, x_rows, p + 3, w6, w7, x6, x7, PTX, BLOCK_N, BLOCK_M)
+        w_factors, x_factors = w_factors_next, x_factors_next
+    rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, 2)), axis=2)
+    _store(out, partials, arrivals, rows, rm, rn, M, N, stride_om, SPLIT_K)
+
+
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -281,20 +333,25 @@ def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def quantize_activations(x: torch.Tensor, k_padded: int, block_diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout the chosen kernel reads (module docstring)."""
+def quantize_activations(x: torch.Tensor, k_padded: int, config: Fp8Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout config's kernel reads (_quantize_kernel)."""
     m, k = x.shape
-    if block_diagonal:
-        rows = triton.cdiv(m, BLOCK_DIAGONAL.block_m) * BLOCK_DIAGONAL.block_m
-        xq = torch.empty((8 * rows, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
-        x_scale = torch.empty((k_padded // STEP_K, 8 * rows), dtype=torch.float32, device=x.device)
-        grid, block_m, stride_sm, stride_sk = (rows, k_padded // STEP_K), 1, 0, x_scale.stride(0)
-    else:
+    steps = k_padded // STEP_K
+    if config.period == 1:
         xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+        grid, block_m = (triton.cdiv(m, 16), steps), 16
+    else:
+        rows = triton.cdiv(m, config.block_m) * config.block_m
+        xq = torch.empty((config.period * rows, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+        grid, block_m = (rows, steps), 1
+    if config.period == 8:
+        x_scale = torch.empty((steps, xq.shape[0]), dtype=torch.float32, device=x.device)
+        stride_sm, stride_sk = 0, x_scale.stride(0)
+    else:
         x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
-        grid, block_m, stride_sm, stride_sk = (triton.cdiv(m, 16), k_padded // STEP_K), 16, x_scale.stride(0), 1
+        stride_sm, stride_sk = x_scale.stride(0), 1
     _quantize_kernel[grid](x, xq, x_scale, m, k, x.stride(0), xq.stride(0), stride_sm, stride_sk,
-                           BLOCK_DIAGONAL=block_diagonal, BLOCK_M=block_m, STEP=STEP_K, num_warps=4)
+                           PERIOD=config.period, BLOCK_M=block_m, STEP=STEP_K, num_warps=4)
     return xq, x_scale
 
 
@@ -305,8 +362,7 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     config = config or pick_config(m, n)
-    block_diagonal = config.block_diagonal
-    xq, x_scale = quantize_activations(x, k_padded, block_diagonal)
+    xq, x_scale = quantize_activations(x, k_padded, config)
     steps = k_padded // STEP_K
     k_split = triton.cdiv(steps, config.split_k) * STEP_K
     split_k = triton.cdiv(k_padded, k_split)
@@ -314,8 +370,11 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
     partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
     arrivals = _arrival_counters(x.device, grid[0])
-    kernel, rows = ((_block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)) if block_diagonal
-                    else (_per_block_kernel, dict(BLOCK_M=config.block_m)))
+    if config.period == 8:
+        kernel, rows = _block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)
+    else:
+        kernel = _pair_diagonal_kernel if config.period == 2 else _per_block_kernel
+        rows = dict(BLOCK_M=config.block_m)
     kernel[grid](xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded,
                  xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
                  PTX=x.is_cuda, SPLIT_K=split_k, BLOCK_N=config.block_n, GROUP_N=8, num_warps=config.num_warps,
