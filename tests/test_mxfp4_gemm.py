@@ -115,6 +115,7 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(4, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
     assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_8
     assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
+    assert mxfp4_gemm_fp8.pick_config(32, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
     assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
     assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2

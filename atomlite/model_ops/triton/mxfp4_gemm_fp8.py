@@ -11,7 +11,7 @@ zeros elsewhere, so one MMA over P blocks yields each row's P per-block sums in 
 column, and the columns of a row are summed once at the end. P trades MMA work (P times the minimum) for fewer
 MMA waits and scaling passes (Triton waits for each MMA before its result is used):
 - up to 4 rows (decode), P = 8 in tiles of 2 rows: one MMA per 256-K step, in the 16 columns an MMA has anyway;
-- up to 16 rows, P = 2 (4 MMAs per step), measured 1.2-1.6x faster than P = 1 on an H100;
+- up to 32 rows, P = 2 (4 MMAs per step), measured 1.2-1.6x faster than P = 1 on an H100 at 8-16 rows;
 - more rows, P = 1: one 32-K MMA per block.
 The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner).
 """
@@ -26,7 +26,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 BLOCK_DIAGONAL_MAX_M = 4  # P = 8 tiles of 2 rows each expand the weights again: from 6 rows on P = 1 was as fast
-PAIR_DIAGONAL_MAX_M = 16
+PAIR_DIAGONAL_MAX_M = 32  # 2 tiles of 16 rows still beat P = 1 at 32 rows (H100: 1.04-1.21x vs 0.75-1.07x)
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
 # With fewer N tiles than this, tiles of up to 16 rows split K so that every SM streams weights: 4 ways under
