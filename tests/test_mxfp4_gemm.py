@@ -122,6 +122,8 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(16, 8192).split_k == 2
     assert mxfp4_gemm_fp8.pick_config(40, 5376).split_k == 1
+    assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 2  # 2 row tiles x 84 N tiles
+    assert mxfp4_gemm_fp8.pick_config(32, 8192).split_k == 1
     if torch.cuda.is_available():
         cuda = torch.empty(0, 5376, device="cuda")
         assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)

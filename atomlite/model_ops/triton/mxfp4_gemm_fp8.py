@@ -29,7 +29,7 @@ BLOCK_DIAGONAL_MAX_M = 4  # P = 8 tiles of 2 rows each expand the weights again:
 PAIR_DIAGONAL_MAX_M = 32  # 2 tiles of 16 rows still beat P = 1 at 32 rows (H100: 1.04-1.21x vs 0.75-1.07x)
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
-# With fewer N tiles than this, tiles of up to 16 rows split K so that every SM streams weights: 4 ways under
+# With fewer output tiles than this, K is split so that every SM streams weights: 4 ways under
 # SPLIT_K_BELOW_TILES / 2 tiles, else 2 (bench/fp4_gemm.py --sweep on an H100).
 SPLIT_K_BELOW_TILES = 200
 
@@ -59,7 +59,7 @@ PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
 def pick_config(m: int, n: int) -> Fp8Config:
     config = (BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PAIR_DIAGONAL_8 if m <= 8
               else PAIR_DIAGONAL_16 if m <= PAIR_DIAGONAL_MAX_M else PER_BLOCK_32)
-    tiles = triton.cdiv(n, config.block_n)
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
     split_k = 4 if tiles < SPLIT_K_BELOW_TILES // 2 else 2
