@@ -120,6 +120,35 @@ def test_full_waiting_queue_is_a_503_and_the_rest_complete(model_dir):
         wait_for_idle(base)
 
 
+def test_admission_counts_sequences_admitted_a_moment_ago(model_dir):
+    """Each admitted sequence is queued at once: a burst cannot pass admission before any of it is queued (it
+    did when sequences were queued only once their stream was first read: 12 requests, max 2 waiting, no 503)."""
+    import asyncio
+
+    from atomlite.engine.async_engine import AsyncEngine, QueueFull
+    from atomlite.sampling_params import SamplingParams
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
+    engine = AsyncEngine(llm.engine, max_waiting=2)
+    engine.start()
+
+    async def burst():
+        gens = []
+        try:
+            for i in range(4):  # at most 1 running + 2 waiting: the 4th admission must fail, whatever the timing
+                engine.admit(1)
+                gens.append(engine.generate(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+        finally:
+            for gen in gens:
+                await gen.aclose()
+        return len(gens)
+
+    try:
+        with pytest.raises(QueueFull):
+            asyncio.run(burst())
+    finally:
+        engine.shutdown()
+
+
 def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_path):
     proc, base = start_server(model_dir, ["--dtype", "float32", "--max-model-len", "512"], tmp_path / "server.log")
     try:

@@ -9,7 +9,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from atomlite.engine.llm_engine import LLMEngine
@@ -47,6 +46,33 @@ class _Stream:
     sent_text: int = 0
     last_token_time: float | None = None
     finished: bool = False
+
+
+class Generation:
+    """One sequence's deltas, as an async iterator; aclose() aborts the sequence unless it finished. Callers must
+    aclose it (contextlib.aclosing) even when they never iterate: the sequence is queued from the start."""
+
+    def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream):
+        self._engine, self.request_id, self._stream = engine, request_id, stream
+        self._done = False
+
+    def __aiter__(self) -> "Generation":
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._stream.queue.get()
+        if isinstance(item, Exception):
+            self._done = True
+            raise item
+        self._done = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        self._done = True
+        if not self._stream.finished:
+            self._engine._send(("abort", self.request_id))
 
 
 class AsyncEngine:
@@ -90,24 +116,16 @@ class AsyncEngine:
         if self.num_waiting + count > self.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
 
-    async def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta]:
-        """Call admit() first. Yields deltas until the sequence finishes; leaving early aborts it."""
+    def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> "Generation":
+        """Call admit() first. Queues the sequence now, so that the next admit() counts it (a burst of requests
+        cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
+        Generation early (aclose) aborts it."""
         if not self.is_running:  # its commands would never be read: fail now rather than hang
             raise EngineStopped("the server is shutting down")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         self._streams[request_id] = stream
         self._send(("add", request_id, token_ids, params))
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-                if item.finished:
-                    return
-        finally:
-            if not stream.finished:
-                self._send(("abort", request_id))
+        return Generation(self, request_id, stream)
 
     def _send(self, command: tuple) -> None:
         self._commands.put(command)

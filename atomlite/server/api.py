@@ -80,6 +80,9 @@ class Server:
 
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
+        """Admits and queues every sequence of a request at once (or none); the caller must close the returned
+        generations (merge() and guarded() do)."""
+        params = [make_params(j) for j in range(n)]  # any invalid choice fails before a sequence is queued
         self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
         choices, gens = [], []
@@ -87,7 +90,7 @@ class Server:
             for j in range(n):
                 index = p * n + j
                 choices.append(Choice(index, p, ids, text))
-                gens.append(self.engine.generate(f"{base}-{index}", ids, make_params(j)))
+                gens.append(self.engine.generate(f"{base}-{index}", ids, params[j]))
         return choices, gens
 
 
@@ -120,6 +123,8 @@ async def merge(gens: list) -> AsyncIterator[tuple[int, Delta]]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for gen in gens:  # a pump cancelled before it started never closed its sequence, queued since streams()
+            await gen.aclose()
 
 
 async def collect(request: Request, choices: list[Choice], gens: list) -> None:
@@ -147,8 +152,9 @@ def sse(body: dict | str) -> str:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
 
 
-async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """A stream that fails midway still ends in an OpenAI error event and [DONE], never a cut connection."""
+async def guarded(events: AsyncIterator[str], gens: list) -> AsyncIterator[str]:
+    """A stream that fails midway still ends in an OpenAI error event and [DONE], never a cut connection. However
+    it ends (a client gone before `events` reached its sequences included), the sequences are closed."""
     try:
         async for event in events:
             yield event
@@ -156,6 +162,9 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
         yield sse(error_body(503 if not isinstance(e, ValueError) else 400, str(e)))
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by uvicorn's caller
         yield sse(error_body(500, f"internal error: {type(e).__name__}"))
+    finally:
+        for gen in gens:
+            await gen.aclose()
     yield sse("[DONE]")
 
 

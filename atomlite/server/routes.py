@@ -49,7 +49,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
-            return StreamingResponse(guarded(events), media_type="text/event-stream")
+            return StreamingResponse(guarded(events, gens), media_type="text/event-stream")
         try:
             await collect(request, choices, gens)
         except ClientGone:
@@ -68,7 +68,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
                                        lambda j: server.sampling_params(req, max_tokens, j, **extra))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
-            return StreamingResponse(guarded(chat_events(server, request_id, choices, gens, req, top)),
+            return StreamingResponse(guarded(chat_events(server, request_id, choices, gens, req, top), gens),
                                      media_type="text/event-stream")
         try:
             await collect(request, choices, gens)
