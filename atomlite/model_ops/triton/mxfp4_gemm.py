@@ -243,6 +243,13 @@ def _dequantize_kernel(w, w_scale, out, N, stride_wn, stride_sn, stride_on, FP32
     tl.store(out + rn[:, None] * stride_on + k0 + tl.arange(0, BLOCK_K)[None, :], tile, mask=(rn < N)[:, None])
 
 
+def _expansion_mode(x: torch.Tensor, wide_scales: bool) -> tuple[bool, bool]:
+    """(FP32, PTX) for _expand_tile: fp32 values for fp32 inputs and under the interpreter (bf16 arithmetic is
+    wrong there); the PTX expansion on NVIDIA when every scale takes the fast path."""
+    fp32 = x.dtype == torch.float32 or interpreting()
+    return fp32, not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+
+
 @dataclass(frozen=True, slots=True)
 class DequantizeConfig:
     """Large M: expand `rows` weight rows at a time to x's dtype, then the vendor GEMM (cuBLAS / hipBLASLt).
@@ -272,8 +279,7 @@ class _SlabExpander:
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, wide_scales: bool,
                  rows: int, slabs: int):
         self.weight, self.weight_scale, self.wide_scales = weight, weight_scale, wide_scales
-        self.fp32 = x.dtype == torch.float32 or interpreting()
-        self.ptx = not self.fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+        self.fp32, self.ptx = _expansion_mode(x, wide_scales)
         shape = (min(rows, weight.shape[0]), weight.shape[1] * 2)
         self.slabs = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(slabs)]
         self.main = torch.cuda.current_stream(x.device) if x.is_cuda else None
@@ -380,8 +386,7 @@ def _bf16_kernel(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
                  config: GemmConfig) -> torch.Tensor:
     m, k = x.shape
     out_features = weight.shape[0]
-    fp32 = x.dtype == torch.float32 or interpreting()
-    ptx = not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+    fp32, ptx = _expansion_mode(x, wide_scales)
     k_loop = triton.cdiv(k, config.block_k)
     k_split = triton.cdiv(k_loop, config.split_k) * config.block_k
     split_k = triton.cdiv(k_loop * config.block_k, k_split)
