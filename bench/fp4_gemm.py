@@ -86,7 +86,7 @@ PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.glob
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._pair_diagonal_kernel,
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._diagonal_kernel,
                 fp8._per_block_kernel):
         print(f"  {jit.fn.__name__}")
         kernel_stats(jit)

@@ -64,8 +64,12 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (1, 40, 96, Fp8Config(2, 64, 4, 2, period=8)),             # block-diagonal; K tail
     (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, period=8)),  # 3 K steps in 2 splits
     (3, 40, 512, Fp8Config(2, 64, 4, 2, period=8)),            # two block-diagonal row pairs
+    (11, 72, 544, Fp8Config(8, 64, 4, 2, split_k=2, period=8)),  # block-diagonal tiles of 8 rows, 5 padding
+    (6, 40, 288, Fp8Config(16, 64, 4, 2, period=8)),           # one block-diagonal tile of 16 rows
     (5, 72, 288, Fp8Config(8, 64, 4, 2, period=2)),            # pair-diagonal, 3 padding rows
     (19, 40, 544, Fp8Config(16, 64, 4, 2, split_k=2, period=2)),  # two tiles of 16 rows, K split
+    (5, 72, 544, Fp8Config(4, 64, 4, 2, period=4)),            # period 4: 2 MMAs per step, two tiles
+    (9, 40, 288, Fp8Config(8, 64, 4, 2, split_k=2, period=4)),
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
@@ -84,8 +88,8 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
         assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
 
 
-@pytest.mark.parametrize("block_m, period", [(4, 8), (2, 2), (4, 1), (16, 4)])
-def test_fp8_tiles_need_16_columns_and_a_known_period(block_m, period):
+@pytest.mark.parametrize("block_m, period", [(1, 8), (2, 2), (4, 1), (2, 4), (16, 3), (32, 8)])
+def test_fp8_tiles_need_16_to_128_columns_and_a_known_period(block_m, period):
     with pytest.raises(ValueError, match=f"got period {period}, block_m {block_m}"):
         Fp8Config(block_m, 64, 4, 2, period=period)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
@@ -44,9 +45,9 @@ class Fp8Config:
     period: int = 1  # P of the module docstring: 1, 2, or 8 (8: tiles of 2 rows)
 
     def __post_init__(self):
-        if self.period not in (1, 2, 8) or (self.period == 8) != (self.block_m == 2) or self.period * self.block_m < 16:
-            raise ValueError(f"fp8 GEMM tiles take period 1 or 2 with block_m * period >= 16, or period 8 with "
-                             f"block_m 2; got period {self.period}, block_m {self.block_m}")
+        if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
+            raise ValueError(f"fp8 GEMM tiles take period 1, 2, 4 or 8 with block_m * period from 16 to 128; "
+                             f"got period {self.period}, block_m {self.block_m}")
 
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
@@ -76,6 +77,14 @@ def supported(x: torch.Tensor) -> bool:
 @functools.cache
 def _has_fp8_mma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
+USE_PDL = True
+
+
+def _dependent_launch(x: torch.Tensor) -> bool:
+    """Programmatic dependent launch (sm_90+): the GEMM's programs start while the quantization kernel runs."""
+    return USE_PDL and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
 
 
 # Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
@@ -161,10 +170,12 @@ def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.co
 
 @triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
-                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr):
+                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr):
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
     PERIOD 1: xq [M, K'], x_scale [M, K'/32]. PERIOD 2 (BLOCK_M 1): xq [2 M', K'] pair-diagonal, x_scale as for 1.
     PERIOD 8 (BLOCK_M 1): xq [8 M', K'], x_scale [K'/256, 8 M']. Rows from M up to M' are zeros."""
+    if PDL:
+        gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xq
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -189,7 +200,7 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
 @triton.jit
 def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
                            stride_sk, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                           ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, GROUP_N: tl.constexpr):
+                           ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, GROUP_N: tl.constexpr, PDL: tl.constexpr):
     COLUMNS: tl.constexpr = 8 * ROWS
     pid_m, pid_n = _tile_ids(M, N, ROWS, BLOCK_N, GROUP_N)
     k_first = tl.program_id(1) * K_SPLIT
@@ -198,10 +209,12 @@ def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, 
     rc = pid_m * COLUMNS + tl.arange(0, COLUMNS)
     rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
     w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 2)[None, :]
-    s_cols = w_scale + rn_safe[:, None] * stride_sn + (tl.arange(0, COLUMNS) % 8)[None, :]
+    s_cols = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
     x_rows = xq + rc[:, None] * stride_xm + tl.arange(0, STEP)[None, :]
     xs_cols = x_scale + rc
     w_factor = _e8m0_to_float(tl.load(s_cols + k_first // 32).to(tl.int32))
+    if PDL:
+        gdc_wait()  # for the quantization kernel launched just before: xq and x_scale
     x_factor = tl.load(xs_cols + (k_first // STEP) * stride_sk)
     acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, STEP):
@@ -210,7 +223,8 @@ def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, 
         x_factor_next = tl.load(xs_cols + (k_next // STEP) * stride_sk)
         low, high = _expand_e4m3(tl.load(w_rows + k0 // 2), PTX)
         sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, STEP), tl.trans(tl.load(x_rows + k0)))
-        acc += sums * w_factor * x_factor[None, :]
+        w_columns = tl.reshape(tl.broadcast_to(w_factor[:, None, :], (BLOCK_N, ROWS, 8)), (BLOCK_N, COLUMNS))
+        acc += sums * (w_columns * x_factor[None, :])
         w_factor, x_factor = w_factor_next, x_factor_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, ROWS, 8)), axis=2)
     _store(out, partials, arrivals, rows, pid_m * ROWS + tl.arange(0, ROWS), rn, M, N, stride_om, SPLIT_K)
@@ -240,7 +254,7 @@ def _block_dot(acc, w_rows, x_rows, block, w_factor, x_factor, PTX: tl.constexpr
 @triton.jit
 def _per_block_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
                       stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr, PDL: tl.constexpr):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
     k_first = tl.program_id(1) * K_SPLIT
     k_end = tl.minimum(k_first + K_SPLIT, K_END)
@@ -253,6 +267,8 @@ def _per_block_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_
     x_rows = xq + rm_safe[:, None] * stride_xm + tl.arange(0, 32)[None, :]
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
     w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
+    if PDL:
+        gdc_wait()
     x_factors = tl.load(xs_rows + k_first // 32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_first, k_end, 256):
@@ -275,21 +291,29 @@ def _per_block_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_
 
 
 @triton.jit
-def _pair_dot(acc, w_rows, x_rows, pair, w_even, w_odd, x_even, x_odd, PTX: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_M: tl.constexpr):
-    """Blocks 2 pair and 2 pair + 1 of every row at once: x' row 2m+j holds row m's block 2 pair + j; columns (m, j)."""
-    low, high = _expand_e4m3(tl.load(w_rows + pair * 32), PTX)
-    sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 64), tl.trans(tl.load(x_rows + pair * 64)))
-    w_factor = tl.reshape(tl.broadcast_to(tl.expand_dims(tl.join(w_even, w_odd), 1), (BLOCK_N, BLOCK_M, 2)),
-                          (BLOCK_N, 2 * BLOCK_M))
-    x_factor = tl.reshape(tl.join(x_even, x_odd), (2 * BLOCK_M,))
-    return acc + sums * w_factor * x_factor[None, :]
+def _diagonal_dot(acc, w_rows, x_rows, d, w_factor, x_factor, PTX: tl.constexpr, PERIOD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Blocks P d .. P d + P - 1 of every row at once (P = PERIOD): x' row P m + j holds row m's block P d + j, so
+    column (m, j) of the MMA is that block's sum. w_factor [BLOCK_N, P] and x_factor [BLOCK_M, P]: their scales."""
+    low, high = _expand_e4m3(tl.load(w_rows + d * 16 * PERIOD), PTX)
+    sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 32 * PERIOD), tl.trans(tl.load(x_rows + d * 32 * PERIOD)))
+    factor = tl.reshape(w_factor[:, None, :] * x_factor[None, :, :], (BLOCK_N, PERIOD * BLOCK_M))
+    return acc + sums * factor
 
 
 @triton.jit
-def _pair_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
-                          stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+def _halves(t):
+    """[R, 8] -> columns 0..3 and columns 4..7, each [R, 4]."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, 4)), (0, 2, 1)))
+
+
+@triton.jit
+def _diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
+                     stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
+                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
+                     PDL: tl.constexpr):
+    """Period 2 or 4: 8 / PERIOD MMAs per 256-K step, each over PERIOD blocks."""
+    COLUMNS: tl.constexpr = PERIOD * BLOCK_M
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
     k_first = tl.program_id(1) * K_SPLIT
     k_end = tl.minimum(k_first + K_SPLIT, K_END)
@@ -297,26 +321,38 @@ def _pair_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn_safe = rn % N
     rm_safe = rm % M
-    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 32)[None, :]
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 16 * PERIOD)[None, :]
     s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
-    x_rows = xq + (pid_m * 2 * BLOCK_M + tl.arange(0, 2 * BLOCK_M))[:, None] * stride_xm + tl.arange(0, 64)[None, :]
+    x_rows = (xq + (pid_m * COLUMNS + tl.arange(0, COLUMNS))[:, None] * stride_xm
+              + tl.arange(0, 32 * PERIOD)[None, :])
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
     w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
+    if PDL:
+        gdc_wait()
     x_factors = tl.load(xs_rows + k_first // 32)
-    acc = tl.zeros((BLOCK_N, 2 * BLOCK_M), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, 256):
         k_next = tl.minimum(k0 + 256, k_end - 256)
         w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
         x_factors_next = tl.load(xs_rows + k_next // 32)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
-        p = k0 // 64
-        acc = _pair_dot(acc, w_rows, x_rows, p, w0, w1, x0, x1, PTX, BLOCK_N, BLOCK_M)
-        acc = _pair_dot(acc, w_rows, x_rows, p + 1, w2, w3, x2, x3, PTX, BLOCK_N, BLOCK_M)
-        acc = _pair_dot(acc, w_rows, x_rows, p + 2, w4, w5, x4, x5, PTX, BLOCK_N, BLOCK_M)
-        acc = _pair_dot(acc, w_rows, x_rows, p + 3, w6, w7, x6, x7, PTX, BLOCK_N, BLOCK_M)
+        d = k0 // (32 * PERIOD)
+        if PERIOD == 2:
+            w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N, BLOCK_M)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2, BLOCK_N,
+                                BLOCK_M)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2, BLOCK_N,
+                                BLOCK_M)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2, BLOCK_N,
+                                BLOCK_M)
+        else:
+            w_low, w_high = _halves(w_factors)
+            x_low, x_high = _halves(x_factors)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M)
+            acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M)
         w_factors, x_factors = w_factors_next, x_factors_next
-    rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, 2)), axis=2)
+    rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2)
     _store(out, partials, arrivals, rows, rm, rn, M, N, stride_om, SPLIT_K)
 
 
@@ -337,6 +373,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, config: Fp8Config) -> t
     """x [M, K] -> (e4m3 values, fp32 block scales) in the layout config's kernel reads (_quantize_kernel)."""
     m, k = x.shape
     steps = k_padded // STEP_K
+    pdl = _dependent_launch(x)
     if config.period == 1:
         xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
         grid, block_m = (triton.cdiv(m, 16), steps), 16
@@ -351,7 +388,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, config: Fp8Config) -> t
         x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
         stride_sm, stride_sk = x_scale.stride(0), 1
     _quantize_kernel[grid](x, xq, x_scale, m, k, x.stride(0), xq.stride(0), stride_sm, stride_sk,
-                           PERIOD=config.period, BLOCK_M=block_m, STEP=STEP_K, num_warps=4)
+                           PERIOD=config.period, BLOCK_M=block_m, STEP=STEP_K, PDL=pdl, num_warps=4)
     return xq, x_scale
 
 
@@ -363,6 +400,7 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     config = config or pick_config(m, n)
     xq, x_scale = quantize_activations(x, k_padded, config)
+    pdl = _dependent_launch(x)
     steps = k_padded // STEP_K
     k_split = triton.cdiv(steps, config.split_k) * STEP_K
     split_k = triton.cdiv(k_padded, k_split)
@@ -373,10 +411,11 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     if config.period == 8:
         kernel, rows = _block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)
     else:
-        kernel = _pair_diagonal_kernel if config.period == 2 else _per_block_kernel
-        rows = dict(BLOCK_M=config.block_m)
+        kernel, rows = _per_block_kernel, dict(BLOCK_M=config.block_m)
+        if config.period > 1:
+            kernel, rows = _diagonal_kernel, dict(BLOCK_M=config.block_m, PERIOD=config.period)
     kernel[grid](xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded,
                  xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
                  PTX=x.is_cuda, SPLIT_K=split_k, BLOCK_N=config.block_n, GROUP_N=8, num_warps=config.num_warps,
-                 num_stages=config.num_stages, **rows)
+                 num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl, **rows)
     return out
