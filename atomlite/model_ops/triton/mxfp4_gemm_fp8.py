@@ -52,13 +52,14 @@ class Fp8Config:
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
 BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
-PAIR_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=2)
+BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
+QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
 PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)
 PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
 
 
 def pick_config(m: int, n: int) -> Fp8Config:
-    config = (BLOCK_DIAGONAL if m <= BLOCK_DIAGONAL_MAX_M else PAIR_DIAGONAL_8 if m <= 8
+    config = (BLOCK_DIAGONAL if m <= 2 else BLOCK_DIAGONAL_4 if m <= 4 else QUAD_DIAGONAL_8 if m <= 8
               else PAIR_DIAGONAL_16 if m <= PAIR_DIAGONAL_MAX_M else PER_BLOCK_32)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
@@ -174,8 +175,6 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
     PERIOD 1: xq [M, K'], x_scale [M, K'/32]. PERIOD 2 (BLOCK_M 1): xq [2 M', K'] pair-diagonal, x_scale as for 1.
     PERIOD 8 (BLOCK_M 1): xq [8 M', K'], x_scale [K'/256, 8 M']. Rows from M up to M' are zeros."""
-    if PDL:
-        gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xq
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -195,6 +194,8 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
         tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (8,)))
     else:
         tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :] * stride_sk, factor, mask=(rm < M)[:, None])
+    if PDL:
+        gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xq
 
 
 @triton.jit
