@@ -24,18 +24,21 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 2, 16, 64, 256, 512, 2048]
 C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
 CANDIDATES = {
-    "block_diagonal": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 6, period=8),
-                       F(2, 64, 4, 3, split_k=2, period=8), F(2, 64, 4, 3, split_k=4, period=8),
-                       F(8, 64, 4, 3, period=2), F(16, 64, 4, 3), C(16, 64, 256, 4, 4, prefetch=True)],
-    "fp8": [F(2, 64, 4, 3, period=8), F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=2, period=2),
+    "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
+               F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
+               F(4, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, split_k=4, period=4), F(8, 64, 4, 3, period=4),
+               C(16, 64, 256, 4, 4, prefetch=True)],
+    "fp8": [F(8, 64, 4, 3, period=4), F(8, 64, 4, 3, split_k=2, period=4), F(8, 64, 4, 3, split_k=4, period=4),
+            F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=4, period=2), F(8, 64, 4, 3, period=8),
             F(16, 64, 4, 3, period=2), F(16, 64, 4, 3, split_k=2, period=2), F(16, 64, 4, 3, split_k=4, period=2),
-            F(16, 64, 4, 3), F(32, 64, 4, 3), F(32, 64, 4, 3, period=2), C(16, 64, 256, 4, 4, prefetch=True)],
+            F(16, 64, 4, 3, split_k=2, period=4), F(16, 64, 4, 3), F(32, 64, 4, 3), F(32, 64, 4, 3, period=2),
+            C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
 
 def regime(m: int) -> str:
-    return "block_diagonal" if m <= fp8.BLOCK_DIAGONAL_MAX_M else "fp8" if m <= fp8.MAX_M else "prefill"
+    return "decode" if m <= 4 else "fp8" if m <= fp8.MAX_M else "prefill"
 
 
 def describe(config) -> str:
@@ -79,15 +82,14 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
     return failures
 
 
-SHOWN_CONSTANTS = ("BLOCK_M", "ROWS", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
+SHOWN_CONSTANTS = ("BLOCK_M", "PERIOD", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
 PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.global."), ("cp.async", "cp.async.c"),
            ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")]
 
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    for jit in (fp4._mxfp4_gemm_kernel, fp8._block_diagonal_kernel, fp8._diagonal_kernel,
-                fp8._per_block_kernel):
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._fp8_gemm_kernel):
         print(f"  {jit.fn.__name__}")
         kernel_stats(jit)
 
@@ -176,7 +178,7 @@ def main() -> int:
             path = fp4.pick_path(m, n, x, True)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
                    "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
-                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path)
+                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path.period)
                                      if isinstance(path, F) else fp4.quantize_dequantize(x))}
             candidates = CANDIDATES[regime(m)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})

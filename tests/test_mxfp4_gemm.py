@@ -99,7 +99,7 @@ def test_fp8_path_needs_quantized_activations():
     weight, weight_scale = pad_to_k_align(packed, scale)
     with pytest.raises(ValueError, match="quantize_x must be True"):
         mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, True,
-                   mxfp4_gemm_fp8.BLOCK_DIAGONAL)
+                   mxfp4_gemm_fp8.BLOCK_DIAGONAL_2)
 
 
 def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
@@ -107,7 +107,7 @@ def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
     scale[:] = 0  # every weight is its e2m1 value times 2^-127 (subnormal)
     weight, weight_scale = pad_to_k_align(packed, scale)
     got = mxfp4_gemm((x * 2.0 ** 100).to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True,
-                     mxfp4_gemm_fp8.BLOCK_DIAGONAL)
+                     mxfp4_gemm_fp8.BLOCK_DIAGONAL_2)
     assert_matches(got, reference(x * 2.0 ** 100, packed, scale, True), torch.float32)
 
 
@@ -115,9 +115,9 @@ def test_paths_by_rows():
     x = torch.empty(0, 5376)
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
-    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
-    assert mxfp4_gemm_fp8.pick_config(4, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
-    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_8
+    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
+    assert mxfp4_gemm_fp8.pick_config(3, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_4
+    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.QUAD_DIAGONAL_8
     assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
     assert mxfp4_gemm_fp8.pick_config(32, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
     assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
@@ -126,13 +126,14 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(16, 8192).split_k == 2
     assert mxfp4_gemm_fp8.pick_config(40, 5376).split_k == 1
-    assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 2  # 2 row tiles x 84 N tiles
+    assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 4  # 1 row tile x 84 N tiles
+    assert mxfp4_gemm_fp8.pick_config(24, 5376).split_k == 2  # 2 row tiles x 84 N tiles
     assert mxfp4_gemm_fp8.pick_config(32, 8192).split_k == 1
     if torch.cuda.is_available():
         cuda = torch.empty(0, 5376, device="cuda")
         assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)
         if mxfp4_gemm_fp8.supported(cuda):
-            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL
+            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
             assert pick_path(1, 21504, cuda, False) == DECODE
 
 

@@ -8,12 +8,15 @@ the same K order (the low nibbles of the 16 bytes, then their high nibbles), whi
 
 x is written block-diagonally with a period P: row Pm+j of x' holds row m of x in the blocks b with b % P == j and
 zeros elsewhere, so one MMA over P blocks yields each row's P per-block sums in P columns; the scales apply per
-column, and the columns of a row are summed once at the end. P trades MMA work (P times the minimum) for fewer
-MMA waits and scaling passes (Triton waits for each MMA before its result is used):
-- up to 4 rows (decode), P = 8 in tiles of 2 rows: one MMA per 256-K step, in the 16 columns an MMA has anyway;
-- up to 32 rows, P = 2 (4 MMAs per step), measured 1.2-1.6x faster than P = 1 on an H100 at 8-16 rows;
+column, and the columns of a row are summed once at the end. P trades MMA work and x' traffic (P times the minimum)
+for fewer MMA waits and scaling passes (Triton waits for each MMA before its result is used). Per 256-K step, a
+tile of BLOCK_M rows takes 8 / P MMAs into P * BLOCK_M columns (pick_config, measured on an H100):
+- up to 4 rows, P = 8: one MMA per step, in 16 or 32 columns;
+- up to 8 rows, P = 4 (2 MMAs); up to 32 rows, P = 2 in tiles of 16 rows (4 MMAs): 64 columns measured slower;
 - more rows, P = 1: one 32-K MMA per block.
-The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner).
+The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner; a
+16-byte aligned scale layout that it did pipeline measured slower). On sm_90 the GEMM is a programmatic dependent
+launch: its programs start while the quantization kernel finishes and wait for it before reading x'.
 """
 import dataclasses
 import functools
@@ -26,8 +29,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
-BLOCK_DIAGONAL_MAX_M = 4  # P = 8 tiles of 2 rows each expand the weights again: from 6 rows on P = 1 was as fast
-PAIR_DIAGONAL_MAX_M = 32  # 2 tiles of 16 rows still beat P = 1 at 32 rows (H100: 1.04-1.21x vs 0.75-1.07x)
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
 # With fewer output tiles than this, K is split so that every SM streams weights: 4 ways under
@@ -42,7 +43,7 @@ class Fp8Config:
     num_warps: int
     num_stages: int
     split_k: int = 1
-    period: int = 1  # P of the module docstring: 1, 2, or 8 (8: tiles of 2 rows)
+    period: int = 1  # P of the module docstring: 1, 2, 4 or 8
 
     def __post_init__(self):
         if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
@@ -51,16 +52,17 @@ class Fp8Config:
 
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
-BLOCK_DIAGONAL = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
+BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
 BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
 QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
-PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)
+PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)  # 2 tiles at 32 rows
 PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
+TILES = [(2, BLOCK_DIAGONAL_2), (4, BLOCK_DIAGONAL_4), (8, QUAD_DIAGONAL_8), (32, PAIR_DIAGONAL_16),
+         (MAX_M, PER_BLOCK_32)]  # (up to this many rows, tile config)
 
 
 def pick_config(m: int, n: int) -> Fp8Config:
-    config = (BLOCK_DIAGONAL if m <= 2 else BLOCK_DIAGONAL_4 if m <= 4 else QUAD_DIAGONAL_8 if m <= 8
-              else PAIR_DIAGONAL_16 if m <= PAIR_DIAGONAL_MAX_M else PER_BLOCK_32)
+    config = next((config for rows, config in TILES if m <= rows), PER_BLOCK_32)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
@@ -80,12 +82,14 @@ def _has_fp8_mma(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
-USE_PDL = True
-
-
 def _dependent_launch(x: torch.Tensor) -> bool:
-    """Programmatic dependent launch (sm_90+): the GEMM's programs start while the quantization kernel runs."""
-    return USE_PDL and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
+    return x.is_cuda and torch.version.cuda is not None and _has_dependent_launch(x.device.index)
+
+
+@functools.cache
+def _has_dependent_launch(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 # Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
@@ -170,11 +174,11 @@ def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.co
 
 
 @triton.jit
-def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_sk,
+def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr):
-    """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, and 2^exponent per block.
-    PERIOD 1: xq [M, K'], x_scale [M, K'/32]. PERIOD 2 (BLOCK_M 1): xq [2 M', K'] pair-diagonal, x_scale as for 1.
-    PERIOD 8 (BLOCK_M 1): xq [8 M', K'], x_scale [K'/256, 8 M']. Rows from M up to M' are zeros."""
+    """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, into xq [PERIOD M, K'] (row
+    PERIOD m + j: row m's blocks b with b % PERIOD == j, zeros elsewhere; BLOCK_M 1 when PERIOD > 1), and
+    2^exponent per block into x_scale [M, K'/32]."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -185,50 +189,13 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
     if PERIOD == 1:
         tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high, mask=(rm < M)[:, None])
-    else:  # BLOCK_M == 1: rm is this program's one row; rows of the padding (rm >= M) are stored as zeros
+    else:  # BLOCK_M == 1: rm is this program's one row
         j = tl.arange(0, PERIOD)
-        rows = rm * PERIOD + j
         diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j[:, None], low_then_high, 0.0)
-        tl.store(xq + rows[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
-    if PERIOD == 8:
-        tl.store(x_scale + tl.program_id(1) * stride_sk + rows, tl.reshape(factor, (8,)))
-    else:
-        tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :] * stride_sk, factor, mask=(rm < M)[:, None])
+        tl.store(xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
+    tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :], factor, mask=(rm < M)[:, None])
     if PDL:
         gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xq
-
-
-@triton.jit
-def _block_diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
-                           stride_sk, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                           ROWS: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr, GROUP_N: tl.constexpr, PDL: tl.constexpr):
-    COLUMNS: tl.constexpr = 8 * ROWS
-    pid_m, pid_n = _tile_ids(M, N, ROWS, BLOCK_N, GROUP_N)
-    k_first = tl.program_id(1) * K_SPLIT
-    k_end = tl.minimum(k_first + K_SPLIT, K_END)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rc = pid_m * COLUMNS + tl.arange(0, COLUMNS)
-    rn_safe = rn % N  # out-of-range rows re-read a valid row: no load mask; their results are not stored
-    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 2)[None, :]
-    s_cols = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
-    x_rows = xq + rc[:, None] * stride_xm + tl.arange(0, STEP)[None, :]
-    xs_cols = x_scale + rc
-    w_factor = _e8m0_to_float(tl.load(s_cols + k_first // 32).to(tl.int32))
-    if PDL:
-        gdc_wait()  # for the quantization kernel launched just before: xq and x_scale
-    x_factor = tl.load(xs_cols + (k_first // STEP) * stride_sk)
-    acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
-    for k0 in range(k_first, k_end, STEP):
-        k_next = tl.minimum(k0 + STEP, k_end - STEP)  # the last step re-reads its own scales
-        w_factor_next = _e8m0_to_float(tl.load(s_cols + k_next // 32).to(tl.int32))
-        x_factor_next = tl.load(xs_cols + (k_next // STEP) * stride_sk)
-        low, high = _expand_e4m3(tl.load(w_rows + k0 // 2), PTX)
-        sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, STEP), tl.trans(tl.load(x_rows + k0)))
-        w_columns = tl.reshape(tl.broadcast_to(w_factor[:, None, :], (BLOCK_N, ROWS, 8)), (BLOCK_N, COLUMNS))
-        acc += sums * (w_columns * x_factor[None, :])
-        w_factor, x_factor = w_factor_next, x_factor_next
-    rows = tl.sum(tl.reshape(acc, (BLOCK_N, ROWS, 8)), axis=2)
-    _store(out, partials, arrivals, rows, pid_m * ROWS + tl.arange(0, ROWS), rn, M, N, stride_om, SPLIT_K)
 
 
 @triton.jit
@@ -245,50 +212,9 @@ def _columns8(t):
 
 
 @triton.jit
-def _block_dot(acc, w_rows, x_rows, block, w_factor, x_factor, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
-    low, high = _expand_e4m3(tl.load(w_rows + block * 16), PTX)
-    w_tile = tl.reshape(tl.permute(tl.join(low, high), (0, 2, 1)), (BLOCK_N, 32))
-    sums = tl.dot(w_tile, tl.trans(tl.load(x_rows + block * 32)))
-    return acc + sums * (w_factor[:, None] * x_factor[None, :])
-
-
-@triton.jit
-def _per_block_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
-                      stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr, PDL: tl.constexpr):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
-    k_first = tl.program_id(1) * K_SPLIT
-    k_end = tl.minimum(k_first + K_SPLIT, K_END)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn_safe = rn % N
-    rm_safe = rm % M
-    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 16)[None, :]
-    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
-    x_rows = xq + rm_safe[:, None] * stride_xm + tl.arange(0, 32)[None, :]
-    xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
-    w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
-    if PDL:
-        gdc_wait()
-    x_factors = tl.load(xs_rows + k_first // 32)
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_first, k_end, 256):
-        k_next = tl.minimum(k0 + 256, k_end - 256)
-        w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
-        x_factors_next = tl.load(xs_rows + k_next // 32)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
-        x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
-        b = k0 // 32
-        acc = _block_dot(acc, w_rows, x_rows, b, w0, x0, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 1, w1, x1, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 2, w2, x2, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 3, w3, x3, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 4, w4, x4, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 5, w5, x5, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 6, w6, x6, PTX, BLOCK_N)
-        acc = _block_dot(acc, w_rows, x_rows, b + 7, w7, x7, PTX, BLOCK_N)
-        w_factors, x_factors = w_factors_next, x_factors_next
-    _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K)
+def _halves(t):
+    """[R, 8] -> columns 0..3 and columns 4..7, each [R, 4]."""
+    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, 4)), (0, 2, 1)))
 
 
 @triton.jit
@@ -303,55 +229,62 @@ def _diagonal_dot(acc, w_rows, x_rows, d, w_factor, x_factor, PTX: tl.constexpr,
 
 
 @triton.jit
-def _halves(t):
-    """[R, 8] -> columns 0..3 and columns 4..7, each [R, 4]."""
-    return tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, 4)), (0, 2, 1)))
-
-
-@triton.jit
-def _diagonal_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
+def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
                      stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
                      PDL: tl.constexpr):
-    """Period 2 or 4: 8 / PERIOD MMAs per 256-K step, each over PERIOD blocks."""
+    """8 / PERIOD MMAs per 256-K step, each over PERIOD blocks, into PERIOD * BLOCK_M columns."""
     COLUMNS: tl.constexpr = PERIOD * BLOCK_M
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
     k_first = tl.program_id(1) * K_SPLIT
     k_end = tl.minimum(k_first + K_SPLIT, K_END)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn_safe = rn % N
+    rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
     rm_safe = rm % M
+    x_row = tl.reshape(PERIOD * rm_safe[:, None] + tl.arange(0, PERIOD)[None, :], (COLUMNS,))
     w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 16 * PERIOD)[None, :]
     s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
-    x_rows = (xq + (pid_m * COLUMNS + tl.arange(0, COLUMNS))[:, None] * stride_xm
-              + tl.arange(0, 32 * PERIOD)[None, :])
+    x_rows = xq + x_row[:, None] * stride_xm + tl.arange(0, 32 * PERIOD)[None, :]
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
     w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
     if PDL:
-        gdc_wait()
+        gdc_wait()  # for the quantization kernel launched just before: xq and x_scale
     x_factors = tl.load(xs_rows + k_first // 32)
     acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, 256):
-        k_next = tl.minimum(k0 + 256, k_end - 256)
+        k_next = tl.minimum(k0 + 256, k_end - 256)  # the last step re-reads its own scales
         w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
         x_factors_next = tl.load(xs_rows + k_next // 32)
         d = k0 // (32 * PERIOD)
-        if PERIOD == 2:
-            w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N, BLOCK_M)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2, BLOCK_N,
-                                BLOCK_M)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2, BLOCK_N,
-                                BLOCK_M)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2, BLOCK_N,
-                                BLOCK_M)
-        else:
+        if PERIOD == 8:
+            acc = _diagonal_dot(acc, w_rows, x_rows, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M)
+        elif PERIOD == 4:
             w_low, w_high = _halves(w_factors)
             x_low, x_high = _halves(x_factors)
             acc = _diagonal_dot(acc, w_rows, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M)
             acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M)
+        else:
+            w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
+            x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
+            if PERIOD == 2:
+                acc = _diagonal_dot(acc, w_rows, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N,
+                                    BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2,
+                                    BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2,
+                                    BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2,
+                                    BLOCK_N, BLOCK_M)
+            else:
+                acc = _diagonal_dot(acc, w_rows, x_rows, d, w0[:, None], x0[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, w1[:, None], x1[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, w2[:, None], x2[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, w3[:, None], x3[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 4, w4[:, None], x4[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 5, w5[:, None], x5[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w_rows, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N, BLOCK_M)
         w_factors, x_factors = w_factors_next, x_factors_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2)
     _store(out, partials, arrivals, rows, rm, rn, M, N, stride_om, SPLIT_K)
@@ -370,26 +303,16 @@ def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return counters
 
 
-def quantize_activations(x: torch.Tensor, k_padded: int, config: Fp8Config) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values, fp32 block scales) in the layout config's kernel reads (_quantize_kernel)."""
+def quantize_activations(x: torch.Tensor, k_padded: int, period: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [period * M, K'], fp32 block scales [M, K'/32]) as _fp8_gemm_kernel reads them."""
     m, k = x.shape
     steps = k_padded // STEP_K
-    pdl = _dependent_launch(x)
-    if config.period == 1:
-        xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
-        grid, block_m = (triton.cdiv(m, 16), steps), 16
-    else:
-        rows = triton.cdiv(m, config.block_m) * config.block_m
-        xq = torch.empty((config.period * rows, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
-        grid, block_m = (rows, steps), 1
-    if config.period == 8:
-        x_scale = torch.empty((steps, xq.shape[0]), dtype=torch.float32, device=x.device)
-        stride_sm, stride_sk = 0, x_scale.stride(0)
-    else:
-        x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
-        stride_sm, stride_sk = x_scale.stride(0), 1
-    _quantize_kernel[grid](x, xq, x_scale, m, k, x.stride(0), xq.stride(0), stride_sm, stride_sk,
-                           PERIOD=config.period, BLOCK_M=block_m, STEP=STEP_K, PDL=pdl, num_warps=4)
+    xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+    x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
+    block_m = 16 if period == 1 else 1
+    _quantize_kernel[(triton.cdiv(m, block_m), steps)](
+        x, xq, x_scale, m, k, x.stride(0), xq.stride(0), x_scale.stride(0), PERIOD=period, BLOCK_M=block_m,
+        STEP=STEP_K, PDL=_dependent_launch(x), num_warps=4)
     return xq, x_scale
 
 
@@ -400,7 +323,7 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     config = config or pick_config(m, n)
-    xq, x_scale = quantize_activations(x, k_padded, config)
+    xq, x_scale = quantize_activations(x, k_padded, config.period)
     pdl = _dependent_launch(x)
     steps = k_padded // STEP_K
     k_split = triton.cdiv(steps, config.split_k) * STEP_K
@@ -409,14 +332,9 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
     partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
     arrivals = _arrival_counters(x.device, grid[0])
-    if config.period == 8:
-        kernel, rows = _block_diagonal_kernel, dict(ROWS=config.block_m, STEP=STEP_K)
-    else:
-        kernel, rows = _per_block_kernel, dict(BLOCK_M=config.block_m)
-        if config.period > 1:
-            kernel, rows = _diagonal_kernel, dict(BLOCK_M=config.block_m, PERIOD=config.period)
-    kernel[grid](xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded,
-                 xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
-                 PTX=x.is_cuda, SPLIT_K=split_k, BLOCK_N=config.block_n, GROUP_N=8, num_warps=config.num_warps,
-                 num_stages=config.num_stages, PDL=pdl, launch_pdl=pdl, **rows)
+    _fp8_gemm_kernel[grid](
+        xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded, xq.stride(0),
+        x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), PTX=x.is_cuda, SPLIT_K=split_k,
+        PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8,
+        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
     return out
