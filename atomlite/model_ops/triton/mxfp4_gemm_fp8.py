@@ -247,15 +247,17 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_S
     s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
     x_rows = xq + x_row[:, None] * stride_xm + tl.arange(0, 32 * PERIOD)[None, :]
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
-    w_factors = _e8m0_to_float(tl.load(s_rows + k_first // 32).to(tl.int32))
+    w_bytes = tl.load(s_rows + k_first // 32)
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before: xq and x_scale
     x_factors = tl.load(xs_rows + k_first // 32)
     acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, 256):
         k_next = tl.minimum(k0 + 256, k_end - 256)  # the last step re-reads its own scales
-        w_factors_next = _e8m0_to_float(tl.load(s_rows + k_next // 32).to(tl.int32))
+        # Kept as bytes until used: converted here, the load's latency would stall this step.
+        w_bytes_next = tl.load(s_rows + k_next // 32)
         x_factors_next = tl.load(xs_rows + k_next // 32)
+        w_factors = _e8m0_to_float(w_bytes.to(tl.int32))
         d = k0 // (32 * PERIOD)
         if PERIOD == 8:
             acc = _diagonal_dot(acc, w_rows, x_rows, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M)
@@ -285,7 +287,7 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_S
                 acc = _diagonal_dot(acc, w_rows, x_rows, d + 5, w5[:, None], x5[:, None], PTX, 1, BLOCK_N, BLOCK_M)
                 acc = _diagonal_dot(acc, w_rows, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N, BLOCK_M)
                 acc = _diagonal_dot(acc, w_rows, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-        w_factors, x_factors = w_factors_next, x_factors_next
+        w_bytes, x_factors = w_bytes_next, x_factors_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2)
     _store(out, partials, arrivals, rows, rm, rn, M, N, stride_om, SPLIT_K)
 
