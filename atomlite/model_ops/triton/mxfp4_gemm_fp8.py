@@ -14,9 +14,11 @@ tile of BLOCK_M rows takes 8 / P MMAs into P * BLOCK_M columns (pick_config, mea
 - up to 4 rows, P = 8: one MMA per step, in 16 or 32 columns;
 - up to 8 rows, P = 4 (2 MMAs); up to 32 rows, P = 2 in tiles of 16 rows (4 MMAs): 64 columns measured slower;
 - more rows, P = 1: one 32-K MMA per block.
-The scales of the next K step are loaded during this one (their loads are too narrow for Triton's pipeliner; a
-16-byte aligned scale layout that it did pipeline measured slower). On sm_90 the GEMM is a programmatic dependent
-launch: its programs start while the quantization kernel finishes and wait for it before reading x'.
+One kernel (_fp8_gemm_kernel) serves every P. The scales of the next K step are loaded during this one and kept as
+loaded bytes until used: converted at once, their load stalled the step that issued it (the top stall reason in
+Nsight Compute). Triton's pipeliner does not take these narrow loads; a 16-byte aligned scale layout that it did
+pipeline measured slower. On sm_90 the GEMM is a programmatic dependent launch: its programs start as the
+quantization kernel finishes, and wait for it (griddepcontrol) before reading x'.
 """
 import dataclasses
 import functools
