@@ -1,7 +1,7 @@
 """MXFP4 GEMM (Triton, packed weights read directly) vs torch bf16 GEMM, on the GPU, for Gemma-4-31B shapes.
 
-Checks every path against the torch reference first, then times both in the same run (CUDA graphs, L2 flushed
-before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's
+Checks every path against the torch reference first (eagerly and replayed from a CUDA graph), then times both in
+the same run (CUDA graphs, L2 flushed before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's
 (mxfp4_gemm.pick_path), dynamic MXFP4 activation quantization included.
 --sweep also times candidate configs and prints the best per shape.
 
@@ -74,12 +74,28 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
         for quantize_x in (True, False) if not isinstance(config, F) else (True,):
             xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
             expected = xr @ w_ref.T
-            got = fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config)
-            err = relative_error(got, expected)
-            if not err < 4e-3 or torch.isnan(got).any():
-                failures.append(f"N={w_ref.shape[0]} K={w_ref.shape[1]} M={m} quantize_x={quantize_x} "
-                                f"wide={wide} config={config}: relative error {err:.2e}")
+            for how, got in (("eager", fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config)),
+                             ("graph", replayed(lambda: fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide,
+                                                                       config)))):
+                err = relative_error(got, expected)
+                if not err < 4e-3 or torch.isnan(got).any():
+                    failures.append(f"N={w_ref.shape[0]} K={w_ref.shape[1]} M={m} quantize_x={quantize_x} "
+                                    f"wide={wide} config={config} {how}: relative error {err:.2e}")
     return failures
+
+
+def replayed(fn) -> torch.Tensor:
+    """fn's output from a CUDA graph replay, as timed (its launches as captured: side streams, dependent launch)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
 
 
 SHOWN_CONSTANTS = ("BLOCK_M", "PERIOD", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")

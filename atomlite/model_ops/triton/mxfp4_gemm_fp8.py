@@ -27,7 +27,11 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # Triton before 3.3: no programmatic dependent launch (the kernels only call these with PDL)
+    gdc_launch_dependents = gdc_wait = None
 
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
@@ -86,7 +90,8 @@ def _has_fp8_mma(device_index: int) -> bool:
 
 def _dependent_launch(x: torch.Tensor) -> bool:
     """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
-    return x.is_cuda and torch.version.cuda is not None and _has_dependent_launch(x.device.index)
+    return (gdc_wait is not None and x.is_cuda and torch.version.cuda is not None
+            and _has_dependent_launch(x.device.index))
 
 
 @functools.cache
@@ -340,5 +345,5 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
         xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded, xq.stride(0),
         x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), PTX=x.is_cuda, SPLIT_K=split_k,
         PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8,
-        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl)
+        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     return out
