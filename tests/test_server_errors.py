@@ -1,5 +1,6 @@
 """Malformed requests get a 4xx in OpenAI's error shape, never a 5xx or a hung connection."""
 import signal
+import time
 
 import httpx
 import pytest
@@ -166,3 +167,55 @@ def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_pa
             httpx.get(f"{base}/health")
     finally:
         proc.kill()
+
+
+def test_stream_whose_client_left_before_the_headers_aborts_its_sequences(model_dir):
+    """Starlette never starts the body when sending the headers fails, so the body's own cleanup never runs: the
+    response closes the sequences itself (before, they ran on to max_tokens). The real engine, a real
+    EventStream; only the ASGI send is a stand-in, failing as uvicorn's does for a client that has gone."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from atomlite.engine.async_engine import AsyncEngine
+    from atomlite.sampling_params import SamplingParams
+    from atomlite.server.api import EventStream
+    from atomlite.server.metrics import ServerMetrics
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
+    metrics = ServerMetrics()
+    engine = AsyncEngine(llm.engine, metrics=metrics)
+    engine.start()
+
+    async def events():
+        yield "never read"
+
+    async def client_gone(message):
+        raise OSError("client disconnected")
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def hang_up():
+        gens = [engine.generate(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
+                for i in range(2)]
+        with pytest.raises(ClientDisconnect):
+            await EventStream(events(), gens)({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, client_gone)
+
+    def finished(reason):
+        return metrics.registry.get_sample_value("atomlite:request_finished_total", {"reason": reason}) or 0
+
+    try:
+        asyncio.run(hang_up())
+        deadline = time.monotonic() + 60
+        while finished("abort") + finished("length") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert finished("abort") == 2 and finished("length") == 0
+        time.sleep(0.6)  # the engine thread updates its gauges within its 0.5 s idle wait
+        assert kv_used(metrics) and all(value == 0 for value in kv_used(metrics))
+    finally:
+        engine.shutdown()
+
+
+def kv_used(metrics) -> list[float]:
+    return [sample.value for family in metrics.registry.collect() for sample in family.samples
+            if sample.name == "atomlite:kv_blocks_used"]

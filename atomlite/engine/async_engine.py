@@ -54,7 +54,7 @@ class Generation:
 
     def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream):
         self._engine, self.request_id, self._stream = engine, request_id, stream
-        self._done = False
+        self._done = self._closed = False
 
     def __aiter__(self) -> "Generation":
         return self
@@ -70,7 +70,10 @@ class Generation:
         return item
 
     async def aclose(self) -> None:
-        self._done = True
+        """Idempotent; never waits (it only queues the abort), so it runs to its end inside a cancelled task."""
+        if self._closed:
+            return
+        self._done = self._closed = True
         if not self._stream.finished:
             self._engine._send(("abort", self.request_id))
 

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import StreamingResponse
 
 from atomlite.engine.async_engine import AsyncEngine, Delta, EngineStopped, QueueFull
 from atomlite.sampling_params import SamplingParams
@@ -166,6 +167,23 @@ async def guarded(events: AsyncIterator[str], gens: list) -> AsyncIterator[str]:
         for gen in gens:
             await gen.aclose()
     yield sse("[DONE]")
+
+
+class EventStream(StreamingResponse):
+    """The SSE response of a streamed request: guarded(events, gens), and its sequences closed however the response
+    ends. Also when its body is never read: a client gone before the headers were sent makes Starlette skip the
+    body, and an async generator never started does not run its finally (the sequences ran to max_tokens)."""
+
+    def __init__(self, events: AsyncIterator[str], gens: list):
+        super().__init__(guarded(events, gens), media_type="text/event-stream")
+        self.gens = gens
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for gen in self.gens:
+                await gen.aclose()
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, metrics=None) -> FastAPI:

@@ -5,10 +5,10 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from atomlite.server.api import ClientGone, Server, collect, guarded, merge, sse
+from atomlite.server.api import ClientGone, EventStream, Server, collect, merge, sse
 from atomlite.server.errors import APIError
 from atomlite.server.formatting import usage
 from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -49,7 +49,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
-            return StreamingResponse(guarded(events, gens), media_type="text/event-stream")
+            return EventStream(events, gens)
         try:
             await collect(request, choices, gens)
         except ClientGone:
@@ -68,8 +68,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
                                        lambda j: server.sampling_params(req, max_tokens, j, **extra))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
-            return StreamingResponse(guarded(chat_events(server, request_id, choices, gens, req, top), gens),
-                                     media_type="text/event-stream")
+            return EventStream(chat_events(server, request_id, choices, gens, req, top), gens)
         try:
             await collect(request, choices, gens)
         except ClientGone:
