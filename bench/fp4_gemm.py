@@ -1,8 +1,8 @@
 """MXFP4 GEMM (Triton, packed weights read directly) vs torch bf16 GEMM, on the GPU, for Gemma-4-31B shapes.
 
 Checks every path against the torch reference first (eagerly and replayed from a CUDA graph), then times both in
-the same run (CUDA graphs, L2 flushed before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The fp4 path is the layer's
-(mxfp4_gemm.pick_path), dynamic MXFP4 activation quantization included.
+the same run (CUDA graphs, L2 flushed before every call: graph_ms) and prints speedup = bf16 time / fp4 time. The
+fp4 path is the layer's (mxfp4_gemm.pick_path), dynamic MXFP4 activation quantization included.
 --sweep also times candidate configs and prints the best per shape.
 
     PYTHONPATH=. python bench/fp4_gemm.py [--sweep] [--ms 1,2,16] [--compile-stats]

@@ -64,7 +64,7 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (1, 40, 96, Fp8Config(2, 64, 4, 2, period=8)),             # block-diagonal; K tail
     (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, period=8)),  # 3 K steps in 2 splits
     (3, 40, 512, Fp8Config(2, 64, 4, 2, period=8)),            # two block-diagonal row pairs
-    (11, 72, 544, Fp8Config(8, 64, 4, 2, split_k=2, period=8)),  # block-diagonal tiles of 8 rows, 5 padding
+    (11, 72, 544, Fp8Config(8, 64, 4, 2, split_k=2, period=8)),  # block-diagonal tiles of 8 rows, 5 past the end
     (6, 40, 288, Fp8Config(16, 64, 4, 2, period=8)),           # one block-diagonal tile of 16 rows
     (5, 72, 288, Fp8Config(8, 64, 4, 2, period=2)),            # pair-diagonal, 3 padding rows
     (19, 40, 544, Fp8Config(16, 64, 4, 2, split_k=2, period=2)),  # two tiles of 16 rows, K split
