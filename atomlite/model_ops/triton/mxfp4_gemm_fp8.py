@@ -30,7 +30,7 @@ import triton.language as tl
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # an older Triton without griddepcontrol: no dependent launch (the kernels call these only with PDL)
+except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
     gdc_launch_dependents = gdc_wait = None
 
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
