@@ -78,25 +78,24 @@ def pick_config(m: int, n: int) -> Fp8Config:
 
 def supported(x: torch.Tensor) -> bool:
     """fp8 e4m3 MMAs: NVIDIA sm_89 and newer (ROCm's fp8 MMAs differ per chip: the bf16 kernel runs there)."""
-    if not x.is_cuda or torch.version.cuda is None:
-        return False
-    return _has_fp8_mma(x.device.index if x.device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _has_fp8_mma(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+    return _nvidia_capability(x) >= (8, 9)
 
 
 def _dependent_launch(x: torch.Tensor) -> bool:
     """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
-    return (gdc_wait is not None and x.is_cuda and torch.version.cuda is not None
-            and _has_dependent_launch(x.device.index))
+    return gdc_wait is not None and _nvidia_capability(x) >= (9, 0)
+
+
+def _nvidia_capability(x: torch.Tensor) -> tuple[int, int]:
+    """x's NVIDIA compute capability; (0, 0) off NVIDIA GPUs."""
+    if not x.is_cuda or torch.version.cuda is None:
+        return (0, 0)
+    return _capability(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache
-def _has_dependent_launch(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 # Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
