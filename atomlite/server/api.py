@@ -82,7 +82,7 @@ class Server:
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
         """Admits and queues every sequence of a request at once (or none); the caller must close the returned
-        generations (merge() and guarded() do)."""
+        generations (merge() and EventStream do)."""
         params = [make_params(j) for j in range(n)]  # any invalid choice fails before a sequence is queued
         self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
@@ -153,9 +153,8 @@ def sse(body: dict | str) -> str:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
 
 
-async def guarded(events: AsyncIterator[str], gens: list) -> AsyncIterator[str]:
-    """A stream that fails midway still ends in an OpenAI error event and [DONE], never a cut connection. However
-    it ends (a client gone before `events` reached its sequences included), the sequences are closed."""
+async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream that fails midway still ends in an OpenAI error event and [DONE], never a cut connection."""
     try:
         async for event in events:
             yield event
@@ -163,19 +162,17 @@ async def guarded(events: AsyncIterator[str], gens: list) -> AsyncIterator[str]:
         yield sse(error_body(503 if not isinstance(e, ValueError) else 400, str(e)))
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by uvicorn's caller
         yield sse(error_body(500, f"internal error: {type(e).__name__}"))
-    finally:
-        for gen in gens:
-            await gen.aclose()
     yield sse("[DONE]")
 
 
 class EventStream(StreamingResponse):
-    """The SSE response of a streamed request: guarded(events, gens), and its sequences closed however the response
-    ends. Also when its body is never read: a client gone before the headers were sent makes Starlette skip the
-    body, and an async generator never started does not run its finally (the sequences ran to max_tokens)."""
+    """The SSE response of a streamed request: guarded(events), and its sequences closed however the response ends
+    (a failed stream, a client gone midway). Also when its body is never read: a client gone before the headers
+    were sent makes Starlette skip the body, so cleanup inside the body generator would never run (its sequences
+    ran to max_tokens)."""
 
     def __init__(self, events: AsyncIterator[str], gens: list):
-        super().__init__(guarded(events, gens), media_type="text/event-stream")
+        super().__init__(guarded(events), media_type="text/event-stream")
         self.gens = gens
 
     async def __call__(self, scope, receive, send) -> None:
