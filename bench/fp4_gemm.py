@@ -19,10 +19,11 @@ from atomlite.quant import mxfp4
 # the module, not the function of the same name that atomlite.model_ops.triton exports
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
 fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
+fragment = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fragment")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
 MS = [1, 2, 16, 64, 256, 512, 2048]
-C, F, D = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig
+C, F, D, R = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, fragment.FragmentConfig
 CANDIDATES = {
     "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
                F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
@@ -32,7 +33,8 @@ CANDIDATES = {
             F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=4, period=2), F(8, 64, 4, 3, period=8),
             F(16, 64, 4, 3, period=2), F(16, 64, 4, 3, split_k=2, period=2), F(16, 64, 4, 3, split_k=4, period=2),
             F(16, 64, 4, 3, split_k=2, period=4), F(16, 64, 4, 3), F(32, 64, 4, 3), F(32, 64, 4, 3, period=2),
-            C(16, 64, 256, 4, 4, prefetch=True)],
+            R(16, 64, 4, 3), R(16, 64, 4, 3, split_k=4), R(32, 64, 4, 3), R(32, 64, 4, 3, split_k=2),
+            R(32, 64, 4, 3, split_k=4), R(64, 64, 4, 3), R(64, 64, 4, 4), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
@@ -44,11 +46,20 @@ def regime(m: int) -> str:
 def describe(config) -> str:
     if isinstance(config, D):
         return f"dequantize {config.rows} rows + torch.matmul"
-    kind = f"fp8 period {config.period}" if isinstance(config, F) else "bf16"
-    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, F)
+    kind = f"fp8 period {config.period}" if isinstance(config, F) else "fragment" if isinstance(config, R) else "bf16"
+    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, R))
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
     return f"{kind} {tile} w{config.num_warps} s{config.num_stages} split{config.split_k}{extra}"
+
+
+def quantize_activations(x: torch.Tensor, k_padded: int, path):
+    """The activation-quantization pass that path's fp4 call includes."""
+    if isinstance(path, F):
+        return fp8.quantize_activations(x, k_padded, path.period)
+    if isinstance(path, R):
+        return fragment.quantize_activations(x, k_padded, ptx=True)
+    return fp4.quantize_dequantize(x)
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -66,12 +77,12 @@ def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list
     failures = []
     weight, weight_scale = fp4.pad_to_k_align(packed, scale)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    runs = [(m, None) for m in (1, 2, 16, 100, 2048)]
+    runs = [(m, None) for m in (1, 2, 16, 17, 64, 100, 2048)]
     if candidates:
         runs += [(m, config) for m in (2, 17, 600) for config in CANDIDATES[regime(m)]]
     for m, config in runs:
         x = torch.randn(m, w_ref.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
-        for quantize_x in (True, False) if not isinstance(config, F) else (True,):
+        for quantize_x in (True, False) if not isinstance(config, (F, R)) else (True,):
             xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
             expected = xr @ w_ref.T
             for how, got in (("eager", fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config)),
@@ -105,7 +116,7 @@ PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.glob
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    for jit in (fp4._mxfp4_gemm_kernel, fp8._fp8_gemm_kernel):
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._fp8_gemm_kernel, fragment._fragment_gemm_kernel):
         print(f"  {jit.fn.__name__}")
         kernel_stats(jit)
 
@@ -191,11 +202,10 @@ def main() -> int:
         w_bf16 = w_ref.to(torch.bfloat16)
         for m in map(int, args.ms.split(",")):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            path = fp4.pick_path(m, n, x, True)
+            path = fp4.pick_path(m, n, x, True, wide)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
                    "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
-                   "quant": lambda: (fp8.quantize_activations(x, weight.shape[1] * 2, path.period)
-                                     if isinstance(path, F) else fp4.quantize_dequantize(x))}
+                   "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path)}
             candidates = CANDIDATES[regime(m)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})
             times = time_ms(fns)

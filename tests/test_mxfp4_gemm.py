@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton import mxfp4_gemm_fp8
+from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_fragment
 from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
                                                   GemmConfig, dequantize_config, mxfp4_gemm, needs_wide_scales,
                                                   pad_to_k_align, pick_config, pick_path)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
+from atomlite.model_ops.triton.mxfp4_gemm_fragment import FragmentConfig
 from atomlite.quant import mxfp4
 from atomlite.quant.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
@@ -88,6 +89,33 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
         assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
 
 
+@pytest.mark.parametrize("m, n, k, config", [
+    (1, 40, 96, FragmentConfig(16, 64, 4, 2)),              # K tail: one step, mostly padding
+    (5, 72, 544, FragmentConfig(32, 64, 4, 2, split_k=2)),  # 3 K steps in 2 splits, 27 rows past the end
+    (19, 40, 288, FragmentConfig(16, 64, 4, 2)),            # two row tiles
+    (33, 72, 512, FragmentConfig(32, 64, 4, 2, split_k=2)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fragment_path_matches_reference(m, n, k, config, dtype):
+    """Scales from 2^-6 to 2^-1 on the weights (the fragment kernel takes bytes up to 128), 2^-4 to 2^3 on x: both
+    operands are dequantized exactly, so fp32 agrees to summation order."""
+    x, packed, scale = random_case(m, n, k, dtype, seed=m + n + k)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    for _ in range(2):  # the second call reuses the split-K arrival counters the first one left at zero
+        got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config)
+        assert_matches(got, reference(x, packed, scale, True), dtype)
+    assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
+
+
+def test_fragment_path_needs_scale_bytes_up_to_128_and_quantized_activations():
+    x, packed, scale = random_case(17, 32, 64, torch.float32, seed=2)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    with pytest.raises(ValueError, match="wide_scales must be False"):
+        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True, mxfp4_gemm_fragment.ROWS_32)
+    with pytest.raises(ValueError, match="quantize_x must be True"):
+        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, False, mxfp4_gemm_fragment.ROWS_32)
+
+
 @pytest.mark.parametrize("block_m, period", [(1, 8), (2, 2), (4, 1), (2, 4), (16, 3), (32, 8)])
 def test_fp8_tiles_need_16_to_128_columns_and_a_known_period(block_m, period):
     with pytest.raises(ValueError, match=f"got period {period}, block_m {block_m}"):
@@ -129,12 +157,21 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 4  # 1 row tile x 84 N tiles
     assert mxfp4_gemm_fp8.pick_config(24, 5376).split_k == 2  # 2 row tiles x 84 N tiles
     assert mxfp4_gemm_fp8.pick_config(32, 8192).split_k == 1
+    assert mxfp4_gemm_fragment.pick_config(17, 21504) == mxfp4_gemm_fragment.ROWS_32  # 336 tiles: no split
+    assert mxfp4_gemm_fragment.pick_config(32, 5376).split_k == 4  # 84 tiles
+    assert mxfp4_gemm_fragment.pick_config(64, 5376).split_k == 2  # 168 tiles
+    assert mxfp4_gemm_fragment.pick_config(32, 8192).split_k == 2  # 128 tiles
+    assert mxfp4_gemm_fragment.pick_config(64, 8192).split_k == 1  # 256 tiles
     if torch.cuda.is_available():
         cuda = torch.empty(0, 5376, device="cuda")
         assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)
         if mxfp4_gemm_fp8.supported(cuda):
             assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
             assert pick_path(1, 21504, cuda, False) == DECODE
+            assert pick_path(16, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
+            assert pick_path(17, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fragment.ROWS_32
+            assert pick_path(64, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fragment.ROWS_32
+            assert pick_path(64, 21504, cuda, True, wide_scales=True) == mxfp4_gemm_fp8.PER_BLOCK_32
 
 
 def test_slabs_hold_about_the_same_number_of_values_whatever_k():

@@ -155,12 +155,11 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.co
 
 @triton.jit
 def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.constexpr):
-    """acc [BLOCK_N, rows] (still without the 2^6 of the weight expansion) -> out[rm, rn].
+    """acc [BLOCK_N, rows] -> out[rm, rn].
 
     With K split, each split stores its fp32 partial sum; the tile's last split to arrive adds them up, writes out
     and resets the tile's arrival counter to 0 for the next call: no zero-filled fp32 output to launch beforehand
     and no conversion to launch afterwards."""
-    acc = acc * 64.0
     out_ptrs = out + rm[None, :] * stride_om + rn[:, None]
     mask = (rm < M)[None, :] & (rn < N)[:, None]
     if SPLIT_K == 1:
@@ -294,7 +293,7 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_S
                 acc = _diagonal_dot(acc, w_rows, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N, BLOCK_M)
                 acc = _diagonal_dot(acc, w_rows, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N, BLOCK_M)
         w_bytes, x_factors = w_bytes_next, x_factors_next
-    rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2)
+    rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2) * 64.0  # the 2^-6 of the weight expansion
     _store(out, partials, arrivals, rows, rm, rn, M, N, stride_om, SPLIT_K)
 
 
