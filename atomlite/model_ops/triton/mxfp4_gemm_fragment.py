@@ -24,6 +24,7 @@ from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_
                                                       gdc_wait)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
+STEP = tl.constexpr(STEP_K)  # for use inside the kernels
 MIN_M, MAX_M = 17, 64  # rows this kernel takes (H100, bench/fp4_gemm.py): the fp8 kernel is faster up to 16
 
 
@@ -103,7 +104,7 @@ def _fragment_order(pair0, pair1, pair2, pair3, ROWS: tl.constexpr):
     """pair_p [ROWS, 4 (t), 8 (j), 2 (e)]: the value of code p + 4e of word 8t + j -> [ROWS, 256] with that value at
     K position 32j + 8p + 2t + e (the wgmma A fragment of thread t holds positions 16c + 8h + 2t + e)."""
     joined = tl.join(tl.join(pair0, pair2), tl.join(pair1, pair3))  # (row, t, j, e, p // 2, p % 2)
-    return tl.reshape(tl.permute(joined, (0, 2, 4, 5, 1, 3)), (ROWS, STEP_K))
+    return tl.reshape(tl.permute(joined, (0, 2, 4, 5, 1, 3)), (ROWS, STEP))
 
 
 @triton.jit
@@ -118,11 +119,14 @@ def _expand_step(words, scale_bytes, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
                             (BLOCK_N, 4, 8))
         p0, p1, p2, p3 = tl.inline_asm_elementwise(_E2M1X8_TO_BF16_PAIRS_PTX, "=r,=r,=r,=r,r,r", [words, factor],
                                                    dtype=(tl.int32,) * 4, is_pure=True, pack=1)
-        return _fragment_order(_bf16_halves(p0), _bf16_halves(p1), _bf16_halves(p2), _bf16_halves(p3), BLOCK_N)
-    factor = tl.where(scale == 0, 0x400000, scale << 23).to(tl.float32, bitcast=True)  # 2^(scale - 127)
-    factor = tl.reshape(tl.broadcast_to(tl.reshape(factor, (BLOCK_N, 4, 2, 1)), (BLOCK_N, 4, 2, 4)), (BLOCK_N, 4, 8))
-    return _fragment_order(_code_pair(words, factor, 0), _code_pair(words, factor, 1), _code_pair(words, factor, 2),
-                           _code_pair(words, factor, 3), BLOCK_N)
+        values = _fragment_order(_bf16_halves(p0), _bf16_halves(p1), _bf16_halves(p2), _bf16_halves(p3), BLOCK_N)
+    else:
+        factor = tl.where(scale == 0, 0x400000, scale << 23).to(tl.float32, bitcast=True)  # 2^(scale - 127)
+        factor = tl.reshape(tl.broadcast_to(tl.reshape(factor, (BLOCK_N, 4, 2, 1)), (BLOCK_N, 4, 2, 4)),
+                            (BLOCK_N, 4, 8))
+        values = _fragment_order(_code_pair(words, factor, 0), _code_pair(words, factor, 1),
+                                 _code_pair(words, factor, 2), _code_pair(words, factor, 3), BLOCK_N)
+    return values
 
 
 @triton.jit
@@ -136,12 +140,12 @@ def _quantize_kernel(x, xd, M, K, stride_xm, stride_dm, BLOCK_M: tl.constexpr, P
     """x [M, K] -> its MXFP4 quantization, dequantized, into xd [M, K'] (zeros past K), each 256-K step in fragment
     order: position 32j + 8p + 2t + e holds x's element 64t + 8j + 4e + p of the step."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * STEP_K + tl.arange(0, STEP_K)
+    rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
-    q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP_K)
+    q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
     scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 for exponent -127, as quantize_dequantize
-    values = tl.reshape(tl.reshape(q, (BLOCK_M, STEP_K // 32, 32)) * scale[:, :, None], (BLOCK_M, 4, 8, 2, 4))
-    ordered = tl.reshape(tl.permute(values, (0, 2, 4, 1, 3)), (BLOCK_M, STEP_K))
+    values = tl.reshape(tl.reshape(q, (BLOCK_M, STEP // 32, 32)) * scale[:, :, None], (BLOCK_M, 4, 8, 2, 4))
+    ordered = tl.reshape(tl.permute(values, (0, 2, 4, 1, 3)), (BLOCK_M, STEP))
     tl.store(xd + rm[:, None] * stride_dm + rk[None, :], ordered.to(xd.dtype.element_ty), mask=(rm < M)[:, None])
     if PDL:
         gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xd
@@ -159,15 +163,15 @@ def _fragment_gemm_kernel(xd, w, w_scale, out, partials, arrivals, M, N, K_SPLIT
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
     rm_safe = rm % M
-    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP_K // 8)[None, :]
-    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, STEP_K // 32)[None, :]
-    x_rows = xd + rm_safe[:, None] * stride_xm + tl.arange(0, STEP_K)[None, :]
+    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 8)[None, :]
+    s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, STEP // 32)[None, :]
+    x_rows = xd + rm_safe[:, None] * stride_xm + tl.arange(0, STEP)[None, :]
     scale_bytes = tl.load(s_rows + k_first // 32)
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before: xd
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(k_first, k_end, STEP_K):
-        k_next = tl.minimum(k0 + STEP_K, k_end - STEP_K)  # the last step re-reads its own scales
+    for k0 in range(k_first, k_end, STEP):
+        k_next = tl.minimum(k0 + STEP, k_end - STEP)  # the last step re-reads its own scales
         scale_next = tl.load(s_rows + k_next // 32)  # loaded a step ahead (measured faster than in-step)
         w_tile = _expand_step(tl.load(w_rows + k0 // 8), scale_bytes, PTX, BLOCK_N)
         x_tile = tl.load(x_rows + k0)
