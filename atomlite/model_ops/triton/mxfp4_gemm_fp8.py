@@ -310,6 +310,27 @@ def _arrival_counters(device: torch.device, tiles: int) -> torch.Tensor:
     return counters
 
 
+@dataclass(frozen=True, slots=True)
+class SplitLaunch:
+    """What a split-K launch of an [M, N] output needs besides its inputs (shared with mxfp4_gemm_fragment)."""
+    grid: tuple[int, int]
+    k_split: int  # K per split, a multiple of STEP_K
+    split_k: int
+    out: torch.Tensor
+    partials: torch.Tensor  # fp32 [split_k, M, N] when K is split
+    arrivals: torch.Tensor
+
+
+def split_launch(x: torch.Tensor, n: int, k_padded: int, block_m: int, block_n: int, split_k: int) -> SplitLaunch:
+    m = x.shape[0]
+    k_split = triton.cdiv(k_padded // STEP_K, split_k) * STEP_K
+    split_k = triton.cdiv(k_padded, k_split)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
+    return SplitLaunch(grid, k_split, split_k, out, partials, _arrival_counters(x.device, grid[0]))
+
+
 def quantize_activations(x: torch.Tensor, k_padded: int, period: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (e4m3 values [period * M, K'], fp32 block scales [M, K'/32]) as _fp8_gemm_kernel reads them."""
     m, k = x.shape
@@ -332,16 +353,11 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     config = config or pick_config(m, n)
     xq, x_scale = quantize_activations(x, k_padded, config.period)
     pdl = _dependent_launch(x)
-    steps = k_padded // STEP_K
-    k_split = triton.cdiv(steps, config.split_k) * STEP_K
-    split_k = triton.cdiv(k_padded, k_split)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
-    partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
-    arrivals = _arrival_counters(x.device, grid[0])
-    _fp8_gemm_kernel[grid](
-        xq, x_scale, weight, weight_scale, out, partials, arrivals, m, n, k_split, k_padded, xq.stride(0),
-        x_scale.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), PTX=x.is_cuda, SPLIT_K=split_k,
-        PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8,
-        PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
-    return out
+    launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
+    _fp8_gemm_kernel[launch.grid](
+        xq, x_scale, weight, weight_scale, launch.out, launch.partials, launch.arrivals, m, n, launch.k_split,
+        k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
+        PTX=x.is_cuda, SPLIT_K=launch.split_k, PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        GROUP_N=8, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"launch_pdl": True} if pdl else {}))
+    return launch.out

@@ -19,9 +19,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _arrival_counters,
-                                                      _dependent_launch, _store, _tile_ids, gdc_launch_dependents,
-                                                      gdc_wait)
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch, _store,
+                                                      _tile_ids, gdc_launch_dependents, gdc_wait, split_launch)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -204,16 +203,10 @@ def mxfp4_gemm_fragment(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
     ptx = x.is_cuda and torch.version.cuda is not None and not interpreting()
     xd = quantize_activations(x, k_padded, ptx)
     pdl = ptx and _dependent_launch(x)
-    steps = k_padded // STEP_K
-    k_split = triton.cdiv(steps, config.split_k) * STEP_K
-    split_k = triton.cdiv(k_padded, k_split)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split_k)
-    partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
-    arrivals = _arrival_counters(x.device, grid[0])
-    _fragment_gemm_kernel[grid](
-        xd, weight.view(torch.int32), weight_scale, out, partials, arrivals, m, n, k_split, k_padded, xd.stride(0),
-        weight.stride(0) // 4, weight_scale.stride(0), out.stride(0), PTX=ptx, SPLIT_K=split_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, num_warps=config.num_warps,
-        num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
-    return out
+    launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
+    _fragment_gemm_kernel[launch.grid](
+        xd, weight.view(torch.int32), weight_scale, launch.out, launch.partials, launch.arrivals, m, n,
+        launch.k_split, k_padded, xd.stride(0), weight.stride(0) // 4, weight_scale.stride(0), launch.out.stride(0),
+        PTX=ptx, SPLIT_K=launch.split_k, BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
+    return launch.out
