@@ -382,7 +382,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
                          f"prepare weights with pad_to_k_align")
     config = config or pick_path(m, out_features, x, quantize_x, wide_scales)
     if isinstance(config, (Fp8Config, FragmentConfig)) and not quantize_x:
-        raise ValueError(f"{type(config).__name__} kernels multiply MXFP4-quantized activations: quantize_x must be True")
+        raise ValueError(f"{type(config).__name__} kernels multiply MXFP4-quantized activations: "
+                         "quantize_x must be True")
     if isinstance(config, Fp8Config):
         return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config)
     if isinstance(config, FragmentConfig):

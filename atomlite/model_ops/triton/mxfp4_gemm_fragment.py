@@ -24,12 +24,12 @@ from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
-MIN_M, MAX_M = 17, 64  # rows this kernel takes (H100, bench/fp4_gemm.py): the fp8 kernel is faster up to 16
+MIN_M = 17  # up to mxfp4_gemm_fp8.MAX_M rows; below, the fp8 kernel measured as fast or faster (H100)
 
 
 @dataclass(frozen=True, slots=True)
 class FragmentConfig:
-    block_m: int  # rows of x per tile (the MMA's N): 16 to 256, a multiple of 16
+    block_m: int  # rows of x per tile (the MMA's N), a multiple of 16
     block_n: int
     num_warps: int
     num_stages: int
