@@ -19,8 +19,9 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch, _store,
-                                                      _tile_ids, gdc_launch_dependents, gdc_wait, split_launch)
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
+                                                      _e8m0_to_float, _store, _tile_ids, gdc_launch_dependents,
+                                                      gdc_wait, split_launch)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -111,21 +112,24 @@ def _expand_step(words, scale_bytes, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
     """One 256-K step of weights: int32 words [BLOCK_N, 32] and e8m0 bytes [BLOCK_N, 8] -> values [BLOCK_N, 256]
     in fragment order (bf16 with PTX, else fp32)."""
     scale = scale_bytes.to(tl.int32)
-    words = tl.reshape(words, (BLOCK_N, 4, 8))  # word 8t + j; words 4b .. 4b + 3 are block b
+    words = tl.reshape(words, (BLOCK_N, 4, 8))  # word 8t + j
     if PTX:
-        factor = ((scale + 126) << 7) * 0x10001  # bf16x2 2^(scale - 1)
-        factor = tl.reshape(tl.broadcast_to(tl.reshape(factor, (BLOCK_N, 4, 2, 1)), (BLOCK_N, 4, 2, 4)),
-                            (BLOCK_N, 4, 8))
+        factor = _per_word(((scale + 126) << 7) * 0x10001, BLOCK_N)  # bf16x2 2^(scale - 1)
         p0, p1, p2, p3 = tl.inline_asm_elementwise(_E2M1X8_TO_BF16_PAIRS_PTX, "=r,=r,=r,=r,r,r", [words, factor],
                                                    dtype=(tl.int32,) * 4, is_pure=True, pack=1)
         values = _fragment_order(_bf16_halves(p0), _bf16_halves(p1), _bf16_halves(p2), _bf16_halves(p3), BLOCK_N)
     else:
-        factor = tl.where(scale == 0, 0x400000, scale << 23).to(tl.float32, bitcast=True)  # 2^(scale - 127)
-        factor = tl.reshape(tl.broadcast_to(tl.reshape(factor, (BLOCK_N, 4, 2, 1)), (BLOCK_N, 4, 2, 4)),
-                            (BLOCK_N, 4, 8))
+        factor = _per_word(_e8m0_to_float(scale), BLOCK_N)
         values = _fragment_order(_code_pair(words, factor, 0), _code_pair(words, factor, 1),
                                  _code_pair(words, factor, 2), _code_pair(words, factor, 3), BLOCK_N)
     return values
+
+
+@triton.jit
+def _per_word(block_values, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, 8] per 32-block -> [BLOCK_N, 4 (t), 8 (j)] per word 8t + j (words 4b .. 4b + 3 are block b)."""
+    return tl.reshape(tl.broadcast_to(tl.reshape(block_values, (BLOCK_N, 4, 2, 1)), (BLOCK_N, 4, 2, 4)),
+                      (BLOCK_N, 4, 8))
 
 
 @triton.jit
