@@ -19,22 +19,23 @@ from atomlite.quant import mxfp4
 # the module, not the function of the same name that atomlite.model_ops.triton exports
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
 fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
-fragment = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fragment")
+lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_lookup")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
 MS = [1, 2, 16, 64, 256, 512, 2048]
-C, F, D, R = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, fragment.FragmentConfig
+C, F, D, L = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, lookup.LookupConfig
 CANDIDATES = {
     "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
                F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
                F(4, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, split_k=4, period=4), F(8, 64, 4, 3, period=4),
-               C(16, 64, 256, 4, 4, prefetch=True)],
+               L(16, 64, 4, 3), L(16, 64, 4, 3, split_k=2), L(16, 64, 4, 3, split_k=4), C(16, 64, 256, 4, 4, prefetch=True)],
     "fp8": [F(8, 64, 4, 3, period=4), F(8, 64, 4, 3, split_k=2, period=4), F(8, 64, 4, 3, split_k=4, period=4),
             F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=4, period=2), F(8, 64, 4, 3, period=8),
             F(16, 64, 4, 3, period=2), F(16, 64, 4, 3, split_k=2, period=2), F(16, 64, 4, 3, split_k=4, period=2),
             F(16, 64, 4, 3, split_k=2, period=4), F(16, 64, 4, 3), F(32, 64, 4, 3), F(32, 64, 4, 3, period=2),
-            R(16, 64, 4, 3), R(16, 64, 4, 3, split_k=4), R(32, 64, 4, 3), R(32, 64, 4, 3, split_k=2),
-            R(32, 64, 4, 3, split_k=4), R(64, 64, 4, 3), R(64, 64, 4, 4), C(16, 64, 256, 4, 4, prefetch=True)],
+            L(16, 64, 4, 3), L(16, 64, 4, 4), L(16, 64, 4, 3, split_k=2), L(16, 64, 4, 3, split_k=4),
+            L(32, 64, 4, 3), L(32, 64, 4, 3, split_k=2), L(32, 64, 4, 3, split_k=4), L(64, 64, 4, 3),
+            L(64, 64, 4, 3, split_k=2), L(64, 64, 4, 3, split_k=4), C(16, 64, 256, 4, 4, prefetch=True)],
     "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
 }
 
@@ -46,8 +47,8 @@ def regime(m: int) -> str:
 def describe(config) -> str:
     if isinstance(config, D):
         return f"dequantize {config.rows} rows + torch.matmul"
-    kind = f"fp8 period {config.period}" if isinstance(config, F) else "fragment" if isinstance(config, R) else "bf16"
-    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, R))
+    kind = f"fp8 period {config.period}" if isinstance(config, F) else "lookup" if isinstance(config, L) else "bf16"
+    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, L))
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
     return f"{kind} {tile} w{config.num_warps} s{config.num_stages} split{config.split_k}{extra}"
@@ -57,8 +58,8 @@ def quantize_activations(x: torch.Tensor, k_padded: int, path):
     """The activation-quantization pass that path's fp4 call includes."""
     if isinstance(path, F):
         return fp8.quantize_activations(x, k_padded, path.period)
-    if isinstance(path, R):
-        return fragment.quantize_activations(x, k_padded, ptx=True)
+    if isinstance(path, L):
+        return lookup.quantize_activations(x, k_padded, ptx=True)
     return fp4.quantize_dequantize(x)
 
 
@@ -72,26 +73,28 @@ def make_weight(n: int, k: int, seed: int, std: float = 0.02):
     return packed, scale, mxfp4.dequantize(packed, scale)
 
 
-def check(packed, scale, w_ref, wide: bool, seed: int, candidates: bool) -> list[str]:
+def check(packed, scale, w_ref, wide: bool, lookup_ok: bool, seed: int, candidates: bool) -> list[str]:
     """The default path at several M, and with candidates=True every candidate config, against torch."""
     failures = []
     weight, weight_scale = fp4.pad_to_k_align(packed, scale)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    runs = [(m, None) for m in (1, 2, 16, 17, 64, 100, 2048)]
+    runs = [(m, None) for m in (1, 2, 5, 16, 17, 64, 100, 2048)]
     if candidates:
         runs += [(m, config) for m in (2, 17, 600) for config in CANDIDATES[regime(m)]]
     for m, config in runs:
         x = torch.randn(m, w_ref.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
-        for quantize_x in (True, False) if not isinstance(config, (F, R)) else (True,):
+        if isinstance(config, L) and not lookup_ok:
+            continue
+        for quantize_x in (True, False) if not isinstance(config, (F, L)) else (True,):
             xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
             expected = xr @ w_ref.T
-            for how, got in (("eager", fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config)),
-                             ("graph", replayed(lambda: fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide,
-                                                                       config)))):
+            def call():
+                return fp4.mxfp4_gemm(x, weight, weight_scale, quantize_x, wide, config, lookup_scales=lookup_ok)
+            for how, got in (("eager", call()), ("graph", replayed(call))):
                 err = relative_error(got, expected)
                 if not err < 4e-3 or torch.isnan(got).any():
                     failures.append(f"N={w_ref.shape[0]} K={w_ref.shape[1]} M={m} quantize_x={quantize_x} "
-                                    f"wide={wide} config={config} {how}: relative error {err:.2e}")
+                                    f"wide={wide} lookup={lookup_ok} config={config} {how}: relative error {err:.2e}")
     return failures
 
 
@@ -111,12 +114,13 @@ def replayed(fn) -> torch.Tensor:
 
 SHOWN_CONSTANTS = ("BLOCK_M", "PERIOD", "BLOCK_N", "BLOCK_K", "PREFETCH", "SPLIT_K", "PTX", "WIDE_SCALES")
 PTX_OPS = [("ld.v4", "ld.global.v4"), ("ld.v2", "ld.global.v2"), ("ld", "ld.global."), ("cp.async", "cp.async.c"),
-           ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("wgmma", "wgmma.mma_async"), ("mma", "mma.sync")]
+           ("ld.shared", "ld.shared"), ("st.shared", "st.shared"), ("shfl", "shfl.sync"), ("wgmma", "wgmma.mma_async"),
+           ("mma", "mma.sync")]
 
 
 def compile_stats() -> None:
     """Per compiled GEMM variant: registers, spills, shared memory and the kinds of loads and MMAs in its PTX."""
-    for jit in (fp4._mxfp4_gemm_kernel, fp8._fp8_gemm_kernel, fragment._fragment_gemm_kernel):
+    for jit in (fp4._mxfp4_gemm_kernel, fp8._fp8_gemm_kernel, lookup._lookup_gemm_kernel):
         print(f"  {jit.fn.__name__}")
         kernel_stats(jit)
 
@@ -192,22 +196,24 @@ def main() -> int:
     rows, failures = [], []
     for i, (n, k) in enumerate(SHAPES):
         packed, scale, w_ref = make_weight(n, k, seed=i)
-        failures += check(packed, scale, w_ref, wide=fp4.needs_wide_scales(scale), seed=i, candidates=args.sweep)
-        if i == 0:
-            failures += check(packed, scale, w_ref, wide=True, seed=10, candidates=False)
+        wide, lookup_ok = fp4.needs_wide_scales(scale), lookup.scale_bytes_fit(packed, scale)
+        failures += check(packed, scale, w_ref, wide, lookup_ok, seed=i, candidates=args.sweep)
+        if i == 0:  # the fp8 tiles for 5-64 rows too, and the exact expansion for scales above 2
+            failures += check(packed, scale, w_ref, wide=True, lookup_ok=False, seed=10, candidates=False)
             big, big_scale, big_ref = make_weight(n, k, seed=20, std=50.0)  # scale bytes above 128
-            failures += check(big, big_scale, big_ref, wide=True, seed=11, candidates=False)
+            failures += check(big, big_scale, big_ref, wide=True, lookup_ok=lookup.scale_bytes_fit(big, big_scale),
+                              seed=11, candidates=False)
         weight, weight_scale = fp4.pad_to_k_align(packed, scale)
-        wide = fp4.needs_wide_scales(weight_scale)
         w_bf16 = w_ref.to(torch.bfloat16)
         for m in map(int, args.ms.split(",")):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            path = fp4.pick_path(m, n, x, True, wide)
+            path = fp4.pick_path(m, n, x, True, wide, lookup_ok)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
-                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide),
+                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
                    "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path)}
-            candidates = CANDIDATES[regime(m)] if args.sweep else []
-            fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c) for c in candidates})
+            candidates = [c for c in CANDIDATES[regime(m)] if lookup_ok or not isinstance(c, L)] if args.sweep else []
+            fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c, lookup_scales=lookup_ok)
+                        for c in candidates})
             times = time_ms(fns)
             t_bf16, t_fp4, t_quant = times["bf16"], times["fp4"], times["quant"]
             best = ""

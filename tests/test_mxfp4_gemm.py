@@ -2,12 +2,12 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_fragment
+from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
                                                   GemmConfig, dequantize_config, mxfp4_gemm, needs_wide_scales,
                                                   pad_to_k_align, pick_config, pick_path)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
-from atomlite.model_ops.triton.mxfp4_gemm_fragment import FragmentConfig
+from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig, scale_bytes_fit
 from atomlite.quant import mxfp4
 from atomlite.quant.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
@@ -90,30 +90,84 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
 
 
 @pytest.mark.parametrize("m, n, k, config", [
-    (1, 40, 96, FragmentConfig(16, 64, 4, 2)),              # K tail: one step, mostly padding
-    (5, 72, 544, FragmentConfig(32, 64, 4, 2, split_k=2)),  # 3 K steps in 2 splits, 27 rows past the end
-    (19, 40, 288, FragmentConfig(16, 64, 4, 2)),            # two row tiles
-    (33, 72, 512, FragmentConfig(32, 64, 4, 2, split_k=2)),
+    (1, 40, 96, LookupConfig(16, 64, 4, 2)),              # K tail: one step, mostly padding
+    (5, 72, 544, LookupConfig(32, 64, 4, 2, split_k=2)),  # 3 K steps in 2 splits, 27 rows past the end
+    (19, 40, 288, LookupConfig(16, 64, 4, 2)),            # two row tiles
+    (33, 72, 512, LookupConfig(64, 64, 4, 2, split_k=2)),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fragment_path_matches_reference(m, n, k, config, dtype):
-    """Scales from 2^-6 to 2^-1 on the weights (the fragment kernel takes bytes up to 128), 2^-4 to 2^3 on x: both
-    operands are dequantized exactly, so fp32 agrees to summation order."""
+def test_lookup_path_matches_reference(m, n, k, config, dtype):
+    """Scales from 2^-6 to 2^-1 on the weights, 2^-4 to 2^3 on x: both operands are exact in e5m2 with their
+    scales, so fp32 agrees to summation order."""
     x, packed, scale = random_case(m, n, k, dtype, seed=m + n + k)
+    assert scale_bytes_fit(packed, scale)
     weight, weight_scale = pad_to_k_align(packed, scale)
     for _ in range(2):  # the second call reuses the split-K arrival counters the first one left at zero
-        got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config)
+        got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config,
+                         lookup_scales=True)
         assert_matches(got, reference(x, packed, scale, True), dtype)
     assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
 
 
-def test_fragment_path_needs_scale_bytes_up_to_128_and_quantized_activations():
+def test_lookup_path_rounds_only_blocks_far_below_the_largest_of_their_step():
+    """x blocks 2^-40 below the rest of their 256-K step round in e5m2: their products are far below the output's
+    precision, so the result still matches; blocks 2^20 apart in one step (and a step 2^-60 below the others) are
+    exact."""
+    x, packed, scale = random_case(3, 40, 768, torch.float32, seed=4)
+    x[0, 32:64] *= 2.0 ** -40
+    x[1, 64:96] *= 2.0 ** 20
+    x[2, 256:512] *= 2.0 ** -60
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, mxfp4_gemm_lookup.ROWS_16,
+                     lookup_scales=True)
+    expected = reference(x, packed, scale, True)
+    for row in range(3):
+        assert_matches(got[row], expected[row], torch.float32)
+
+
+def test_lookup_tables_hold_the_scaled_e2m1_magnitudes_for_the_scale_bytes_they_take():
+    """The two table words the PTX builds from a scale byte (one add, one mask) are e5m2 bytes of the magnitudes
+    times 2^(byte - 127 + 6) for every byte in LOOKUP_SCALE_BYTES, and not just outside it."""
+    magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
+
+    def table(byte: int) -> torch.Tensor:
+        t = ((byte - 127) * 0x04040404) % 2 ** 32
+        low = ((t + mxfp4_gemm_lookup.LUT_LOW) % 2 ** 32) & 0xFFFFFF00
+        high = (t + mxfp4_gemm_lookup.LUT_HIGH) % 2 ** 32
+        raw = low.to_bytes(4, "little") + high.to_bytes(4, "little")
+        return torch.tensor(list(raw), dtype=torch.uint8).view(torch.float8_e5m2).float()
+
+    fit = mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES
+    for byte in fit:
+        torch.testing.assert_close(table(byte), magnitudes * 2.0 ** (byte - 127 + mxfp4_gemm_lookup.WEIGHT_SHIFT),
+                                   rtol=0, atol=0)
+    for byte in (fit.start - 1, fit.stop):
+        assert not torch.equal(table(byte), magnitudes * 2.0 ** (byte - 127 + mxfp4_gemm_lookup.WEIGHT_SHIFT))
+
+
+def test_scale_bytes_fit_looks_only_at_blocks_with_nonzero_codes():
+    _, packed, scale = random_case(1, 8, 128, torch.float32, seed=3)
+    assert scale_bytes_fit(packed, scale)
+    for byte in (mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES.start - 1, mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES.stop):
+        out_of_range = scale.clone()
+        out_of_range[2, 1] = byte
+        assert not scale_bytes_fit(packed, out_of_range)
+    zeros, zero_scale = packed.clone(), scale.clone()
+    zeros[2, 16:32] = 0x88  # block 1 of row 2: codes +0 and -0
+    zero_scale[2, 1] = 0
+    assert scale_bytes_fit(zeros, zero_scale)
+    assert scale_bytes_fit(torch.stack([zeros, packed]), torch.stack([zero_scale, scale]))  # experts [E, N, K/2]
+    assert not scale_bytes_fit(torch.stack([packed, packed]), torch.stack([scale, zero_scale]))
+
+
+def test_lookup_path_needs_fitting_scales_and_quantized_activations():
     x, packed, scale = random_case(17, 32, 64, torch.float32, seed=2)
     weight, weight_scale = pad_to_k_align(packed, scale)
-    with pytest.raises(ValueError, match="wide_scales must be False"):
-        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True, mxfp4_gemm_fragment.ROWS_32)
+    with pytest.raises(ValueError, match="lookup_scales=scale_bytes_fit"):
+        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, mxfp4_gemm_lookup.ROWS_32)
     with pytest.raises(ValueError, match="quantize_x must be True"):
-        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, False, mxfp4_gemm_fragment.ROWS_32)
+        mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, False, mxfp4_gemm_lookup.ROWS_32,
+                   lookup_scales=True)
 
 
 @pytest.mark.parametrize("block_m, period", [(1, 8), (2, 2), (4, 1), (2, 4), (16, 3), (32, 8)])
@@ -157,21 +211,23 @@ def test_paths_by_rows():
     assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 4  # 1 row tile x 84 N tiles
     assert mxfp4_gemm_fp8.pick_config(24, 5376).split_k == 2  # 2 row tiles x 84 N tiles
     assert mxfp4_gemm_fp8.pick_config(32, 8192).split_k == 1
-    assert mxfp4_gemm_fragment.pick_config(17, 21504) == mxfp4_gemm_fragment.ROWS_32  # 336 tiles: no split
-    assert mxfp4_gemm_fragment.pick_config(32, 5376).split_k == 4  # 84 tiles
-    assert mxfp4_gemm_fragment.pick_config(64, 5376).split_k == 2  # 168 tiles
-    assert mxfp4_gemm_fragment.pick_config(32, 8192).split_k == 2  # 128 tiles
-    assert mxfp4_gemm_fragment.pick_config(64, 8192).split_k == 1  # 256 tiles
+    assert mxfp4_gemm_lookup.pick_config(5, 21504) == mxfp4_gemm_lookup.ROWS_16  # 336 tiles: no split
+    assert mxfp4_gemm_lookup.pick_config(17, 21504) == mxfp4_gemm_lookup.ROWS_32
+    assert mxfp4_gemm_lookup.pick_config(33, 21504) == mxfp4_gemm_lookup.ROWS_64
+    assert mxfp4_gemm_lookup.pick_config(16, 5376).split_k == 4  # 84 tiles
+    assert mxfp4_gemm_lookup.pick_config(64, 5376).split_k == 4
+    assert mxfp4_gemm_lookup.pick_config(32, 8192).split_k == 2  # 128 tiles
     if torch.cuda.is_available():
         cuda = torch.empty(0, 5376, device="cuda")
         assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)
         if mxfp4_gemm_fp8.supported(cuda):
             assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
             assert pick_path(1, 21504, cuda, False) == DECODE
-            assert pick_path(16, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
-            assert pick_path(17, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fragment.ROWS_32
-            assert pick_path(64, 21504, cuda, True, wide_scales=False) == mxfp4_gemm_fragment.ROWS_32
-            assert pick_path(64, 21504, cuda, True, wide_scales=True) == mxfp4_gemm_fp8.PER_BLOCK_32
+            assert pick_path(4, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_4
+            assert pick_path(5, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_lookup.ROWS_16
+            assert pick_path(64, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_lookup.ROWS_64
+            assert pick_path(16, 21504, cuda, True, lookup_scales=False) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
+            assert pick_path(64, 21504, cuda, True, lookup_scales=False) == mxfp4_gemm_fp8.PER_BLOCK_32
 
 
 def test_slabs_hold_about_the_same_number_of_values_whatever_k():

@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm, needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
 from atomlite.quant import mxfp4
 from atomlite.quant.quark import LinearQuantSpec
 
@@ -38,7 +39,7 @@ class MXFP4Linear(nn.Module):
         self.weight.weight_loader = load_exact
         self.weight_scale.weight_loader = load_exact
         self._matmul = {"triton": self._triton, "aiter": self._aiter, "torch": self._torch}[backend]
-        self.wide_scales = True
+        self.wide_scales, self.lookup_scales = True, False  # always right; process_after_loading checks
         self._prepared = None
 
     def process_after_loading(self) -> None:
@@ -50,6 +51,7 @@ class MXFP4Linear(nn.Module):
             weight, scale = pad_to_k_align(self.weight.data, self.weight_scale.data)
             self.weight.data, self.weight_scale.data = weight, scale
             self.wide_scales = needs_wide_scales(scale)
+            self.lookup_scales = scale_bytes_fit(weight, scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -65,7 +67,8 @@ class MXFP4Linear(nn.Module):
     def _triton(self, x: torch.Tensor) -> torch.Tensor:
         if x.stride(-1) != 1:
             x = x.contiguous()
-        return mxfp4_gemm(x, self.weight, self.weight_scale, self.spec.dynamic_fp4_input, self.wide_scales)
+        return mxfp4_gemm(x, self.weight, self.weight_scale, self.spec.dynamic_fp4_input, self.wide_scales,
+                          lookup_scales=self.lookup_scales)
 
     def _aiter(self, x: torch.Tensor) -> torch.Tensor:
         from atomlite.model_ops import aiter

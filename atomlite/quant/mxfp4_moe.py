@@ -6,6 +6,7 @@ from torch import nn
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.torch_ref.moe import route_to_experts
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
 from atomlite.quant.mxfp4_linear import load_exact
 from atomlite.quant.quark import LinearQuantSpec
 
@@ -29,7 +30,7 @@ class MXFP4Experts(nn.Module):
         choice = dispatch.choose("mxfp4_expert_linear", n=2 * intermediate, k=hidden,
                                  dynamic_input=spec.dynamic_fp4_input)
         self.backend, self._matmul = choice.backend, choice.fn
-        self.wide_scales = True
+        self.wide_scales, self.lookup_scales = True, False  # always right; process_after_loading checks
 
     def _packed_param(self, name: str, shape: tuple[int, ...], shards: int) -> None:
         param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
@@ -55,11 +56,15 @@ class MXFP4Experts(nn.Module):
             weight.data = torch.stack([w for w, _ in padded])
             scale.data = torch.stack([s for _, s in padded])
         self.wide_scales = needs_wide_scales(self.gate_up_proj_scale) or needs_wide_scales(self.down_proj_scale)
+        self.lookup_scales = all(scale_bytes_fit(getattr(self, name), getattr(self, f"{name}_scale"))
+                                 for name in ("gate_up_proj", "down_proj"))
 
     def _project(self, x: torch.Tensor, name: str, expert: int) -> torch.Tensor:
         weight, scale = getattr(self, name)[expert], getattr(self, f"{name}_scale")[expert]
-        args = (self.wide_scales,) if self.backend == "triton" else ()
-        return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input, *args)
+        if self.backend != "triton":
+            return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input)
+        return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input, self.wide_scales,
+                            lookup_scales=self.lookup_scales)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         return route_to_experts(x, topk_weights, topk_ids, self._project)

@@ -1,10 +1,9 @@
 """y = x @ W^T with W in MXFP4 (packed e2m1 uint8 [N, K/2] + e8m0 uint8 [N, K/32]), read packed from memory.
 
-mxfp4_gemm picks one of four paths (pick_path):
-- fp8 MMAs (mxfp4_gemm_fp8) for up to 16 rows of MXFP4-quantized activations on NVIDIA sm_89+ (up to 64 rows for
-  weights with a scale byte above 128);
-- for 17 to 64 such rows, one bf16 MMA per step on weights expanded straight into the MMA's registers
-  (mxfp4_gemm_fragment);
+mxfp4_gemm picks one of four paths (pick_path), the first two for MXFP4-quantized activations on NVIDIA sm_89+:
+- for 5 to 64 rows, one fp8 MMA per step on operands that carry their block scales (mxfp4_gemm_lookup), when the
+  weight's scales fit it (scale_bytes_fit, at load time);
+- fp8 MMAs on scaled per-block sums (mxfp4_gemm_fp8) for up to 4 rows, and up to 64 for the other weights;
 - from 512 rows on a GPU, slabs of weight rows expanded to x's dtype by _dequantize_kernel, each multiplied by the
   vendor GEMM: a pass over the packed weight per call is small next to the GEMM's M x N x K work;
 - otherwise the kernel below. Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32
@@ -22,10 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_fragment
+from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
-from atomlite.model_ops.triton.mxfp4_gemm_fragment import FragmentConfig
+from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
 from atomlite.model_ops.triton.mxfp4_quant import quantize_dequantize
 from atomlite.quant import mxfp4
 
@@ -345,16 +344,17 @@ def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
     return out
 
 
-Config = GemmConfig | Fp8Config | FragmentConfig | DequantizeConfig
+Config = GemmConfig | Fp8Config | LookupConfig | DequantizeConfig
 
 
-def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bool = True) -> Config:
-    """The kernel and tile config for this call: for small M where x is MXFP4-quantized and fp8 MMAs exist, fp8 MMAs
-    or (17-64 rows, scale bytes up to 128) the fragment kernel; the vendor GEMM on expanded slabs for large M; the
+def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bool = True,
+              lookup_scales: bool = False) -> Config:
+    """The kernel and tile config for this call: for small M where x is MXFP4-quantized and fp8 MMAs exist, the
+    lookup kernel (5-64 rows, lookup_scales) or the fp8 tiles; the vendor GEMM on expanded slabs for large M; the
     bf16-expanding kernel otherwise."""
     if quantize_x and m <= mxfp4_gemm_fp8.MAX_M and mxfp4_gemm_fp8.supported(x):
-        if m >= mxfp4_gemm_fragment.MIN_M and not wide_scales:
-            return mxfp4_gemm_fragment.pick_config(m, n)
+        if m >= mxfp4_gemm_lookup.MIN_M and lookup_scales:
+            return mxfp4_gemm_lookup.pick_config(m, n)
         return mxfp4_gemm_fp8.pick_config(m, n)
     if m >= DEQUANTIZE_MIN_M and x.is_cuda:
         return dequantize_config(x.shape[1])
@@ -362,13 +362,13 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bo
 
 
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
-               wide_scales: bool = True, config: Config | None = None) -> torch.Tensor:
+               wide_scales: bool = True, config: Config | None = None, lookup_scales: bool = False) -> torch.Tensor:
     """x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
 
     weight [N, K'/2] / weight_scale [N, K'/32] come from pad_to_k_align; wide_scales=needs_wide_scales(weight_scale)
-    (True is always right, False is faster). quantize_x applies dynamic MXFP4 activation quantization first.
-    config (default pick_path) also picks the kernel: Fp8Config and FragmentConfig need quantize_x, FragmentConfig
-    also wide_scales=False.
+    and lookup_scales=scale_bytes_fit(weight, weight_scale) (the defaults are always right, the other values
+    faster). quantize_x applies dynamic MXFP4 activation quantization first. config (default pick_path) also picks
+    the kernel: Fp8Config and LookupConfig need quantize_x, LookupConfig also lookup_scales.
     """
     m, k = x.shape
     out_features = weight.shape[0]
@@ -380,16 +380,18 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if k_padded % K_ALIGN or k_padded < k:
         raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {K_ALIGN}: "
                          f"prepare weights with pad_to_k_align")
-    config = config or pick_path(m, out_features, x, quantize_x, wide_scales)
-    if isinstance(config, (Fp8Config, FragmentConfig)) and not quantize_x:
+    config = config or pick_path(m, out_features, x, quantize_x, wide_scales, lookup_scales)
+    if isinstance(config, (Fp8Config, LookupConfig)) and not quantize_x:
         raise ValueError(f"{type(config).__name__} kernels multiply MXFP4-quantized activations: "
                          "quantize_x must be True")
     if isinstance(config, Fp8Config):
         return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config)
-    if isinstance(config, FragmentConfig):
-        if wide_scales:
-            raise ValueError("the fragment kernel takes scale bytes up to 128: wide_scales must be False")
-        return mxfp4_gemm_fragment.mxfp4_gemm_fragment(x, weight, weight_scale, config)
+    if isinstance(config, LookupConfig):
+        if not lookup_scales:
+            fit = mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES
+            raise ValueError(f"the lookup kernel takes weights whose nonzero blocks have scale bytes {fit.start} to "
+                             f"{fit.stop - 1}: pass lookup_scales=scale_bytes_fit(weight, weight_scale)")
+        return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config)
     if isinstance(config, DequantizeConfig):
         return _dequantized_matmul(x, weight, weight_scale, quantize_x, wide_scales, config.rows)
     if quantize_x:
