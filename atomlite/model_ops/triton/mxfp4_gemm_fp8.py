@@ -348,11 +348,18 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
                    config: Fp8Config | None = None) -> torch.Tensor:
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
     weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align)."""
+    config = config or pick_config(x.shape[0], weight.shape[0])
+    quantized = quantize_activations(x, weight.shape[1] * 2, config.period)
+    return fp8_gemm(quantized, x, weight, weight_scale, config, pdl=_dependent_launch(x))
+
+
+def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+             weight_scale: torch.Tensor, config: Fp8Config, pdl: bool) -> torch.Tensor:
+    """The GEMM on quantize_activations(x, ..., config.period) (x gives the output's rows, dtype and device); pdl:
+    launched dependent on the kernel just before (which must be that quantization)."""
+    xq, x_scale = quantized
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
-    config = config or pick_config(m, n)
-    xq, x_scale = quantize_activations(x, k_padded, config.period)
-    pdl = _dependent_launch(x)
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     _fp8_gemm_kernel[launch.grid](
         xq, x_scale, weight, weight_scale, launch.out, launch.partials, launch.arrivals, m, n, launch.k_split,

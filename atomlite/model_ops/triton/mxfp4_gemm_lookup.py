@@ -242,17 +242,24 @@ def mxfp4_gemm_lookup(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype. weight [N, K'/2] and
     weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align), rows contiguous, and
     scale_bytes_fit(weight, weight_scale)."""
+    ptx = x.is_cuda and torch.version.cuda is not None and not interpreting()
+    quantized = quantize_activations(x, weight.shape[1] * 2, ptx)
+    return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x))
+
+
+def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+                weight_scale: torch.Tensor, config: LookupConfig | None, pdl: bool) -> torch.Tensor:
+    """The GEMM on quantize_activations(x, ...) (x gives the output's rows, dtype and device); pdl: launched
+    dependent on the kernel just before (which must be that quantization)."""
+    xq, x_shift = quantized
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     config = config or pick_config(m, n)
-    ptx = x.is_cuda and torch.version.cuda is not None and not interpreting()
-    xq, x_shift = quantize_activations(x, k_padded, ptx)
-    pdl = ptx and _dependent_launch(x)
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     _lookup_gemm_kernel[launch.grid](
         xq, x_shift, weight.view(torch.int32), weight_scale.view(torch.int32), launch.out, launch.partials,
         launch.arrivals, m, n, launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
-        weight_scale.stride(0) // 4, launch.out.stride(0), PTX=ptx, SPLIT_K=launch.split_k, BLOCK_M=config.block_m,
-        BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
-        **({"launch_pdl": True} if pdl else {}))
+        weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, num_warps=config.num_warps,
+        num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
     return launch.out
