@@ -154,6 +154,15 @@ def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.co
 
 
 @triton.jit
+def _program_tile(M, N, K_SPLIT, K_END, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr):
+    """This program's rows of x (rm), rows of W (rn) and K range [k_first, k_end)."""
+    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
+    k_first = tl.program_id(1) * K_SPLIT
+    k_end = tl.minimum(k_first + K_SPLIT, K_END)
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), k_first, k_end
+
+
+@triton.jit
 def _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K: tl.constexpr):
     """acc [BLOCK_N, rows] -> out[rm, rn].
 
@@ -240,11 +249,7 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, arrivals, M, N, K_S
                      PDL: tl.constexpr):
     """8 / PERIOD MMAs per 256-K step, each over PERIOD blocks, into PERIOD * BLOCK_M columns."""
     COLUMNS: tl.constexpr = PERIOD * BLOCK_M
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
-    k_first = tl.program_id(1) * K_SPLIT
-    k_end = tl.minimum(k_first + K_SPLIT, K_END)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm, rn, k_first, k_end = _program_tile(M, N, K_SPLIT, K_END, BLOCK_M, BLOCK_N, GROUP_N)
     rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
     rm_safe = rm % M
     x_row = tl.reshape(PERIOD * rm_safe[:, None] + tl.arange(0, PERIOD)[None, :], (COLUMNS,))

@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch, _store,
-                                                      _tile_ids, gdc_launch_dependents, gdc_wait, split_launch)
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
+                                                      _program_tile, _store, gdc_launch_dependents, gdc_wait,
+                                                      split_launch)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -198,11 +199,7 @@ def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, arrivals, M, N, 
     [BLOCK_N, BLOCK_M]. The scale words are loaded in the loop like the weights, so Triton pipelines both and
     gives them the layout the MMA operand needs (loaded a step ahead into registers instead, the scale bytes made
     Triton route the expanded weights through shared memory)."""
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_N)
-    k_first = tl.program_id(1) * K_SPLIT
-    k_end = tl.minimum(k_first + K_SPLIT, K_END)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm, rn, k_first, k_end = _program_tile(M, N, K_SPLIT, K_END, BLOCK_M, BLOCK_N, GROUP_N)
     rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
     rm_safe = rm % M
     w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, STEP // 8)[None, :]
