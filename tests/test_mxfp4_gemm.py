@@ -34,10 +34,15 @@ def reference(x, packed, scale, quantize_x: bool) -> torch.Tensor:
     return xr.double() @ mxfp4.dequantize(packed, scale).double().T
 
 
-def assert_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype):
+# A Hopper fp8 MMA sums the products of its K range with fewer mantissa bits than fp32 (measured up to 2e-4 of the
+# output here); the lookup kernel sums 256 products per MMA. The interpreter's portable path is fp32.
+FP8_SUMS_RTOL = 2 ** -11 if DEVICE == "cuda" else 1e-5
+
+
+def assert_matches(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, fp32_rtol: float = 1e-5):
     assert got.dtype == dtype
     # fp32: summation order only. bf16: the output rounding (the interpreter truncates: up to 1 ulp).
-    rtol = 1e-5 if dtype == torch.float32 else 2 ** -7
+    rtol = fp32_rtol if dtype == torch.float32 else 2 ** -7
     torch.testing.assert_close(got.double().cpu(), expected, rtol=rtol, atol=rtol * expected.abs().max().item())
 
 
@@ -98,14 +103,14 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lookup_path_matches_reference(m, n, k, config, dtype):
     """Scales from 2^-6 to 2^-1 on the weights, 2^-4 to 2^3 on x: both operands are exact in e5m2 with their
-    scales, so fp32 agrees to summation order."""
+    scales, so fp32 agrees to summation order (to the fp8 MMA's sums on a GPU)."""
     x, packed, scale = random_case(m, n, k, dtype, seed=m + n + k)
     assert scale_bytes_fit(packed, scale)
     weight, weight_scale = pad_to_k_align(packed, scale)
     for _ in range(2):  # the second call reuses the split-K arrival counters the first one left at zero
         got = mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config,
                          lookup_scales=True)
-        assert_matches(got, reference(x, packed, scale, True), dtype)
+        assert_matches(got, reference(x, packed, scale, True), dtype, FP8_SUMS_RTOL)
     assert not mxfp4_gemm_fp8._ARRIVALS[got.device].any()
 
 
@@ -122,7 +127,7 @@ def test_lookup_path_rounds_only_blocks_far_below_the_largest_of_their_step():
                      lookup_scales=True)
     expected = reference(x, packed, scale, True)
     for row in range(3):
-        assert_matches(got[row], expected[row], torch.float32)
+        assert_matches(got[row], expected[row], torch.float32, FP8_SUMS_RTOL)
 
 
 def test_lookup_tables_hold_the_scaled_e2m1_magnitudes_for_the_scale_bytes_they_take():
