@@ -28,7 +28,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, gdc_launch_dependents, gdc_wait,
-                                                      split_launch)
+                                                      split_launch, sum_splits)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -192,7 +192,7 @@ def _quantize_kernel(x, xq, x_shift, M, K, stride_xm, stride_qm, stride_sm, BLOC
 
 
 @triton.jit
-def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, arrivals, M, N, K_SPLIT, K_END, stride_xm,
+def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, M, N, K_SPLIT, K_END, stride_xm,
                         stride_xsm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr, PDL: tl.constexpr):
     """w and w_scale as int32 words (stride_wn, stride_sn in words); one MMA per 256-K step into acc
@@ -208,6 +208,8 @@ def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, arrivals, M, N, 
     shift_rows = x_shift + rm_safe * stride_xsm
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before: xq and x_shift
+        if SPLIT_K > 1:
+            gdc_launch_dependents()  # sum_splits' programs may start; they wait for this grid's partials
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(k_first, k_end, STEP):
         scale_words = tl.load(s_rows + k0 // 128)
@@ -218,7 +220,7 @@ def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, arrivals, M, N, 
         else:
             sums = tl.dot(w_tile, tl.trans(x_tile), input_precision="ieee")
         acc += sums * tl.load(shift_rows + k0 // STEP)[None, :]
-    _store(out, partials, arrivals, acc, rm, rn, M, N, stride_om, SPLIT_K)
+    _store(out, partials, acc, rm, rn, M, N, stride_om, SPLIT_K)
 
 
 def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,9 +256,9 @@ def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, w
     config = config or pick_config(m, n)
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     _lookup_gemm_kernel[launch.grid](
-        xq, x_shift, weight.view(torch.int32), weight_scale.view(torch.int32), launch.out, launch.partials,
-        launch.arrivals, m, n, launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
+        xq, x_shift, weight.view(torch.int32), weight_scale.view(torch.int32), launch.out, launch.partials, m, n,
+        launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
         weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, num_warps=config.num_warps,
         num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
-    return launch.out
+    return sum_splits(launch, pdl)
