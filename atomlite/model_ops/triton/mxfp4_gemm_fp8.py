@@ -330,7 +330,7 @@ SUM_BLOCK = 1024  # output elements per program of _sum_splits_kernel
 def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
     """launch.out, after the GEMM just launched: with K split, the sum of its partials. With pdl the GEMM let this
     kernel launch early (griddepcontrol): its programs wait for the GEMM's partials while the GEMM finishes. This
-    measured 1-3 us faster than the split that arrived last summing the others (an atomic counter per tile)."""
+    measured 0.2-3.3 us faster than the split that arrived last summing the others behind an atomic counter (H100)."""
     if launch.split_k > 1:
         m, n = launch.out.shape
         _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](
