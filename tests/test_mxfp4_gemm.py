@@ -112,7 +112,7 @@ def test_lookup_path_matches_reference(m, n, k, config, dtype):
 def test_lookup_path_rounds_only_blocks_far_below_the_largest_of_their_step():
     """x blocks 2^-40 below the rest of their 256-K step round in e5m2: their products are far below the output's
     precision, so the result still matches; blocks 2^20 apart in one step (and a step 2^-60 below the others) are
-    exact."""
+    exact (to the fp8 MMA's sums on a GPU)."""
     x, packed, scale = random_case(3, 40, 768, torch.float32, seed=4)
     x[0, 32:64] *= 2.0 ** -40
     x[1, 64:96] *= 2.0 ** 20
@@ -127,7 +127,7 @@ def test_lookup_path_rounds_only_blocks_far_below_the_largest_of_their_step():
 
 def test_lookup_tables_hold_the_scaled_e2m1_magnitudes_for_the_scale_bytes_they_take():
     """The two table words the PTX builds from a scale byte (one add, one mask) are e5m2 bytes of the magnitudes
-    times 2^(byte - 127 + 6) for every byte in LOOKUP_SCALE_BYTES, and not just outside it."""
+    times 2^(byte - 127 + 6) for every byte in LOOKUP_SCALE_BYTES, and not for the bytes just outside it."""
     magnitudes = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 
     def table(byte: int) -> torch.Tensor:
