@@ -25,7 +25,7 @@ from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
-from atomlite.model_ops.triton.mxfp4_quant import quantize_dequantize
+from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_dequantize
 from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
@@ -134,20 +134,6 @@ def _expand_ptx(packed, scale_byte):
 
 
 @triton.jit
-def _e2m1_to_float_wide(code, scale_byte, FP32: tl.constexpr):
-    """As _e2m1_to_float for any scale byte from 2 up: the scale goes straight into the exponent bits."""
-    mag = code & 7
-    exp_minus_1 = tl.maximum(scale_byte, 2) - 1
-    if FP32:
-        bits = tl.where(mag >= 2, (mag << 22) + (exp_minus_1 << 23), tl.where(mag == 1, exp_minus_1 << 23, 0))
-        value = (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
-    else:
-        bits = tl.where(mag >= 2, (mag << 6) + (exp_minus_1 << 7), tl.where(mag == 1, exp_minus_1 << 7, 0))
-        value = (bits | ((code & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return value
-
-
-@triton.jit
 def _expand_tile(packed, scale_byte, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, PTX: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Packed bytes [BLOCK_N, BLOCK_K/2] and scale bytes [BLOCK_N, BLOCK_K/32] -> values [BLOCK_N, BLOCK_K]."""
@@ -156,8 +142,8 @@ def _expand_tile(packed, scale_byte, FP32: tl.constexpr, WIDE_SCALES: tl.constex
     if PTX:
         low, high = _expand_ptx(packed, scale_byte)
     elif WIDE_SCALES:
-        low = _e2m1_to_float_wide(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
-        high = _e2m1_to_float_wide(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
+        low = e2m1_to_float_wide(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
+        high = e2m1_to_float_wide(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)
     else:
         low = _e2m1_to_float(packed.to(tl.int32) & 15, scale_byte.to(tl.int32), FP32)
         high = _e2m1_to_float(packed.to(tl.int32) >> 4, scale_byte.to(tl.int32), FP32)

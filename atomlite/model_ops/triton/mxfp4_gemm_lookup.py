@@ -31,7 +31,7 @@ from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, gdc_launch_dependents, gdc_wait,
                                                       split_launch, sum_splits)
-from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
 MIN_M = 5  # up to mxfp4_gemm_fp8.MAX_M rows; at 1-4 rows the fp8 tiles measured as fast or faster (H100)
@@ -142,16 +142,6 @@ def _bytes4(v):
 
 
 @triton.jit
-def _e2m1_value(code):
-    """Portable path: nibble codes (int32) -> e2m1 values in fp32."""
-    magnitude = code & 7
-    mantissa = (magnitude & 1).to(tl.float32)
-    exponent = magnitude >> 1
-    value = tl.where(exponent == 0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * tl.exp2((exponent - 1).to(tl.float32)))
-    return tl.where((code & 8) != 0, -value, value)
-
-
-@triton.jit
 def _expand_step(words, scale_words, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
     """One 256-K step of weights: int32 words [BLOCK_N, 32] and scale words [BLOCK_N, 2] -> values times 2^6
     [BLOCK_N, 256] in lookup order (K position 32j + 16h + 4q + e holds code 4h + e of word 8q + j); e5m2 with PTX,
@@ -165,9 +155,9 @@ def _expand_step(words, scale_words, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
         ordered = tl.permute(tl.reshape(tl.join(_bytes4(low), _bytes4(high)), (BLOCK_N, 4, 8, 4, 2)),  # (q, j, e, h)
                              (0, 2, 4, 1, 3))
     else:
-        factor = _per_word(tl.exp2((scale - 127 + SHIFT).to(tl.float32)), BLOCK_N)
         nibbles = words[:, :, :, None] >> (4 * tl.arange(0, 8))[None, None, None, :]
-        values = tl.reshape(_e2m1_value(nibbles & 15) * factor[:, :, :, None], (BLOCK_N, 4, 8, 2, 4))  # (q, j, h, e)
+        word_scale = _per_word(scale + SHIFT, BLOCK_N)[:, :, :, None]
+        values = tl.reshape(e2m1_to_float_wide(nibbles & 15, word_scale, True), (BLOCK_N, 4, 8, 2, 4))  # (q, j, h, e)
         ordered = tl.permute(values, (0, 2, 3, 1, 4))
     return tl.reshape(ordered, (BLOCK_N, STEP))
 
@@ -243,19 +233,19 @@ def mxfp4_gemm_lookup(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype. weight [N, K'/2] and
     weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align), rows contiguous, and
     scale_bytes_fit(weight, weight_scale)."""
+    config = config or pick_config(x.shape[0], weight.shape[0])
     ptx = x.is_cuda and torch.version.cuda is not None and not interpreting()
     quantized = quantize_activations(x, weight.shape[1] * 2, ptx)
     return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x))
 
 
 def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-                weight_scale: torch.Tensor, config: LookupConfig | None, pdl: bool) -> torch.Tensor:
+                weight_scale: torch.Tensor, config: LookupConfig, pdl: bool) -> torch.Tensor:
     """The GEMM on quantize_activations(x, ...) (x gives the output's rows, dtype and device); pdl: launched
     dependent on the kernel just before (which must be that quantization)."""
     xq, x_shift = quantized
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
-    config = config or pick_config(m, n)
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     _lookup_gemm_kernel[launch.grid](
         xq, x_shift, weight.view(torch.int32), weight_scale.view(torch.int32), launch.out, launch.partials, m, n,

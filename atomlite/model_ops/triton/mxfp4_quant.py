@@ -1,4 +1,5 @@
-"""Dynamic MXFP4 activation quantization (per 32 along K, Quark's "even" rounding) as Triton kernels."""
+"""MXFP4 in Triton: dynamic activation quantization (per 32 along K, Quark's "even" rounding) and exact
+decoding of e2m1 codes."""
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +19,21 @@ def quantize_blocks(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     q = tl.where(a > 5.0, 6.0, tl.where(a >= 3.5, 4.0, tl.where(a > 2.5, 3.0, tl.where(a >= 1.75, 2.0, tl.where(
         a > 1.25, 1.5, tl.where(a >= 0.75, 1.0, tl.where(a > 0.25, 0.5, 0.0)))))))
     return tl.reshape(tl.where(blocks < 0, -q, q), (ROWS, COLS)), exponent
+
+
+@triton.jit
+def e2m1_to_float_wide(code, scale_byte, FP32: tl.constexpr):
+    """Nibble codes (int32) and their blocks' e8m0 bytes (int32) -> e2m1 value * 2^(scale - 127), exactly, for any
+    scale byte from 2 up (fp32, or bf16 with FP32 False): the scale goes straight into the exponent bits."""
+    mag = code & 7
+    exp_minus_1 = tl.maximum(scale_byte, 2) - 1
+    if FP32:
+        bits = tl.where(mag >= 2, (mag << 22) + (exp_minus_1 << 23), tl.where(mag == 1, exp_minus_1 << 23, 0))
+        value = (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    else:
+        bits = tl.where(mag >= 2, (mag << 6) + (exp_minus_1 << 7), tl.where(mag == 1, exp_minus_1 << 7, 0))
+        value = (bits | ((code & 8) << 12)).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return value
 
 
 @triton.jit
