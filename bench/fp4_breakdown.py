@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fp4_gemm import SHAPES, make_weight, time_ms
+from fp4_gemm import SHAPES, make_weight, quantize_activations, time_ms
 
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
 fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
@@ -57,16 +57,12 @@ def read(words: torch.Tensor, out: torch.Tensor) -> None:
     _read_kernel[(words.numel() // chunk,)](words, out, CHUNK_WORDS=chunk, num_warps=4)
 
 
-def parts(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, path) -> dict:
-    """(quantization alone, GEMM alone on its output) for the small-M paths."""
-    k_padded = weight.shape[1] * 2
+def gemm_alone(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, path):
+    """The small-M path's GEMM kernel on x quantized beforehand, without dependent launch."""
+    quantized = quantize_activations(x, weight.shape[1] * 2, path)
     if isinstance(path, lookup.LookupConfig):
-        quantized = lookup.quantize_activations(x, k_padded, ptx=True)
-        return {"quant": lambda: lookup.quantize_activations(x, k_padded, ptx=True),
-                "gemm": lambda: lookup.lookup_gemm(quantized, x, weight, weight_scale, path, pdl=False)}
-    quantized = fp8.quantize_activations(x, k_padded, path.period)
-    return {"quant": lambda: fp8.quantize_activations(x, k_padded, path.period),
-            "gemm": lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, path, pdl=False)}
+        return lambda: lookup.lookup_gemm(quantized, x, weight, weight_scale, path, pdl=False)
+    return lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, path, pdl=False)
 
 
 def main() -> int:
@@ -90,7 +86,8 @@ def main() -> int:
                 print(f"M={m}: not a small-M path ({type(path).__name__}), skipped")
                 continue
             fns = {"path": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
-                   **parts(x, weight, weight_scale, path),
+                   "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path),
+                   "gemm": gemm_alone(x, weight, weight_scale, path),
                    "pattern": lambda: read_pattern(words, out, path.split_k),
                    "read": lambda: read(words, out),
                    "bf16": lambda: torch.nn.functional.linear(x, w_bf16)}
