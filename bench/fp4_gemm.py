@@ -20,10 +20,11 @@ from atomlite.quant import mxfp4
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
 fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
 lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_lookup")
+blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_blockwise")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
 MS = [1, 2, 16, 64, 256, 512, 2048]
-C, F, D, L = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, lookup.LookupConfig
+C, F, D, L, B = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, lookup.LookupConfig, blockwise.BlockwiseConfig
 CANDIDATES = {
     "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
                F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
@@ -37,7 +38,8 @@ CANDIDATES = {
             L(16, 64, 4, 3), L(16, 64, 4, 4), L(16, 64, 4, 3, split_k=2), L(16, 64, 4, 3, split_k=4),
             L(32, 64, 4, 3), L(32, 64, 4, 3, split_k=2), L(32, 64, 4, 3, split_k=4), L(64, 64, 4, 3),
             L(64, 64, 4, 3, split_k=2), L(64, 64, 4, 3, split_k=4), C(16, 64, 256, 4, 4, prefetch=True)],
-    "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384)],
+    "prefill": [C(128, 128, 64, 8, 3), C(256, 128, 64, 8, 3), D(2048), D(4096), D(8192), D(16384), B(2048),
+                B(4096), B(8192), B(16384), B(32768)],
 }
 
 
@@ -48,6 +50,8 @@ def regime(m: int) -> str:
 def describe(config) -> str:
     if isinstance(config, D):
         return f"dequantize {config.rows} rows + torch.matmul"
+    if isinstance(config, B):
+        return f"e4m3 slabs of {config.rows} rows + blockwise scaled_mm"
     kind = f"fp8 period {config.period}" if isinstance(config, F) else "lookup" if isinstance(config, L) else "bf16"
     tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, L))
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
@@ -61,6 +65,8 @@ def quantize_activations(x: torch.Tensor, k_padded: int, path):
         return fp8.quantize_activations(x, k_padded, path.period)
     if isinstance(path, L):
         return lookup.quantize_activations(x, k_padded, ptx=True)
+    if isinstance(path, B):
+        return blockwise.quantize_activations(x, k_padded)
     return fp4.quantize_dequantize(x)
 
 
@@ -74,19 +80,18 @@ def make_weight(n: int, k: int, seed: int, std: float = 0.02):
     return packed, scale, mxfp4.dequantize(packed, scale)
 
 
-def check(packed, scale, w_ref, wide: bool, lookup_ok: bool, seed: int, candidates: bool) -> list[str]:
-    """The default path at several M, and with candidates=True every candidate config, against torch."""
+def check(packed, scale, w_ref, wide: bool, lookup_ok: bool, seed: int, regimes: set[str]) -> list[str]:
+    """The default path at several M, and every candidate config of the regimes swept, against torch."""
     failures = []
     weight, weight_scale = fp4.pad_to_k_align(packed, scale)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     runs = [(m, None) for m in (1, 2, 5, 16, 17, 64, 100, 2048)]
-    if candidates:
-        runs += [(m, config) for m in (2, 17, 600) for config in CANDIDATES[regime(m)]]
+    runs += [(m, config) for m in (2, 17, 600) if regime(m) in regimes for config in CANDIDATES[regime(m)]]
     for m, config in runs:
         x = torch.randn(m, w_ref.shape[1], device="cuda", generator=gen).to(torch.bfloat16)
         if isinstance(config, L) and not lookup_ok:
             continue
-        for quantize_x in (True, False) if not isinstance(config, (F, L)) else (True,):
+        for quantize_x in (True, False) if not isinstance(config, (F, L, B)) else (True,):
             xr = mxfp4.quantize_dequantize(x.float()) if quantize_x else x.float()
             expected = xr @ w_ref.T
             def call():
@@ -195,18 +200,20 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     rows, failures = [], []
+    ms = list(map(int, args.ms.split(",")))
+    swept = {regime(m) for m in ms} if args.sweep else set()
     for i, (n, k) in enumerate(SHAPES):
         packed, scale, w_ref = make_weight(n, k, seed=i)
         wide, lookup_ok = fp4.needs_wide_scales(scale), lookup.scale_bytes_fit(packed, scale)
-        failures += check(packed, scale, w_ref, wide, lookup_ok, seed=i, candidates=args.sweep)
+        failures += check(packed, scale, w_ref, wide, lookup_ok, seed=i, regimes=swept)
         if i == 0:  # the fp8 tiles for 5-64 rows too, and the exact expansion for scales above 2
-            failures += check(packed, scale, w_ref, wide=True, lookup_ok=False, seed=10, candidates=False)
+            failures += check(packed, scale, w_ref, wide=True, lookup_ok=False, seed=10, regimes=set())
             big, big_scale, big_ref = make_weight(n, k, seed=20, std=50.0)  # scale bytes above 128
             failures += check(big, big_scale, big_ref, wide=True, lookup_ok=lookup.scale_bytes_fit(big, big_scale),
-                              seed=11, candidates=False)
+                              seed=11, regimes=set())
         weight, weight_scale = fp4.pad_to_k_align(packed, scale)
         w_bf16 = w_ref.to(torch.bfloat16)
-        for m in map(int, args.ms.split(",")):
+        for m in ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             path = fp4.pick_path(m, n, x, True, wide, lookup_ok)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_lookup
+from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
-                                                  GemmConfig, dequantize_config, mxfp4_gemm, needs_wide_scales,
-                                                  pad_to_k_align, pick_config, pick_path)
+                                                  GemmConfig, blockwise_config, dequantize_config, mxfp4_gemm,
+                                                  needs_wide_scales, pad_to_k_align, pick_config, pick_path)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig, scale_bytes_fit
 from atomlite.quant import mxfp4
@@ -219,7 +219,12 @@ def test_paths_by_rows():
     assert mxfp4_gemm_lookup.pick_config(32, 8192).split_k == 2  # 128 tiles
     if torch.cuda.is_available():
         cuda = torch.empty(0, 5376, device="cuda")
-        assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)
+        assert pick_path(4096, 21504, cuda, True) == dequantize_config(5376)  # fp32 x: bf16 slabs
+        cuda_bf16 = cuda.bfloat16()
+        if mxfp4_gemm_blockwise.supported(cuda_bf16, 21504):
+            assert pick_path(128, 21504, cuda_bf16, True) == blockwise_config(5376)
+            assert pick_path(127, 21504, cuda_bf16, True) == PREFILL
+            assert pick_path(4096, 21504, cuda_bf16, False) == dequantize_config(5376)  # x not quantized
         if mxfp4_gemm_fp8.supported(cuda):
             assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
             assert pick_path(1, 21504, cuda, False) == DECODE
@@ -234,6 +239,13 @@ def test_slabs_hold_about_the_same_number_of_values_whatever_k():
     assert dequantize_config(5376).rows == 8192
     assert dequantize_config(21504).rows == 2048
     assert dequantize_config(10 ** 6).rows == 256
+
+
+def test_e4m3_slabs_split_long_k_weights_and_keep_short_k_weights_whole():
+    assert blockwise_config(21504).rows == 4096
+    assert blockwise_config(5376).rows >= 2 * 21504  # Gemma-4-31B's fused gate/up in one slab
+    assert blockwise_config(5376).rows * 5376 <= 2 ** 28
+    assert blockwise_config(10 ** 7).rows == 256
 
 
 def test_decode_splits_k_only_when_n_has_few_tiles():

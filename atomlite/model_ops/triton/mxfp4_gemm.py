@@ -1,11 +1,14 @@
 """y = x @ W^T with W in MXFP4 (packed e2m1 uint8 [N, K/2] + e8m0 uint8 [N, K/32]), read packed from memory.
 
-mxfp4_gemm picks one of four paths (pick_path), the first two for MXFP4-quantized activations on NVIDIA sm_89+:
-- for 5 to 64 rows, one fp8 MMA per step on operands that carry their block scales (mxfp4_gemm_lookup), when the
-  weight's scales fit it (scale_bytes_fit, at load time);
-- fp8 MMAs on scaled per-block sums (mxfp4_gemm_fp8) for up to 4 rows, and up to 64 for the other weights;
-- from 512 rows on a GPU, slabs of weight rows expanded to x's dtype by _dequantize_kernel, each multiplied by the
-  vendor GEMM: a pass over the packed weight per call is small next to the GEMM's M x N x K work;
+mxfp4_gemm picks one of five paths (pick_path), the first three for MXFP4-quantized activations on NVIDIA GPUs:
+- for 5 to 64 rows on sm_89+, one fp8 MMA per step on operands that carry their block scales (mxfp4_gemm_lookup),
+  when the weight's scales fit it (scale_bytes_fit, at load time);
+- on sm_89+, fp8 MMAs on scaled per-block sums (mxfp4_gemm_fp8) for up to 4 rows, and up to 64 for other weights;
+- from 128 rows of bf16 on sm_90, cuBLAS's block-scaled fp8 GEMM on slabs of weight rows expanded to e4m3
+  (mxfp4_gemm_blockwise);
+- from 512 rows on other GPUs (or activations not quantized), slabs of weight rows expanded to x's dtype by
+  _dequantize_kernel, each multiplied by the vendor GEMM: a pass over the packed weight per call is small next to
+  the GEMM's M x N x K work;
 - otherwise the kernel below. Each program expands its weight tile to bf16 (fp32 when interpreting or for fp32
   inputs) in registers, a few bit ops per weight; on NVIDIA as PTX working on two weights per 32-bit register
   (portable Triton elsewhere). The tile is computed transposed (acc[N, M] = W x^T): the expanded weight is the
@@ -14,18 +17,19 @@ mxfp4_gemm picks one of four paths (pick_path), the first two for MXFP4-quantize
   separate pass over x (inside the GEMM it is repeated for every N tile: measured slower).
 """
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton import mxfp4_gemm_fp8, mxfp4_gemm_lookup
+from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.mxfp4_gemm_blockwise import BlockwiseConfig
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_dequantize
+from atomlite.model_ops.triton.mxfp4_slabs import matmul_by_slabs
 from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
@@ -253,95 +257,64 @@ DEQUANTIZE_MIN_M = 512
 SLAB_VALUES = 2048 * 21504
 
 
-def dequantize_config(k_padded: int) -> DequantizeConfig:
-    return DequantizeConfig(rows=max(256, SLAB_VALUES // k_padded // 256 * 256))
+def _slab_rows(k: int) -> int:
+    return max(256, SLAB_VALUES // k // 256 * 256)
 
 
-@functools.cache
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device_index)
+def dequantize_config(k: int) -> DequantizeConfig:
+    return DequantizeConfig(rows=_slab_rows(k))
 
 
-class _SlabExpander:
-    """Expands weight rows [first, first + count) into one of two slab buffers, on a side stream on a GPU."""
+BLOCKWISE_MIN_M = 128  # the bf16 kernel measured as fast at 128 rows on 21504 x 5376, 2.8x slower on 5376 x 21504
+# e4m3 slabs (bench/fp4_gemm.py --sweep, H100, M = 128 to 2048): for long K, slabs of about 4096 x 21504 values
+# (84 MiB), whose GEMMs hide the next slab's expansion; for K up to 8192, one slab of up to 256 MiB, since two
+# slabs' GEMMs measured slower than one (21504 x 5376 at M = 2048: 546 us in 4096-row slabs, 519 in one).
+LONG_K, LONG_K_SLAB_VALUES, SHORT_K_SLAB_VALUES = 8192, 4096 * 21504, 2 ** 28
 
-    def __init__(self, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, wide_scales: bool,
-                 rows: int, slabs: int):
-        self.weight, self.weight_scale, self.wide_scales = weight, weight_scale, wide_scales
-        self.fp32, self.ptx = _expansion_mode(x, wide_scales)
-        shape = (min(rows, weight.shape[0]), weight.shape[1] * 2)
-        self.slabs = [torch.empty(shape, dtype=x.dtype, device=x.device) for _ in range(slabs)]
-        self.main = torch.cuda.current_stream(x.device) if x.is_cuda else None
-        self.side = _side_stream(self.main.device.index) if x.is_cuda else None
-        self.used = [None] * slabs  # per slab: the main stream's event after its last GEMM
-        self.ready = [None] * slabs  # per slab: the side stream's event after its expansion
-        if self.side is not None:
-            self.side.wait_stream(self.main)  # weight and x are written on the main stream
 
-    def expand(self, index: int, first: int, count: int) -> None:
-        slot = index % len(self.slabs)
-        if self.side is None:
-            self._launch(self.slabs[slot], first, count)
-            return
-        with torch.cuda.stream(self.side):
-            if self.used[slot] is not None:
-                self.side.wait_event(self.used[slot])
-            self._launch(self.slabs[slot], first, count)
-            self.ready[slot] = torch.cuda.Event()
-            self.ready[slot].record(self.side)
-
-    def acquire(self, index: int) -> torch.Tensor:
-        """The slab of expand(index), once expanded (the main stream waits for it)."""
-        slot = index % len(self.slabs)
-        if self.side is not None:
-            self.main.wait_event(self.ready[slot])
-        return self.slabs[slot]
-
-    def release(self, index: int) -> None:
-        """The main stream's work on this slab is queued: the side stream may overwrite it after that."""
-        if self.main is not None:
-            self.used[index % len(self.slabs)] = torch.cuda.Event()
-            self.used[index % len(self.slabs)].record(self.main)
-
-    def _launch(self, slab: torch.Tensor, first: int, count: int) -> None:
-        block_n, block_k = 64, K_ALIGN
-        _dequantize_kernel[(triton.cdiv(count, block_n), slab.shape[1] // block_k)](
-            self.weight[first:], self.weight_scale[first:], slab, count, self.weight.stride(0),
-            self.weight_scale.stride(0), slab.stride(0), FP32=self.fp32, WIDE_SCALES=self.wide_scales,
-            PTX=self.ptx, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+def blockwise_config(k: int) -> BlockwiseConfig:
+    values = LONG_K_SLAB_VALUES if k > LONG_K else SHORT_K_SLAB_VALUES
+    return BlockwiseConfig(rows=max(256, values // k // 256 * 256))
 
 
 def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
                         wide_scales: bool, rows: int) -> torch.Tensor:
     m, k = x.shape
     n = weight.shape[0]
-    firsts = range(0, n, rows)
-    expander = _SlabExpander(x, weight, weight_scale, wide_scales, rows, slabs=min(2, len(firsts)))
+    fp32, ptx = _expansion_mode(x, wide_scales)
+
+    def allocate(slab_rows: int) -> torch.Tensor:
+        return torch.empty((slab_rows, weight.shape[1] * 2), dtype=x.dtype, device=x.device)
+
+    def launch(slab: torch.Tensor, first: int, count: int) -> None:
+        block_n, block_k = 64, K_ALIGN
+        _dequantize_kernel[(triton.cdiv(count, block_n), slab.shape[1] // block_k)](
+            weight[first:], weight_scale[first:], slab, count, weight.stride(0), weight_scale.stride(0),
+            slab.stride(0), FP32=fp32, WIDE_SCALES=wide_scales, PTX=ptx, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=4)
+
+    def multiply(x_ready: torch.Tensor, slab: torch.Tensor, count: int, out_view: torch.Tensor) -> None:
+        torch.matmul(x_ready, slab[:count, :k].T, out=out_view)
+
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    expander.expand(0, 0, min(rows, n))  # queued first: it overlaps x's quantization
-    if quantize_x:
-        x = quantize_dequantize(x)
-    for index, first in enumerate(firsts):
-        if index + 1 < len(firsts):
-            expander.expand(index + 1, firsts[index + 1], min(rows, n - firsts[index + 1]))
-        count = min(rows, n - first)
-        torch.matmul(x, expander.acquire(index)[:count, :k].T, out=out[:, first:first + count])
-        expander.release(index)
-    return out
+    return matmul_by_slabs(x, n, rows, allocate, launch, lambda: quantize_dequantize(x) if quantize_x else x,
+                           multiply, out)
 
 
-Config = GemmConfig | Fp8Config | LookupConfig | DequantizeConfig
+Config = GemmConfig | Fp8Config | LookupConfig | DequantizeConfig | BlockwiseConfig
 
 
 def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bool = True,
               lookup_scales: bool = False) -> Config:
     """The kernel and tile config for this call: for small M where x is MXFP4-quantized and fp8 MMAs exist, the
-    lookup kernel (5-64 rows, lookup_scales) or the fp8 tiles; the vendor GEMM on expanded slabs for large M; the
-    bf16-expanding kernel otherwise."""
+    lookup kernel (5-64 rows, lookup_scales) or the fp8 tiles; for large M the block-scaled fp8 GEMM (quantized
+    bf16 x on sm_90) or the vendor GEMM on bf16 slabs; the bf16-expanding kernel otherwise."""
     if quantize_x and m <= mxfp4_gemm_fp8.MAX_M and mxfp4_gemm_fp8.supported(x):
         if m >= mxfp4_gemm_lookup.MIN_M and lookup_scales:
             return mxfp4_gemm_lookup.pick_config(m, n)
         return mxfp4_gemm_fp8.pick_config(m, n)
+    if m >= BLOCKWISE_MIN_M and quantize_x and mxfp4_gemm_blockwise.supported(x, n):
+        return blockwise_config(x.shape[1])
     if m >= DEQUANTIZE_MIN_M and x.is_cuda:
         return dequantize_config(x.shape[1])
     return pick_config(m, n)
@@ -378,6 +351,12 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
             raise ValueError(f"the lookup kernel takes weights whose nonzero blocks have scale bytes {fit.start} to "
                              f"{fit.stop - 1}: pass lookup_scales=scale_bytes_fit(weight, weight_scale)")
         return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config)
+    if isinstance(config, BlockwiseConfig):
+        if not (quantize_x and mxfp4_gemm_blockwise.supported(x, out_features)) or config.rows % 16:
+            raise ValueError("BlockwiseConfig multiplies MXFP4-quantized bf16 activations on an NVIDIA sm_90 GPU, in "
+                             "slabs of a multiple of 16 rows, for N a multiple of 16; got quantize_x="
+                             f"{quantize_x}, {x.dtype} x on {x.device}, N={out_features}, rows={config.rows}")
+        return mxfp4_gemm_blockwise.mxfp4_gemm_blockwise(x, weight, weight_scale, config)
     if isinstance(config, DequantizeConfig):
         return _dequantized_matmul(x, weight, weight_scale, quantize_x, wide_scales, config.rows)
     if quantize_x:
