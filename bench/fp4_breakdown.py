@@ -9,7 +9,11 @@ bench/fp4_gemm.py times (CUDA graphs, L2 flushed before every call):
 - read: a contiguous read of the same bytes (16 KiB per program), the bandwidth floor;
 - bf16: torch's bf16 GEMM, for the speedup targets.
 
-    PYTHONPATH=. python bench/fp4_breakdown.py [--ms 1,16]
+For M from 128 rows (the block-scaled fp8 path on Hopper) it prints the path against its parts instead: the
+activation quantization, the expansion of the whole weight to e4m3, cuBLAS's block-scaled GEMM alone on both, a
+copy of x, and bf16.
+
+    PYTHONPATH=. python bench/fp4_breakdown.py [--ms 1,16,2048]
 """
 import argparse
 import importlib
@@ -24,6 +28,7 @@ from fp4_gemm import SHAPES, make_weight, quantize_activations, time_ms
 fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
 fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
 lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_lookup")
+blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_blockwise")
 
 
 @triton.jit
@@ -65,9 +70,22 @@ def gemm_alone(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, path, pdl=False)
 
 
+def blockwise_parts(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:
+    """The block-scaled path's weight expansion (all rows at once) and its GEMM alone on operands ready."""
+    n, k_padded = weight.shape[0], weight.shape[1] * 2
+    wq = torch.empty((n, k_padded), dtype=torch.float8_e4m3fn, device="cuda")
+    flat = torch.empty(n * k_padded // blockwise.GROUP, device="cuda")
+    quantized = blockwise.quantize_activations(x, k_padded)
+    _, factors = blockwise.expand_weight(weight, weight_scale, wq, flat)
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device="cuda")
+    return {"expand": lambda: blockwise.expand_weight(weight, weight_scale, wq, flat),
+            "gemm": lambda: blockwise.blockwise_scaled_mm(*quantized, wq, factors, out),
+            "x copy": lambda: x.clone()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ms", default="1,16", help="comma-separated row counts M (up to 64: the small-M paths)")
+    parser.add_argument("--ms", default="1,16", help="comma-separated row counts M")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     print(f"{'N x K':>12} {'M':>3} {'MB':>5} | {'path':>5} {'quant':>6} {'gemm':>6} {'pattern':>8} {'read':>6} "
@@ -82,8 +100,17 @@ def main() -> int:
         for m in map(int, args.ms.split(",")):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             path = fp4.pick_path(m, n, x, True, wide, lookup_ok)
+            if isinstance(path, blockwise.BlockwiseConfig):
+                fns = {"path": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
+                       "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path),
+                       **blockwise_parts(x, weight, weight_scale),
+                       "bf16": lambda: torch.nn.functional.linear(x, w_bf16)}
+                t = {name: ms * 1e3 for name, ms in time_ms(fns).items()}
+                print(f"{n:>5} x {k:<5} {m:>4}: " + " ".join(f"{name} {us:.1f}" for name, us in t.items()) +
+                      f" (us) | {path}", flush=True)
+                continue
             if not isinstance(path, (lookup.LookupConfig, fp8.Fp8Config)):
-                print(f"M={m}: not a small-M path ({type(path).__name__}), skipped")
+                print(f"M={m}: neither a small-M nor the block-scaled path ({type(path).__name__}), skipped")
                 continue
             fns = {"path": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
                    "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path),
