@@ -78,6 +78,8 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (9, 40, 288, Fp8Config(8, 64, 4, 2, split_k=2, period=4)),
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
+    (3, 72, 544, Fp8Config(4, 64, 4, 2, split_k=2, period=8, tma=True)),   # weight tiles by TMA
+    (19, 40, 544, Fp8Config(16, 64, 4, 2, period=2, tma=True)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
     (3, 72, 96, DequantizeConfig(rows=16)),                                      # 5 slabs: both buffers reused
 ])
@@ -96,6 +98,7 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
     (5, 72, 544, LookupConfig(32, 64, 4, 2, split_k=2)),  # 3 K steps in 2 splits, 27 rows past the end
     (19, 40, 288, LookupConfig(16, 64, 4, 2)),            # two row tiles
     (33, 72, 512, LookupConfig(64, 64, 4, 2, split_k=2)),
+    (5, 72, 544, LookupConfig(16, 64, 4, 2, split_k=2, tma=False)),  # weight tiles through pointers
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lookup_path_matches_reference(m, n, k, config, dtype):

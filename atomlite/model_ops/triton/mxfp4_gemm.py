@@ -267,9 +267,10 @@ def dequantize_config(k: int) -> DequantizeConfig:
 
 # At 128 rows the bf16 kernel measured as fast on 21504 x 5376, 2.7x slower on 5376 x 21504, 1.8x on 8192 x 5376.
 BLOCKWISE_MIN_M = 128
-# e4m3 slabs (H100, M = 128 to 2048; bench/fp4_gemm.py --sweep times them): for long K, slabs of about 4096 x 21504 values
-# (84 MiB), whose GEMMs hide the next slab's expansion; for K up to 8192, one slab of up to 256 MiB, since two
-# slabs' GEMMs measured slower than one (21504 x 5376 at M = 2048: 546 us in 4096-row slabs, 519 in one).
+# e4m3 slabs (H100, M = 128 to 2048; bench/fp4_gemm.py --sweep times them): for long K, slabs of about
+# 4096 x 21504 values (84 MiB), whose GEMMs hide the next slab's expansion; for K up to 8192, one slab of up to
+# 256 MiB, since two slabs' GEMMs measured slower than one (21504 x 5376 at M = 2048: 546 us in 4096-row slabs, 519
+# in one).
 LONG_K, LONG_K_SLAB_VALUES, SHORT_K_SLAB_VALUES = 8192, 4096 * 21504, 2 ** 28
 
 

@@ -28,11 +28,14 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.tools.tensor_descriptor import TensorDescriptor
+
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
     gdc_launch_dependents = gdc_wait = None
 
+from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
@@ -50,6 +53,9 @@ class Fp8Config:
     num_stages: int
     split_k: int = 1
     period: int = 1  # P of the module docstring: 1, 2, 4 or 8
+    # Weight tiles by TMA where there is one (weight_loads): for these tiles 1 us slower to 2 us faster than
+    # pointer loads, by shape and rows (H100), so off.
+    tma: bool = False
 
     def __post_init__(self):
         if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
@@ -84,6 +90,34 @@ def supported(x: torch.Tensor) -> bool:
 def _dependent_launch(x: torch.Tensor) -> bool:
     """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
     return gdc_wait is not None and _nvidia_capability(x) >= (9, 0)
+
+
+def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:
+    """The GEMM kernels' weight argument and TMA flag: with tma on Hopper (and in the interpreter), a tensor
+    descriptor whose tiles land swizzled in shared memory; else the tensor, read through pointers."""
+    if tma and (interpreting() or _nvidia_capability(weight) >= (9, 0)):
+        return TensorDescriptor.from_tensor(weight, block), True
+    return weight, False
+
+
+@triton.jit
+def _weight_rows(w, rn, rn_safe, stride_wn, WIDTH: tl.constexpr, TMA: tl.constexpr):
+    """Where a program's weight tiles come from: the first row of its tile (TMA), or its rows' pointers."""
+    if TMA:
+        at = tl.min(rn, axis=0)
+    else:
+        at = w + rn_safe[:, None] * stride_wn + tl.arange(0, WIDTH)[None, :]
+    return at
+
+
+@triton.jit
+def _weight_tile(w, w_at, offset, TMA: tl.constexpr):
+    """The tile at column offset: by TMA from descriptor w at row w_at, or through the pointers w_at."""
+    if TMA:
+        tile = w.load([w_at, offset])
+    else:
+        tile = tl.load(w_at + offset)
+    return tile
 
 
 def _nvidia_capability(x: torch.Tensor) -> tuple[int, int]:
@@ -232,11 +266,11 @@ def _halves(t):
 
 
 @triton.jit
-def _diagonal_dot(acc, w_rows, x_rows, d, w_factor, x_factor, PTX: tl.constexpr, PERIOD: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+def _diagonal_dot(acc, w, w_at, x_rows, d, w_factor, x_factor, PTX: tl.constexpr, PERIOD: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TMA: tl.constexpr):
     """Blocks P d .. P d + P - 1 of every row at once (P = PERIOD): x' row P m + j holds row m's block P d + j, so
     column (m, j) of the MMA is that block's sum. w_factor [BLOCK_N, P] and x_factor [BLOCK_M, P]: their scales."""
-    low, high = _expand_e4m3(tl.load(w_rows + d * 16 * PERIOD), PTX)
+    low, high = _expand_e4m3(_weight_tile(w, w_at, d * 16 * PERIOD, TMA), PTX)
     sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 32 * PERIOD), tl.trans(tl.load(x_rows + d * 32 * PERIOD)))
     factor = tl.reshape(w_factor[:, None, :] * x_factor[None, :, :], (BLOCK_N, PERIOD * BLOCK_M))
     return acc + sums * factor
@@ -246,14 +280,14 @@ def _diagonal_dot(acc, w_rows, x_rows, d, w_factor, x_factor, PTX: tl.constexpr,
 def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_END, stride_xm,
                      stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, TMA: tl.constexpr):
     """8 / PERIOD MMAs per 256-K step, each over PERIOD blocks, into PERIOD * BLOCK_M columns."""
     COLUMNS: tl.constexpr = PERIOD * BLOCK_M
     rm, rn, k_first, k_end = _program_tile(M, N, K_SPLIT, K_END, BLOCK_M, BLOCK_N, GROUP_N)
     rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
     rm_safe = rm % M
     x_row = tl.reshape(PERIOD * rm_safe[:, None] + tl.arange(0, PERIOD)[None, :], (COLUMNS,))
-    w_rows = w + rn_safe[:, None] * stride_wn + tl.arange(0, 16 * PERIOD)[None, :]
+    w_at = _weight_rows(w, rn, rn_safe, stride_wn, 16 * PERIOD, TMA)
     s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
     x_rows = xq + x_row[:, None] * stride_xm + tl.arange(0, 32 * PERIOD)[None, :]
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
@@ -272,33 +306,41 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_EN
         w_factors = _e8m0_to_float(w_bytes.to(tl.int32))
         d = k0 // (32 * PERIOD)
         if PERIOD == 8:
-            acc = _diagonal_dot(acc, w_rows, x_rows, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M)
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M, TMA)
         elif PERIOD == 4:
             w_low, w_high = _halves(w_factors)
             x_low, x_high = _halves(x_factors)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M)
-            acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M)
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M, TMA)
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M, TMA)
         else:
             w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
             x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
             if PERIOD == 2:
-                acc = _diagonal_dot(acc, w_rows, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N,
-                                    BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2,
-                                    BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2,
-                                    BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2,
-                                    BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2,
+                                    BLOCK_N, BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2,
+                                    BLOCK_N, BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2,
+                                    BLOCK_N, BLOCK_M, TMA)
             else:
-                acc = _diagonal_dot(acc, w_rows, x_rows, d, w0[:, None], x0[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 1, w1[:, None], x1[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 2, w2[:, None], x2[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 3, w3[:, None], x3[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 4, w4[:, None], x4[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 5, w5[:, None], x5[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N, BLOCK_M)
-                acc = _diagonal_dot(acc, w_rows, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N, BLOCK_M)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d, w0[:, None], x0[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, w1[:, None], x1[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 2, w2[:, None], x2[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 3, w3[:, None], x3[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 4, w4[:, None], x4[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 5, w5[:, None], x5[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
+                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N,
+                                    BLOCK_M, TMA)
         w_bytes, x_factors = w_bytes_next, x_factors_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2) * 64.0  # the 2^-6 of the weight expansion
     _store(out, partials, rows, rm, rn, M, N, stride_om, SPLIT_K)
@@ -369,10 +411,11 @@ def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weig
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
+    w, tma = weight_loads(weight, config.tma, [config.block_n, 16 * config.period])
     _fp8_gemm_kernel[launch.grid](
-        xq, x_scale, weight, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
+        xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
         k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
         PTX=x.is_cuda, SPLIT_K=launch.split_k, PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        GROUP_N=8, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl else {}))
     return sum_splits(launch, pdl)
