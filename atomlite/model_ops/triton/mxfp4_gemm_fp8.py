@@ -313,34 +313,15 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_EN
             acc = _diagonal_dot(acc, w, w_at, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M, TMA)
             acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M, TMA)
         else:
-            w0, w1, w2, w3, w4, w5, w6, w7 = _columns8(w_factors)
-            x0, x1, x2, x3, x4, x5, x6, x7 = _columns8(x_factors)
+            ws, xs = _columns8(w_factors), _columns8(x_factors)
             if PERIOD == 2:
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d, tl.join(w0, w1), tl.join(x0, x1), PTX, 2, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, tl.join(w2, w3), tl.join(x2, x3), PTX, 2,
-                                    BLOCK_N, BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 2, tl.join(w4, w5), tl.join(x4, x5), PTX, 2,
-                                    BLOCK_N, BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 3, tl.join(w6, w7), tl.join(x6, x7), PTX, 2,
-                                    BLOCK_N, BLOCK_M, TMA)
+                for j in tl.static_range(4):
+                    acc = _diagonal_dot(acc, w, w_at, x_rows, d + j, tl.join(ws[2 * j], ws[2 * j + 1]),
+                                        tl.join(xs[2 * j], xs[2 * j + 1]), PTX, 2, BLOCK_N, BLOCK_M, TMA)
             else:
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d, w0[:, None], x0[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, w1[:, None], x1[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 2, w2[:, None], x2[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 3, w3[:, None], x3[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 4, w4[:, None], x4[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 5, w5[:, None], x5[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 6, w6[:, None], x6[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, x_rows, d + 7, w7[:, None], x7[:, None], PTX, 1, BLOCK_N,
-                                    BLOCK_M, TMA)
+                for j in tl.static_range(8):
+                    acc = _diagonal_dot(acc, w, w_at, x_rows, d + j, ws[j][:, None], xs[j][:, None], PTX, 1,
+                                        BLOCK_N, BLOCK_M, TMA)
         w_bytes, x_factors = w_bytes_next, x_factors_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2) * 64.0  # the 2^-6 of the weight expansion
     _store(out, partials, rows, rm, rn, M, N, stride_om, SPLIT_K)
