@@ -28,12 +28,14 @@ import torch
 import triton
 import triton.language as tl
 
-from triton.tools.tensor_descriptor import TensorDescriptor
-
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
     gdc_launch_dependents = gdc_wait = None
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # a Triton without host tensor descriptors: pointer loads only
+    TensorDescriptor = None
 
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
@@ -95,7 +97,7 @@ def _dependent_launch(x: torch.Tensor) -> bool:
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:
     """The GEMM kernels' weight argument and TMA flag: with tma on Hopper (and in the interpreter), a tensor
     descriptor whose tiles land swizzled in shared memory; else the tensor, read through pointers."""
-    if tma and (interpreting() or _nvidia_capability(weight) >= (9, 0)):
+    if tma and TensorDescriptor is not None and (interpreting() or _nvidia_capability(weight) >= (9, 0)):
         return TensorDescriptor.from_tensor(weight, block), True
     return weight, False
 
