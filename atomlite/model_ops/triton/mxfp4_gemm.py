@@ -257,12 +257,13 @@ DEQUANTIZE_MIN_M = 512
 SLAB_VALUES = 2048 * 21504
 
 
-def _slab_rows(k: int) -> int:
-    return max(256, SLAB_VALUES // k // 256 * 256)
+def _slab_rows(k: int, values: int) -> int:
+    """Weight rows per slab of about `values` values at K = k: a multiple of 256, at least 256."""
+    return max(256, values // k // 256 * 256)
 
 
 def dequantize_config(k: int) -> DequantizeConfig:
-    return DequantizeConfig(rows=_slab_rows(k))
+    return DequantizeConfig(rows=_slab_rows(k, SLAB_VALUES))
 
 
 # At 128 rows the bf16 kernel measured as fast on 21504 x 5376, 2.7x slower on 5376 x 21504, 1.8x on 8192 x 5376.
@@ -275,8 +276,7 @@ LONG_K, LONG_K_SLAB_VALUES, SHORT_K_SLAB_VALUES = 8192, 4096 * 21504, 2 ** 28
 
 
 def blockwise_config(k: int) -> BlockwiseConfig:
-    values = LONG_K_SLAB_VALUES if k > LONG_K else SHORT_K_SLAB_VALUES
-    return BlockwiseConfig(rows=max(256, values // k // 256 * 256))
+    return BlockwiseConfig(rows=_slab_rows(k, LONG_K_SLAB_VALUES if k > LONG_K else SHORT_K_SLAB_VALUES))
 
 
 def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,

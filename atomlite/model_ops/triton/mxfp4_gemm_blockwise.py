@@ -162,18 +162,23 @@ def quantize_activations(x: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, 
     return xq, factors.T
 
 
+def _factor_rows(flat: torch.Tensor, n: int, k_padded: int) -> torch.Tensor:
+    """The first N * K'/128 of a flat fp32 buffer as factors [N, K'/128] with unit stride along N."""
+    return flat[:n * (k_padded // GROUP)].view(k_padded // GROUP, n).T
+
+
 def expand_weight(weight: torch.Tensor, weight_scale: torch.Tensor, wq: torch.Tensor,
                   factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K'/2] -> e4m3 into wq [N, K'] and fp32 factors into the first N * K'/128 of the flat factors;
     returns (wq, factors [N, K'/128] with unit stride along N)."""
     n, k_padded = weight.shape[0], weight.shape[1] * 2
-    factors = factors[:n * (k_padded // GROUP)].view(k_padded // GROUP, n)
+    factors = _factor_rows(factors, n, k_padded)
     ptx = wq.is_cuda and not interpreting()
     _expand_kernel[(k_padded // STEP_K, triton.cdiv(n, EXPAND_ROWS))](
         weight.view(torch.int32) if ptx else weight, weight_scale, wq.view(torch.int32) if ptx else wq, factors, n,
         weight.stride(0) // 4 if ptx else weight.stride(0), weight_scale.stride(0),
         wq.stride(0) // 4 if ptx else wq.stride(0), PTX=ptx, BLOCK_N=EXPAND_ROWS, num_warps=4)
-    return wq[:n], factors.T
+    return wq[:n], factors
 
 
 def blockwise_scaled_mm(xq: torch.Tensor, x_factors: torch.Tensor, wq: torch.Tensor, w_factors: torch.Tensor,
@@ -200,8 +205,7 @@ def mxfp4_gemm_blockwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
 
     def multiply(quantized, slab, count: int, out_view: torch.Tensor) -> None:
         wq, factors = slab
-        flat = factors[:count * (k_padded // GROUP)].view(k_padded // GROUP, count)
-        blockwise_scaled_mm(*quantized, wq[:count], flat.T, out_view)
+        blockwise_scaled_mm(*quantized, wq[:count], _factor_rows(factors, count, k_padded), out_view)
 
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     return matmul_by_slabs(x, n, config.rows, allocate, launch, lambda: quantize_activations(x, k_padded),
