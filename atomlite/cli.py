@@ -22,6 +22,11 @@ ENGINE_OPTIONS = [
     click.option("--kernel-backend", default="auto", type=click.Choice(["auto", "triton", "torch"]),
                  show_default=True, help="Kernel choice: auto = aiter > triton > torch by platform and shape."),
     click.option("--no-prefix-caching", is_flag=True, help="Disable reuse of cached prompt prefixes."),
+    click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
+                 help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
+    click.option("--enforce-eager", is_flag=True, help="Never replay decode steps from CUDA/HIP graphs."),
+    click.option("--max-graph-batch", type=int, default=None,
+                 help="Largest decode batch captured in a graph (default: --max-num-seqs)."),
 ]
 
 
@@ -37,7 +42,7 @@ def model_dir(kw: dict) -> str:
 
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
-            "block_size", "kernel_backend")
+            "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch")
     args = {k: kw[k] for k in keys}
     args["enable_prefix_caching"] = not kw["no_prefix_caching"]
     return args
@@ -86,6 +91,7 @@ def _startup_report(engine) -> list[str]:
     lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
              f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, device {engine.device})"]
     lines += engine.kv_plan.describe()
+    lines.append(engine.graph_note)
     lines.append("kernels:")
     lines += [f"  {line}" for line in dispatch.describe_choices()]
     return lines

@@ -113,6 +113,7 @@ def parse_memory_size(text: str | int | None) -> int | None:
     return int(float(number) * units[unit])
 
 
+LOAD_FORMATS = ("auto", "dummy")  # dummy: seeded random weights in the config's shapes, no safetensors read
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -129,6 +130,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     kernel_backend: str = "auto"
     seed: int = 0
+    load_format: str = "auto"
+    enforce_eager: bool = False
+    max_graph_batch: int | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -152,6 +156,10 @@ class EngineConfig:
             raise ConfigError(f"--device {self.device} is not one of auto, cpu, cuda")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"--block-size {self.block_size} must be a power of two")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"--load-format {self.load_format} is not one of {', '.join(LOAD_FORMATS)}")
+        if self.max_graph_batch is not None and self.max_graph_batch < 1:
+            raise ConfigError(f"--max-graph-batch {self.max_graph_batch} must be at least 1 (or use --enforce-eager)")
 
     @property
     def torch_device(self) -> torch.device:

@@ -1,9 +1,11 @@
 """safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
-one at a time; names the model skips (vision/audio towers, ...) are never read."""
+one at a time; names the model skips (vision/audio towers, ...) are never read. `load_dummy_weights` fills the
+same parameters with seeded random values instead (benchmarks at real shapes from config.json alone)."""
 import json
 from collections import defaultdict
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
@@ -28,11 +30,14 @@ def checkpoint_index(model_dir: Path) -> dict[str, Path]:
     return names
 
 
-def _param_name(model, name: str) -> tuple[str, int | None]:
+def _alias(name: str) -> str:
     for old, new in CHECKPOINT_ALIASES:
         if name.startswith(old):
-            name = new + name[len(old):]
-            break
+            return new + name[len(old):]
+    return name
+
+
+def _param_name(model, name: str) -> tuple[str, int | None]:
     stacked = getattr(model, "stacked_weight", None)
     if stacked is not None and (found := stacked(name)) is not None:
         return found
@@ -54,8 +59,8 @@ def resolve(model, name: str) -> tuple[str, int | None] | None:
     """Checkpoint tensor name -> (parameter name, shard), or None for a tensor the model never reads."""
     if name.startswith(model.skipped_prefixes):
         return None
-    target, shard = _param_name(model, name)
-    return None if model.ignored_weight(target) else (target, shard)
+    name = _alias(name)
+    return None if model.ignored_weight(name) else _param_name(model, name)
 
 
 def load_tensor(params: dict, name: str, target: str, shard: int | None, tensor, where: str) -> None:
@@ -110,3 +115,30 @@ def load_weights(model, model_dir: str | Path) -> None:
                     loaded.add((target, shard))
                     bar.update()
     finish_loading(model, loaded, f"checkpoint {model_dir}")
+
+
+DUMMY_STD = 0.02
+# e8m0 exponents 2^-11 .. 2^-5: with e2m1 values up to 6, weights land around +-0.02 like the float ones
+DUMMY_E8M0_RANGE = (116, 123)
+
+
+def _fill_dummy(name: str, param, generator) -> None:
+    data = param.data
+    if data.dtype == torch.uint8:  # MXFP4: packed e2m1 pairs (every byte is a valid pair) or e8m0 scales
+        low, high = DUMMY_E8M0_RANGE if name.endswith("scale") else (0, 256)
+        data.random_(low, high, generator=generator)
+    elif data.dim() <= 1:  # norm weights, layer scalars, router scales: at 1, so activations keep their size
+        data.fill_(1.0)
+    else:
+        data.normal_(0.0, DUMMY_STD, generator=generator)
+
+
+def load_dummy_weights(model, seed: int = 0) -> None:
+    """Seeded random weights in every parameter's own shape, dtype and device (--load-format dummy)."""
+    generators = {}
+    for name, param in model.named_parameters():
+        device = param.device
+        if device not in generators:
+            generators[device] = torch.Generator(device).manual_seed(seed)
+        _fill_dummy(name, param, generators[device])
+    finish_loading(model, _expected(model), "dummy weights")

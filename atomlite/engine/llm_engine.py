@@ -5,13 +5,14 @@ import logging
 import torch
 
 from atomlite.config import EngineConfig
+from atomlite.engine.decode_graphs import uncapturable_modules
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sampler import sample, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
-from atomlite.loader import load_weights
+from atomlite.loader import load_dummy_weights, load_weights
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.models.registry import model_class
@@ -43,7 +44,10 @@ def construct_model(config: EngineConfig, device: torch.device | str, platform: 
 def build_model(config: EngineConfig):
     device = config.torch_device
     model = construct_model(config, device, detect_platform(device))
-    load_weights(model, config.model_spec.path)
+    if config.load_format == "dummy":
+        load_dummy_weights(model, config.seed)
+    else:
+        load_weights(model, config.model_spec.path)
     return model.eval()
 
 
@@ -74,6 +78,7 @@ class LLMEngine:
         self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
+        self.graph_note = self._set_up_decode_graphs()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.tokenizer = load_tokenizer(config.model_spec.path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids)
@@ -83,6 +88,20 @@ class LLMEngine:
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self._generators: dict[int, torch.Generator] = {}
         self.requests: dict[str, Sequence] = {}
+
+    def _set_up_decode_graphs(self) -> str:
+        """Captures decode graphs where they can run; returns the startup line that says what happened."""
+        config = self.config
+        if self.device.type != "cuda":
+            return "decode graphs: off (no GPU)"
+        if config.enforce_eager:
+            return "decode graphs: off (--enforce-eager)"
+        blockers = uncapturable_modules(self.model)
+        if blockers:
+            return f"decode graphs: off, decode runs eager: {', '.join(blockers)} cannot be captured"
+        max_batch = min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs,
+                        config.max_num_batched_tokens)
+        return self.runner.use_decode_graphs(max_batch, config.max_model_len).report.describe()
 
     # -- requests -------------------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

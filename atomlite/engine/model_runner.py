@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from atomlite.engine.block_pool import NULL_BLOCK
+from atomlite.engine.decode_graphs import DecodeGraphs
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.context import ForwardContext, GroupBatch
@@ -40,6 +41,14 @@ class ModelRunner:
         self.model, self.kv, self.device = model, kv, device
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
+        self.graphs: DecodeGraphs | None = None
+
+    def use_decode_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> DecodeGraphs:
+        """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
+        self.graphs = DecodeGraphs(self.model, self.kv, self.device, max_batch, max_model_len, capture)
+        if capture:
+            self.graphs.capture_all()
+        return self.graphs
 
     def _context(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardContext]:
         ids, positions, starts, seq_lens = [], [], [0], []
@@ -71,8 +80,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
         """-> fp32 logits of the needed rows, and which rows they are."""
-        ids, ctx = self._context(batch)
         rows = _rows(batch)
+        if self.graphs is not None and self.graphs.supports(batch):
+            return self.graphs.run(batch), rows
+        ids, ctx = self._context(batch)
         hidden = self.model(ids, ctx)
         if not rows.indices:
             return torch.empty(0), rows

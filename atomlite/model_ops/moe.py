@@ -7,6 +7,8 @@ from atomlite.model_ops.linear import copy_weight
 
 class Experts(nn.Module):
     """Stacked expert MLPs: gate_up_proj [E, 2I, H] (gate first), down_proj [E, H, I]."""
+    graph_safe = False
+    graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()

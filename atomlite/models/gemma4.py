@@ -43,11 +43,12 @@ class Gemma4Attention(nn.Module):
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
         kv_dim = layer.num_kv_heads * self.head_dim
-        self.q_proj = lin.linear(f"{prefix}.q_proj", hidden, heads * self.head_dim)
+        # One GEMM for q, k and v: k alone on k_eq_v layers (V comes from raw k), q alone on KV-sharing layers.
+        kv_parts = [] if shares_kv else [kv_dim] if layer.k_eq_v else [kv_dim, kv_dim]
+        self.qkv_sizes = [heads * self.head_dim] + kv_parts
+        self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, self.qkv_sizes)
         self.q_norm = RMSNorm(self.head_dim, eps)
         if not shares_kv:
-            self.k_proj = lin.linear(f"{prefix}.k_proj", hidden, kv_dim)
-            self.v_proj = None if layer.k_eq_v else lin.linear(f"{prefix}.v_proj", hidden, kv_dim)
             self.k_norm = RMSNorm(self.head_dim, eps)
             self.v_norm = RMSNorm(self.head_dim, eps, with_weight=False)
         self.shares_kv = shares_kv
@@ -56,11 +57,11 @@ class Gemma4Attention(nn.Module):
 
     def forward(self, x, rope: RotaryEmbedding, cos, sin, ctx: ForwardContext):
         shape = (x.shape[0], -1, self.head_dim)
-        q = rope(self.q_norm(self.q_proj(x).view(shape)), cos, sin)
+        parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        q = rope(self.q_norm(parts[0].view(shape)), cos, sin)
         k = v = None
         if not self.shares_kv:
-            k_raw = self.k_proj(x).view(shape)
-            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(shape)
+            k_raw, v_raw = parts[1].view(shape), parts[-1].view(shape)
             k = rope(self.k_norm(k_raw), cos, sin)
             v = self.v_norm(v_raw)
         return self.o_proj(self.attn(q, k, v, ctx).flatten(1))
@@ -190,7 +191,9 @@ class Gemma4Model(nn.Module):
 
 class Gemma4ForCausalLM(nn.Module):
     # checkpoint name fragment -> (parameter name fragment, shard) for projections stored fused here
-    packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1)}
+    packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
+                      "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+                      "self_attn.v_proj": ("self_attn.qkv_proj", 2)}
     # Quark's MXFP4 export keeps one tensor per expert: experts.E.{gate,up,down}_proj.{weight,weight_scale}
     per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
     checkpoint_prefixes = ("model.language_model.", "model.")

@@ -14,6 +14,8 @@ from atomlite.quant.quark import LinearQuantSpec
 class MXFP4Experts(nn.Module):
     """gate_up_proj [E, 2I, H/2] + gate_up_proj_scale [E, 2I, H/32]; down_proj [E, H, I/2] + down_proj_scale
     [E, H, I/32]. Shard s of gate_up is expert s // 2, gate (even) or up (odd); shard e of down is expert e."""
+    graph_safe = False
+    graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, spec: LinearQuantSpec):
         super().__init__()

@@ -1,0 +1,175 @@
+"""Decode steps replayed from CUDA/HIP graphs.
+
+A decode-only step (every sequence adds one token it will sample from) runs the whole forward, every layer and
+every KV group, from a graph captured once per batch-size bucket. The batch is padded to its bucket: padding rows
+read token 0 at position 0, store no KV (slot -1) and see one key. Every input lives in a static buffer sized for
+the largest bucket and for max_model_len; a step fills pinned host mirrors and copies each buffer once. Without
+capture (CPU, tests) the same buffers feed an eager forward, exactly as a replay reads them.
+"""
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from atomlite.engine.block_pool import NULL_BLOCK
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.sequence import Sequence
+from atomlite.model_ops.context import ForwardContext, GroupBatch
+
+SMALL_BUCKETS = (1, 2, 4, 8)
+BUCKET_STEP = 8
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8, up to and including max_batch."""
+    sizes = [b for b in SMALL_BUCKETS if b < max_batch]
+    sizes += range(SMALL_BUCKETS[-1] + BUCKET_STEP, max_batch, BUCKET_STEP)
+    return sizes + [max_batch]
+
+
+def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
+    return next((b for b in sizes if b >= num_seqs), None)
+
+
+def is_decode_only(batch: list[tuple[Sequence, int]]) -> bool:
+    """Every sequence adds exactly its last token and samples from it."""
+    return all(n == 1 and seq.num_computed_tokens + 1 == len(seq.token_ids) for seq, n in batch)
+
+
+def uncapturable_modules(model) -> list[str]:
+    """Modules that declare graph_safe = False (e.g. a per-expert loop that syncs with the host), with why."""
+    found = {}
+    for module in model.modules():
+        if getattr(module, "graph_safe", True) is False:
+            found[type(module).__name__] = getattr(module, "graph_unsafe_reason", "")
+    return [f"{name} ({why})" if why else name for name, why in found.items()]
+
+
+def _static(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A device buffer and its host mirror (pinned where that makes the copy asynchronous)."""
+    host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+    return torch.zeros(shape, dtype=dtype, device=device), host
+
+
+class StaticDecodeInputs:
+    """Token ids, positions, sequence lengths, and per KV group the slot mapping and block table, for up to
+    max_batch sequences of up to max_model_len tokens."""
+
+    def __init__(self, kv: KVCacheManager, max_batch: int, max_model_len: int, device: torch.device):
+        pin = device.type == "cuda"
+        self.block_size = kv.block_size
+        width = math.ceil(max_model_len / kv.block_size)
+        self.ids = _static(max_batch, torch.int64, device, pin)
+        self.positions = _static(max_batch, torch.int64, device, pin)
+        self.seq_lens = _static(max_batch, torch.int32, device, pin)
+        self.slots = [_static(max_batch, torch.int64, device, pin) for _ in kv.groups]
+        self.tables = [_static((max_batch, width), torch.int32, device, pin) for _ in kv.groups]
+        # one query per sequence, so query starts never change
+        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        self.group_ids = [g.id for g in kv.groups]
+        self._contexts: dict[int, ForwardContext] = {}
+
+    def context(self, bucket: int) -> ForwardContext:
+        """Views of the first `bucket` rows; the same tensors every step, as a graph needs."""
+        if bucket not in self._contexts:
+            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket])
+                      for gid, slots, table in zip(self.group_ids, self.slots, self.tables)}
+            self._contexts[bucket] = ForwardContext(self.positions[0][:bucket], self.query_start_loc[:bucket + 1],
+                                                    self.seq_lens[0][:bucket], groups)
+        return self._contexts[bucket]
+
+    def fill(self, batch: list[tuple[Sequence, int]], bucket: int) -> None:
+        """Rows of the batch, then padding rows up to bucket; one host-to-device copy per buffer."""
+        n = len(batch)
+        ids, positions, seq_lens = (b[1].numpy() for b in (self.ids, self.positions, self.seq_lens))
+        for i, (seq, _) in enumerate(batch):
+            positions[i] = seq.num_computed_tokens
+            ids[i] = seq.token_ids[-1]
+        ids[n:bucket], positions[n:bucket] = 0, 0
+        seq_lens[:bucket] = positions[:bucket] + 1
+        for g, (slots, table) in enumerate(zip(self.slots, self.tables)):
+            self._fill_group(batch, bucket, g, positions, slots[1].numpy(), table[1].numpy())
+        for device, host in (self.ids, self.positions, self.seq_lens, *self.slots):
+            device[:bucket].copy_(host[:bucket], non_blocking=True)
+        for device, host in self.tables:
+            device[:bucket].copy_(host[:bucket], non_blocking=True)
+
+    def _fill_group(self, batch, bucket: int, g: int, positions: np.ndarray, slots: np.ndarray,
+                    table: np.ndarray) -> None:
+        n, bs = len(batch), self.block_size
+        for i, (seq, _) in enumerate(batch):
+            blocks = seq.block_tables[g]
+            table[i, :len(blocks)] = blocks
+            slots[i] = blocks[positions[i] // bs] * bs + positions[i] % bs
+        slots[n:bucket] = -1
+        # Padding rows read key 0 of their row's first block: whatever block id is left there is a valid one.
+        table[n:bucket, 0] = NULL_BLOCK
+
+
+@dataclass
+class CaptureReport:
+    batch_sizes: list[int]
+    seconds: float
+    graph_bytes: int
+
+    def describe(self) -> str:
+        return (f"decode graphs: {len(self.batch_sizes)} batch sizes ({', '.join(map(str, self.batch_sizes))}) "
+                f"captured in {self.seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB of graph memory")
+
+
+class DecodeGraphs:
+    """Runs decode-only steps of up to max_batch sequences from per-bucket graphs (or, with capture=False, eagerly
+    from the same static buffers)."""
+
+    def __init__(self, model, kv: KVCacheManager, device: torch.device, max_batch: int, max_model_len: int,
+                 capture: bool = True):
+        self.model, self.device, self.capture = model, device, capture
+        self.sizes = graph_batch_sizes(max_batch)
+        self.inputs = StaticDecodeInputs(kv, max_batch, max_model_len, device)
+        self.logits: torch.Tensor | None = None  # [max_batch, vocab] fp32, written by every replay
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.report: CaptureReport | None = None
+
+    def supports(self, batch: list[tuple[Sequence, int]]) -> bool:
+        return len(batch) <= self.sizes[-1] and is_decode_only(batch)
+
+    def _forward(self, bucket: int) -> torch.Tensor:
+        ctx = self.inputs.context(bucket)
+        hidden = self.model(self.inputs.ids[0][:bucket], ctx)
+        logits = self.model.compute_logits(hidden).float()
+        if self.logits is None:
+            self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=torch.float32, device=self.device)
+        self.logits[:bucket].copy_(logits)
+        return self.logits[:bucket]
+
+    @torch.inference_mode()
+    def capture_all(self) -> CaptureReport:
+        """One graph per bucket, largest first, all in one memory pool."""
+        torch.cuda.synchronize(self.device)
+        free_before, _ = torch.cuda.mem_get_info(self.device)
+        start, pool = time.perf_counter(), None
+        for bucket in reversed(self.sizes):
+            self.inputs.fill([], bucket)
+            for _ in range(2):  # compiles each kernel variant at this shape outside the capture
+                self._forward(bucket)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward(bucket)
+            pool = graph.pool()
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize(self.device)
+        free_after, _ = torch.cuda.mem_get_info(self.device)
+        self.report = CaptureReport(list(self.sizes), time.perf_counter() - start, free_before - free_after)
+        return self.report
+
+    def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """-> fp32 logits [len(batch), vocab] of a decode-only batch."""
+        bucket = bucket_for(len(batch), self.sizes)
+        self.inputs.fill(batch, bucket)
+        if bucket in self.graphs:
+            self.graphs[bucket].replay()
+            return self.logits[:len(batch)]
+        return self._forward(bucket)[:len(batch)]

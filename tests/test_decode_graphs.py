@@ -1,0 +1,135 @@
+"""Decode steps from static buffers (what a CUDA/HIP graph replays) must give the tokens of the normal path.
+
+On CPU the static buffers feed an eager forward exactly as a replay reads them, so bucketing, padding and buffer
+filling are checked without a GPU; the `gpu` tests capture real graphs and compare with eager decoding.
+"""
+import pytest
+import torch
+
+from atomlite import LLM
+from atomlite.engine.decode_graphs import bucket_for, graph_batch_sizes
+from helpers import greedy, random_prompt
+
+# batch sizes that pad: 3 -> 4, 5 -> 8, 17 -> 24
+BATCH_SIZES = (3, 5, 17)
+
+
+def test_graph_batch_sizes_double_to_eight_then_step_by_eight():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(8) == [1, 2, 4, 8]
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert graph_batch_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    sizes = graph_batch_sizes(64)
+    assert [bucket_for(n, sizes) for n in (1, 3, 5, 9, 17, 64)] == [1, 4, 8, 16, 24, 64]
+    assert bucket_for(65, sizes) is None
+
+
+def _prompts(count: int) -> list[list[int]]:
+    return [random_prompt(3 + (11 * i) % 37, seed=100 + i) for i in range(count)]
+
+
+def _params(count: int):
+    """Different lengths, so sequences finish mid-batch and the batch shrinks through its buckets."""
+    return [greedy(20 + i % 7) for i in range(count)]
+
+
+def _generate(llm: LLM, count: int) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(_prompts(count), _params(count))]
+
+
+def _with_static_decode(llm: LLM, max_batch: int, capture: bool) -> list[int]:
+    """Route decode steps through the static buffers; returns the list that records each such step's size."""
+    engine = llm.engine
+    graphs = engine.runner.use_decode_graphs(max_batch, engine.config.max_model_len, capture=capture)
+    calls, run = [], graphs.run
+    graphs.run = lambda batch: (calls.append(len(batch)), run(batch))[1]
+    return calls
+
+
+ENGINE_SETTINGS = {
+    "batched": dict(),
+    "preemption": dict(kv_cache_memory=2 * 96 * 1024, block_size=4, max_model_len=64),
+    "max_graph_batch_4": dict(),  # batches over 4 fall back to the normal path
+}
+
+
+@pytest.mark.parametrize("setting", ENGINE_SETTINGS)
+@pytest.mark.parametrize("count", BATCH_SIZES)
+def test_static_decode_buffers_give_normal_path_tokens(checkpoints, setting, count):
+    path, _ = checkpoints.get("dense")
+    args = dict(dtype="float32", device="cpu", **ENGINE_SETTINGS[setting])
+    expected = _generate(LLM(str(path), **args), count)
+    llm = LLM(str(path), **args)
+    calls = _with_static_decode(llm, 4 if setting == "max_graph_batch_4" else 24, capture=False)
+    assert _generate(llm, count) == expected
+    assert calls, "no decode step ran from the static buffers"
+    if setting == "max_graph_batch_4":
+        assert max(calls) <= 4
+    if setting == "preemption" and count >= 5:  # three sequences fit without one
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert all(used == 0 for _, used, _ in llm.engine.kv.usage())
+
+
+@pytest.mark.parametrize("variant", ["dense", "ple"])
+def test_static_decode_buffers_after_prefix_hits(checkpoints, variant):
+    """Prefix hits, sliding windows that released blocks, KV-sharing layers: each group's table rows."""
+    path, _ = checkpoints.get(variant)
+    prefix = random_prompt(32, seed=5)
+    prompts = [prefix + random_prompt(3 + i, seed=20 + i) for i in range(5)]
+    args = dict(dtype="float32", device="cpu", block_size=8)
+    expected = LLM(str(path), **args).generate(prompts, greedy(12))
+    llm = LLM(str(path), **args)
+    llm.generate([prefix + [7]], greedy(1))
+    calls = _with_static_decode(llm, 8, capture=False)
+    outs = llm.generate(prompts, greedy(12))
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in expected]
+    assert all(o.num_cached_tokens == 32 for o in outs) and calls
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("setting", ["batched", "preemption"])
+@pytest.mark.parametrize("count", BATCH_SIZES)
+def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
+    path, _ = checkpoints.get("dense")
+    args = dict(dtype="float32", device="cuda", **ENGINE_SETTINGS[setting])
+    expected = _generate(LLM(str(path), enforce_eager=True, **args), count)
+    llm = LLM(str(path), max_graph_batch=24, **args)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.graphs, llm.engine.graph_note
+    replays, run = [], graphs.run
+    graphs.run = lambda batch: (replays.append(len(batch)), run(batch))[1]
+    assert _generate(llm, count) == expected
+    assert replays
+    if setting == "preemption" and count >= 5:
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert all(used == 0 for _, used, _ in llm.engine.kv.usage())
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("variant", ["dense", "ple"])
+def test_graph_replay_after_prefix_hits(checkpoints, variant):
+    path, _ = checkpoints.get(variant)
+    prefix = random_prompt(32, seed=5)
+    prompts = [prefix + random_prompt(3 + i, seed=20 + i) for i in range(5)]
+    args = dict(dtype="float32", device="cuda", block_size=8)
+    expected = LLM(str(path), enforce_eager=True, **args).generate(prompts, greedy(12))
+    llm = LLM(str(path), **args)
+    llm.generate([prefix + [7]], greedy(1))
+    outs = llm.generate(prompts, greedy(12))
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in expected]
+    assert all(o.num_cached_tokens == 32 for o in outs)
+
+
+@pytest.mark.gpu
+@gpu
+def test_moe_model_says_it_decodes_eager(checkpoints):
+    path, _ = checkpoints.get("moe")
+    llm = LLM(str(path), dtype="float32", device="cuda")
+    assert llm.engine.runner.graphs is None
+    assert "cannot be captured" in llm.engine.graph_note
