@@ -1,4 +1,4 @@
-"""The `atomlite` command: generate, plan (serve, bench and eval come with their issues)."""
+"""The `atomlite` command: serve, generate, bench, eval, plan."""
 import logging
 import signal
 import sys
@@ -135,6 +135,81 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         signal.signal(sig, lambda *_: sys.exit(0))
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
     click.echo("server stopped")
+
+
+@main.group()
+def bench():
+    """Benchmarks, each printed beside its roofline (rates probed on this device in the same run)."""
+
+
+def _bench_engine(kw: dict):
+    from atomlite.config import EngineConfig
+    from atomlite.engine.llm_engine import LLMEngine
+    try:
+        return LLMEngine(EngineConfig(model=model_dir(kw), **engine_args(kw)))
+    except (ConfigError, ValueError) as e:
+        fail(str(e))
+
+
+def _bench_report(engine, kind: str, rows: list[dict], probes, settings: dict, json_path) -> None:
+    from atomlite.benchmarks.offline import format_table
+    from atomlite.benchmarks.report import device_name, write_json
+    spec = engine.config.model_spec
+    header = [f"device: {device_name(engine.device)}; model: {spec.path} ({len(spec.layers)} layers, "
+              f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, load format "
+              f"{engine.config.load_format})", engine.graph_note,
+              f"probes: copy {probes.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
+              f"GEMM {probes.gemm_flops_per_s / 1e12:.1f} TFLOP/s"]
+    click.echo("\n".join(header + format_table(rows)))
+    write_json(json_path, {"benchmark": kind, "device": device_name(engine.device), "model": str(spec.path),
+                           "engine": {k: str(v) for k, v in vars(engine.config).items() if k != "model_spec"},
+                           "graphs": engine.graph_note, "probes": probes.as_dict(), "settings": settings,
+                           "results": rows})
+
+
+BENCH_JSON = click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
+                          help="Also write the results to this JSON file.")
+
+
+@bench.command()
+@engine_options
+@click.option("--input-len", type=int, default=512, show_default=True, help="Prompt tokens.")
+@click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per sequence.")
+@click.option("--batch-size", type=int, default=16, show_default=True, help="Batch for the second TPOT row.")
+@click.option("--repeats", type=int, default=5, show_default=True, help="TTFT runs (median).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@BENCH_JSON
+def latency(input_len, output_len, batch_size, repeats, seed, json_path, **kw):
+    """TTFT of one prompt, TPOT at batch 1 and at --batch-size (random token prompts, greedy, no EOS)."""
+    from atomlite.benchmarks.offline import run_latency
+    from atomlite.benchmarks.roofline import probe
+    if min(input_len, output_len, batch_size, repeats) < 1 or output_len < 2:
+        fail("--input-len, --batch-size and --repeats must be at least 1, --output-len at least 2")
+    engine = _bench_engine(kw)
+    probes = probe(engine.device, engine.config.torch_dtype)
+    rows = run_latency(engine, probes, input_len, output_len, batch_size, repeats, seed)
+    settings = dict(input_len=input_len, output_len=output_len, batch_size=batch_size, repeats=repeats)
+    _bench_report(engine, "latency", rows, probes, settings, json_path)
+
+
+@bench.command()
+@engine_options
+@click.option("--num-prompts", type=int, default=64, show_default=True)
+@click.option("--input-len", type=int, default=512, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@BENCH_JSON
+def throughput(num_prompts, input_len, output_len, seed, json_path, **kw):
+    """Offline throughput: all --num-prompts submitted at once, output tokens per second."""
+    from atomlite.benchmarks.offline import run_throughput
+    from atomlite.benchmarks.roofline import probe
+    if min(num_prompts, input_len) < 1 or output_len < 2:
+        fail("--num-prompts and --input-len must be at least 1, --output-len at least 2")
+    engine = _bench_engine(kw)
+    probes = probe(engine.device, engine.config.torch_dtype)
+    rows = run_throughput(engine, probes, num_prompts, input_len, output_len, seed)
+    settings = dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len)
+    _bench_report(engine, "throughput", rows, probes, settings, json_path)
 
 
 def default_model() -> Path:

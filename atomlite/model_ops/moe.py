@@ -9,9 +9,12 @@ class Experts(nn.Module):
     """Stacked expert MLPs: gate_up_proj [E, 2I, H] (gate first), down_proj [E, H, I]."""
     graph_safe = False
     graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
+    routed_experts = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
+        self.num_experts, self.params_per_expert = num_experts, 3 * hidden * intermediate
+        self.top_k: int | None = None  # experts per token, set by the model (roofline accounting)
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
         self.gate_up_proj.weight_loader = copy_weight

@@ -112,6 +112,7 @@ class Gemma4DecoderLayer(nn.Module):
         if self.moe:
             self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
             self.experts = lin.experts(f"{prefix}.experts", cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
+            self.experts.top_k = cfg["top_k_experts"]
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
                 setattr(self, name, RMSNorm(hidden, eps))

@@ -16,9 +16,12 @@ class MXFP4Experts(nn.Module):
     [E, H, I/32]. Shard s of gate_up is expert s // 2, gate (even) or up (odd); shard e of down is expert e."""
     graph_safe = False
     graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
+    routed_experts = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, spec: LinearQuantSpec):
         super().__init__()
+        self.num_experts, self.params_per_expert = num_experts, 3 * hidden * intermediate
+        self.top_k: int | None = None  # experts per token, set by the model (roofline accounting)
         for features in (hidden, intermediate):
             if features % spec.block_size:
                 raise ValueError(f"MXFP4 experts need sizes divisible by {spec.block_size}, got {features}")

@@ -1,0 +1,1 @@
+"""`atomlite bench`: latency, throughput and serving benchmarks, each printed beside its roofline."""

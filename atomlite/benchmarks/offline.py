@@ -1,0 +1,115 @@
+"""`atomlite bench latency` and `atomlite bench throughput`: the engine in this process, random token prompts,
+every result beside its roofline (probed in the same run)."""
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from atomlite.benchmarks.roofline import Probes, decode_step_bytes, prefill_flops
+from atomlite.engine.llm_engine import LLMEngine
+from atomlite.sampling_params import SamplingParams
+
+_request_ids = iter(range(1 << 62))
+
+
+def random_prompts(engine: LLMEngine, count: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, engine.vocab_size, (count, length), generator=g).tolist()
+
+
+def _sync(engine: LLMEngine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def _submit(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [engine.add_request(f"bench-{next(_request_ids)}", p, params) for p in prompts]
+
+
+def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> float:
+    _sync(engine)
+    start = time.perf_counter()
+    _submit(engine, [prompt], 1)
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def decode_step_times(engine: LLMEngine, prompts: list[list[int]], output_len: int, bar: tqdm | None) -> list[float]:
+    """Seconds of each step once every sequence has its first token (so: decode-only steps)."""
+    seqs = _submit(engine, prompts, output_len)
+    times = []
+    while engine.has_unfinished():
+        decoding = all(len(s.output_token_ids) >= 1 for s in seqs)
+        start = time.perf_counter()
+        engine.step()  # ends with the sampled ids copied to the host: the step's GPU work is done
+        if decoding:
+            times.append(time.perf_counter() - start)
+            if bar is not None:
+                bar.update()
+    return times
+
+
+def _row(name: str, seconds: float, roofline: float, what: str) -> dict:
+    return {"metric": name, "ms": seconds * 1e3, "roofline_ms": roofline * 1e3, "ratio": seconds / roofline,
+            "roofline": what}
+
+
+def run_latency(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
+                repeats: int, seed: int) -> list[dict]:
+    model, specs = engine.model, engine.model.kv_specs(engine.config.torch_dtype)
+    warm = random_prompts(engine, batch_size, input_len, seed + 1)
+    decode_step_times(engine, warm, 4, None)  # compiles every kernel variant the timed runs use
+    ttfts = [time_to_first_token(engine, p) for p in tqdm(random_prompts(engine, repeats, input_len, seed + 2),
+                                                           desc="TTFT", leave=False)]
+    flops = prefill_flops(model, input_len)
+    rows = [_row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), flops / probes.gemm_flops_per_s,
+                 f"{flops / 1e12:.2f} TFLOP at the probed GEMM rate")]
+    context = input_len + output_len // 2
+    for batch in sorted({1, batch_size}):
+        with tqdm(total=output_len - 1, desc=f"TPOT batch {batch}", leave=False) as bar:
+            steps = decode_step_times(engine, random_prompts(engine, batch, input_len, seed + 3 + batch),
+                                      output_len, bar)
+        step_bytes = decode_step_bytes(model, specs, batch, context)
+        rows.append(_row(f"TPOT, batch {batch}", statistics.median(steps),
+                         step_bytes["total"] / probes.copy_bytes_per_s,
+                         f"{step_bytes['weights'] / 1e9:.2f} GB weights + {step_bytes['kv'] / 1e9:.3f} GB KV "
+                         f"(context {context}) at the probed copy bandwidth"))
+    return rows
+
+
+def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_len: int, output_len: int,
+                   seed: int) -> list[dict]:
+    model, specs = engine.model, engine.model.kv_specs(engine.config.torch_dtype)
+    decode_step_times(engine, random_prompts(engine, min(num_prompts, 4), input_len, seed + 1), 4, None)
+    prompts = random_prompts(engine, num_prompts, input_len, seed)
+    _sync(engine)
+    start = time.perf_counter()
+    seqs = _submit(engine, prompts, output_len)
+    with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
+        while engine.has_unfinished():
+            bar.update(sum(s.is_finished for s in engine.step()))
+    seconds = time.perf_counter() - start
+    tokens = sum(len(s.output_token_ids) for s in seqs)
+    batch = min(num_prompts, engine.config.max_num_seqs)
+    waves = -(-num_prompts // batch)
+    step_bytes = decode_step_bytes(model, specs, batch, input_len + output_len // 2)["total"]
+    roofline = (num_prompts * prefill_flops(model, input_len) / probes.gemm_flops_per_s
+                + waves * (output_len - 1) * step_bytes / probes.copy_bytes_per_s)
+    row = _row(f"{num_prompts} requests, {input_len} in / {output_len} out", seconds, roofline,
+               f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch {batch}")
+    row["output_tok_per_s"] = tokens / seconds
+    row["roofline_tok_per_s"] = tokens / roofline
+    return [row]
+
+
+def format_table(rows: list[dict]) -> list[str]:
+    lines = [f"{'metric':<40} {'ms':>10} {'roofline ms':>12} {'ratio':>7}  roofline"]
+    for r in rows:
+        lines.append(f"{r['metric']:<40} {r['ms']:10.2f} {r['roofline_ms']:12.2f} {r['ratio']:6.2f}x  {r['roofline']}")
+        if "output_tok_per_s" in r:
+            lines.append(f"{'':<40} output {r['output_tok_per_s']:.1f} tok/s "
+                         f"(roofline {r['roofline_tok_per_s']:.1f} tok/s)")
+    return lines
