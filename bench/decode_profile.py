@@ -1,0 +1,146 @@
+"""Where a decode step's time goes, on a GPU: the step's wall time against one graph replay's GPU time (the rest is
+host work), how busy the GPU is across whole steps in a torch profile, and the kernels that take the time.
+
+    PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16]
+
+Random weights (--load-format dummy), bf16. Also profiles one prefill of --input-len tokens (eager).
+"""
+import argparse
+import re
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from atomlite.config import EngineConfig
+from atomlite.engine.llm_engine import LLMEngine
+from atomlite.sampling_params import SamplingParams
+
+CATEGORIES = [("gemm", r"gemm|gemv|cutlass|sm90_|nvjet|splitK|cublas"), ("attention", r"_attention_kernel"),
+              ("split-KV combine", r"_combine_kernel"), ("norm", r"rms_norm"), ("rope", r"rope"),
+              ("kv write", r"write_kv"), ("gelu", r"gelu"), ("mxfp4", r"mxfp4|lookup|fp8|quant|sum_splits")]
+
+
+def category(name: str) -> str:
+    return next((label for label, pattern in CATEGORIES if re.search(pattern, name, re.I)), "other")
+
+
+def kernel_events(prof):
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time > 0]
+
+
+def busy_fraction(kernels, wall_us: float) -> float:
+    """Union of kernel intervals over the profiled wall time."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, end = 0.0, float("-inf")
+    for s, e in spans:
+        if e > end:
+            busy += e - max(s, end)
+            end = e
+    return busy / wall_us
+
+
+def summarize(kernels, steps: int) -> list[str]:
+    by_cat, by_name, counts = defaultdict(float), defaultdict(float), defaultdict(int)
+    for e in kernels:
+        by_cat[category(e.name)] += e.device_time
+        by_name[e.name[:90]] += e.device_time
+        counts[e.name[:90]] += 1
+    total = sum(by_cat.values())
+    lines = [f"  {len(kernels) / steps:.0f} kernels per step, {total / steps / 1e3:.2f} ms of kernel time per step"]
+    lines += [f"  {c:<18} {t / steps / 1e3:8.3f} ms  {t / total:5.1%}" for c, t in sorted(by_cat.items(),
+                                                                                        key=lambda x: -x[1])]
+    lines.append("  top kernels (ms per step, launches per step):")
+    for name, t in sorted(by_name.items(), key=lambda x: -x[1])[:12]:
+        lines.append(f"    {t / steps / 1e3:7.3f} {counts[name] / steps:6.1f}  {name}")
+    return lines
+
+
+def submit(engine, batch: int, input_len: int, max_tokens: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, engine.vocab_size, (batch, input_len), generator=g).tolist()
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [engine.add_request(f"p{seed}-{i}", p, params) for i, p in enumerate(prompts)]
+
+
+def profile_decode(engine, batch: int, input_len: int, steps: int) -> list[str]:
+    seqs = submit(engine, batch, input_len, steps + 8, seed=1)
+    while not all(s.output_token_ids for s in seqs):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append(time.perf_counter() - t0)
+    lines = [f"decode batch {batch}: step wall median {statistics.median(walls) * 1e3:.2f} ms"]
+    graphs = engine.runner.graphs
+    if graphs is not None and graphs.graphs:
+        from atomlite.engine.decode_graphs import bucket_for
+        bucket = bucket_for(batch, graphs.sizes)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(10):
+            start.record()
+            graphs.graphs[bucket].replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        replay = statistics.median(times)
+        host = statistics.median(walls) * 1e3 - replay
+        lines.append(f"  graph replay alone (GPU): {replay:.2f} ms; the rest of the step (host work): {host:.2f} ms")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kernels = kernel_events(prof)
+    lines.append(f"  profiled {steps} steps: {wall_us / steps / 1e3:.2f} ms per step, GPU busy "
+                 f"{busy_fraction(kernels, wall_us):.1%}")
+    lines += summarize(kernels, steps)
+    while engine.has_unfinished():
+        engine.step()
+    return lines
+
+
+def profile_prefill(engine, input_len: int) -> list[str]:
+    submit(engine, 1, input_len, 1, seed=2)  # warm-up at this length
+    while engine.has_unfinished():
+        engine.step()
+    submit(engine, 1, input_len, 1, seed=3)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kernels = kernel_events(prof)
+    lines = [f"prefill {input_len} tokens: {wall_us / 1e3:.2f} ms (profiled), GPU busy "
+             f"{busy_fraction(kernels, wall_us):.1%}"]
+    return lines + summarize(kernels, 1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--enforce-eager", action="store_true")
+    args = p.parse_args()
+    engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
+                                    max_num_seqs=max(args.batch, 16), max_model_len=2048,
+                                    enforce_eager=args.enforce_eager))
+    print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}")
+    print("\n".join(profile_decode(engine, args.batch, args.input_len, args.steps)), flush=True)
+    print("\n".join(profile_prefill(engine, args.input_len)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
