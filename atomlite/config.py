@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from atomlite.errors import ConfigError
-from atomlite.models.registry import MODELS
+from atomlite.registry import MODELS
 
 MULTIMODAL_MODEL_TYPES = {"gemma4"}
 

@@ -15,7 +15,7 @@ from atomlite.engine.sequence import Sequence, Status
 from atomlite.loader import load_dummy_weights, load_weights
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.platform import Platform, detect_platform
-from atomlite.models.registry import model_class
+from atomlite.registry import model_class
 from atomlite.outputs import CompletionOutput, RequestOutput
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
