@@ -12,7 +12,8 @@ from atomlite.errors import ConfigError
 
 ENGINE_OPTIONS = [
     click.option("--model", "model", default=None, type=click.Path(),
-                 help="Checkpoint folder (config.json + *.safetensors); default: the bundled demo model."),
+                 help="Checkpoint folder (config.json + *.safetensors) or Hugging Face hub repo id (org/name); "
+                      "default: the bundled demo model."),
     click.option("--dtype", default="auto", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                  show_default=True, help="Weights and activations dtype; auto = the checkpoint's."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (ROCm GPUs are cuda in torch)."),
@@ -128,7 +129,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         engine = LLMEngine(EngineConfig(model=model, **engine_args(kw)))
     except (ConfigError, ValueError) as e:
         fail(str(e))
-    name = served_model_name or ("atomlite-demo" if kw["model"] is None else Path(model).name)
+    name = served_model_name or default_served_name(kw["model"], model)
     app = make_app(engine, name, api_key, max_waiting)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout))
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
@@ -156,8 +157,17 @@ def bound_socket(host: str, port: int) -> socket.socket:
         if e.errno == errno.EADDRINUSE:
             raise ConfigError(f"port {port} on {host} is already in use (another server?): stop it or pick "
                               f"another --port") from None
-        raise ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another --host or --port") from None
+        reason = e.strerror or e
+        raise ConfigError(f"cannot listen on {host}:{port} ({reason}): pick another --host or --port") from None
     return sock
+
+
+def default_served_name(model_option: str | None, model: str) -> str:
+    """The demo's name, a hub repo id as given (as vLLM names it), else the checkpoint folder's name."""
+    from atomlite.hub import is_repo_id
+    if model_option is None:
+        return "atomlite-demo"
+    return model if is_repo_id(model) else Path(model).name
 
 
 @main.group()
