@@ -1,6 +1,8 @@
 """The `atomlite` command: serve, generate, bench, eval, plan."""
+import errno
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -10,7 +12,8 @@ from atomlite.errors import ConfigError
 
 ENGINE_OPTIONS = [
     click.option("--model", "model", default=None, type=click.Path(),
-                 help="Checkpoint folder (config.json + *.safetensors); default: the bundled demo model."),
+                 help="Checkpoint folder (config.json + *.safetensors) or Hugging Face hub repo id (org/name); "
+                      "default: the bundled demo model."),
     click.option("--dtype", default="auto", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
                  show_default=True, help="Weights and activations dtype; auto = the checkpoint's."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (ROCm GPUs are cuda in torch)."),
@@ -118,23 +121,53 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig
     from atomlite.engine.llm_engine import LLMEngine
+    if max_waiting < 1:
+        fail("--max-waiting must be at least 1")
     model = model_dir(kw)
     try:
+        sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
         engine = LLMEngine(EngineConfig(model=model, **engine_args(kw)))
     except (ConfigError, ValueError) as e:
         fail(str(e))
-    if max_waiting < 1:
-        fail("--max-waiting must be at least 1")
-    name = served_model_name or ("atomlite-demo" if kw["model"] is None else Path(model).name)
-    click.echo("\n".join(_startup_report(engine)))
-    click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
+    name = served_model_name or default_served_name(kw["model"], model)
     app = make_app(engine, name, api_key, max_waiting)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout))
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
     # make that handler a clean exit, since a drained shutdown is a success.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=shutdown_timeout)
+    click.echo("\n".join(_startup_report(engine)))
+    sock.listen(server.config.backlog)  # connections from here on wait for uvicorn to accept them
+    click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
+    server.run(sockets=[sock])
+    if not server.started:
+        fail("the server failed to start (see the log above)")
     click.echo("server stopped")
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (not listening yet), or a ConfigError saying why it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is already in use (another server?): stop it or pick "
+                              f"another --port") from None
+        reason = e.strerror or e
+        raise ConfigError(f"cannot listen on {host}:{port} ({reason}): pick another --host or --port") from None
+    return sock
+
+
+def default_served_name(model_option: str | None, model: str) -> str:
+    """The demo's name, a hub repo id as given (as vLLM names it), else the checkpoint folder's name."""
+    from atomlite.hub import is_repo_id
+    if model_option is None:
+        return "atomlite-demo"
+    return model if is_repo_id(model) else Path(model).name
 
 
 @main.group()

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 
 from atomlite.errors import ConfigError
-from atomlite.models.registry import MODELS
+from atomlite.hub import config_snapshot, is_repo_id
+from atomlite.registry import MODELS
 
 MULTIMODAL_MODEL_TYPES = {"gemma4"}
 
@@ -21,13 +22,15 @@ class LayerAttention:
 
 @dataclass
 class ModelSpec:
-    """The text model of a checkpoint. `hf` keeps the raw text config for model-specific fields."""
+    """The text model of a checkpoint. `hf` keeps the raw text config for model-specific fields. `path` is the
+    checkpoint folder; for a hub repo id, its snapshot in the Hugging Face cache (weights fetched at load)."""
     path: Path
     architecture: str
     hf: dict
     layers: list[LayerAttention]
     dtype: torch.dtype
     multimodal: bool
+    repo_id: str | None = None
 
     @property
     def max_position_embeddings(self) -> int:
@@ -76,10 +79,13 @@ def _checkpoint_dtype(raw: dict, text: dict) -> torch.dtype:
     return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.bfloat16
 
 
-def load_model_spec(model_dir: str | Path) -> ModelSpec:
-    path = Path(model_dir)
+def load_model_spec(model: str | Path) -> ModelSpec:
+    """The spec of a checkpoint folder, or of a hub repo id (org/name) when no such folder exists."""
+    repo_id = str(model) if is_repo_id(str(model)) else None
+    path = config_snapshot(repo_id) if repo_id else Path(model)
     if not path.is_dir():
-        raise ConfigError(f"model folder {path} does not exist")
+        raise ConfigError(f"model folder {path} does not exist: pass a checkpoint folder or a Hugging Face hub "
+                          f"repo id (org/name)")
     raw = _read_json(path / "config.json")
     architectures = raw.get("architectures") or []
     arch = next((a for a in architectures if a in MODELS), None)
@@ -95,8 +101,7 @@ def load_model_spec(model_dir: str | Path) -> ModelSpec:
         layers = _layer_attention(text)
     except KeyError as e:
         raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
-    return ModelSpec(path, arch, text, layers,
-                     _checkpoint_dtype(raw, text), multimodal)
+    return ModelSpec(path, arch, text, layers, _checkpoint_dtype(raw, text), multimodal, repo_id)
 
 
 def parse_memory_size(text: str | int | None) -> int | None:

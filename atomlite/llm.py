@@ -10,7 +10,7 @@ from atomlite.sampling_params import SamplingParams
 
 
 class LLM:
-    """Load a checkpoint folder and generate from it.
+    """Load a checkpoint folder (or a Hugging Face hub repo id, resolved through the hub cache) and generate from it.
 
     LLM(model=DIR, dtype="auto"|"float32"|"bfloat16"|"float16", device="auto"|"cpu"|"cuda",
         max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),

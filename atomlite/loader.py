@@ -1,12 +1,13 @@
 """safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
 one at a time; names the model skips (vision/audio towers, ...) are never read. `load_dummy_weights` fills the
 same parameters with seeded random values instead (benchmarks at real shapes from config.json alone)."""
+import contextlib
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from atomlite.errors import ConfigError
@@ -14,20 +15,40 @@ from atomlite.errors import ConfigError
 CHECKPOINT_ALIASES = (("model.language_model.", "model."),)
 
 
+@contextlib.contextmanager
+def open_weights(file: Path):
+    """safe_open, with a truncated, damaged or non-safetensors file reported as one line naming it."""
+    try:
+        handle = safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"weight file {file} is not a readable safetensors file ({e}): it is truncated or "
+                          f"damaged; download or copy it again") from None
+    with handle as f:
+        yield f
+
+
 def checkpoint_index(model_dir: Path) -> dict[str, Path]:
     """Tensor name -> the file holding it, for single-file and sharded checkpoints."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: model_dir / file for name, file in weight_map.items()}
+        return {name: model_dir / file for name, file in _weight_map(index).items()}
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no *.safetensors weights in {model_dir}")
     names = {}
     for file in files:
-        with safe_open(file, framework="pt") as f:
+        with open_weights(file) as f:
             names.update({name: file for name in f.keys()})
     return names
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{index} is not a safetensors index with a weight_map ({type(e).__name__}: {e}): "
+                          f"download or copy it again") from None
+    return weight_map
 
 
 def _alias(name: str) -> str:
@@ -109,7 +130,7 @@ def load_weights(model, model_dir: str | Path) -> None:
         for file, entries in by_file.items():
             if not file.exists():
                 raise ConfigError(f"weight file {file} listed in the checkpoint index does not exist")
-            with safe_open(file, framework="pt") as f:
+            with open_weights(file) as f:
                 for name, target, shard in entries:
                     load_tensor(params, name, target, shard, f.get_tensor(name), f" in {file}")
                     loaded.add((target, shard))

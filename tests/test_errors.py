@@ -1,5 +1,7 @@
 """Bad input gets a message that names the problem, never a traceback from deep inside."""
 import json
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +60,50 @@ def test_missing_weight_file_is_named(checkpoints, tmp_path):
     path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
     (path / "model.safetensors").unlink()
     with pytest.raises(ConfigError, match="no \\*.safetensors weights"):
+        LLM(str(path), device="cpu")
+
+
+def _truncate(file):
+    data = file.read_bytes()
+    file.write_bytes(data[:len(data) // 3])
+
+
+def _random_bytes(file):
+    file.write_bytes(random.Random(0).randbytes(file.stat().st_size))
+
+
+def _sharded(path):
+    """The checkpoint split in two shards under an index: a damaged shard is found while loading, not indexing."""
+    tensors = load_file(path / "model.safetensors")
+    (path / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, path / file)
+    weight_map = {n: file for file, part in shards.items() for n in part}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return path / "model-00002-of-00002.safetensors"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _random_bytes])
+@pytest.mark.parametrize("layout", ["single", "sharded"])
+def test_damaged_weight_file_is_one_error_naming_it(checkpoints, tmp_path, damage, layout):
+    path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
+    file = _sharded(path) if layout == "sharded" else path / "model.safetensors"
+    damage(file)
+    with pytest.raises(ConfigError, match=f"weight file {re.escape(str(file))} is not a readable safetensors file"):
+        LLM(str(path), device="cpu")
+    result = subprocess.run([sys.executable, "-m", "atomlite.cli", "generate", "--model", str(path), "hi"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: weight file {file}") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_unreadable_index_is_named(checkpoints, tmp_path):
+    path = _copy(checkpoints.get("dense")[0], tmp_path / "m")
+    _sharded(path)
+    (path / "model.safetensors.index.json").write_text('{"weight_map": ')
+    with pytest.raises(ConfigError, match="model.safetensors.index.json is not a safetensors index"):
         LLM(str(path), device="cpu")
 
 

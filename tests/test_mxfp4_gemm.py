@@ -9,7 +9,7 @@ from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig, scale_bytes_fit
 from atomlite.quant import mxfp4
-from atomlite.quant.mxfp4_linear import MXFP4Linear
+from atomlite.model_ops.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

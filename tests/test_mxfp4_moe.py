@@ -7,7 +7,7 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.platform import detect_platform
 from atomlite.model_ops.torch_ref.moe import moe_experts
 from atomlite.quant import mxfp4
-from atomlite.quant.mxfp4_moe import MXFP4Experts
+from atomlite.model_ops.mxfp4_moe import MXFP4Experts
 from atomlite.quant.quark import LinearQuantSpec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

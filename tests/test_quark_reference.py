@@ -140,7 +140,7 @@ def test_exported_config_gives_each_layer_its_spec(quark_run):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_mxfp4_linear_matches_quark_quantized_module(quark_run, backend):
-    from atomlite.quant.mxfp4_linear import MXFP4Linear
+    from atomlite.model_ops.mxfp4_linear import MXFP4Linear
     from atomlite.quant.quark import QuarkConfig
     config = QuarkConfig.from_hf_config(quark_run["config"])
     tensors = quark_run["tensors"]
@@ -203,7 +203,7 @@ def test_moe_export_stores_each_expert_as_packed_linears(quark_run):
 def test_moe_model_matches_quarks_quantized_model(quark_run, kernel_backend):
     """MXFP4 experts (stacked from Quark's per-expert tensors) score every position like Quark's own model."""
     from atomlite import LLM
-    from atomlite.quant.mxfp4_moe import MXFP4Experts
+    from atomlite.model_ops.mxfp4_moe import MXFP4Experts
     llm = LLM(str(quark_run["moe_dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
     experts = [m for m in llm.engine.model.modules() if isinstance(m, MXFP4Experts)]
     assert len(experts) == 2 and all(m.backend == kernel_backend for m in experts)

@@ -1,5 +1,8 @@
 """Malformed requests get a 4xx in OpenAI's error shape, never a 5xx or a hung connection."""
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -167,6 +170,24 @@ def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_pa
             httpx.get(f"{base}/health")
     finally:
         proc.kill()
+
+
+def _serve_on(port: int, model) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model), "--port", str(port)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_taken_port_is_one_line_before_any_loading(model_dir, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _serve_on(port, model_dir)
+        assert result.returncode == 2 and "serving" not in result.stdout, result.stdout + result.stderr
+        assert result.stderr == f"error: port {port} on 127.0.0.1 is already in use (another server?): stop it or " \
+                                f"pick another --port\n"
+        # A model that cannot load still gets the port's error: the port is checked before anything loads.
+        assert _serve_on(port, tmp_path / "nowhere").stderr == result.stderr
 
 
 def test_stream_whose_client_left_before_the_headers_aborts_its_sequences(model_dir):

@@ -12,10 +12,11 @@ from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sampler import sample, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
-from atomlite.loader import load_dummy_weights, load_weights
+from atomlite.hub import fetch_weights
+from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.platform import Platform, detect_platform
-from atomlite.models.registry import model_class
+from atomlite.registry import model_class
 from atomlite.outputs import CompletionOutput, RequestOutput
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
@@ -47,8 +48,15 @@ def build_model(config: EngineConfig):
     if config.load_format == "dummy":
         load_dummy_weights(model, config.seed)
     else:
-        load_weights(model, config.model_spec.path)
+        load_checkpoint(model, config.model_spec)
     return model.eval()
+
+
+def load_checkpoint(model, spec) -> None:
+    """The checkpoint's weights into model; for a hub repo id, its shards are fetched into the hub cache first."""
+    if spec.repo_id is not None:
+        fetch_weights(spec.repo_id, spec.path, lambda name: resolve(model, name) is not None)
+    load_weights(model, spec.path)
 
 
 def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan, minimum: int) -> int:

@@ -34,14 +34,14 @@ class LinearBuilder:
         spec = self._spec(name)
         if spec is None:
             return Linear(in_features, out_features)
-        from atomlite.quant.mxfp4_linear import MXFP4Linear
+        from atomlite.model_ops.mxfp4_linear import MXFP4Linear
         return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features, spec))
 
     def merged(self, name: str, in_features: int, out_features: list[int]):
         spec = self._spec(name)
         if spec is None:
             return MergedLinear(in_features, out_features)
-        from atomlite.quant.mxfp4_linear import MXFP4MergedLinear
+        from atomlite.model_ops.mxfp4_linear import MXFP4MergedLinear
         return MXFP4MergedLinear(in_features, out_features, spec,
                                  backend=self._fp4_backend(sum(out_features), in_features, spec))
 
@@ -57,7 +57,7 @@ class LinearBuilder:
         spec = specs.pop()
         if spec is None:
             return Experts(num_experts, hidden, intermediate)
-        from atomlite.quant.mxfp4_moe import MXFP4Experts
+        from atomlite.model_ops.mxfp4_moe import MXFP4Experts
         try:
             return MXFP4Experts(num_experts, hidden, intermediate, spec)
         except ValueError as e:

@@ -1,16 +1,17 @@
-"""The OpenAI-compatible HTTP API over the async engine."""
+"""Request handling of the OpenAI-compatible API over the async engine, and the streaming pieces the routes share.
+Nothing here knows the routes: app.py wires both into the FastAPI app."""
 import asyncio
 import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from atomlite.engine.async_engine import AsyncEngine, Delta, EngineStopped, QueueFull
 from atomlite.sampling_params import SamplingParams
-from atomlite.server.errors import APIError, error_body, install_error_handlers
+from atomlite.server.errors import APIError, error_body
 from atomlite.server.formatting import Choice, Formatter
 from atomlite.server.protocol import ChatCompletionRequest, SamplingFields
 
@@ -181,26 +182,3 @@ class EventStream(StreamingResponse):
         finally:
             for gen in self.gens:
                 await gen.aclose()
-
-
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, metrics=None) -> FastAPI:
-    server = Server(engine, model_name, api_key)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if not engine.is_running:
-            engine.start()
-        yield
-        await asyncio.to_thread(engine.shutdown)
-
-    app = FastAPI(title="atomlite", lifespan=lifespan)
-    app.state.server = server
-    install_error_handlers(app)
-
-    async def authorized(request: Request):
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
-
-    from atomlite.server.routes import add_routes
-    add_routes(app, server, Depends(authorized), metrics)
-    return app

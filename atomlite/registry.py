@@ -1,4 +1,5 @@
-"""HF architecture name -> atomlite model class: the one table."""
+"""HF architecture name -> atomlite model class: the one table. Models are named by module path and imported on
+first use, so config and the engine read this table without importing the models package."""
 import importlib
 
 from atomlite.errors import ConfigError

@@ -4,10 +4,10 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.mxfp4_linear import load_exact
 from atomlite.model_ops.torch_ref.moe import route_to_experts
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
-from atomlite.quant.mxfp4_linear import load_exact
 from atomlite.quant.quark import LinearQuantSpec
 
 
