@@ -58,13 +58,15 @@ def _alias(name: str) -> str:
     return name
 
 
-def _param_name(model, name: str) -> tuple[str, int | None]:
+def _param_name(model, name: str, params) -> tuple[str, int | None]:
     stacked = getattr(model, "stacked_weight", None)
     if stacked is not None and (found := stacked(name)) is not None:
         return found
     for fragment, (fused, shard) in getattr(model, "packed_weights", {}).items():
-        if f".{fragment}." in name:
-            return name.replace(f".{fragment}.", f".{fused}."), shard
+        packed = name.replace(f".{fragment}.", f".{fused}.")
+        # a layer whose parts are quantized differently keeps them apart (no fused parameter exists)
+        if f".{fragment}." in name and packed in params:
+            return packed, shard
     return name, None
 
 
@@ -76,12 +78,15 @@ def _expected(model) -> set[tuple[str, int | None]]:
     return expected
 
 
-def resolve(model, name: str) -> tuple[str, int | None] | None:
-    """Checkpoint tensor name -> (parameter name, shard), or None for a tensor the model never reads."""
+def resolve(model, name: str, params: dict | None = None) -> tuple[str, int | None] | None:
+    """Checkpoint tensor name -> (parameter name, shard), or None for a tensor the model never reads.
+    params: the model's named parameters, when the caller has them already."""
     if name.startswith(model.skipped_prefixes):
         return None
     name = _alias(name)
-    return None if model.ignored_weight(name) else _param_name(model, name)
+    if model.ignored_weight(name):
+        return None
+    return _param_name(model, name, params if params is not None else dict(model.named_parameters()))
 
 
 def load_tensor(params: dict, name: str, target: str, shard: int | None, tensor, where: str) -> None:
@@ -113,8 +118,9 @@ def finish_loading(model, loaded: set[tuple[str, int | None]], source: str) -> N
 
 def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str, int | None]]]:
     by_file = defaultdict(list)
+    params = dict(model.named_parameters())
     for name, file in index.items():
-        resolved = resolve(model, name)
+        resolved = resolve(model, name, params)
         if resolved is not None:
             by_file[file].append((name, *resolved))
     return by_file

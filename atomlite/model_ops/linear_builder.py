@@ -30,6 +30,10 @@ class LinearBuilder:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
+    def can_fuse(self, names: list[str]) -> bool:
+        """Whether these projections of one input share a quantization, so one fused GEMM can run them."""
+        return len({self._spec(name) for name in names}) == 1
+
     def linear(self, name: str, in_features: int, out_features: int):
         spec = self._spec(name)
         if spec is None:
@@ -37,8 +41,12 @@ class LinearBuilder:
         from atomlite.model_ops.mxfp4_linear import MXFP4Linear
         return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features, spec))
 
-    def merged(self, name: str, in_features: int, out_features: list[int]):
-        spec = self._spec(name)
+    def merged(self, name: str, in_features: int, out_features: list[int], parts: list[str] | None = None):
+        """parts: the checkpoint projections it fuses, when not all of the fused name's usual ones (a k_eq_v layer
+        has no v_proj); their common quantization is the fused layer's."""
+        spec = self._spec(name) if parts is None else self._spec(parts[0])
+        if parts is not None and not self.can_fuse(parts):
+            raise ConfigError(f"{name} fuses {', '.join(parts)}, which are quantized differently")
         if spec is None:
             return MergedLinear(in_features, out_features)
         from atomlite.model_ops.mxfp4_linear import MXFP4MergedLinear

@@ -43,10 +43,18 @@ class Gemma4Attention(nn.Module):
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
         kv_dim = layer.num_kv_heads * self.head_dim
-        # One GEMM for q, k and v: k alone on k_eq_v layers (V comes from raw k), q alone on KV-sharing layers.
+        # One GEMM for q, k and v (no v on k_eq_v layers: V comes from raw k; q alone on KV-sharing layers), unless
+        # the checkpoint quantizes them differently: then one projection each.
         kv_parts = [] if shares_kv else [kv_dim] if layer.k_eq_v else [kv_dim, kv_dim]
         self.qkv_sizes = [heads * self.head_dim] + kv_parts
-        self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, self.qkv_sizes)
+        self.qkv_names = ["q_proj", "k_proj", "v_proj"][:len(self.qkv_sizes)]
+        parts = [f"{prefix}.{name}" for name in self.qkv_names]
+        self.fused_qkv = lin.can_fuse(parts)
+        if self.fused_qkv:
+            self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, self.qkv_sizes, parts)
+        else:
+            for name, size in zip(self.qkv_names, self.qkv_sizes):
+                setattr(self, name, lin.linear(f"{prefix}.{name}", hidden, size))
         self.q_norm = RMSNorm(self.head_dim, eps)
         if not shares_kv:
             self.k_norm = RMSNorm(self.head_dim, eps)
@@ -57,7 +65,10 @@ class Gemma4Attention(nn.Module):
 
     def forward(self, x, rope: RotaryEmbedding, cos, sin, ctx: ForwardContext):
         shape = (x.shape[0], -1, self.head_dim)
-        parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        if self.fused_qkv:
+            parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        else:
+            parts = [getattr(self, name)(x) for name in self.qkv_names]
         q = rope(self.q_norm(parts[0].view(shape)), cos, sin)
         k = v = None
         if not self.shares_kv:

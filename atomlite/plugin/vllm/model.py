@@ -78,7 +78,7 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
-            resolved = resolve(self, name)
+            resolved = resolve(self, name, params)
             if resolved is not None:
                 load_tensor(params, name, *resolved, tensor, "")
                 loaded.add(resolved)
