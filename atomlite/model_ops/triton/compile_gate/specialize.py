@@ -24,7 +24,7 @@ def gpu_target(platform: Platform) -> GPUTarget:
 @dataclass
 class Specialization:
     kernel: str  # module.function of the @triton.jit kernel
-    constexprs: dict  # name -> value, as the launcher passed them (ints Triton fixed at 1 included)
+    constexprs: dict  # name -> value as the launcher passed them; 'name==': a runtime int Triton fixed at 1
     options: dict  # num_warps, num_stages and the other backend options the launcher set
     workload: str  # the first workload that launched it
     source: ASTSource
@@ -46,8 +46,10 @@ def specialize(workload: str, launch: KernelLaunch, target: GPUTarget) -> tuple[
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, launch.kwargs, bound, specialization, options)
-    names = {path: kernel.arg_names[path[0]] for path in constexprs}
-    readable = {names[path]: getattr(value, "value", value) for path, value in constexprs.items()}
+    declared = {kernel.arg_names[i] for i in kernel.constexprs}
+    readable = {kernel.arg_names[path[0]]: getattr(value, "value", value) for path, value in constexprs.items()}
+    readable = {name: value for name, value in readable.items() if name in declared} | {
+        f"{name}==": value for name, value in readable.items() if name not in declared}  # ints fixed at 1
     set_options = {k: v for k, v in launch.kwargs.items() if k not in kernel.arg_names}
     key = json.dumps([_kernel_name(kernel), signature, sorted(map(str, readable.items())), sorted(map(str, attrs.items())),
                       sorted(map(str, options.__dict__.items()))])
