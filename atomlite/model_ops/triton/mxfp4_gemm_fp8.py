@@ -391,6 +391,7 @@ def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weig
         xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
         k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
         PTX=platform_of(x.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl else {}))
     return sum_splits(launch, pdl)

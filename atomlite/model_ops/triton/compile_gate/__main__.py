@@ -31,7 +31,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="compile_gate")
     parser.add_argument("--platform", required=True)
     parser.add_argument("--model", action="append", default=[])
-    parser.add_argument("--launches", default=None, help="module:function or file.py:function; function(platform) -> [(workload, launch)]")
+    parser.add_argument("--launches", default=None,
+                        help="module:function or file.py:function; function(platform) -> [(workload, launch)]")
     args = parser.parse_args(argv)
     platform = parse_platform(args.platform)
     target = gpu_target(platform)

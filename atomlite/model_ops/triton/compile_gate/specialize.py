@@ -51,8 +51,8 @@ def specialize(workload: str, launch: KernelLaunch, target: GPUTarget) -> tuple[
     readable = {name: value for name, value in readable.items() if name in declared} | {
         f"{name}==": value for name, value in readable.items() if name not in declared}  # ints fixed at 1
     set_options = {k: v for k, v in launch.kwargs.items() if k not in kernel.arg_names}
-    key = json.dumps([_kernel_name(kernel), signature, sorted(map(str, readable.items())), sorted(map(str, attrs.items())),
-                      sorted(map(str, options.__dict__.items()))])
+    key = json.dumps([_kernel_name(kernel), signature, sorted(map(str, readable.items())),
+                      sorted(map(str, attrs.items())), sorted(map(str, options.__dict__.items()))])
     source = ASTSource(kernel, signature, constexprs, attrs)
     return Specialization(_kernel_name(kernel), readable, set_options, workload, source, key), options.__dict__
 
