@@ -294,7 +294,11 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit):
 @click.option("--platform", "platform_text", default=None,
               help="Plan for this platform instead of this machine: cpu, cuda, sm_90, rocm, gfx942, gfx950[+aiter].")
 @click.option("--kernels", is_flag=True, help="List the kernel each op gets (aiter | triton | torch) and why.")
-def plan(seq_len, platform_text, kernels, **kw):
+@click.option("--compile", "compile_kernels", is_flag=True,
+              help="With --platform gfx942|gfx950|sm_XY: compile every Triton kernel specialization launched there "
+                   "for --model (default: the Gemma 4 configs of examples/configs), no GPU needed, and print "
+                   "registers, spills, LDS / shared memory and occupancy.")
+def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     """Print KV groups, bytes per token, weight bytes and how many sequences fit, from config.json alone."""
     import torch
 
@@ -315,9 +319,28 @@ def plan(seq_len, platform_text, kernels, **kw):
         if kernels:
             lines.append(f"kernels of this model on {platform.describe()}:")
             lines += [f"  {line}" for line in dispatch.describe_choices()]
-    except (ConfigError, ValueError) as e:
+        if compile_kernels:
+            lines += _compile_report(platform_text, kw["model"])
+    except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
     click.echo("\n".join(lines))
+
+
+def _compile_report(platform_text: str | None, model: str | None) -> list[str]:
+    from atomlite.model_ops.aiter.plan import parse_platform
+    from atomlite.model_ops.triton.compile_gate import failures, run_gate
+    from atomlite.model_ops.triton.compile_gate.report import LEGEND, format_table
+    from atomlite.model_ops.triton.compile_gate.specialize import gpu_target
+    if not platform_text:
+        raise ValueError("--compile needs --platform gfx942, gfx950 or sm_XY")
+    gpu_target(parse_platform(platform_text))  # a platform without an architecture fails here, in one line
+    results = run_gate([platform_text], [model] if model else [])
+    lines = [f"Triton kernels compiled for {platform_text} ({len(results)} specializations; {LEGEND}):"]
+    lines += format_table(results)
+    broken = failures(results)
+    if broken:
+        lines += [f"{len(broken)} failed to compile:"] + broken
+    return lines
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.common import run_kernel
+
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
@@ -30,6 +32,6 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(2048, triton.next_power_of_2(inner))
     grid = (rows.shape[0], triton.cdiv(inner, block))
-    _gelu_tanh_and_mul_kernel[grid](rows, out, inner, rows.stride(0), inner, BLOCK=block,
+    run_kernel(_gelu_tanh_and_mul_kernel, grid, rows, out, inner, rows.stride(0), inner, BLOCK=block,
                                     num_warps=4 if block <= 1024 else 8)
     return out

@@ -1,8 +1,13 @@
-"""What every kernel launcher needs: interpreter detection and the dtype rules that go with it."""
+"""What every kernel launcher needs: interpreter detection, the dtype rules that go with it, the platform the kernels
+are built for, and the one place where kernels are launched (which the compile gate records instead)."""
+import contextlib
 import functools
+from dataclasses import dataclass, field
 
 import torch
 import triton
+
+from atomlite.model_ops.platform import Platform, detect_platform
 
 
 def interpreting() -> bool:
@@ -19,12 +24,76 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 else None
 
 
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One kernel launch as a launcher makes it: what compile_gate compiles for another target."""
+    kernel: object  # the @triton.jit function
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class _Recording:
+    platform: Platform
+    launches: list[KernelLaunch] = field(default_factory=list)
+
+
+_recording: _Recording | None = None
+
+
+@contextlib.contextmanager
+def recording(platform: Platform):
+    """Launchers called inside this block (on meta tensors) decide as on `platform` and record their launches
+    instead of running them."""
+    global _recording
+    previous, _recording = _recording, _Recording(platform)
+    try:
+        yield _recording.launches
+    finally:
+        _recording = previous
+
+
+def run_kernel(kernel, grid: tuple, *args, **kwargs) -> None:
+    if _recording is not None:
+        _recording.launches.append(KernelLaunch(kernel, tuple(grid), args, kwargs))
+        return
+    kernel[grid](*args, **kwargs)
+
+
+@functools.cache
+def _detected(device: torch.device) -> Platform:
+    return detect_platform(device)
+
+
+def platform_of(device: torch.device) -> Platform:
+    """The platform kernels on `device` are built for (the recorded target inside `recording`)."""
+    if _recording is not None:
+        return _recording.platform
+    return _detected(device)
+
+
+def nvidia_capability(device: torch.device) -> tuple[int, int]:
+    """The NVIDIA compute capability kernels on `device` are built for; (0, 0) off NVIDIA GPUs."""
+    platform = platform_of(device)
+    if platform.kind != "cuda" or not platform.arch:
+        return (0, 0)
+    digits = platform.arch.removeprefix("sm_")
+    return int(digits[:-1]), int(digits[-1])
+
+
 @functools.cache
 def multiprocessor_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# SMs or CUs of the GPUs the compile gate targets: H100/H200, MI300X, MI355X.
+MULTIPROCESSORS = {"sm_90": 132, "gfx942": 304, "gfx950": 256}
+
+
 def num_sms(device: torch.device) -> int:
+    if _recording is not None:
+        return MULTIPROCESSORS.get(_recording.platform.arch, 132)
     if device.type != "cuda":
         return 132
     return multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())

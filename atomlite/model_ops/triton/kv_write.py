@@ -3,6 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.common import run_kernel
+
 
 @triton.jit
 def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim,
@@ -37,7 +39,7 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if v.stride(2) != 1:
         v = v.contiguous()
     block_h, block_d = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
-    _write_kv_kernel[(num_tokens,)](
+    run_kernel(_write_kv_kernel, (num_tokens,),
         k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
-from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_blockwise import BlockwiseConfig
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
@@ -240,7 +240,7 @@ def _expansion_mode(x: torch.Tensor, wide_scales: bool) -> tuple[bool, bool]:
     """(FP32, PTX) for _expand_tile: fp32 values for fp32 inputs and under the interpreter (bf16 arithmetic is
     wrong there); the PTX expansion on NVIDIA when every scale takes the fast path."""
     fp32 = x.dtype == torch.float32 or interpreting()
-    return fp32, not fp32 and not wide_scales and torch.version.cuda is not None and x.is_cuda
+    return fp32, not fp32 and not wide_scales and platform_of(x.device).kind == "cuda"
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +290,7 @@ def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
 
     def launch(slab: torch.Tensor, first: int, count: int) -> None:
         block_n, block_k = 64, K_ALIGN
-        _dequantize_kernel[(triton.cdiv(count, block_n), slab.shape[1] // block_k)](
+        run_kernel(_dequantize_kernel, (triton.cdiv(count, block_n), slab.shape[1] // block_k),
             weight[first:], weight_scale[first:], slab, count, weight.stride(0), weight_scale.stride(0),
             slab.stride(0), FP32=fp32, WIDE_SCALES=wide_scales, PTX=ptx, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=4)
@@ -317,7 +317,7 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bo
         return mxfp4_gemm_fp8.pick_config(m, n)
     if m >= BLOCKWISE_MIN_M and quantize_x and mxfp4_gemm_blockwise.supported(x, n):
         return blockwise_config(x.shape[1])
-    if m >= DEQUANTIZE_MIN_M and x.is_cuda:
+    if m >= DEQUANTIZE_MIN_M and platform_of(x.device).is_gpu:
         return dequantize_config(x.shape[1])
     return pick_config(m, n)
 
@@ -379,11 +379,11 @@ def _bf16_kernel(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     else:
         out = torch.empty((m, out_features), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, config.block_m) * triton.cdiv(out_features, config.block_n), split_k)
-    _mxfp4_gemm_kernel[grid](
+    run_kernel(_mxfp4_gemm_kernel, grid,
         x, weight, weight_scale, out, m, out_features, k, k_split, k_loop * config.block_k,
         x.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0), FP32=fp32,
         EVEN_K=k % config.block_k == 0, WIDE_SCALES=wide_scales, PTX=ptx, SPLIT_K=split_k,
-        PREFETCH=config.prefetch, DOT_PRECISION="ieee" if fp32 else "tf32",
+        PREFETCH=config.prefetch, DOT_PRECISION="ieee" if fp32 else None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_N=config.group_n,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out.to(x.dtype)

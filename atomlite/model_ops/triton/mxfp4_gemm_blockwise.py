@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import _nvidia_capability
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
 from atomlite.model_ops.triton.mxfp4_slabs import matmul_by_slabs
@@ -157,7 +157,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, 
     m, k = x.shape
     xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     factors = torch.empty((k_padded // GROUP, m), dtype=torch.float32, device=x.device)
-    _quantize_kernel[(triton.cdiv(m, QUANTIZE_ROWS), k_padded // STEP_K)](
+    run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), k_padded // STEP_K),
         x, xq, factors, m, k, x.stride(0), xq.stride(0), BLOCK_M=QUANTIZE_ROWS, num_warps=QUANTIZE_WARPS)
     return xq, factors.T
 
@@ -173,8 +173,8 @@ def expand_weight(weight: torch.Tensor, weight_scale: torch.Tensor, wq: torch.Te
     returns (wq, factors [N, K'/128] with unit stride along N)."""
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     factors = _factor_rows(factors, n, k_padded)
-    ptx = wq.is_cuda and not interpreting()
-    _expand_kernel[(k_padded // STEP_K, triton.cdiv(n, EXPAND_ROWS))](
+    ptx = platform_of(wq.device).kind == "cuda" and not interpreting()
+    run_kernel(_expand_kernel, (k_padded // STEP_K, triton.cdiv(n, EXPAND_ROWS)),
         weight.view(torch.int32) if ptx else weight, weight_scale, wq.view(torch.int32) if ptx else wq, factors, n,
         weight.stride(0) // 4 if ptx else weight.stride(0), weight_scale.stride(0),
         wq.stride(0) // 4 if ptx else wq.stride(0), PTX=ptx, BLOCK_N=EXPAND_ROWS, num_warps=4)

@@ -21,7 +21,6 @@ pipeline measured slower. On sm_90 the GEMM is a programmatic dependent launch: 
 quantization kernel finishes, and wait for it (griddepcontrol) before reading x'.
 """
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +36,7 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: pointer loads only
     TensorDescriptor = None
 
-from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.common import interpreting, nvidia_capability, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
@@ -124,14 +123,7 @@ def _weight_tile(w, w_at, offset, TMA: tl.constexpr):
 
 def _nvidia_capability(x: torch.Tensor) -> tuple[int, int]:
     """x's NVIDIA compute capability; (0, 0) off NVIDIA GPUs."""
-    if not x.is_cuda or torch.version.cuda is None:
-        return (0, 0)
-    return _capability(x.device.index if x.device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
+    return nvidia_capability(x.device)
 
 
 # Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
@@ -358,7 +350,7 @@ def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
     measured 0.2-3.3 us faster than the split that arrived last summing the others behind an atomic counter (H100)."""
     if launch.split_k > 1:
         m, n = launch.out.shape
-        _sum_splits_kernel[(triton.cdiv(m * n, SUM_BLOCK),)](
+        run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
             launch.partials, launch.out, m, n, launch.out.stride(0), SPLIT_K=launch.split_k, BLOCK=SUM_BLOCK, PDL=pdl,
             num_warps=4, **({"launch_pdl": True} if pdl else {}))
     return launch.out
@@ -371,7 +363,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, period: int) -> tuple[t
     xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
     block_m = 16 if period == 1 else 1
-    _quantize_kernel[(triton.cdiv(m, block_m), steps)](
+    run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
         x, xq, x_scale, m, k, x.stride(0), xq.stride(0), x_scale.stride(0), PERIOD=period, BLOCK_M=block_m,
         STEP=STEP_K, PDL=_dependent_launch(x), num_warps=4)
     return xq, x_scale
@@ -395,10 +387,11 @@ def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weig
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     w, tma = weight_loads(weight, config.tma, [config.block_n, 16 * config.period])
-    _fp8_gemm_kernel[launch.grid](
+    run_kernel(_fp8_gemm_kernel, launch.grid,
         xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
         k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
-        PTX=x.is_cuda, SPLIT_K=launch.split_k, PERIOD=config.period, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages,
+        PTX=platform_of(x.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl else {}))
     return sum_splits(launch, pdl)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, _weight_rows, _weight_tile,
                                                       gdc_launch_dependents, gdc_wait, split_launch, sum_splits,
@@ -231,7 +231,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool) -> tuple[tor
     steps = k_padded // STEP_K
     xq = torch.empty((m, k_padded), dtype=torch.float8_e5m2 if ptx else torch.float32, device=x.device)
     x_shift = torch.empty((m, steps), dtype=torch.float32, device=x.device)
-    _quantize_kernel[(triton.cdiv(m, QUANTIZE_ROWS), steps)](
+    run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), steps),
         x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=QUANTIZE_ROWS,
         PDL=ptx and _dependent_launch(x), num_warps=4)
     return xq, x_shift
@@ -243,7 +243,7 @@ def mxfp4_gemm_lookup(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align), rows contiguous, and
     scale_bytes_fit(weight, weight_scale)."""
     config = config or pick_config(x.shape[0], weight.shape[0])
-    ptx = x.is_cuda and torch.version.cuda is not None and not interpreting()
+    ptx = platform_of(x.device).kind == "cuda" and not interpreting()
     quantized = quantize_activations(x, weight.shape[1] * 2, ptx)
     return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x))
 
@@ -257,7 +257,7 @@ def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, w
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     w, tma = weight_loads(weight.view(torch.int32), config.tma, [config.block_n, STEP_K // 8])
-    _lookup_gemm_kernel[launch.grid](
+    run_kernel(_lookup_gemm_kernel, launch.grid,
         xq, x_shift, w, weight_scale.view(torch.int32), launch.out, launch.partials, m, n,
         launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
         weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,

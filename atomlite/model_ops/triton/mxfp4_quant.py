@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.common import run_kernel
+
 
 @triton.jit
 def quantize_blocks(x, ROWS: tl.constexpr, COLS: tl.constexpr):
@@ -54,6 +56,6 @@ def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
     block_m, block_k = 16, 256
     grid = (triton.cdiv(x.shape[0], block_m), triton.cdiv(x.shape[1], block_k))
-    _quantize_dequantize_kernel[grid](x, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
+    run_kernel(_quantize_dequantize_kernel, grid, x, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
                                       BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
     return out

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting
+from atomlite.model_ops.triton.common import interpreting, run_kernel
 
 MAX_DIM = 65536
 
@@ -62,7 +62,7 @@ def _launch(x, residual, weight, eps):
     block_rows = max(1, min(16, 2048 // block_d))
     if interpreting():
         block_rows = max(1, min(64, 16384 // block_d))
-    _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
+    run_kernel(_rms_norm_kernel, (triton.cdiv(num_rows, block_rows),),
         xr, rr, weight if weight is not None else xr, out, summed if summed is not None else out,
         num_rows, inner, dim, eps, sxo, sxi, sro, sri,
         HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows,

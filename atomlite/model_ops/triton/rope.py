@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.common import run_kernel
+
 
 @triton.jit
 def _rope_kernel(x, cos, sin, out, num_heads, half,
@@ -38,7 +40,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     block_half = triton.next_power_of_2(half)
     block_h = min(triton.next_power_of_2(num_heads), max(1, 4096 // block_half))
     grid = (num_tokens, triton.cdiv(num_heads, block_h))
-    _rope_kernel[grid](x, cos, sin, out, num_heads, half, x.stride(0), x.stride(1), cos.stride(0),
+    run_kernel(_rope_kernel, grid, x, cos, sin, out, num_heads, half, x.stride(0), x.stride(1), cos.stride(0),
                        sin.stride(0), out.stride(0), out.stride(1), BLOCK_H=block_h, BLOCK_HALF=block_half,
                        num_warps=4)
     return out

@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import num_sms
+from atomlite.model_ops.triton.common import num_sms, run_kernel
 
 MAX_SPLITS = 16
 MIN_TILES_PER_SPLIT = 4
@@ -46,7 +46,7 @@ def _combine_kernel(part_out, part_lse, out, lse, num_splits, num_heads,
 def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
     """part_out [S, T, H, D] fp32 (each split normalised), part_lse [S, T, H] -> out [T, H, D], lse [T, H]."""
     splits, num_tokens, num_heads, head_dim = part_out.shape
-    _combine_kernel[(num_tokens, num_heads)](
+    run_kernel(_combine_kernel, (num_tokens, num_heads),
         part_out, part_lse, out, lse if lse is not None else part_lse, splits, num_heads,
         part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1),
         SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,

@@ -1,0 +1,45 @@
+"""python -m atomlite.model_ops.triton.compile_gate --platform gfx950 [--model DIR ...] [--launches file.py:function]:
+compiles every specialization for the platform and prints the results as JSON (runner.py starts this)."""
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from atomlite.model_ops.aiter.plan import parse_platform
+from atomlite.model_ops.triton.compile_gate.build import compile_one
+from atomlite.model_ops.triton.compile_gate.specialize import gpu_target, unique
+from atomlite.model_ops.triton.compile_gate.workloads import gemma4_launches
+
+
+def _launches(platform, models: list[str], source: str | None):
+    if source is None:
+        return gemma4_launches(platform, models or None)
+    module, _, function = source.rpartition(":")
+    if module.endswith(".py"):  # a file: Triton reads a kernel's source from its file
+        spec = importlib.util.spec_from_file_location(Path(module).stem, module)
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+    else:
+        loaded = importlib.import_module(module)
+    return getattr(loaded, function)(platform)
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="compile_gate")
+    parser.add_argument("--platform", required=True)
+    parser.add_argument("--model", action="append", default=[])
+    parser.add_argument("--launches", default=None,
+                        help="module:function or file.py:function; function(platform) -> [(workload, launch)]")
+    args = parser.parse_args(argv)
+    platform = parse_platform(args.platform)
+    target = gpu_target(platform)
+    specs = unique(_launches(platform, args.model, args.launches), target)
+    results = [compile_one(args.platform, spec, options, target) for spec, options in specs]
+    json.dump([dataclasses.asdict(result) for result in results], sys.stdout, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,139 @@
+"""The kernel launches atomlite makes for a Gemma 4 config on a platform: every op the dispatch table gives to
+Triton is called on meta tensors at the engine's default batch shapes, and the launchers' launches are recorded
+(common.recording), so the gate compiles what the launchers decide, nothing restated here.
+
+Weights are MXFP4 as a Quark W4A4 export of the config would store them (the example configs are bf16; the MXFP4
+launches are what such a checkpoint adds): dynamic activation quantization, scales within the fast expansion's
+range (wide_scales False) and the lookup kernel's (lookup_scales True), as real weights have them.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from atomlite.config import LayerAttention, ModelSpec, load_model_spec
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN
+
+EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
+GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
+BLOCK_SIZE = 16  # the engine's default --block-size
+NUM_BLOCKS = 4096
+
+# The sm_90 block-scaled path multiplies by cuBLAS (torch's scaled_mm), which has no meta kernel: the gate needs
+# only the Triton launches around it, so on meta the GEMM just hands back its output.
+_META_GEMMS = torch.library.Library("aten", "IMPL", "Meta")
+_META_GEMMS.impl("_scaled_mm_v2.out", lambda *args, out, **kwargs: out)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One engine step: num_seqs sequences, each with `new` tokens computed and `context` tokens in its cache."""
+    name: str
+    num_seqs: int
+    new: int
+    context: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_seqs * self.new
+
+
+# A chunked prefill at the default --max-num-batched-tokens 2048, and decode of one sequence (split-KV) and of
+# --max-num-seqs 64 sequences.
+STEPS = (Step("prefill", 4, 512, 2048), Step("decode-1", 1, 1, 8192), Step("decode-64", 64, 1, 4096))
+
+
+def meta(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+@dataclass
+class Recorder:
+    """Calls ops as the model would and keeps each launch with the workload that made it."""
+    platform: Platform
+    model: str
+    step: Step
+    launches: list[tuple[str, KernelLaunch]]
+
+    def call(self, op: str, shape: dict, *args, **kwargs) -> None:
+        choice = dispatch.choose(op, self.platform, **shape)
+        if choice.backend != "triton":
+            return
+        label = f"{self.model} {self.step.name} {op}[{','.join(f'{k}={v}' for k, v in shape.items())}]"
+        with recording(self.platform) as launches:
+            choice.fn(*args, **kwargs)
+        self.launches += [(label, launch) for launch in launches]
+
+
+def _attention_layer(r: Recorder, hf: dict, layer: LayerAttention, window: int | None) -> None:
+    step, heads, dim, kv_heads = r.step, hf["num_attention_heads"], layer.head_dim, layer.num_kv_heads
+    q, k = meta(step.tokens, heads, dim), meta(step.tokens, kv_heads, dim)
+    for x, weighted in ((q, True), (k, True), (k, False)):  # q_norm, k_norm, v_norm
+        r.call("rms_norm", dict(dim=dim), x, meta(dim) if weighted else None, 1e-6)
+    cos = meta(step.tokens, dim)
+    for x in (q, k):
+        r.call("rope", dict(head_dim=dim), x, cos, cos)
+    cache = meta(NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim)
+    r.call("write_kv", dict(head_dim=dim), k, k, cache, cache, meta(step.tokens, dtype=torch.int64))
+    int32 = dict(dtype=torch.int32)
+    table = meta(step.num_seqs, -(-step.context // BLOCK_SIZE), **int32)
+    shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
+    r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
+           meta(step.num_seqs + 1, **int32), 1.0, window)
+
+
+def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int) -> None:
+    k_padded = -(-k // K_ALIGN) * K_ALIGN
+    weight, scale = meta(n, k_padded // 2, dtype=torch.uint8), meta(n, k_padded // 32, dtype=torch.uint8)
+    r.call(op, dict(n=n, k=k, dynamic_input=True), meta(rows, k), weight, scale, True, False, lookup_scales=True)
+
+
+def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int, int]]:
+    """(N, K) of every MXFP4 Linear: q, k, v, o per layer kind, gate_up and down of the dense MLP."""
+    hidden, heads, inner = hf["hidden_size"], hf["num_attention_heads"], hf["intermediate_size"]
+    shapes = {(2 * inner, hidden), (hidden, inner)}
+    for layer in layers:
+        shapes |= {(heads * layer.head_dim, hidden), (layer.num_kv_heads * layer.head_dim, hidden),
+                   (hidden, heads * layer.head_dim)}
+    if hf.get("use_double_wide_mlp"):
+        shapes |= {(4 * inner, hidden), (hidden, 2 * inner)}
+    return shapes
+
+
+def _model_step(r: Recorder, spec: ModelSpec) -> None:
+    hf, tokens = spec.hf, r.step.tokens
+    hidden = hf["hidden_size"]
+    x, weight = meta(tokens, hidden), meta(hidden)
+    r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
+    r.call("rms_norm", dict(dim=hidden), x, None, 1e-6)  # the MoE router's norm
+    r.call("add_rms_norm", dict(dim=hidden), x, x, weight, 1e-6)
+    window = hf.get("sliding_window")
+    for layer in sorted(set(spec.layers), key=lambda layer: (layer.kind, layer.head_dim, layer.num_kv_heads)):
+        _attention_layer(r, hf, layer, window if layer.kind == "sliding" else None)
+    inner = [hf["intermediate_size"]] + ([2 * hf["intermediate_size"]] if hf.get("use_double_wide_mlp") else [])
+    for width in inner:
+        r.call("gelu_tanh_and_mul", dict(dim=width), meta(tokens, 2 * width))
+    ple = hf.get("hidden_size_per_layer_input") or 0
+    if ple:
+        r.call("rms_norm", dict(dim=ple), meta(tokens, len(spec.layers), ple), meta(ple), 1e-6)
+    for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
+        _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
+    if hf.get("enable_moe_block"):
+        expert_inner = hf["moe_intermediate_size"]
+        for n, k in ((2 * expert_inner, hidden), (hidden, expert_inner)):
+            _mxfp4_linear(r, "mxfp4_expert_linear", tokens, n, k)
+
+
+def gemma4_launches(platform: Platform, models: list[Path] | None = None) -> list[tuple[str, KernelLaunch]]:
+    """(workload, launch) for every step of every model (default: the example Gemma 4 configs)."""
+    launches = []
+    for model in models or [EXAMPLE_CONFIGS / name for name in GEMMA4_CONFIGS]:
+        spec = load_model_spec(model)
+        for step in STEPS:
+            recorder = Recorder(platform, Path(model).name, step, [])
+            _model_step(recorder, spec)
+            launches += recorder.launches
+    return launches

@@ -1,0 +1,45 @@
+"""The ROCm compile gate: every Triton kernel specialization atomlite launches for the Gemma 4 configs compiles for
+gfx942 and gfx950 (MI300X, MI355X) on this CPU machine. The gate compiles in child processes: these tests run
+Triton in interpreter mode, which cannot compile."""
+from pathlib import Path
+
+import pytest
+
+from atomlite.model_ops.triton.compile_gate import failures, run_gate
+
+ROCM = ["gfx942", "gfx950"]
+GEMMA4_KERNELS = {
+    "attention._attention_kernel", "split_kv._combine_kernel", "kv_write._write_kv_kernel", "norm._rms_norm_kernel",
+    "rope._rope_kernel", "activation._gelu_tanh_and_mul_kernel", "mxfp4_gemm._mxfp4_gemm_kernel",
+    "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel"}
+
+
+@pytest.fixture(scope="module")
+def rocm_results():
+    return run_gate(ROCM)
+
+
+def test_every_gemma4_specialization_compiles_for_gfx942_and_gfx950(rocm_results):
+    assert not failures(rocm_results), "\n\n".join(failures(rocm_results))
+
+
+def test_gate_compiles_every_kernel_gemma4_launches_on_rocm(rocm_results):
+    for platform in ROCM:
+        assert {r.kernel for r in rocm_results if r.platform == platform} == GEMMA4_KERNELS
+
+
+def test_attention_at_gemma4_shapes_spills_no_vgprs_on_gfx950(rocm_results):
+    attention = [r for r in rocm_results if r.platform == "gfx950" and r.kernel == "attention._attention_kernel"]
+    shapes = {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in attention}
+    assert shapes >= {(512, False, False), (256, True, False), (512, False, True), (256, True, True)}
+    spilled = [f"{r.describe()}: {r.stats}" for r in attention if r.stats["spills"]]
+    assert not spilled, "\n".join(spilled)
+
+
+def test_gate_reports_a_kernel_with_inline_ptx_by_name_on_gfx950():
+    fixture = Path(__file__).with_name("compile_gate_ptx.py")
+    results = run_gate(["gfx950"], launches=f"{fixture}:ptx_launches")
+    assert [r.kernel for r in results] == ["compile_gate_ptx._ptx_kernel"]
+    [message] = failures(results)
+    assert message.startswith("gfx950: compile_gate_ptx._ptx_kernel[BLOCK=64; num_warps=1]")
+    assert "invalid instruction" in message and results[0].stats is None
