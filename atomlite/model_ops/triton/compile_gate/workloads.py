@@ -92,12 +92,15 @@ def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int) -> None:
 
 
 def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int, int]]:
-    """(N, K) of every MXFP4 Linear: q, k, v, o per layer kind, gate_up and down of the dense MLP."""
+    """(N, K) of every MXFP4 Linear: the fused qkv (q and k on k_eq_v layers, q alone on KV-sharing ones) and o
+    per layer kind, gate_up and down of the dense MLP (models/gemma4.py builds them so)."""
     hidden, heads, inner = hf["hidden_size"], hf["num_attention_heads"], hf["intermediate_size"]
     shapes = {(2 * inner, hidden), (hidden, inner)}
     for layer in layers:
-        shapes |= {(heads * layer.head_dim, hidden), (layer.num_kv_heads * layer.head_dim, hidden),
-                   (hidden, heads * layer.head_dim)}
+        q, kv = heads * layer.head_dim, layer.num_kv_heads * layer.head_dim
+        shapes |= {(q + (kv if layer.k_eq_v else 2 * kv), hidden), (hidden, q)}
+        if hf.get("num_kv_shared_layers"):
+            shapes.add((q, hidden))
     if hf.get("use_double_wide_mlp"):
         shapes |= {(4 * inner, hidden), (hidden, 2 * inner)}
     return shapes
