@@ -245,6 +245,68 @@ def throughput(num_prompts, input_len, output_len, seed, json_path, **kw):
     _bench_report(engine, "throughput", rows, probes, settings, json_path)
 
 
+@bench.command(name="serve")
+@click.option("--base-url", default="http://127.0.0.1:8000", show_default=True,
+              help="Server root (atomlite serve or any OpenAI-compatible server).")
+@click.option("--model", "model", default=None, type=click.Path(),
+              help="The served checkpoint's folder (config.json: vocabulary for the random prompts, bytes for the "
+                   "roofline); default: the bundled demo model.")
+@click.option("--served-model-name", default=None, help="Model name to send (default: the server's first model).")
+@click.option("--num-prompts", type=int, default=64, show_default=True)
+@click.option("--input-len", type=int, default=512, show_default=True)
+@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--request-rate", type=float, default=float("inf"), show_default=True,
+              help="Requests per second (Poisson arrivals); inf sends them all at once.")
+@click.option("--max-concurrency", type=int, default=None, help="Most requests in flight at once.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@BENCH_JSON
+def bench_serve(base_url, model, served_model_name, num_prompts, input_len, output_len, request_rate,
+                max_concurrency, seed, json_path):
+    """Stream random token prompts from a running server: TTFT, TPOT, ITL (mean, p50, p90, p99), tok/s."""
+    import httpx
+    from tqdm import tqdm
+
+    from atomlite.benchmarks.report import write_json
+    from atomlite.benchmarks.serving import format_summary, run_serving
+    from atomlite.config import EngineConfig
+    if min(num_prompts, input_len, output_len) < 1 or request_rate <= 0 or (max_concurrency or 1) < 1:
+        fail("--num-prompts, --input-len, --output-len, --max-concurrency and --request-rate must be positive")
+    try:
+        config = EngineConfig(model=model or str(default_model()), load_format="dummy")
+        name = served_model_name or httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=10).json()["data"][0]["id"]
+    except ConfigError as e:
+        fail(str(e))
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        fail(f"no OpenAI-compatible server answered at {base_url}/v1/models ({e}): start one or fix --base-url")
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, config.model_spec.hf["vocab_size"], (num_prompts, input_len), generator=g).tolist()
+    with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
+        summary = run_serving(base_url, name, prompts, output_len, request_rate, max_concurrency, seed, bar.update)
+    concurrency = min(num_prompts, max_concurrency or num_prompts)
+    summary["roofline_tpot_ms"] = _serve_roofline_ms(config, concurrency, input_len + output_len // 2)
+    click.echo("\n".join(format_summary(summary)))
+    click.echo(f"roofline TPOT at concurrency {concurrency}: {summary['roofline_tpot_ms']:.2f} ms (weights + KV "
+               f"per decode step of --model over this machine's probed copy bandwidth); mean TPOT is "
+               f"{summary['mean_tpot_ms'] / summary['roofline_tpot_ms']:.2f}x that")
+    write_json(json_path, {"benchmark": "serve", "base_url": base_url, "model": name,
+                           "settings": dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
+                                            request_rate=request_rate, max_concurrency=max_concurrency),
+                           "results": summary})
+
+
+def _serve_roofline_ms(config, batch: int, context: int) -> float:
+    import torch
+
+    from atomlite.benchmarks.roofline import decode_step_bytes, probe
+    from atomlite.model_ops.platform import Platform
+    from atomlite.plan import meta_model
+    model = meta_model(config, Platform())
+    step = decode_step_bytes(model, model.kv_specs(config.torch_dtype), batch, context)["total"]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return step / probe(device, config.torch_dtype).copy_bytes_per_s * 1e3
+
+
 def default_model() -> Path:
     from atomlite.demo import demo_model_dir
     try:

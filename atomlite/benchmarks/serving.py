@@ -1,0 +1,128 @@
+"""`atomlite bench serve`: random token prompts streamed from a running OpenAI-compatible server (atomlite serve or
+any other), at a request rate and a concurrency cap. Metric names are those of vLLM's `bench serve`."""
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                       output_len: int) -> RequestResult:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = last = time.perf_counter()
+    result = RequestResult(ok=False)
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if result.ttft == 0.0:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                last = now
+    except httpx.HTTPError as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.latency = time.perf_counter() - start
+    result.ok = True
+    return result
+
+
+async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
+               max_concurrency: int | None, seed: int, progress) -> tuple[list[RequestResult], float]:
+    url = base_url.rstrip("/") + "/v1/completions"
+    gate = asyncio.Semaphore(max_concurrency or len(prompts))
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=max_concurrency or len(prompts))
+
+    async def limited(client, prompt):
+        async with gate:
+            result = await _one_request(client, url, model, prompt, output_len)
+            progress()
+            return result
+
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        start = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(limited(client, prompt)))
+            if request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(request_rate))  # Poisson arrivals
+        results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - start
+
+
+def run_serving(base_url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
+                max_concurrency: int | None, seed: int, progress=lambda: None) -> dict:
+    results, duration = asyncio.run(_run(base_url, model, prompts, output_len, request_rate, max_concurrency,
+                                         seed, progress))
+    return summarize(results, duration)
+
+
+def _stats(name: str, values: list[float]) -> dict:
+    ms = [v * 1e3 for v in values] or [0.0]
+    ranked = sorted(ms)
+    out = {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms)}
+    for p in PERCENTILES[1:]:
+        out[f"p{p}_{name}_ms"] = ranked[min(len(ranked) - 1, int(round(p / 100 * (len(ranked) - 1))))]
+    return out
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    done = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in done)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    summary = {"completed": len(done), "failed": len(results) - len(done), "duration_s": duration,
+               "total_output_tokens": tokens, "request_throughput": len(done) / duration,
+               "output_throughput": tokens / duration}
+    summary.update(_stats("ttft", [r.ttft for r in done]))
+    summary.update(_stats("tpot", tpots))
+    summary.update(_stats("itl", [x for r in done for x in r.itls]))
+    summary.update(_stats("e2el", [r.latency for r in done]))
+    errors = sorted({r.error for r in results if not r.ok})
+    if errors:
+        summary["errors"] = errors[:5]
+    return summary
+
+
+def format_summary(s: dict) -> list[str]:
+    lines = [f"{'Successful requests:':<40}{s['completed']:>12}", f"{'Failed requests:':<40}{s['failed']:>12}",
+             f"{'Benchmark duration (s):':<40}{s['duration_s']:>12.2f}",
+             f"{'Total generated tokens:':<40}{s['total_output_tokens']:>12}",
+             f"{'Request throughput (req/s):':<40}{s['request_throughput']:>12.2f}",
+             f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>12.2f}"]
+    for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        lines.append(f"---{title}---")
+        lines.append(f"{'Mean ' + name.upper() + ' (ms):':<40}{s[f'mean_{name}_ms']:>12.2f}")
+        lines.append(f"{'Median ' + name.upper() + ' (ms):':<40}{s[f'median_{name}_ms']:>12.2f}")
+        for p in PERCENTILES[1:]:
+            lines.append(f"{f'P{p} ' + name.upper() + ' (ms):':<40}{s[f'p{p}_{name}_ms']:>12.2f}")
+    return lines + [f"error: {e}" for e in s.get("errors", [])]

@@ -1,0 +1,123 @@
+"""`--load-format dummy` and `atomlite bench`: random weights from config.json alone, each benchmark's table and JSON,
+and the roofline arithmetic they print beside their results."""
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from atomlite import LLM
+from atomlite.benchmarks.roofline import kv_bytes_read, weight_bytes_read
+from atomlite.cli import main
+from atomlite.config import EngineConfig
+from atomlite.model_ops.platform import Platform
+from atomlite.plan import meta_model
+from helpers import greedy, random_prompt
+from server_utils import running
+from test_quark_config import quark_config
+
+EXAMPLES = "examples/configs"
+
+
+@pytest.fixture(scope="module")
+def config_only(checkpoints, tmp_path_factory):
+    """The tiny dense model's folder with config.json and nothing else."""
+    path, _ = checkpoints.get("dense")
+    out = tmp_path_factory.mktemp("config-only")
+    shutil.copy(path / "config.json", out / "config.json")
+    return out
+
+
+def test_dummy_weights_run_from_config_alone(config_only):
+    llm = LLM(str(config_only), load_format="dummy", dtype="float32", device="cpu")
+    params = dict(llm.engine.model.named_parameters())
+    assert torch.all(params["model.layers.0.input_layernorm.weight"] == 1)
+    assert params["model.layers.0.mlp.down_proj.weight"].std().item() == pytest.approx(0.02, rel=0.1)
+    again = LLM(str(config_only), load_format="dummy", dtype="float32", device="cpu")
+    prompt = random_prompt(9, seed=1)
+    tokens = llm.generate([prompt], greedy(6))[0].outputs[0].token_ids
+    assert len(tokens) == 6 and tokens == again.generate([prompt], greedy(6))[0].outputs[0].token_ids  # seeded
+
+
+def test_dummy_mxfp4_weights_have_real_shapes_and_finite_outputs(config_only, tmp_path):
+    raw = json.loads((config_only / "config.json").read_text())
+    raw["quantization_config"] = quark_config()["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    llm = LLM(str(tmp_path), load_format="dummy", dtype="float32", device="cpu")
+    proj = llm.engine.model.model.layers[0].mlp.down_proj
+    assert proj.weight.dtype == torch.uint8 and proj.weight.shape == (64, 48)
+    scales = proj.weight_scale.flatten()
+    assert 116 <= scales.min().item() and scales.max().item() < 123  # e8m0 in range, never the NaN code 255
+    hidden = llm.engine.model.model.layers[0].mlp(torch.randn(3, 64))
+    assert torch.isfinite(hidden).all()
+    assert len(llm.generate([random_prompt(5, seed=2)], greedy(3))[0].outputs[0].token_ids) == 3
+
+
+def test_bench_latency_prints_its_table_and_writes_json(config_only, tmp_path):
+    out = tmp_path / "latency.json"
+    result = CliRunner().invoke(main, ["bench", "latency", "--model", str(config_only), "--load-format", "dummy",
+                                       "--device", "cpu", "--input-len", "16", "--output-len", "4",
+                                       "--batch-size", "3", "--repeats", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "TTFT, 16-token prompt" in result.output and "TPOT, batch 3" in result.output
+    report = json.loads(out.read_text())
+    assert [r["metric"] for r in report["results"]] == ["TTFT, 16-token prompt", "TPOT, batch 1", "TPOT, batch 3"]
+    for row in report["results"]:
+        assert row["ms"] > 0 and row["roofline_ms"] > 0
+        assert row["ratio"] == pytest.approx(row["ms"] / row["roofline_ms"])
+
+
+def test_bench_throughput_counts_every_output_token(config_only, tmp_path):
+    out = tmp_path / "throughput.json"
+    result = CliRunner().invoke(main, ["bench", "throughput", "--model", str(config_only), "--load-format",
+                                       "dummy", "--device", "cpu", "--num-prompts", "5", "--input-len", "8",
+                                       "--output-len", "3", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    row = json.loads(out.read_text())["results"][0]
+    assert row["output_tok_per_s"] == pytest.approx(15 / (row["ms"] / 1e3))
+
+
+def test_bench_serve_streams_every_request_from_a_running_server(random_model_dir, tmp_path):
+    from atomlite.server.app import make_app
+    engine = LLM(str(random_model_dir), dtype="float32", device="cpu").engine
+    out = tmp_path / "serve.json"
+    with running(make_app(engine, "tiny")) as base:
+        result = CliRunner().invoke(main, ["bench", "serve", "--base-url", base, "--model", str(random_model_dir),
+                                           "--num-prompts", "6", "--input-len", "8", "--output-len", "5",
+                                           "--max-concurrency", "3", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())["results"]
+    assert summary["completed"] == 6 and summary["failed"] == 0
+    assert summary["total_output_tokens"] == 30
+    assert 0 < summary["median_ttft_ms"] <= summary["p99_ttft_ms"]
+    assert "Output token throughput (tok/s):" in result.output
+
+
+def test_bench_serve_without_a_server_is_one_line(tmp_path):
+    result = CliRunner().invoke(main, ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
+    assert result.exit_code == 2 and "no OpenAI-compatible server answered" in result.output
+
+
+def test_decode_roofline_bytes_of_31b():
+    """Weights once per step plus the tied lm_head; KV of sliding layers clamps at the window (1024)."""
+    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it", dtype="bfloat16")
+    model = meta_model(config, Platform())
+    specs = model.kv_specs(torch.bfloat16)
+    per_token = 50 * 2 * 16 * 256 * 2 + 10 * 2 * 4 * 512 * 2  # sliding + global layers, K and V, bf16
+    assert kv_bytes_read(specs, 2, 512) == 2 * 512 * per_token
+    sliding_at_window = 50 * 2 * 16 * 256 * 2 * 1024 + 10 * 2 * 4 * 512 * 2 * 4096
+    assert kv_bytes_read(specs, 1, 4096) == sliding_at_window
+    non_embedding = sum(p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n)
+    assert weight_bytes_read(model, 1) == non_embedding
+
+
+def test_moe_roofline_reads_only_the_routed_experts():
+    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-26B-A4B-it", dtype="bfloat16")
+    model = meta_model(config, Platform())
+    experts = sum(p.numel() * 2 for n, p in model.named_parameters() if ".experts." in n)
+    dense = weight_bytes_read(model, 10**6)  # every expert touched
+    assert dense - weight_bytes_read(model, 1) == pytest.approx(experts * (1 - 8 / 128))
+    assert math.isclose(weight_bytes_read(model, 10**6), sum(
+        p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n), rel_tol=1e-9)
