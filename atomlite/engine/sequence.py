@@ -25,7 +25,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
-    block_hashes: list[int] = field(default_factory=list)  # of full, computed blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     finish_reason: str | None = None
