@@ -1,11 +1,12 @@
 """Prefix-cache keys: collision-resistant, chained, and never trusted alone (a hit must match the block's tokens
-and parent)."""
+and parent); sliding-window release touches each block once."""
 import pytest
 import torch
 
 from atomlite import LLM
 from atomlite.engine.kv_cache import KVCacheManager, sha256_block_key
 from atomlite.engine.kv_spec import KVSpec
+from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import SamplingParams
 from helpers import greedy, random_prompt
 
@@ -79,3 +80,22 @@ def test_block_key_covers_parent_tokens_and_kv_dtype():
 def kv_manager(dtype=torch.float32, window=8, num_blocks=64, **kwargs) -> KVCacheManager:
     specs = [KVSpec("sliding", 1, 4, dtype, window=window), KVSpec("full", 1, 4, dtype)]
     return KVCacheManager(specs, [num_blocks, num_blocks], block_size=4, device=torch.device("cpu"), **kwargs)
+
+
+def test_sliding_release_frees_each_block_once_and_counts_stay_exact():
+    kv = kv_manager(window=8)
+    sliding, full = kv.groups
+    seq = Sequence(list(range(3, 13)), SamplingParams(max_tokens=100))
+    for num_new in [10] + [1] * 40:
+        assert kv.allocate(seq, num_new)
+        seq.num_computed_tokens += num_new
+        kv.release_out_of_window(seq)
+        seq.token_ids.append(7)
+        held = len(seq.block_tables[sliding.id]) - sliding.first_needed_block(seq.num_computed_tokens, 4)
+        assert sliding.pool.num_used == held <= 8 // 4 + 1
+        assert full.pool.num_used == len(seq.block_tables[full.id])
+        assert min(sliding.pool.refs) == 0 and max(sliding.pool.refs) == 1
+    assert seq.released_until[sliding.id] == sliding.first_needed_block(seq.num_computed_tokens, 4) > 0
+    kv.free(seq)
+    seq.reset_for_recompute()
+    assert seq.released_until == [] and sliding.pool.num_used == full.pool.num_used == 0

@@ -117,19 +117,22 @@ class KVCacheManager:
         for group, table in zip(self.groups, seq.block_tables):
             for block in reversed(table):
                 group.pool.release(block)
-        seq.block_tables = []
+        seq.block_tables, seq.released_until = [], []
 
     def release_out_of_window(self, seq: Sequence) -> None:
-        """Drop sliding-group blocks no future query of seq can see."""
+        """Drop sliding-group blocks no future query of seq can see; looks only at blocks not yet released."""
         for group, table in zip(self.groups, seq.block_tables):
-            for i in range(group.first_needed_block(seq.num_computed_tokens, self.block_size)):
-                if table[i] != NULL_BLOCK:
-                    group.pool.release(table[i])
-                    table[i] = NULL_BLOCK
+            start = seq.released_until[group.id]
+            end = group.first_needed_block(seq.num_computed_tokens, self.block_size)
+            for i in range(start, end):
+                group.pool.release(table[i])
+                table[i] = NULL_BLOCK
+            seq.released_until[group.id] = max(start, end)
 
     def _ensure_tables(self, seq: Sequence) -> None:
         if not seq.block_tables:
             seq.block_tables = [[] for _ in self.groups]
+            seq.released_until = [0] * len(self.groups)
 
     # -- prefix caching -----------------------------------------------------------------------------------
     def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:

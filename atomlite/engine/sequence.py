@@ -26,6 +26,7 @@ class Sequence:
     num_cached_tokens: int = 0
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
     block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
+    released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     finish_reason: str | None = None
@@ -53,5 +54,5 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         self.num_computed_tokens = self.num_cached_tokens = 0
-        self.block_tables, self.block_hashes = [], []
+        self.block_tables, self.block_hashes, self.released_until = [], [], []
         self.status = Status.WAITING
