@@ -108,3 +108,20 @@ def test_tokenizer_without_fast_backend_uses_its_own_decode():
     ids = tokenizer.tokenizer.encode("Hello, world")
     detok = IncrementalDetokenizer(tokenizer)
     assert "".join(detok.add([t]) for t in ids) == detok.finish() == "Hello, world"
+
+
+def test_stop_strings_spanning_steps_cut_where_the_whole_text_first_holds_one(random_model_dir):
+    """Each stop string here spans several tokens (one character each): the engine searches only the new text and
+    a tail, and must still cut where a search over the whole text would."""
+    from atomlite import LLM, SamplingParams
+    llm = LLM(str(random_model_dir), dtype="float32", device="cpu")
+    params = dict(temperature=0, max_tokens=60, ignore_eos=True)
+    free = llm.generate("Once", SamplingParams(**params))[0].outputs[0].text
+    rng = random.Random(2)
+    stop_lists = [[free[i:i + rng.randrange(2, 5)] for i in rng.sample(range(10, len(free) - 5), 2)]
+                  for _ in range(4)]
+    outs = llm.generate(["Once"] * len(stop_lists), [SamplingParams(**params, stop=s) for s in stop_lists])
+    for stops, out in zip(stop_lists, outs):
+        cut = min(free.find(s) for s in stops)
+        assert out.outputs[0].finish_reason == "stop"
+        assert out.outputs[0].text == free[:cut], stops

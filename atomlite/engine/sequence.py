@@ -1,6 +1,7 @@
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from atomlite.sampling_params import SamplingParams
 
@@ -32,6 +33,7 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     stop_text_len: int | None = None
+    detokenizer: Any = None  # an IncrementalDetokenizer of the output tokens (the engine gives each one)
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
@@ -43,6 +45,18 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def output_token_ids_from(self, start: int) -> list[int]:
+        """Output tokens start.. on, without copying the ones before (per-step work must not grow with length)."""
+        return self.token_ids[self.num_prompt_tokens + start:]
+
+    def detokenize(self) -> str:
+        """Feed the detokenizer the output tokens it has not seen; returns the text they completed."""
+        return self.detokenizer.add(self.output_token_ids_from(self.detokenizer.num_tokens))
 
     @property
     def num_uncomputed(self) -> int:
