@@ -214,24 +214,27 @@ class AsyncEngine:
             self._deliver(seq.request_id, delta)
 
     def _delta(self, seq: Sequence, stream: _Stream) -> Delta:
-        output = seq.output_token_ids
-        new_tokens = output[stream.sent_tokens:]
+        new_tokens = seq.output_token_ids_from(stream.sent_tokens)
         logprobs = seq.logprobs[stream.sent_tokens:] if seq.params.logprobs is not None else []
         first = stream.sent_tokens == 0
-        stream.sent_tokens = len(output)
-        if seq.is_finished:
-            text = seq.text
-            safe = len(text)
-        else:
-            text = self.engine.decode(output)
-            safe = len(text.rstrip("\ufffd"))  # an unfinished multi-byte character
-            if seq.params.stop:
-                safe = min(safe, len(text) - max(map(len, seq.params.stop)) + 1)
+        stream.sent_tokens += len(new_tokens)
+        text, safe = self._text_so_far(seq)
         new_text = text[stream.sent_text:max(safe, stream.sent_text)]
         stream.sent_text = max(safe, stream.sent_text)
         return Delta(new_tokens, new_text, logprobs, seq.is_finished, seq.finish_reason,
                      seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
                      seq.num_prompt_tokens)
+
+    @staticmethod
+    def _text_so_far(seq: Sequence) -> tuple[str, int]:
+        """seq's text, and how much of it may be sent: while it runs, a stop string may still complete in the
+        tail (the engine would then cut it), so that tail waits."""
+        if seq.is_finished:
+            return seq.text, len(seq.text)
+        seq.detokenize()
+        text = seq.detokenizer.text
+        held = max(map(len, seq.params.stop)) - 1 if seq.params.stop else 0
+        return text, len(text) - held
 
     def _observe_latency(self, stream: _Stream, now: float, num_tokens: int, delta: Delta) -> None:
         if not self.metrics:

@@ -3,8 +3,15 @@
 Layers with equal KVSpecs form a group; each group has its own block pool, its own cache tensors (one K and one V
 per owning layer, [num_blocks, block_size, kv_heads, head_dim]) and its own block table per sequence. Sliding
 groups release blocks that fell out of the window; shared layers own nothing and read their target's cache.
+
+Prefix caching keys each full block by SHA-256 over its parent block's key and its token ids, so a key names the
+whole prefix up to that block. A hit is also checked against the block's own tokens and parent key as stored in
+the pool, so that a weaker block_key (tests swap in a colliding one) can cost cache hits but never correctness.
 """
+import hashlib
 import math
+from array import array
+from collections.abc import Sequence as TokenIds
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +19,20 @@ import torch
 from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
 from atomlite.engine.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
+
+
+def sha256_block_key(parent_key: bytes, token_ids: TokenIds[int]) -> bytes:
+    """The key of a block holding token_ids after the prefix named by parent_key: ~100 ns per token."""
+    return hashlib.sha256(parent_key + array("q", token_ids).tobytes()).digest()
+
+
+def root_key(specs: list[KVSpec], cache_salt: str) -> bytes:
+    """The parent key of a sequence's first block. It covers whatever changes a block's KV besides the tokens
+    (each layer's KV dtype, plus cache_salt) so that no key can ever match a block written another way. A fixed
+    root is safe: finding two prefixes with one key means a SHA-256 collision whatever the root, and a random one
+    would only make keys differ between runs of the same model."""
+    kinds = ",".join(f"{s.kind}:{s.dtype}" for s in specs)
+    return hashlib.sha256(f"atomlite prefix cache v1|{kinds}|{cache_salt}".encode()).digest()
 
 
 @dataclass
@@ -48,11 +69,13 @@ def group_specs(specs: list[KVSpec]) -> tuple[list[tuple[KVSpec, list[int]]], di
 
 class KVCacheManager:
     def __init__(self, specs: list[KVSpec], num_blocks: list[int], block_size: int, device: torch.device,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, cache_salt: str = ""):
         grouped, self.layer_group = group_specs(specs)
         self.specs = specs
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.block_key = sha256_block_key
+        self.root_key = root_key(specs, cache_salt)
         self.groups = [KVGroup(i, spec, layers, BlockPool(n))
                        for i, ((spec, layers), n) in enumerate(zip(grouped, num_blocks))]
         self.caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -94,61 +117,77 @@ class KVCacheManager:
         for group, table in zip(self.groups, seq.block_tables):
             for block in reversed(table):
                 group.pool.release(block)
-        seq.block_tables = []
+        seq.block_tables, seq.released_until = [], []
 
     def release_out_of_window(self, seq: Sequence) -> None:
-        """Drop sliding-group blocks no future query of seq can see."""
+        """Drop sliding-group blocks no future query of seq can see; looks only at blocks not yet released."""
         for group, table in zip(self.groups, seq.block_tables):
-            for i in range(group.first_needed_block(seq.num_computed_tokens, self.block_size)):
-                if table[i] != NULL_BLOCK:
-                    group.pool.release(table[i])
-                    table[i] = NULL_BLOCK
+            start = seq.released_until[group.id]
+            end = group.first_needed_block(seq.num_computed_tokens, self.block_size)
+            for i in range(start, end):
+                group.pool.release(table[i])
+                table[i] = NULL_BLOCK
+            seq.released_until[group.id] = max(start, end)
 
     def _ensure_tables(self, seq: Sequence) -> None:
         if not seq.block_tables:
             seq.block_tables = [[] for _ in self.groups]
+            seq.released_until = [0] * len(self.groups)
 
     # -- prefix caching -----------------------------------------------------------------------------------
+    def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
+        return tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+
+    def _parent_key(self, keys: list[bytes], i: int) -> bytes:
+        return keys[i - 1] if i else self.root_key
+
+    def _identity(self, seq: Sequence, keys: list[bytes], i: int) -> tuple[bytes, tuple[int, ...]]:
+        """What block i must have been computed from: checked on a hit, so a key collision cannot serve it."""
+        return self._parent_key(keys, i), self._block_tokens(seq, i)
+
+    def _extend_keys(self, seq: Sequence, keys: list[bytes], num_blocks: int) -> None:
+        """Append the keys of seq's blocks len(keys)..num_blocks-1, each chained to the one before."""
+        while len(keys) < num_blocks:
+            i = len(keys)
+            keys.append(self.block_key(self._parent_key(keys, i), self._block_tokens(seq, i)))
+
     def update_block_hashes(self, seq: Sequence) -> None:
-        """Hash every newly completed block of seq and make it findable in each group."""
+        """Key every newly completed block of seq and make it findable in each group."""
         full_blocks = seq.num_computed_tokens // self.block_size
         first_new = len(seq.block_hashes)
-        while len(seq.block_hashes) < full_blocks:
-            i = len(seq.block_hashes)
-            previous = seq.block_hashes[-1] if seq.block_hashes else None
-            seq.block_hashes.append(hash((previous, tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size]))))
+        self._extend_keys(seq, seq.block_hashes, full_blocks)
         if not self.enable_prefix_caching:
             return
-        for group, table in zip(self.groups, seq.block_tables):
-            for i in range(first_new, min(full_blocks, len(table))):
-                group.pool.register(table[i], seq.block_hashes[i])
+        for i in range(first_new, full_blocks):
+            identity = self._identity(seq, seq.block_hashes, i)
+            for group, table in zip(self.groups, seq.block_tables):
+                if i < len(table):
+                    group.pool.register(table[i], seq.block_hashes[i], identity)
 
-    def _prompt_hashes(self, seq: Sequence) -> list[int]:
-        hashes, previous = [], None
-        usable = (len(seq.token_ids) - 1) // self.block_size  # the last token is always computed
-        for i in range(usable):
-            previous = hash((previous, tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])))
-            hashes.append(previous)
-        return hashes
+    def _prompt_hashes(self, seq: Sequence) -> list[bytes]:
+        keys: list[bytes] = []
+        self._extend_keys(seq, keys, (len(seq.token_ids) - 1) // self.block_size)  # the last token is always computed
+        return keys
 
-    def _group_can_serve(self, group: KVGroup, hashes: list[int], num_blocks: int) -> bool:
+    def _group_can_serve(self, group: KVGroup, seq: Sequence, keys: list[bytes], num_blocks: int) -> bool:
         first = group.first_needed_block(num_blocks * self.block_size, self.block_size)
-        return all(hashes[i] in group.pool.block_of for i in range(first, num_blocks))
+        return all(group.pool.find(keys[i], self._identity(seq, keys, i)) is not None
+                   for i in range(first, num_blocks))
 
     def apply_prefix_hit(self, seq: Sequence) -> int:
         """Reuse the longest cached prefix that every group can serve exactly; returns tokens reused."""
         self._ensure_tables(seq)
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return 0
-        hashes = self._prompt_hashes(seq)
-        hit = len(hashes)
-        while hit and not all(self._group_can_serve(g, hashes, hit) for g in self.groups):
+        keys = self._prompt_hashes(seq)
+        hit = len(keys)
+        while hit and not all(self._group_can_serve(g, seq, keys, hit) for g in self.groups):
             hit -= 1
         for group, table in zip(self.groups, seq.block_tables):
             first = group.first_needed_block(hit * self.block_size, self.block_size)
             table.extend([NULL_BLOCK] * first)
-            table.extend(group.pool.take_cached(hashes[i]) for i in range(first, hit))
-        seq.block_hashes = hashes[:hit]
+            table.extend(group.pool.take_cached(keys[i], self._identity(seq, keys, i)) for i in range(first, hit))
+        seq.block_hashes = keys[:hit]
         seq.num_computed_tokens = seq.num_cached_tokens = hit * self.block_size
         return seq.num_computed_tokens
 

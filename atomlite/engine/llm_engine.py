@@ -6,6 +6,7 @@ import torch
 
 from atomlite.config import EngineConfig
 from atomlite.engine.decode_graphs import uncapturable_modules
+from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.model_runner import ModelRunner
@@ -134,7 +135,7 @@ class LLMEngine:
         params.validate()
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
-        seq = Sequence(token_ids, params, request_id)
+        seq = Sequence(token_ids, params, request_id, detokenizer=IncrementalDetokenizer(self.tokenizer))
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None] * len(token_ids)
         if params.seed is not None:
@@ -188,23 +189,35 @@ class LLMEngine:
 
     def _check_finished(self, seq: Sequence, token: int) -> None:
         params = seq.params
-        if params.stop:
-            seq.text = self.decode(seq.output_token_ids)
-            cut = min((i for i in (seq.text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                seq.text = seq.text[:cut]
-                seq.stop_text_len = cut
-                return self._finish(seq, "stop")
+        if params.stop and self._cut_at_stop_string(seq):
+            return self._finish(seq, "stop")
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return self._finish(seq, "stop")
-        if len(seq.output_token_ids) >= params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
+        if seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
             return self._finish(seq, "length")
+
+    @staticmethod
+    def _cut_at_stop_string(seq: Sequence) -> bool:
+        """Search the text the new tokens completed for a stop string; on a match keep only the text before it.
+        Earlier text was searched at earlier steps, so a match can start no sooner than the longest stop string
+        (less one character) before the new text."""
+        text_before = len(seq.detokenizer.text)
+        if not seq.detokenize():
+            return False
+        start = max(0, text_before - max(map(len, seq.params.stop)) + 1)
+        text = seq.detokenizer.text
+        cut = min((i for i in (text.find(s, start) for s in seq.params.stop) if i >= 0), default=-1)
+        if cut < 0:
+            return False
+        seq.text, seq.stop_text_len = text[:cut], cut
+        return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         if seq.stop_text_len is None:
-            seq.text = self.decode(seq.output_token_ids)
+            seq.detokenize()
+            seq.text = seq.detokenizer.finish()
         self.scheduler.remove(seq)
         self._generators.pop(seq.seq_id, None)
         self.requests.pop(seq.request_id, None)

@@ -1,6 +1,7 @@
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from atomlite.sampling_params import SamplingParams
 
@@ -25,12 +26,14 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
-    block_hashes: list[int] = field(default_factory=list)  # of full, computed blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
+    released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
     stop_text_len: int | None = None
+    detokenizer: Any = None  # an IncrementalDetokenizer of the output tokens (the engine gives each one)
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
@@ -44,6 +47,18 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    def output_token_ids_from(self, start: int) -> list[int]:
+        """Output tokens start.. on, without copying the ones before (per-step work must not grow with length)."""
+        return self.token_ids[self.num_prompt_tokens + start:]
+
+    def detokenize(self) -> str:
+        """Feed the detokenizer the output tokens it has not seen; returns the text they completed."""
+        return self.detokenizer.add(self.output_token_ids_from(self.detokenizer.num_tokens))
+
+    @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
@@ -53,5 +68,5 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         self.num_computed_tokens = self.num_cached_tokens = 0
-        self.block_tables, self.block_hashes = [], []
+        self.block_tables, self.block_hashes, self.released_until = [], [], []
         self.status = Status.WAITING
