@@ -1,7 +1,8 @@
-"""The decode GEMMs of a model at batch M (bf16, torch F.linear = cuBLAS / hipBLASLt) against reading the same
-weight bytes with a device copy, same GPU, same run: how far the weight stream is from the copy bandwidth.
+"""The decode GEMMs of a model at batch M (bf16): torch F.linear (cuBLAS / hipBLASLt) and atomlite's skinny Triton
+GEMM (each --sweep config) against a device copy of the same weight bytes, same GPU, same run. Every kernel is first
+checked against an fp32 reference on fresh random inputs.
 
-    PYTHONPATH=. python bench/decode_gemms.py --model examples/configs/gemma-4-31B-it [--ms 1,16]
+    PYTHONPATH=. python bench/decode_gemms.py --model examples/configs/gemma-4-31B-it [--ms 1,16] [--sweep]
 
 Shapes come from the model built on the meta device (every Linear once, with how many layers have it).
 """
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from atomlite.config import EngineConfig
+from atomlite.model_ops.triton.skinny_gemm import DEFAULT_CONFIG, SkinnyConfig, fits, skinny_gemm
 from atomlite.model_ops.platform import Platform
 from atomlite.plan import meta_model
 
@@ -26,6 +28,22 @@ def linear_shapes(model_dir: str) -> Counter:
     return shapes
 
 
+SWEEP = [DEFAULT_CONFIG, SkinnyConfig(64, 256, 4, 3), SkinnyConfig(32, 256, 4, 4), SkinnyConfig(64, 128, 4, 6),
+         SkinnyConfig(128, 128, 8, 3), SkinnyConfig(64, 128, 4, 4, programs_per_sm=8),
+         SkinnyConfig(64, 128, 4, 4, programs_per_sm=2), SkinnyConfig(32, 128, 4, 5, programs_per_sm=8)]
+
+
+def check(m: int, n: int, k: int, config: SkinnyConfig) -> float:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    ref = x.float() @ w.float().T
+    y = skinny_gemm(x, w, config)
+    err = ((y.float() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise SystemExit(f"skinny GEMM {config} wrong at {m}x{n}x{k}: relative error {err}")
+    return err
+
+
 def time_us(fn) -> float:
     return do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
@@ -34,12 +52,15 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--ms", default="1,16")
+    p.add_argument("--sweep", action="store_true", help="Also time the other skinny configs.")
     args = p.parse_args()
     shapes = linear_shapes(args.model)
+    configs = SWEEP if args.sweep else [DEFAULT_CONFIG]
     print(f"device: {torch.cuda.get_device_name()}")
     for m in map(int, args.ms.split(",")):
-        total_gemm = total_copy = 0.0
-        print(f"\nM = {m}: {'N x K':>16} {'layers':>6} {'GEMM us':>9} {'TB/s':>6} {'copy us':>8} {'ratio':>6}")
+        totals = {"cublas": 0.0, "copy": 0.0, **{c: 0.0 for c in configs}}
+        print(f"\nM = {m}: {'N x K':>16} {'layers':>6} {'cuBLAS us':>9} {'TB/s':>6} {'skinny us':>9} {'TB/s':>6} "
+              f"{'copy us':>8} {'max err':>8}")
         for (n, k), count in sorted(shapes.items()):
             # several weight copies in rotation, so no call finds its weight in L2
             weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
@@ -48,16 +69,30 @@ def main():
             dst = torch.empty_like(src)
             state = {"i": 0}
 
-            def gemm():
-                state["i"] = (state["i"] + 1) % 3
-                return F.linear(x, weights[state["i"]])
-            g, c = time_us(gemm), time_us(lambda: dst.copy_(src))  # copy: read + write the weight's bytes
-            total_gemm += g * count
-            total_copy += c * count
-            print(f"{'':8} {n:>7} x {k:<7} {count:6} {g:9.1f} {n * k * 2 / g / 1e6:6.2f} {c:8.1f} {g / c:6.2f}")
+            def rotating(fn):
+                def call():
+                    state["i"] = (state["i"] + 1) % 3
+                    return fn(x, weights[state["i"]])
+                return call
+            times = {"cublas": time_us(rotating(F.linear)), "copy": time_us(lambda: dst.copy_(src))}
+            err = 0.0
+            for c in configs:
+                if fits(x, weights[0], c):
+                    err = max(err, check(m, n, k, c))
+                    times[c] = time_us(rotating(lambda a, b, c=c: skinny_gemm(a, b, c)))
+                else:
+                    times[c] = times["cublas"]
+            for key in totals:
+                totals[key] += times[key] * count
+            best = min(times[c] for c in configs)
+            gb = n * k * 2 / 1e6
+            print(f"{'':8} {n:>7} x {k:<7} {count:6} {times['cublas']:9.1f} {gb / times['cublas']:6.2f} "
+                  f"{best:9.1f} {gb / best:6.2f} {times['copy']:8.1f} {err:8.1e}")
             del weights, src, dst
-        print(f"{'':8} whole step: GEMMs {total_gemm / 1e3:.2f} ms, copies of the same bytes "
-              f"{total_copy / 1e3:.2f} ms, ratio {total_gemm / total_copy:.2f}")
+        print(f"{'':8} whole step: cuBLAS {totals['cublas'] / 1e3:.2f} ms, copies of the same bytes "
+              f"{totals['copy'] / 1e3:.2f} ms")
+        for c in configs:
+            print(f"{'':8} skinny {c}: {totals[c] / 1e3:.2f} ms ({totals[c] / totals['copy']:.2f}x copy)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,111 @@
+"""y = x W^T for decode-sized batches (a few rows): the whole cost is streaming W once, so each program owns
+BLOCK_N rows of W over one slice of K, and the K slices (split-K) multiply the programs until they fill the GPU; a
+second kernel adds the slices' fp32 partials. Larger batches go to torch (cuBLAS / hipBLASLt), which wins there.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
+
+MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 4  # split-K target: this many programs per multiprocessor
+    min_k_tiles: int = 4  # each split walks at least this many BLOCK_K tiles
+
+
+DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
+
+
+@triton.jit
+def _skinny_gemm_kernel(x, w, out, part, M, N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_ps,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    n_tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_m = tl.arange(0, BLOCK_M)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # N % BLOCK_N == 0 and K % BLOCK_K == 0 (the launcher checks): only x's rows need a mask.
+    for k in range(k_lo, k_hi, BLOCK_K):
+        cols = k + tl.arange(0, BLOCK_K)
+        w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :])
+        x_tile = tl.load(x + rows_m[:, None] * stride_xm + cols[None, :], mask=rows_m[:, None] < M, other=0.0)
+        if UPCAST:
+            w_tile = w_tile.to(tl.float32)
+            x_tile = x_tile.to(tl.float32)
+        acc = tl.dot(x_tile, tl.trans(w_tile), acc)
+    mask = (rows_m[:, None] < M)
+    if SPLIT:
+        tl.store(part + split * stride_ps + rows_m[:, None] * N + rows_n[None, :], acc, mask=mask)
+    else:
+        tl.store(out + rows_m[:, None] * stride_om + rows_n[None, :], acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part, out, M, N, splits, stride_ps, stride_om, SPLITS_P2: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.arange(0, SPLITS_P2)
+    mask = (s[:, None] < splits) & (cols[None, :] < N)
+    parts = tl.load(part + s[:, None] * stride_ps + row * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(out + row * stride_om + cols, tl.sum(parts, 0).to(out.dtype.element_ty), mask=cols < N)
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG) -> bool:
+    """Whether the skinny kernel takes this call (else torch's GEMM runs it)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    n, k = weight.shape
+    return (0 < rows <= MAX_ROWS and n % config.block_n == 0 and k % config.block_k == 0
+            and weight.stride(1) == 1 and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16))
+
+
+def num_splits(n: int, k: int, device: torch.device, config: SkinnyConfig) -> int:
+    """The most K splits (a power of two) that keep the programs within programs_per_sm per multiprocessor."""
+    tiles, k_tiles, splits = n // config.block_n, k // config.block_k, 1
+    while (tiles * splits * 2 <= config.programs_per_sm * num_sms(device)
+           and k_tiles // (splits * 2) >= config.min_k_tiles):
+        splits *= 2
+    return splits
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T for up to MAX_ROWS rows of x (fits() must hold)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m, k = rows.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    splits = num_splits(n, k, x.device, config)
+    k_per_split = triton.cdiv(k // config.block_k, splits) * config.block_k
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    run_kernel(
+        _skinny_gemm_kernel, (n // config.block_n, splits), rows, weight, out, part, m, n, k, k_per_split, rows.stride(0), weight.stride(0), out.stride(0),
+        part.stride(0) if splits > 1 else 0, BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT=splits > 1, UPCAST=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        block = 1024
+        run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, block)), part, out, m, n, splits, part.stride(0),
+                   out.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block, num_warps=4)
+    return out.reshape(*x.shape[:-1], n)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Same contract as torch_ref.linear: the skinny kernel for decode-sized batches, torch's GEMM otherwise."""
+    if fits(x, weight):
+        return skinny_gemm(x, weight)
+    return F.linear(x, weight)
