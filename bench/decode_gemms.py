@@ -28,9 +28,9 @@ def linear_shapes(model_dir: str) -> Counter:
     return shapes
 
 
-SWEEP = [DEFAULT_CONFIG, SkinnyConfig(64, 256, 4, 3), SkinnyConfig(32, 256, 4, 4), SkinnyConfig(64, 128, 4, 6),
-         SkinnyConfig(128, 128, 8, 3), SkinnyConfig(64, 128, 4, 4, programs_per_sm=8),
-         SkinnyConfig(64, 128, 4, 4, programs_per_sm=2), SkinnyConfig(32, 128, 4, 5, programs_per_sm=8)]
+SWEEP = [DEFAULT_CONFIG, SkinnyConfig(64, 128, 4, 3, programs_per_sm=3), SkinnyConfig(32, 128, 4, 4, programs_per_sm=4),
+         SkinnyConfig(64, 256, 4, 2, programs_per_sm=2), SkinnyConfig(32, 256, 4, 3, programs_per_sm=2),
+         SkinnyConfig(64, 128, 4, 4, programs_per_sm=1), SkinnyConfig(64, 64, 4, 8, programs_per_sm=2)]
 
 
 def check(m: int, n: int, k: int, config: SkinnyConfig) -> float:

@@ -20,7 +20,7 @@ class SkinnyConfig:
     block_k: int
     num_warps: int
     num_stages: int
-    programs_per_sm: int = 4  # split-K target: this many programs per multiprocessor
+    programs_per_sm: int = 2  # programs resident per multiprocessor (shared memory: stages x tiles)
     min_k_tiles: int = 4  # each split walks at least this many BLOCK_K tiles
 
 
@@ -74,12 +74,11 @@ def fits(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_C
 
 
 def num_splits(n: int, k: int, device: torch.device, config: SkinnyConfig) -> int:
-    """The most K splits (a power of two) that keep the programs within programs_per_sm per multiprocessor."""
-    tiles, k_tiles, splits = n // config.block_n, k // config.block_k, 1
-    while (tiles * splits * 2 <= config.programs_per_sm * num_sms(device)
-           and k_tiles // (splits * 2) >= config.min_k_tiles):
-        splits *= 2
-    return splits
+    """The most K splits that keep every program in one wave of programs_per_sm per multiprocessor (a partial
+    second wave would cost more than the splits gain), each split walking at least min_k_tiles tiles."""
+    tiles, k_tiles = n // config.block_n, k // config.block_k
+    slots = config.programs_per_sm * num_sms(device)
+    return max(1, min(slots // tiles, k_tiles // config.min_k_tiles))
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG) -> torch.Tensor:
