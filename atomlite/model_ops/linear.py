@@ -1,6 +1,7 @@
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from atomlite.model_ops import dispatch
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -22,9 +23,10 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = copy_weight
+        self._linear = dispatch.choose("linear", n=out_features, k=in_features).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return self._linear(x, self.weight)
 
 
 class MergedLinear(Linear):

@@ -12,6 +12,7 @@ from torch import nn
 from atomlite.config import ModelSpec
 from atomlite.errors import ConfigError
 from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops import dispatch
 from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
@@ -217,6 +218,7 @@ class Gemma4ForCausalLM(nn.Module):
         self.spec = spec
         self.model = Gemma4Model(spec, max_positions)
         self.softcap = spec.hf.get("final_logit_softcapping")
+        self._logits_linear = dispatch.choose("linear", n=spec.hf["vocab_size"], k=spec.hf["hidden_size"]).fn
 
     def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:
         specs = []
@@ -255,7 +257,7 @@ class Gemma4ForCausalLM(nn.Module):
         return self.model(ids, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = torch.nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        logits = self._logits_linear(hidden, self.model.embed_tokens.weight)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

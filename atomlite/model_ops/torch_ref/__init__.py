@@ -2,18 +2,20 @@
 from atomlite.model_ops.torch_ref.activation import gelu_tanh_and_mul
 from atomlite.model_ops.torch_ref.attention import paged_attention, varlen_attention
 from atomlite.model_ops.torch_ref.kv_write import write_kv
+from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
 from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
-__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "moe_experts", "mxfp4_gemm", "paged_attention", "rms_norm",
+__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm", "paged_attention", "rms_norm",
            "varlen_attention", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
     "varlen_attention": varlen_attention,
     "write_kv": write_kv,
+    "linear": linear,
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "rope": apply_rope,

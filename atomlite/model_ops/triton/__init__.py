@@ -6,12 +6,14 @@ from atomlite.model_ops.triton.kv_write import write_kv
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
 from atomlite.model_ops.triton.rope import apply_rope
+from atomlite.model_ops.triton.skinny_gemm import linear
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
     "write_kv": write_kv,
+    "linear": linear,  # the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "rope": apply_rope,
@@ -38,6 +40,8 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"head_dim {head_dim} is not a power of two in [16, {MAX_HEAD_DIM}]"
         if shape.get("gqa", 1) > MAX_GQA_GROUP:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+    if op == "linear" and platform.kind == "rocm":
+        return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
     if op == "rope" and head_dim is not None and head_dim % 2:
         return f"head_dim {head_dim} is odd"
     if op in ("rms_norm", "add_rms_norm") and shape.get("dim", 0) > MAX_DIM:

@@ -122,6 +122,8 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     ple = hf.get("hidden_size_per_layer_input") or 0
     if ple:
         r.call("rms_norm", dict(dim=ple), meta(tokens, len(spec.layers), ple), meta(ple), 1e-6)
+    for n, k in sorted(_mxfp4_projections(hf, spec.layers) | {(hf["vocab_size"], hidden)}):
+        r.call("linear", dict(n=n, k=k), meta(tokens, k), meta(n, k))  # bf16 weights (+ the tied lm_head)
     for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     if hf.get("enable_moe_block"):
