@@ -127,3 +127,54 @@ def test_limits_refuse_shapes_the_kernels_cannot_do(op, shape, refused):
     reason = tri.limits(op, Platform("cuda", "sm_90"), shape)
     assert (reason is not None) == refused
     assert op in tri.OPS
+
+
+def assert_prepared(out, ref_fp32):
+    """bf16 rounds after the norm and again after RoPE (as the separate kernels do, truncating in the
+    interpreter): within a few ulps of each head row's largest value."""
+    if out.dtype == torch.float32:
+        return assert_matches(out, ref_fp32)
+    err = (out.float() - ref_fp32).abs()
+    assert (err <= 2.0 ** -5 * ref_fp32.abs().amax(-1, keepdim=True) + 1e-5).all(), err.max()
+
+
+def _rotation(tokens: int, head_dim: int, dtype):
+    angles = torch.rand(tokens, head_dim // 2, device=DEVICE) * 6
+    return (torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 2, 64), (2, 1, 512), (3, 3, 80)])
+def test_qk_norm_rope_writes_the_cache_like_the_separate_ops(dtype, num_heads, num_kv_heads, head_dim):
+    """Views of one fused projection in; q out, k and v straight into the cache (slot -1 skipped)."""
+    tokens = 5
+    qkv = randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype)
+    q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
+    q_w, k_w = (randn(head_dim, dtype=dtype) + 1.0 for _ in range(2))
+    cos, sin = _rotation(tokens, head_dim, dtype)
+    slots = torch.tensor([3, -1, 7, 0, 12], device=DEVICE)
+    caches = [torch.full((4, 4, num_kv_heads, head_dim), 7.0, device=DEVICE, dtype=dtype) for _ in range(4)]
+    out_q, none_k, none_v = tri.qk_norm_rope(q, k, v, q_w, k_w, 1e-6, cos, sin, caches[0], caches[1], slots)
+    f32 = [t.float() for t in (q, k, v, q_w, k_w, cos, sin)]
+    ref_q, ref_k, ref_v = torch_ref.qk_norm_rope(*f32[:5], 1e-6, *f32[5:])
+    assert none_k is None and none_v is None
+    assert_prepared(out_q, ref_q)
+    torch_ref.write_kv(ref_k, ref_v, caches[2], caches[3], slots)  # untouched slots keep their 7.0
+    assert_prepared(caches[0], caches[2].float())
+    assert_prepared(caches[1], caches[3].float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_returns_k_v_without_a_cache_and_q_alone_without_k(dtype):
+    q, k = randn(3, 4, 64, dtype=dtype), randn(3, 2, 64, dtype=dtype)
+    q_w = randn(64, dtype=dtype) + 1.0
+    cos, sin = _rotation(3, 64, dtype)
+    out = tri.qk_norm_rope(q, k, k, q_w, q_w, 1e-6, cos, sin)
+    ref = torch_ref.qk_norm_rope(*(t.float() for t in (q, k, k, q_w, q_w)), 1e-6, cos.float(), sin.float())
+    for got, want in zip(out, ref):
+        assert_prepared(got, want)
+    only_q = tri.qk_norm_rope(q, None, None, None, None, 1e-6, cos, sin)
+    assert only_q[1:] == (None, None)
+    assert_prepared(only_q[0], torch_ref.qk_norm_rope(q.float(), None, None, None, None, 1e-6, cos.float(),
+                                                     sin.float())[0])

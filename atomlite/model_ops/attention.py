@@ -19,6 +19,7 @@ class Attention(nn.Module):
         shape = dict(head_dim=head_dim, window=window is not None, gqa=num_heads // num_kv_heads)
         self._attend = dispatch.choose("attention", **shape).fn
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
+        self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
         self.k_cache = self.v_cache = None
         self.group_id: int | None = None
 
@@ -30,5 +31,15 @@ class Attention(nn.Module):
         group = ctx.groups[self.group_id]
         if k is not None:
             self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
+        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
+                            ctx.query_start_loc, self.scale, self.window)
+
+    def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention."""
+        group = ctx.groups[self.group_id]
+        caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
+        q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches)
         return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
                             ctx.query_start_loc, self.scale, self.window)

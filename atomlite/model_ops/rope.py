@@ -2,7 +2,6 @@
 import torch
 from torch import nn
 
-from atomlite.model_ops import dispatch
 
 
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
@@ -33,10 +32,6 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)
-        self._rope = dispatch.choose("rope", head_dim=head_dim).fn
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos_table[positions].to(dtype), self.sin_table[positions].to(dtype)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return self._rope(x, cos, sin)

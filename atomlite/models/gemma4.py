@@ -59,24 +59,21 @@ class Gemma4Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps)
         if not shares_kv:
             self.k_norm = RMSNorm(self.head_dim, eps)
-            self.v_norm = RMSNorm(self.head_dim, eps, with_weight=False)
         self.shares_kv = shares_kv
         self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
         self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window)
 
-    def forward(self, x, rope: RotaryEmbedding, cos, sin, ctx: ForwardContext):
+    def forward(self, x, cos, sin, ctx: ForwardContext):
         shape = (x.shape[0], -1, self.head_dim)
         if self.fused_qkv:
             parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
         else:
             parts = [getattr(self, name)(x) for name in self.qkv_names]
-        q = rope(self.q_norm(parts[0].view(shape)), cos, sin)
-        k = v = None
-        if not self.shares_kv:
-            k_raw, v_raw = parts[1].view(shape), parts[-1].view(shape)
-            k = rope(self.k_norm(k_raw), cos, sin)
-            v = self.v_norm(v_raw)
-        return self.o_proj(self.attn(q, k, v, ctx).flatten(1))
+        q, k, v, k_weight = parts[0].view(shape), None, None, None
+        if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
+            k, v, k_weight = parts[1].view(shape), parts[-1].view(shape), self.k_norm.weight
+        out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx)
+        return self.o_proj(out.flatten(1))
 
 
 class Gemma4MLP(nn.Module):
@@ -135,8 +132,8 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = lin.linear(f"{prefix}.per_layer_projection", self.ple_dim, hidden)
             self.post_per_layer_input_norm = RMSNorm(hidden, eps)
 
-    def forward(self, h, ple, rope, cos, sin, ctx):
-        attn = self.self_attn(self.input_layernorm(h), rope, cos, sin, ctx)
+    def forward(self, h, ple, cos, sin, ctx):
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
         x, h = self.pre_feedforward_layernorm.add_and_norm(self.post_attention_layernorm(attn), h)
         m = self.mlp(x)
         if self.moe:
@@ -198,7 +195,7 @@ class Gemma4Model(nn.Module):
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
         for i, layer in enumerate(self.layers):
             kind = self.kinds[i]
-            h = layer(h, None if ple is None else ple[:, i], self.ropes[kind], *cos_sin[kind], ctx)
+            h = layer(h, None if ple is None else ple[:, i], *cos_sin[kind], ctx)
         return self.norm(h)
 
 

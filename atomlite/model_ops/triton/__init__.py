@@ -5,6 +5,7 @@ from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.kv_write import write_kv
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
+from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.triton.rope import apply_rope
 from atomlite.model_ops.triton.skinny_gemm import linear
 
@@ -17,6 +18,7 @@ OPS = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "rope": apply_rope,
+    "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "mxfp4_linear": mxfp4_gemm,
     "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
@@ -42,7 +44,7 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
     if op == "linear" and platform.kind == "rocm":
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
-    if op == "rope" and head_dim is not None and head_dim % 2:
+    if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:
         return f"head_dim {head_dim} is odd"
     if op in ("rms_norm", "add_rms_norm") and shape.get("dim", 0) > MAX_DIM:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"

@@ -26,9 +26,9 @@ class VllmPagedAttention(nn.Module):
     """atomlite's attention interface, attn(q, k, v, ctx) -> [T, H, D], served by a vLLM Attention layer."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
-                 vllm_config: VllmConfig, layer_name: str, shares_with: str | None):
+                 vllm_config: VllmConfig, layer_name: str, shares_with: str | None, prepare_qkv):
         super().__init__()
-        self.num_heads, self.head_dim = num_heads, head_dim
+        self.num_heads, self.head_dim, self.prepare_qkv = num_heads, head_dim, prepare_qkv
         self.vllm_attn = VllmAttention(num_heads, head_dim, scale, num_kv_heads=num_kv_heads,
                                        cache_config=vllm_config.cache_config, per_layer_sliding_window=window,
                                        prefix=layer_name, kv_sharing_target_layer_name=shares_with,
@@ -37,6 +37,11 @@ class VllmPagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext) -> torch.Tensor:
         return self.vllm_attn(q, k, v).view(q.shape[0], self.num_heads, self.head_dim)
+
+    def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext) -> torch.Tensor:
+        """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself."""
+        q, k, v = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin)
+        return self.forward(q, k, v, ctx)
 
 
 def _checkpoint_dir(vllm_config: VllmConfig) -> Path:
@@ -60,7 +65,7 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
             target = self.model.share_targets.get(i)
             layer.self_attn.attn = VllmPagedAttention(
                 old.num_heads, old.num_kv_heads, old.head_dim, old.scale, old.window, vllm_config,
-                name.format(i), None if target is None else name.format(target))
+                name.format(i), None if target is None else name.format(target), old.prepare_qkv)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -71,13 +71,11 @@ class Recorder:
 def _attention_layer(r: Recorder, hf: dict, layer: LayerAttention, window: int | None) -> None:
     step, heads, dim, kv_heads = r.step, hf["num_attention_heads"], layer.head_dim, layer.num_kv_heads
     q, k = meta(step.tokens, heads, dim), meta(step.tokens, kv_heads, dim)
-    for x, weighted in ((q, True), (k, True), (k, False)):  # q_norm, k_norm, v_norm
-        r.call("rms_norm", dict(dim=dim), x, meta(dim) if weighted else None, 1e-6)
-    cos = meta(step.tokens, dim)
-    for x in (q, k):
-        r.call("rope", dict(head_dim=dim), x, cos, cos)
+    cos, weight, slots = meta(step.tokens, dim), meta(dim), meta(step.tokens, dtype=torch.int64)
     cache = meta(NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim)
-    r.call("write_kv", dict(head_dim=dim), k, k, cache, cache, meta(step.tokens, dtype=torch.int64))
+    # q/k norms, RoPE, v norm and the KV write of a layer (one launch), and of a KV-sharing layer (q alone)
+    r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, cache, cache, slots)
+    r.call("qk_norm_rope", dict(head_dim=dim), q, None, None, weight, None, 1e-6, cos, cos)
     int32 = dict(dtype=torch.int32)
     table = meta(step.num_seqs, -(-step.context // BLOCK_SIZE), **int32)
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)

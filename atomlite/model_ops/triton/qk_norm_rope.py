@@ -1,0 +1,113 @@
+"""Everything between the QKV projection and attention in one launch: q = rope(norm(q) * w_q), k = rope(norm(k) *
+w_k), v = norm(v), with k and v stored straight into the paged cache (or returned, when the caller's attention
+owns the cache). One program per (token, head row); each row is rounded to the activation dtype after the norm,
+as the separate norm and RoPE kernels would, so the result equals theirs."""
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import run_kernel
+
+
+@triton.jit
+def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, slot_mapping, eps,
+                    num_q_heads, num_kv_heads, head_dim,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                    stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
+                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
+                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr):
+    token = tl.program_id(0)
+    row = tl.program_id(1)  # q heads, then k heads, then v heads
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = cols < HALF
+    is_q = row < num_q_heads
+    is_k = (row >= num_q_heads) & (row < num_q_heads + num_kv_heads)
+    is_v = row >= num_q_heads + num_kv_heads
+    head = tl.where(is_q, row, tl.where(is_k, row - num_q_heads, row - num_q_heads - num_kv_heads))
+    if is_q:
+        src = q + token * stride_qt + head * stride_qh
+        dst = q_out + token * stride_ot + head * stride_oh
+        keep = True
+    else:
+        if is_k:
+            src = k + token * stride_kt + head * stride_kh
+        else:
+            src = v + token * stride_vt + head * stride_vh
+        if TO_CACHE:
+            slot = tl.load(slot_mapping + token).to(tl.int64)
+            keep = slot >= 0
+            slot = tl.maximum(slot, 0)
+            offset = (slot // BLOCK_SIZE) * stride_d0 + (slot % BLOCK_SIZE) * stride_d1 + head * stride_dh
+        else:
+            keep = True
+            offset = token * stride_d0 + head * stride_dh
+        if is_k:
+            dst = k_dst + offset
+        else:
+            dst = v_dst + offset
+    x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+    inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
+    x1 = x1 * inv
+    x2 = x2 * inv
+    if HAS_Q_WEIGHT:
+        weighted = ~is_v
+    else:
+        weighted = is_k
+    if weighted:
+        if is_q:
+            w1 = tl.load(q_weight + cols, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(q_weight + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            w1 = tl.load(k_weight + cols, mask=mask, other=0.0).to(tl.float32)
+            w2 = tl.load(k_weight + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        x1 = x1 * w1
+        x2 = x2 * w2
+    x1 = x1.to(q_out.dtype.element_ty).to(tl.float32)
+    x2 = x2.to(q_out.dtype.element_ty).to(tl.float32)
+    if ~is_v:  # V takes no RoPE
+        c1 = tl.load(cos + token * stride_ct + cols, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(cos + token * stride_ct + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(sin + token * stride_st + cols, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin + token * stride_st + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        r1 = x1 * c1 - x2 * s1
+        r2 = x2 * c2 + x1 * s2
+        x1 = r1
+        x2 = r2
+    store = mask & keep
+    tl.store(dst + cols, x1.to(dst.dtype.element_ty), mask=store)
+    tl.store(dst + HALF + cols, x2.to(dst.dtype.element_ty), mask=store)
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,
+                 k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                 k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+                 slot_mapping: torch.Tensor | None = None):
+    """Same contract as torch_ref.qk_norm_rope."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = 0 if k is None else k.shape[1]
+    to_cache = k is not None and k_cache is not None
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if k is None:
+        k = v = k_dst = v_dst = q  # unused: no program reaches a K or V row
+        k_out = v_out = None
+    elif to_cache:
+        k_dst, v_dst, k_out, v_out = k_cache, v_cache, None, None
+    else:
+        k_dst = k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        v_dst = v_out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if num_tokens:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        dst_strides = ((k_dst.stride(0), k_dst.stride(1), k_dst.stride(2)) if to_cache
+                       else (k_dst.stride(0), 0, k_dst.stride(1)))
+        half = head_dim // 2
+        run_kernel(_prepare_kernel, (num_tokens, num_q_heads + 2 * num_kv_heads),
+                   q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,
+                   q if k_weight is None else k_weight, cos, sin,
+                   slot_mapping if to_cache else q, eps, num_q_heads, num_kv_heads, head_dim,
+                   q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                   q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0),
+                   HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
+                   BLOCK_SIZE=k_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
+                   num_warps=4 if head_dim >= 512 else 2)
+    return q_out, k_out, v_out
