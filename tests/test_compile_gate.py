@@ -10,7 +10,8 @@ from atomlite.model_ops.triton.compile_gate import failures, run_gate
 ROCM = ["gfx942", "gfx950"]
 GEMMA4_KERNELS = {
     "attention._attention_kernel", "split_kv._combine_kernel", "qk_norm_rope._prepare_kernel", "norm._rms_norm_kernel",
-    "skinny_gemm._skinny_gemm_kernel", "skinny_gemm._sum_splits_kernel", "activation._gelu_tanh_and_mul_kernel",
+    "norm_residual._norm_residual_kernel",
+    "activation._gelu_tanh_and_mul_kernel",  # (no skinny GEMM: ROCm keeps hipBLASLt for bf16 linears)
     "mxfp4_gemm._mxfp4_gemm_kernel",
     "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel"}
 

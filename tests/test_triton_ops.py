@@ -178,3 +178,20 @@ def test_qk_norm_rope_returns_k_v_without_a_cache_and_q_alone_without_k(dtype):
     assert only_q[1:] == (None, None)
     assert_prepared(only_q[0], torch_ref.qk_norm_rope(q.float(), None, None, None, None, 1e-6, cos.float(),
                                                      sin.float())[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_scale,with_next", [(False, True), (True, False), (False, False)])
+def test_rms_norm_residual_matches_the_separate_ops(dtype, with_scale, with_next):
+    x, residual = randn(6, 320, dtype=dtype), randn(6, 320, dtype=dtype)
+    weight, next_weight = (randn(320, dtype=dtype) + 1.0 for _ in range(2))
+    scale = randn(1, dtype=dtype) if with_scale else None
+    nxt = next_weight if with_next else None
+    summed, out = tri.rms_norm_residual(x, residual, weight, 1e-6, scale, nxt)
+    # the reference in the activation dtype: the fused kernel rounds where the separate ops do
+    ref_summed, ref_out = torch_ref.rms_norm_residual(x, residual, weight, 1e-6, scale, nxt)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=2 ** -6)
+    torch.testing.assert_close(summed.float(), ref_summed.float(), **tol)
+    assert (out is None) == (not with_next)
+    if with_next:
+        torch.testing.assert_close(out.float(), ref_out.float(), **tol)

@@ -16,6 +16,7 @@ class RMSNorm(nn.Module):
             self.weight.weight_loader = copy_weight
         self._norm = dispatch.choose("rms_norm", dim=dim).fn
         self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn if with_weight else None
+        self._into_residual = dispatch.choose("rms_norm_residual", dim=dim).fn if with_weight else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)
@@ -23,3 +24,8 @@ class RMSNorm(nn.Module):
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual)."""
         return self._add_norm(x, residual, self.weight, self.eps)
+
+    def add_to_residual(self, x: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor | None = None,
+                        then: "RMSNorm | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass."""
+        return self._into_residual(x, residual, self.weight, self.eps, scale, None if then is None else then.weight)

@@ -134,16 +134,17 @@ class Gemma4DecoderLayer(nn.Module):
 
     def forward(self, h, ple, cos, sin, ctx):
         attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        x, h = self.pre_feedforward_layernorm.add_and_norm(self.post_attention_layernorm(attn), h)
+        h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm)
         m = self.mlp(x)
         if self.moe:
             weights, ids = self.router(h)
             experts = self.experts(self.pre_feedforward_layernorm_2(h), weights, ids)
             m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
-        h = h + self.post_feedforward_layernorm(m)
-        if self.ple_dim:
-            gated = self.ple_act(self.per_layer_input_gate(h)) * ple
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
+        if not self.ple_dim:
+            return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar)[0]
+        h, _ = self.post_feedforward_layernorm.add_to_residual(m, h)
+        gated = self.ple_act(self.per_layer_input_gate(h)) * ple
+        h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
         return h * self.layer_scalar
 
 

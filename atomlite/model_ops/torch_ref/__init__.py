@@ -5,11 +5,11 @@ from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
-from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm
+from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_residual
 from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
-__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm", "paged_attention", "qk_norm_rope", "rms_norm",
+__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
            "varlen_attention", "write_kv"]
 
 OPS = {
@@ -19,6 +19,7 @@ OPS = {
     "linear": linear,
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
+    "rms_norm_residual": rms_norm_residual,
     "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,

@@ -15,3 +15,14 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     """Returns (rms_norm(x + residual), x + residual); the sum is rounded to x's dtype first."""
     summed = (x + residual).to(x.dtype)
     return rms_norm(summed, weight, eps), summed
+
+
+def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      scale: torch.Tensor | None = None,
+                      next_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """summed = (residual + rms_norm(x, weight)) [* scale], rounded to the dtype after each step; returns
+    (summed, rms_norm(summed, next_weight) or None)."""
+    summed = (residual + rms_norm(x, weight, eps)).to(residual.dtype)
+    if scale is not None:
+        summed = (summed * scale).to(residual.dtype)
+    return summed, None if next_weight is None else rms_norm(summed, next_weight, eps)

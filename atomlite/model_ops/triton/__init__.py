@@ -5,6 +5,7 @@ from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.kv_write import write_kv
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
+from atomlite.model_ops.triton.norm_residual import rms_norm_residual
 from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.triton.rope import apply_rope
 from atomlite.model_ops.triton.skinny_gemm import linear
@@ -17,6 +18,7 @@ OPS = {
     "linear": linear,  # the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
+    "rms_norm_residual": rms_norm_residual,
     "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
@@ -46,6 +48,6 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
     if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:
         return f"head_dim {head_dim} is odd"
-    if op in ("rms_norm", "add_rms_norm") and shape.get("dim", 0) > MAX_DIM:
+    if op in ("rms_norm", "add_rms_norm", "rms_norm_residual") and shape.get("dim", 0) > MAX_DIM:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     return None

@@ -111,6 +111,8 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
     r.call("rms_norm", dict(dim=hidden), x, None, 1e-6)  # the MoE router's norm
     r.call("add_rms_norm", dict(dim=hidden), x, x, weight, 1e-6)
+    r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, None, weight)  # after attention
+    r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), None)  # after the MLP
     window = hf.get("sliding_window")
     for layer in sorted(set(spec.layers), key=lambda layer: (layer.kind, layer.head_dim, layer.num_kv_heads)):
         _attention_layer(r, hf, layer, window if layer.kind == "sliding" else None)

@@ -1,0 +1,51 @@
+"""The residual update around a sublayer in one pass: summed = (residual + rms_norm(x) * w) [* scale], and
+optionally the next norm of it, rms_norm(summed) * w_next. Each step rounds to the activation dtype where the
+separate ops would, so the result equals theirs. One program per row."""
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import run_kernel
+
+
+@triton.jit
+def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, dim, eps,
+                          stride_x, stride_r, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < dim
+    dtype = summed.dtype.element_ty
+    xf = tl.load(x + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    y = xf * tl.math.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
+    y = (y * tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    total = (tl.load(residual + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32) + y).to(dtype)
+    if HAS_SCALE:
+        total = (total.to(tl.float32) * tl.load(scale).to(tl.float32)).to(dtype)
+    tl.store(summed + row * dim + cols, total, mask=mask)
+    if HAS_NEXT:
+        tf = total.to(tl.float32)
+        o = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
+        o = o * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out + row * dim + cols, o.to(dtype), mask=mask)
+
+
+def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None):
+    """Same contract as torch_ref.rms_norm_residual."""
+    dim = x.shape[-1]
+    rows_x, rows_r = x.reshape(-1, dim), residual.reshape(-1, dim)
+    if rows_x.stride(-1) != 1:
+        rows_x = rows_x.contiguous()
+    if rows_r.stride(-1) != 1:
+        rows_r = rows_r.contiguous()
+    summed = torch.empty(residual.shape, dtype=residual.dtype, device=x.device)
+    out = torch.empty(residual.shape, dtype=residual.dtype, device=x.device) if next_weight is not None else None
+    if rows_x.shape[0]:
+        block_d = triton.next_power_of_2(dim)
+        run_kernel(_norm_residual_kernel, (rows_x.shape[0],), rows_x, rows_r, weight,
+                   scale if scale is not None else weight, next_weight if next_weight is not None else weight,
+                   summed, out if out is not None else summed, dim, eps, rows_x.stride(0), rows_r.stride(0),
+                   HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, BLOCK_D=block_d,
+                   num_warps=min(16, max(1, block_d // 512)))
+    return summed, out
