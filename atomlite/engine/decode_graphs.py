@@ -61,10 +61,12 @@ class StaticDecodeInputs:
         pin = device.type == "cuda"
         self.block_size = kv.block_size
         width = math.ceil(max_model_len / kv.block_size)
-        self.ids = _static(max_batch, torch.int64, device, pin)
-        self.positions = _static(max_batch, torch.int64, device, pin)
+        # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
+        # than one copy per row; block tables are large (max_model_len wide), so only their used rows move.
+        self.rows = _static((2 + len(kv.groups), max_batch), torch.int64, device, pin)
+        self.ids, self.positions = (tuple(t[i] for t in self.rows) for i in range(2))
+        self.slots = [tuple(t[2 + g] for t in self.rows) for g in range(len(kv.groups))]
         self.seq_lens = _static(max_batch, torch.int32, device, pin)
-        self.slots = [_static(max_batch, torch.int64, device, pin) for _ in kv.groups]
         self.tables = [_static((max_batch, width), torch.int32, device, pin) for _ in kv.groups]
         # one query per sequence, so query starts never change
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
@@ -91,8 +93,8 @@ class StaticDecodeInputs:
         seq_lens[:bucket] = positions[:bucket] + 1
         for g, (slots, table) in enumerate(zip(self.slots, self.tables)):
             self._fill_group(batch, bucket, g, positions, slots[1].numpy(), table[1].numpy())
-        for device, host in (self.ids, self.positions, self.seq_lens, *self.slots):
-            device[:bucket].copy_(host[:bucket], non_blocking=True)
+        for device, host in (self.rows, self.seq_lens):
+            device.copy_(host, non_blocking=True)
         for device, host in self.tables:
             device[:bucket].copy_(host[:bucket], non_blocking=True)
 

@@ -167,7 +167,10 @@ class LLMEngine:
         if not rows.sample:
             return []
         seqs = [seq for seq, _ in rows.sample]
-        sample_logits = logits[[row for _, row in rows.sample]]
+        sample_rows = [row for _, row in rows.sample]
+        # decode steps sample every row in order: a slice, not a gather (which would copy indices to the GPU)
+        in_order = sample_rows == list(range(len(sample_rows)))
+        sample_logits = logits[:len(sample_rows)] if in_order else logits[sample_rows]
         tokens = sample(sample_logits, [s.params for s in seqs],
                         [self._generators.get(s.seq_id, self.generator) for s in seqs])
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
