@@ -167,3 +167,11 @@ def test_vanishing_temperature_is_greedy_not_nan(dense, expected):
     assert llm.generate([random_prompt(17, seed=17)], params)[0].outputs[0].token_ids == expected[17]
     vanishing_top_p = SamplingParams(temperature=1.0, top_p=5e-324, max_tokens=10, ignore_eos=True, seed=1)
     assert llm.generate([random_prompt(17, seed=17)], vanishing_top_p)[0].outputs[0].token_ids == expected[17]
+
+
+@pytest.mark.parametrize("max_model_len", [577, 1000, 2048])
+def test_default_kv_budget_holds_one_full_length_sequence(max_model_len):
+    """The smallest default budget (one sequence) must survive the planner's per-group split and rounding."""
+    from atomlite.demo import demo_model_dir
+    llm = LLM(str(demo_model_dir()), device="cpu", max_model_len=max_model_len, max_num_seqs=1)
+    assert llm.engine.kv_plan.max_seqs_at_full_length >= 1

@@ -1,5 +1,6 @@
 """The synchronous engine: add requests, step, collect outputs. Model-agnostic: it reads the model's KV specs."""
 import contextlib
+import math
 import logging
 
 import torch
@@ -73,7 +74,11 @@ def plan_for(config: EngineConfig, specs) -> KVPlan:
     if config.kv_cache_memory is not None:
         return plan_kv_cache(specs, config.kv_cache_memory, config.block_size, config.max_model_len)
     one = plan_kv_cache(specs, 2**62, config.block_size, config.max_model_len)
-    minimum = one.seq_bytes + 2 * sum(g.block_bytes for g in one.groups)  # one sequence, plus the null blocks
+    # One sequence plus each group's null block, where the planner splits a budget by each group's share of a
+    # sequence: the group whose null block is the largest part of its share sets the minimum (+ a block of slack
+    # per group, as the split rounds down).
+    minimum = max(math.ceil(one.seq_bytes * (g.blocks_per_seq + 1) / g.blocks_per_seq) for g in one.groups)
+    minimum += sum(g.block_bytes for g in one.groups)
     return plan_kv_cache(specs, default_kv_budget(config, one, minimum), config.block_size, config.max_model_len)
 
 
