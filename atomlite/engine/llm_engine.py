@@ -176,8 +176,8 @@ class LLMEngine:
         # decode steps sample every row in order: a slice, not a gather (which would copy indices to the GPU)
         in_order = sample_rows == list(range(len(sample_rows)))
         sample_logits = logits[:len(sample_rows)] if in_order else logits[sample_rows]
-        tokens = sample(sample_logits, [s.params for s in seqs],
-                        [self._generators.get(s.seq_id, self.generator) for s in seqs])
+        tokens = sample(sample_logits, [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
+                        self.generator)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         logprobs = torch.log_softmax(sample_logits, dim=-1) if want_logprobs else None
         for i, (seq, token) in enumerate(zip(seqs, tokens)):

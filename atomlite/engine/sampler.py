@@ -1,5 +1,8 @@
-"""Next-token choice per sequence (greedy, temperature, top-k, top-p, seeded) and logprob bookkeeping.
+"""Next-token choice for a whole batch on the logits' device (greedy, temperature, top-k, top-p, per-request
+seeds) with one device-to-host copy of the chosen ids, and logprob bookkeeping.
 
+Sampled rows draw by the exponential race: argmax(p / E) with E ~ Exp(1) picks token i with probability p_i. Each
+seeded request draws its row's E from its own generator, so its tokens do not depend on the rest of the batch.
 Logprobs are those of the model's own distribution (log_softmax of the logits, before temperature or
 filtering), as vLLM and the OpenAI API report them.
 """
@@ -8,38 +11,51 @@ import torch
 from atomlite.sampling_params import SamplingParams
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token once the tokens before it already cover top_p; the most likely token always stays
-        # (a top_p below float32's smallest value would otherwise drop it too)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        drop[0] = False
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
+def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] -> (unnormalized probabilities in descending order, the token ids of that order).
+
+    Per row: logits / temperature, the top_k most likely kept (top_k >= V keeps all), then the most likely tokens
+    until they cover top_p (the most likely one always stays, even when top_p is below float32's resolution)."""
+    ordered, order = torch.sort(logits / temperature[:, None], dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    ordered = ordered.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p[:, None]
+    drop[:, 0] = False
+    return probs.masked_fill(drop, 0.0), order
 
 
-def sample_one(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """logits [V] fp32."""
-    if params.greedy:
-        return int(torch.argmax(logits))
-    logits = _filter_top_k_top_p(logits / params.temperature, params.top_k, params.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def _race_noise(shape, device, generators: list[torch.Generator | None], shared: torch.Generator) -> torch.Tensor:
+    noise = torch.empty(shape, device=device).exponential_(generator=shared)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            noise[row].exponential_(generator=generator)
+    return noise.clamp_(min=torch.finfo(torch.float32).tiny)  # a draw of exactly 0 would make 0 / 0
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> list[int]:
-    """logits [N, V] -> one token per row. Greedy rows are decided together in one argmax."""
-    tokens = torch.argmax(logits, dim=-1).tolist()
-    for i, p in enumerate(params):
-        if not p.greedy:
-            tokens[i] = sample_one(logits[i], p, generators[i])
-    return tokens
+def _settings(params: list[SamplingParams], vocab: int, device) -> tuple[torch.Tensor, ...]:
+    temperature = [p.temperature for p in params]
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    return (torch.tensor(temperature, dtype=torch.float32).to(device, non_blocking=True),
+            torch.tensor(top_k).to(device, non_blocking=True),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device, non_blocking=True))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           shared: torch.Generator) -> list[int]:
+    """logits [N, V] fp32 -> one token per row. generators[i]: row i's own (seeded) generator or None, which draws
+    from `shared`."""
+    tokens = torch.argmax(logits, dim=-1)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        rows = torch.tensor(sampled, device=logits.device)
+        chosen = [params[i] for i in sampled]
+        probs, order = filtered_probs(logits[rows], *_settings(chosen, logits.shape[-1], logits.device))
+        noise = _race_noise(probs.shape, logits.device, [generators[i] for i in sampled], shared)
+        pick = torch.argmax(probs / noise, dim=-1, keepdim=True)
+        tokens[rows] = order.gather(1, pick)[:, 0]
+    return tokens.tolist()
 
 
 def token_logprobs(logprobs: torch.Tensor, token: int, top_n: int) -> dict[int, float]:
