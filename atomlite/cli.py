@@ -28,6 +28,9 @@ ENGINE_OPTIONS = [
     click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
                  help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
     click.option("--enforce-eager", is_flag=True, help="Never replay decode steps from CUDA/HIP graphs."),
+    click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True,
+                 help="Share of the GPU's memory atomlite may use (weights, activations, graphs, KV cache); "
+                      "the KV cache gets what a profiling run leaves. --kv-cache-memory overrides it."),
     click.option("--max-graph-batch", type=int, default=None,
                  help="Largest decode batch captured in a graph (default: --max-num-seqs)."),
 ]
@@ -45,7 +48,7 @@ def model_dir(kw: dict) -> str:
 
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
-            "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch")
+            "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization")
     args = {k: kw[k] for k in keys}
     args["enable_prefix_caching"] = not kw["no_prefix_caching"]
     return args
@@ -93,6 +96,8 @@ def _startup_report(engine) -> list[str]:
     spec = engine.config.model_spec
     lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
              f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, device {engine.device})"]
+    if engine.memory is not None:
+        lines.append(engine.memory.describe())
     lines += engine.kv_plan.describe()
     lines.append(engine.graph_note)
     lines.append("kernels:")

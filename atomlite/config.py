@@ -138,6 +138,7 @@ class EngineConfig:
     load_format: str = "auto"
     enforce_eager: bool = False
     max_graph_batch: int | None = None
+    gpu_memory_utilization: float = 0.9
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -163,6 +164,8 @@ class EngineConfig:
             raise ConfigError(f"--block-size {self.block_size} must be a power of two")
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"--load-format {self.load_format} is not one of {', '.join(LOAD_FORMATS)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]")
         if self.max_graph_batch is not None and self.max_graph_batch < 1:
             raise ConfigError(f"--max-graph-batch {self.max_graph_batch} must be at least 1 (or use --enforce-eager)")
 

@@ -6,10 +6,12 @@ import logging
 import torch
 
 from atomlite.config import EngineConfig
+from atomlite.errors import ConfigError
 from atomlite.engine.decode_graphs import uncapturable_modules
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sampler import sample, token_logprobs
 from atomlite.engine.scheduler import Scheduler
@@ -62,12 +64,9 @@ def load_checkpoint(model, spec) -> None:
 
 
 def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan, minimum: int) -> int:
+    """CPU without --kv-cache-memory: room for max_num_seqs full sequences, at most CPU_DEFAULT_KV_BYTES."""
     wanted = one_seq_plan.seq_bytes * config.max_num_seqs + 2 * sum(g.block_bytes for g in one_seq_plan.groups)
-    device = config.torch_device
-    if device.type == "cpu":
-        return max(min(wanted, CPU_DEFAULT_KV_BYTES), minimum)
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(min(wanted, int(free * 0.85) - 2**30), minimum)
+    return max(min(wanted, CPU_DEFAULT_KV_BYTES), minimum)
 
 
 def plan_for(config: EngineConfig, specs) -> KVPlan:
@@ -88,7 +87,14 @@ class LLMEngine:
         self.device = config.torch_device
         self.model = build_model(config)
         specs = self.model.kv_specs(config.torch_dtype)
-        self.kv_plan = plan_for(config, specs)
+        self.memory: MemoryProfile | None = None
+        if config.kv_cache_memory is None and self.device.type == "cuda":
+            self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
+                                         min(config.max_num_batched_tokens, config.max_model_len),
+                                         self._graph_batch(), config.block_size)
+            self.kv_plan = self._plan_from_profile(specs)
+        else:
+            self.kv_plan = plan_for(config, specs)
         self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
@@ -103,19 +109,31 @@ class LLMEngine:
         self._generators: dict[int, torch.Generator] = {}
         self.requests: dict[str, Sequence] = {}
 
+    def _plan_from_profile(self, specs) -> KVPlan:
+        config = self.config
+        try:
+            return plan_kv_cache(specs, max(self.memory.kv_budget, 0), config.block_size, config.max_model_len)
+        except ConfigError as e:
+            raise ConfigError(f"{self.memory.describe()}: {e}; or raise --gpu-memory-utilization, lower "
+                              f"--max-num-batched-tokens") from None
+
+    def _graph_batch(self) -> int:
+        """The largest decode batch replayed from a graph; 0 when decode runs eager."""
+        config = self.config
+        if self.device.type != "cuda" or config.enforce_eager or uncapturable_modules(self.model):
+            return 0
+        return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
+
     def _set_up_decode_graphs(self) -> str:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""
-        config = self.config
         if self.device.type != "cuda":
             return "decode graphs: off (no GPU)"
-        if config.enforce_eager:
+        if self.config.enforce_eager:
             return "decode graphs: off (--enforce-eager)"
         blockers = uncapturable_modules(self.model)
         if blockers:
             return f"decode graphs: off, decode runs eager: {', '.join(blockers)} cannot be captured"
-        max_batch = min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs,
-                        config.max_num_batched_tokens)
-        return self.runner.use_decode_graphs(max_batch, config.max_model_len).report.describe()
+        return self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
 
     # -- requests -------------------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

@@ -1,0 +1,80 @@
+"""GPU memory sized by measurement, as vLLM users expect: after the weights load, a profiling prefill of
+--max-num-batched-tokens tokens and an eager decode at the largest graph batch measure the activation peaks on a
+small temporary KV cache; the KV cache then gets what --gpu-memory-utilization leaves of the GPU after the weights,
+the prefill peak, the decode graphs' pool (about one decode forward's peak) and memory outside torch's allocator."""
+import math
+from dataclasses import dataclass
+
+import torch
+
+from atomlite.engine.kv_cache import KVCacheManager, group_specs
+from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.sequence import Sequence
+from atomlite.sampling_params import SamplingParams
+
+GiB = 2**30
+# A graph pool cannot reuse the allocator's free blocks and its split-KV scratch is sized for max_model_len: the
+# eager decode's peak, a quarter more, and a fixed margin (31B: 146-282 MiB measured at batch 16).
+GRAPH_SLACK, GRAPH_MARGIN = 1.25, 256 * 2**20
+
+
+@dataclass
+class MemoryProfile:
+    total: int
+    utilization: float
+    weights: int
+    prefill_peak: int
+    graphs: int
+    outside_torch: int
+
+    @property
+    def kv_budget(self) -> int:
+        return int(self.total * self.utilization) - self.weights - self.prefill_peak - self.graphs - self.outside_torch
+
+    def describe(self) -> str:
+        parts = [("weights", self.weights), ("activation peak", self.prefill_peak), ("graphs", self.graphs),
+                 ("outside torch", self.outside_torch), ("KV cache", max(self.kv_budget, 0))]
+        split = ", ".join(f"{name} {size / GiB:.2f} GiB" for name, size in parts)
+        return f"GPU memory ({self.utilization:.0%} of {self.total / GiB:.1f} GiB): {split}"
+
+
+def _temporary_cache(specs, tokens: int, seqs: int, block_size: int, device) -> KVCacheManager:
+    """Blocks for one sequence of `tokens` tokens plus `seqs` one-block sequences, in every group."""
+    num_blocks = [math.ceil(tokens / block_size) + seqs + 2] * len(group_specs(specs)[0])
+    return KVCacheManager(specs, num_blocks, block_size, device, enable_prefix_caching=False)
+
+
+def _peak_of(run, device) -> int:
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    run()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, int]]:
+    batch = []
+    for length in lengths:
+        seq = Sequence([0] * length, SamplingParams(max_tokens=1))
+        if not kv.allocate(seq, length):
+            raise RuntimeError("the profiling cache is too small")  # sized above: a bug if it happens
+        batch.append((seq, length))
+    return batch
+
+
+def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
+                   decode_batch: int, block_size: int) -> MemoryProfile:
+    """Runs the two profiling forwards on a temporary cache (freed before returning)."""
+    weights = torch.cuda.memory_allocated(device)
+    kv = _temporary_cache(specs, prefill_tokens, decode_batch, block_size, device)
+    runner = ModelRunner(model, kv, device)
+    prefill = _sequences(kv, [prefill_tokens])
+    prefill_peak = _peak_of(lambda: runner.execute(prefill), device)
+    decode_peak = _peak_of(lambda: runner.execute(_sequences(kv, [1] * decode_batch)), device) if decode_batch else 0
+    del runner, kv, prefill
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = (total - free) - torch.cuda.memory_reserved(device)
+    graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
+    return MemoryProfile(total, utilization, weights, prefill_peak, graphs, outside)

@@ -1,0 +1,37 @@
+"""GPU memory sized by a profiling run: the split's arithmetic (CPU) and, on a GPU, the 31B-shaped model at the
+default --gpu-memory-utilization serving a full --max-num-batched-tokens prefill beside a full decode batch."""
+import pytest
+import torch
+
+from atomlite import LLM, SamplingParams
+from atomlite.engine.memory_profile import GiB, MemoryProfile
+
+
+def test_kv_cache_gets_what_the_utilization_leaves():
+    profile = MemoryProfile(total=80 * GiB, utilization=0.9, weights=57 * GiB, prefill_peak=2 * GiB,
+                            graphs=GiB // 2, outside_torch=GiB // 2)
+    assert profile.kv_budget == int(72 * GiB) - 60 * GiB
+    text = profile.describe()
+    assert "90% of 80.0 GiB" in text and "weights 57.00 GiB" in text and "KV cache 12.00 GiB" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
+def test_31b_at_default_utilization_serves_a_full_prefill_beside_a_full_decode_batch():
+    llm = LLM("examples/configs/gemma-4-31B-it", load_format="dummy", dtype="bfloat16", max_model_len=4096,
+              max_num_seqs=16)
+    engine = llm.engine
+    assert engine.memory is not None and engine.memory.kv_budget > 0
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    g = torch.Generator().manual_seed(0)
+    decoders = [engine.add_request(f"d{i}", torch.randint(3, 1000, (8,), generator=g).tolist(), params)
+                for i in range(15)]
+    while not all(s.output_token_ids for s in decoders):
+        engine.step()
+    long = engine.add_request("long", torch.randint(3, 1000, (2048,), generator=g).tolist(),
+                              SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished():  # the next step carries 15 decodes and the prompt's first 2033-token chunk
+        engine.step()
+    assert long.is_finished and all(s.is_finished for s in decoders)
+    assert torch.cuda.max_memory_allocated() <= engine.memory.total * engine.config.gpu_memory_utilization
+    assert all(used == 0 for _, used, _ in engine.kv.usage())
