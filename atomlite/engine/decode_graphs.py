@@ -150,7 +150,8 @@ class DecodeGraphs:
     def capture_all(self) -> CaptureReport:
         """One graph per bucket, largest first, all in one memory pool."""
         torch.cuda.synchronize(self.device)
-        free_before, _ = torch.cuda.mem_get_info(self.device)
+        torch.cuda.empty_cache()  # as each capture does: both readings then hold no released-later cached blocks
+        reserved_before = torch.cuda.memory_reserved(self.device)
         start, pool = time.perf_counter(), None
         for bucket in reversed(self.sizes):
             self.inputs.fill([], bucket)
@@ -163,8 +164,11 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)
-        free_after, _ = torch.cuda.mem_get_info(self.device)
-        self.report = CaptureReport(list(self.sizes), time.perf_counter() - start, free_before - free_after)
+        torch.cuda.empty_cache()
+        # what torch's allocator holds more (the graphs' private pool, the logits buffer), not free memory, which
+        # moves with other processes
+        self.report = CaptureReport(list(self.sizes), time.perf_counter() - start,
+                                    torch.cuda.memory_reserved(self.device) - reserved_before)
         return self.report
 
     def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
