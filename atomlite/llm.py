@@ -15,7 +15,7 @@ class LLM:
     LLM(model=DIR, dtype="auto"|"float32"|"bfloat16"|"float16", device="auto"|"cpu"|"cuda",
         max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),
         kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0,
-        load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None)
+        load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9)
     """
 
     def __init__(self, model: str, **engine_args):
