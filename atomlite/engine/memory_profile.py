@@ -72,6 +72,8 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     prefill = _sequences(kv, [prefill_tokens])
     prefill_peak = _peak_of(lambda: runner.execute(prefill), device)
     decode_peak = _peak_of(lambda: runner.execute(_sequences(kv, [1] * decode_batch)), device) if decode_batch else 0
+    for attention in model.attention_layers():  # let the temporary cache go before the real one is allocated
+        attention.bind_cache(None, None, None)
     del runner, kv, prefill
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
