@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from atomlite.model_ops.torch_ref import paged_attention, varlen_attention
+from atomlite.model_ops.torch_ref import paged_attention
 
 
 def dense_reference(q, k, v, window, scale):
@@ -61,13 +61,3 @@ def test_paged_attention_matches_dense_math(head_dim, heads, kv_heads, window, b
         assert torch.allclose(got.double(), want, atol=1e-5), (b, (got.double() - want).abs().max())
         if return_lse:
             assert torch.allclose(lse[starts[b]:starts[b + 1]].double(), want_lse, atol=1e-5)
-
-
-def test_varlen_attention_chunk_after_prefix_sees_all_earlier_keys():
-    """Queries fewer than keys: the last Lq rows of full causal attention, not the first (top-left)."""
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(24, 4, 512, generator=gen)
-    k, v = torch.randn(24, 2, 512, generator=gen), torch.randn(24, 2, 512, generator=gen)
-    full = varlen_attention(q, k, v, torch.tensor([0, 24]), torch.tensor([0, 24]), 1.0)
-    tail = varlen_attention(q[16:], k, v, torch.tensor([0, 8]), torch.tensor([0, 24]), 1.0)
-    assert torch.allclose(tail, full[16:], atol=1e-5)

@@ -192,10 +192,6 @@ class KVCacheManager:
         return seq.num_computed_tokens
 
     # -- views ----------------------------------------------------------------------------------------------
-    def slot(self, seq: Sequence, group_id: int, position: int) -> int:
-        block = seq.block_tables[group_id][position // self.block_size]
-        return block * self.block_size + position % self.block_size
-
     def usage(self) -> list[tuple[KVSpec, int, int]]:
         """(spec, used blocks, usable blocks) per group."""
         return [(g.spec, g.pool.num_used, g.pool.num_blocks - 1) for g in self.groups]

@@ -1,6 +1,6 @@
 """Pure-torch implementations of every op: the CPU path and the reference every kernel is tested against."""
 from atomlite.model_ops.torch_ref.activation import gelu_tanh_and_mul
-from atomlite.model_ops.torch_ref.attention import paged_attention, varlen_attention
+from atomlite.model_ops.torch_ref.attention import paged_attention
 from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts
@@ -10,11 +10,10 @@ from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
-           "varlen_attention", "write_kv"]
+           "write_kv"]
 
 OPS = {
     "attention": paged_attention,
-    "varlen_attention": varlen_attention,
     "write_kv": write_kv,
     "linear": linear,
     "rms_norm": rms_norm,

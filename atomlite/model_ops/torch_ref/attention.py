@@ -36,23 +36,6 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, win
     return out.to(q.dtype), lse.transpose(0, 1).contiguous()
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor, scale: float, window: int | None = None,
-                     return_lse: bool = False):
-    """Packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D]; sequence b owns rows cu[b]:cu[b+1]."""
-    out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for b in range(len(cq) - 1):
-        if cq[b + 1] == cq[b]:
-            continue
-        o, l = _attend(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], scale, window, return_lse)
-        out[cq[b]:cq[b + 1]] = o
-        if return_lse:
-            lse[cq[b]:cq[b + 1]] = l
-    return (out, lse) if return_lse else out
-
-
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False):
