@@ -102,7 +102,7 @@ class StaticDecodeInputs:
                     table: np.ndarray) -> None:
         n, bs = len(batch), self.block_size
         for i, (seq, _) in enumerate(batch):
-            blocks = seq.block_tables[g]
+            blocks = seq.block_tables[g].array()
             table[i, :len(blocks)] = blocks
             slots[i] = blocks[positions[i] // bs] * bs + positions[i] % bs
         slots[n:bucket] = -1

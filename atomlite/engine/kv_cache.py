@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
+from atomlite.engine.block_table import BlockTable
 from atomlite.engine.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
 
@@ -110,7 +111,7 @@ class KVCacheManager:
             table = seq.block_tables[group.id]
             first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
             table.extend([NULL_BLOCK] * max(0, first - len(table)))
-            table.extend(group.pool.allocate() for _ in range(self._new_blocks_needed(seq, group, num_new_tokens)))
+            table.extend([group.pool.allocate() for _ in range(self._new_blocks_needed(seq, group, num_new_tokens))])
         return True
 
     def free(self, seq: Sequence) -> None:
@@ -131,7 +132,7 @@ class KVCacheManager:
 
     def _ensure_tables(self, seq: Sequence) -> None:
         if not seq.block_tables:
-            seq.block_tables = [[] for _ in self.groups]
+            seq.block_tables = [BlockTable() for _ in self.groups]
             seq.released_until = [0] * len(self.groups)
 
     # -- prefix caching -----------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class KVCacheManager:
         for group, table in zip(self.groups, seq.block_tables):
             first = group.first_needed_block(hit * self.block_size, self.block_size)
             table.extend([NULL_BLOCK] * first)
-            table.extend(group.pool.take_cached(keys[i], self._identity(seq, keys, i)) for i in range(first, hit))
+            table.extend([group.pool.take_cached(keys[i], self._identity(seq, keys, i)) for i in range(first, hit)])
         seq.block_hashes = keys[:hit]
         seq.num_computed_tokens = seq.num_cached_tokens = hit * self.block_size
         return seq.num_computed_tokens

@@ -2,6 +2,7 @@
 tables, then the logits of just the rows that need them."""
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from atomlite.engine.block_pool import NULL_BLOCK
@@ -58,21 +59,21 @@ class ModelRunner:
             positions.extend(range(start, start + num_new))
             starts.append(starts[-1] + num_new)
             seq_lens.append(start + num_new)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        pos = np.array(positions, dtype=np.int64)
         groups = {g.id: self._group_batch(batch, g.id, pos) for g in self.kv.groups}
-        ctx = ForwardContext(pos.to(self.device), self._i32(starts), self._i32(seq_lens), groups)
+        ctx = ForwardContext(torch.from_numpy(pos).to(self.device), self._i32(starts), self._i32(seq_lens), groups)
         return torch.tensor(ids, dtype=torch.int64, device=self.device), ctx
 
-    def _group_batch(self, batch, group_id: int, positions: torch.Tensor) -> GroupBatch:
+    def _group_batch(self, batch, group_id: int, positions: np.ndarray) -> GroupBatch:
         width = max(len(seq.block_tables[group_id]) for seq, _ in batch)
-        table = torch.full((len(batch), width), NULL_BLOCK, dtype=torch.int32)
+        table = np.full((len(batch), width), NULL_BLOCK, dtype=np.int32)
         for b, (seq, _) in enumerate(batch):
-            blocks = seq.block_tables[group_id]
-            table[b, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-        seq_index = torch.repeat_interleave(torch.arange(len(batch)), torch.tensor([n for _, n in batch]))
+            blocks = seq.block_tables[group_id].array()
+            table[b, :len(blocks)] = blocks
+        seq_index = np.repeat(np.arange(len(batch)), [n for _, n in batch])
         bs = self.kv.block_size
-        slots = table[seq_index, positions // bs].long() * bs + positions % bs
-        return GroupBatch(slots.to(self.device), table.to(self.device))
+        slots = table[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        return GroupBatch(torch.from_numpy(slots).to(self.device), torch.from_numpy(table).to(self.device))
 
     def _i32(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=self.device)

@@ -3,6 +3,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+from atomlite.engine.block_table import BlockTable
 from atomlite.sampling_params import SamplingParams
 
 
@@ -25,7 +26,7 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
-    block_tables: list[list[int]] = field(default_factory=list)  # one per KV group
+    block_tables: list[BlockTable] = field(default_factory=list)  # one per KV group
     block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
     released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
     logprobs: list[dict[int, float]] = field(default_factory=list)
