@@ -123,7 +123,15 @@ def profile_prefill(engine, input_len: int) -> list[str]:
     kernels = kernel_events(prof)
     lines = [f"prefill {input_len} tokens: {wall_us / 1e3:.2f} ms (profiled), GPU busy "
              f"{busy_fraction(kernels, wall_us):.1%}"]
-    return lines + summarize(kernels, 1)
+    return lines + summarize(kernels, 1) + host_ops(prof)
+
+
+def host_ops(prof, top: int = 15) -> list[str]:
+    """The host calls that take the step's CPU time (launch APIs, syncs, Python-side ops), by self time."""
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    lines = ["  host calls by self CPU time (ms, calls):"]
+    lines += [f"    {e.self_cpu_time_total / 1e3:7.2f} {e.count:6d}  {e.key[:80]}" for e in events]
+    return lines
 
 
 def main():

@@ -79,14 +79,15 @@ class KVCacheManager:
         self.root_key = root_key(specs, cache_salt)
         self.groups = [KVGroup(i, spec, layers, BlockPool(n))
                        for i, ((spec, layers), n) in enumerate(zip(grouped, num_blocks))]
-        self.caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.caches: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         for group in self.groups:
             shape = (group.pool.num_blocks, block_size, group.spec.num_kv_heads, group.spec.head_dim)
             for layer in group.layers:
-                self.caches[layer] = (torch.zeros(shape, dtype=group.spec.dtype, device=device),
-                                      torch.zeros(shape, dtype=group.spec.dtype, device=device))
+                k = None if group.spec.k_from_v else torch.zeros(shape, dtype=group.spec.dtype, device=device)
+                self.caches[layer] = (k, torch.zeros(shape, dtype=group.spec.dtype, device=device))
 
-    def cache_for_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def cache_for_layer(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, int]:
+        """(K cache, None when the layer derives K from V; V cache; group)."""
         spec = self.specs[layer]
         owner = spec.target if spec.kind == "shared" else layer
         k, v = self.caches[owner]

@@ -13,6 +13,7 @@ class KVSpec:
     dtype: torch.dtype = torch.bfloat16
     window: int | None = None  # sliding: keys with q - k < window are visible
     target: int | None = None  # shared: the layer whose cache this layer reads
+    k_from_v: bool = False  # the layer rebuilds K from V when it attends: the cache holds V only
 
     def __post_init__(self):
         if self.kind not in ("full", "sliding", "shared"):
@@ -24,12 +25,16 @@ class KVSpec:
 
     @property
     def group_key(self) -> tuple:
-        return self.kind, self.num_kv_heads, self.head_dim, self.dtype, self.window
+        return self.kind, self.num_kv_heads, self.head_dim, self.dtype, self.window, self.k_from_v
+
+    @property
+    def tensors_per_token(self) -> int:
+        return 1 if self.k_from_v else 2
 
     @property
     def bytes_per_token(self) -> int:
-        """K and V of one token in one layer."""
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        """K and V (V alone when K is derived from it) of one token in one layer."""
+        return self.tensors_per_token * self.num_kv_heads * self.head_dim * self.dtype.itemsize
 
     def blocks_held(self, seq_len: int, block_size: int) -> int:
         """Most blocks one sequence of seq_len tokens holds in decode."""
@@ -40,4 +45,6 @@ class KVSpec:
 
     def describe(self) -> str:
         shape = f"{self.num_kv_heads} kv heads x {self.head_dim}, {str(self.dtype).removeprefix('torch.')}"
+        if self.k_from_v:
+            shape += ", V only (K derived)"
         return f"sliding(window={self.window}), {shape}" if self.kind == "sliding" else f"full, {shape}"

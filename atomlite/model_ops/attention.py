@@ -3,6 +3,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext
+from atomlite.model_ops.k_from_v import KFromV
 
 
 class Attention(nn.Module):
@@ -10,13 +11,18 @@ class Attention(nn.Module):
 
     The engine binds the cache (bind_cache) after planning memory; a layer that reuses another layer's K/V
     (KV sharing) is bound to that layer's cache with writes_kv=False and is called with k = v = None.
+    With key_rope = (cos table, sin table, rotary pairs), K is a function of V (K = rope(V * w_k), see k_from_v):
+    the layer stores V alone and the attention kernel rebuilds each key; its KV spec says k_from_v.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
+                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale, self.window = scale, window
+        self.scale, self.window, self.key_rope = scale, window, key_rope
         shape = dict(head_dim=head_dim, window=window is not None, gqa=num_heads // num_kv_heads)
+        if key_rope is not None:
+            shape["k_from_v"] = True
         self._attend = dispatch.choose("attention", **shape).fn
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
         self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
@@ -29,6 +35,8 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext) -> torch.Tensor:
         group = ctx.groups[self.group_id]
+        if self.key_rope is not None:
+            raise NotImplementedError("a layer that derives K from V attends through forward_raw (it needs w_k)")
         if k is not None:
             self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
         return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
@@ -41,5 +49,9 @@ class Attention(nn.Module):
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches)
-        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
-                            ctx.query_start_loc, self.scale, self.window)
+        if self.key_rope is None:
+            return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
+                                ctx.query_start_loc, self.scale, self.window)
+        k_from_v = KFromV(k_weight, *self.key_rope)
+        return self._attend(q, None, self.v_cache, group.block_table, ctx.seq_lens, ctx.query_start_loc,
+                            self.scale, self.window, k_from_v=k_from_v)

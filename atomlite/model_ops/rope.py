@@ -28,6 +28,7 @@ def inv_freq_from_params(head_dim: int, params: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, inv_freq: torch.Tensor, max_positions: int):
         super().__init__()
+        self.inv_freq = inv_freq  # host copy: which frequencies turn (see k_from_v)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_table", emb.cos(), persistent=False)

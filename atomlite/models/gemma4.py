@@ -17,6 +17,7 @@ from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
+from atomlite.model_ops.k_from_v import rotary_pairs
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
@@ -39,7 +40,8 @@ def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
 
 
 class Gemma4Attention(nn.Module):
-    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str):
+    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
+                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
         super().__init__()
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
@@ -61,7 +63,7 @@ class Gemma4Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps)
         self.shares_kv = shares_kv
         self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
-        self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window)
+        self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
 
     def forward(self, x, cos, sin, ctx: ForwardContext):
         shape = (x.shape[0], -1, self.head_dim)
@@ -106,10 +108,11 @@ class Gemma4Router(nn.Module):
 
 
 class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str):
+    def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str,
+                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn")
+        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope)
         wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
         self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -160,21 +163,39 @@ class Gemma4Model(nn.Module):
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
         self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
+        self.ropes = self._build_ropes(cfg, spec, max_positions)
+        self.key_from_value = self._key_from_value_layers(spec)
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
-                               i in self.share_targets, lin, f"model.layers.{i}")
+                               i in self.share_targets, lin, f"model.layers.{i}",
+                               self._key_rope(layer.kind) if i in self.key_from_value else None)
             for i, layer in enumerate(spec.layers))
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
         if self.ple_dim:
             self._build_per_layer_embeddings(cfg, len(spec.layers), lin)
+        self.kinds = kinds
+
+    @staticmethod
+    def _build_ropes(cfg: dict, spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
         rope_params = cfg.get("rope_parameters") or {}
-        self.ropes = nn.ModuleDict()
-        for kind in sorted(set(kinds)):
+        ropes = nn.ModuleDict()
+        for kind in sorted({layer.kind for layer in spec.layers}):
             head_dim = next(layer.head_dim for layer in spec.layers if layer.kind == kind)
             params = rope_params.get(f"{kind}_attention") or DEFAULT_ROPE[kind]
-            self.ropes[kind] = RotaryEmbedding(head_dim, inv_freq_from_params(head_dim, params), max_positions)
-        self.kinds = kinds
+            ropes[kind] = RotaryEmbedding(head_dim, inv_freq_from_params(head_dim, params), max_positions)
+        return ropes
+
+    def _key_from_value_layers(self, spec: ModelSpec) -> set[int]:
+        """k_eq_v layers store V alone (K = rope(V * w_k)), unless a KV-sharing layer reads their cache: that
+        layer has no w_k of its own."""
+        read_by_others = set(self.share_targets.values())
+        return {i for i, layer in enumerate(spec.layers)
+                if layer.k_eq_v and i not in self.share_targets and i not in read_by_others}
+
+    def _key_rope(self, kind: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+        rope = self.ropes[kind]
+        return rope.cos_table, rope.sin_table, rotary_pairs(rope.inv_freq)
 
     def _build_per_layer_embeddings(self, cfg: dict, num_layers: int, lin: LinearBuilder) -> None:
         hidden, dim = cfg["hidden_size"], self.ple_dim
@@ -225,7 +246,8 @@ class Gemma4ForCausalLM(nn.Module):
                 specs.append(KVSpec("shared", target=self.model.share_targets[i]))
             else:
                 window = self.model.window if layer.kind == "sliding" else None
-                specs.append(KVSpec(layer.kind, layer.num_kv_heads, layer.head_dim, dtype, window))
+                specs.append(KVSpec(layer.kind, layer.num_kv_heads, layer.head_dim, dtype, window,
+                                    k_from_v=i in self.model.key_from_value))
         return specs
 
     def attention_layers(self) -> list[Attention]:

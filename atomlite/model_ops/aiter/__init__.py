@@ -28,6 +28,8 @@ CK_MAX_HEAD_DIM = 256
 
 def _shape_refusal(op: str, platform, shape: dict) -> str | None:
     head_dim = shape.get("head_dim")
+    if op == "attention" and shape.get("k_from_v"):
+        return "AITER's attention reads a K cache; keys derived from V run on Triton"
     if op == "attention" and head_dim is not None:
         if head_dim > CK_MAX_HEAD_DIM:
             return f"CK flash attention stops at head_dim {CK_MAX_HEAD_DIM} (got {head_dim})"

@@ -6,6 +6,8 @@ tokens (a prefix hit or a later prefill chunk) still sees every earlier key.
 import torch
 import torch.nn.functional as F
 
+from atomlite.model_ops.k_from_v import KFromV
+
 
 def _mask(num_q: int, num_k: int, window: int | None, device: torch.device) -> torch.Tensor:
     q_pos = torch.arange(num_k - num_q, num_k, device=device)[:, None]
@@ -36,15 +38,25 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, win
     return out.to(q.dtype), lse.transpose(0, 1).contiguous()
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False):
+def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV) -> torch.Tensor:
+    """v [Lk, Hkv, D] at positions [Lk] -> K = rope(v * weight), in fp32 and rounded once to v's dtype."""
+    x = v.float() * k_from_v.weight.float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    cos, sin = k_from_v.cos[positions][:, None, :], k_from_v.sin[positions][:, None, :]
+    return (x * cos + rotated * sin).to(v.dtype)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
+                    block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
     logical block); seq_lens [B] keys per sequence including this step's queries; query_start_loc [B+1].
+    With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
     """
-    block_size = k_cache.shape[1]
+    block_size = v_cache.shape[1]
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -56,8 +68,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         first_block = first_needed // block_size
         blocks = block_table[b, first_block:(num_k + block_size - 1) // block_size].long()
         k_offset = first_block * block_size
-        k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset]
         v_b = v_cache[blocks].flatten(0, 1)[:num_k - k_offset]
+        if k_from_v is None:
+            k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset]
+        else:
+            k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v)
         o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, k_offset)
         out[starts[b]:starts[b + 1]] = o
         if return_lse:

@@ -10,13 +10,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                  slot_mapping: torch.Tensor | None = None):
     """q, k, v [T, H, D] raw projections -> (rope(norm(q) w_q), rope(norm(k) w_k), norm(v)). With caches, k and v
-    are stored at slot_mapping (slots < 0 skipped) and returned as None; k = v = None (a KV-sharing layer) gives q
-    alone."""
+    are stored at slot_mapping (slots < 0 skipped) and returned as None (v alone when k_cache is None: a layer that
+    derives K from V); k = v = None (a KV-sharing layer) gives q alone."""
     q = apply_rope(rms_norm(q, q_weight, eps), cos, sin)
     if k is None:
         return q, None, None
     k, v = apply_rope(rms_norm(k, k_weight, eps), cos, sin), rms_norm(v, None, eps)
-    if k_cache is None:
+    if v_cache is None:
         return q, k, v
     write_kv(k, v, k_cache, v_cache, slot_mapping)
     return q, None, None

@@ -28,6 +28,7 @@ OPS = {
 
 MAX_HEAD_DIM = 512
 MAX_GQA_GROUP = 64
+MIN_K_FROM_V_HEAD_DIM = 32  # the rotated columns of each half are read as tiles of at least 16
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -44,6 +45,8 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"head_dim {head_dim} is not a power of two in [16, {MAX_HEAD_DIM}]"
         if shape.get("gqa", 1) > MAX_GQA_GROUP:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+        if shape.get("k_from_v") and head_dim is not None and head_dim < MIN_K_FROM_V_HEAD_DIM:
+            return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
     if op == "linear" and platform.kind == "rocm":
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
     if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:

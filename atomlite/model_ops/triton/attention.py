@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.triton import split_kv
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 
@@ -44,32 +45,69 @@ def _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr):
+    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded."""
+    ptrs = base + block[:, None] * stride_b + slot[:, None] * stride_s + dims[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=k_ok[:, None], other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _derived_key_scores(q_plain, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos, k_ok, cos, sin,
+                        stride_vb, stride_vs, stride_rope, MASKED: tl.constexpr, HALF: tl.constexpr,
+                        ROT: tl.constexpr, ROT_P: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """q . K for K = rope(V * w): the unrotated columns as (q * w) . V, plus the ROT rotated pairs, rebuilt from
+    V's columns [0, ROT) and [HALF, HALF + ROT) at each key's position."""
+    rdims = tl.arange(0, ROT_P)
+    rmask = (rdims < ROT)[None, :] & (k_pos >= 0)[:, None]
+    if MASKED:
+        rmask &= k_ok[:, None]
+    rows = v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + rdims[None, :]
+    x1 = tl.load(rows, mask=rmask, other=0.0).to(tl.float32) * w_r1[None, :]
+    x2 = tl.load(rows + HALF, mask=rmask, other=0.0).to(tl.float32) * w_r2[None, :]
+    table = k_pos[:, None] * stride_rope + rdims[None, :]
+    c = tl.load(cos + table, mask=rmask, other=1.0)
+    s = tl.load(sin + table, mask=rmask, other=0.0)
+    k1 = (x1 * c - x2 * s).to(q_plain.dtype)
+    k2 = (x2 * c + x1 * s).to(q_plain.dtype)
+    scores = tl.dot(q_plain, tl.trans(v_block), input_precision=DOT_PRECISION)
+    scores = tl.dot(q_r1, tl.trans(k1), scores, input_precision=DOT_PRECISION)
+    return tl.dot(q_r2, tl.trans(k2), scores, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_start, tile_end, k_lo, k_hi,
                   window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
+                  q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """Online softmax over key tiles [tile_start, tile_end); scores in log2 units."""
+                  DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr):
+    """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
+    q * w_k with the rotated columns zeroed (see _derived_key_scores)."""
     dims = tl.arange(0, HEAD_DIM)
     for kv_tile in range(tile_start, tile_end):
         k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         slot = k_pos % BLOCK_SIZE
+        # Rows outside [k_lo, k_hi) may live in null or unwritten blocks: never load them.
+        k_ok = (k_pos >= k_lo) & (k_pos < k_hi)
         if MASKED:
-            # Rows outside [k_lo, k_hi) may live in null or unwritten blocks: never load them.
-            k_ok = (k_pos >= k_lo) & (k_pos < k_hi)
             block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-            k_block = tl.load(k_base + block[:, None] * stride_kb + slot[:, None] * stride_ks + dims[None, :],
-                              mask=k_ok[:, None], other=0.0)
-            v_block = tl.load(v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + dims[None, :],
-                              mask=k_ok[:, None], other=0.0)
         else:
             block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
-            k_block = tl.load(k_base + block[:, None] * stride_kb + slot[:, None] * stride_ks + dims[None, :])
-            v_block = tl.load(v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + dims[None, :])
+        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED)
         if UPCAST:
-            k_block = k_block.to(tl.float32)
             v_block = v_block.to(tl.float32)
-        scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION) * scale_log2
+        if DERIVE_K:
+            scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
+                                         k_ok, cos, sin, stride_vb, stride_vs, stride_rope, MASKED,
+                                         HEAD_DIM // 2, ROT, ROT_P, DOT_PRECISION)
+        else:
+            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED)
+            if UPCAST:
+                k_block = k_block.to(tl.float32)
+            scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION)
+        scores = scores * scale_log2
         if MASKED:
             visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
             if HAS_WINDOW:
@@ -87,14 +125,33 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
 
 
 @triton.jit
+def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, ROT: tl.constexpr,
+                   ROT_P: tl.constexpr):
+    """For keys derived from V: (q * w_k with the rotated columns zeroed, q's rotated columns of each half, and
+    w_k's). Folding w_k into q leaves the unrotated part of q . K a plain q . V."""
+    dims = tl.arange(0, HEAD_DIM)
+    w = tl.load(k_weight + dims).to(tl.float32)
+    q_plain = tl.where(((dims % (HEAD_DIM // 2)) < ROT)[None, :], 0.0, q_block.to(tl.float32) * w[None, :])
+    rdims = tl.arange(0, ROT_P)
+    r_ok = rdims < ROT
+    q_r1 = tl.load(q_rows + rdims[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+    q_r2 = tl.load(q_rows + HEAD_DIM // 2 + rdims[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+    w_r1 = tl.load(k_weight + rdims, mask=r_ok, other=0.0).to(tl.float32)
+    w_r2 = tl.load(k_weight + HEAD_DIM // 2 + rdims, mask=r_ok, other=0.0).to(tl.float32)
+    dtype = q_block.dtype
+    return q_plain.to(dtype), q_r1.to(dtype), q_r2.to(dtype), w_r1, w_r2
+
+
+@triton.jit
 def _attention_kernel(
-        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc,
+        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin,
         scale_log2, window, num_seqs, num_heads, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_ot, stride_oh, stride_os, stride_ls, stride_bt,
+        stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope,
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
-        SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
+        ROT: tl.constexpr, ROT_P: tl.constexpr):
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -113,10 +170,17 @@ def _attention_kernel(
     row_ok = (q_local < q_len) & (rows < BLOCK_Q * GROUP)
     q_pos = k_len - q_len + q_local
     dims = tl.arange(0, HEAD_DIM)
-    q_tile_ptrs = q + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :]
-    q_block = tl.load(q_tile_ptrs, mask=row_ok[:, None], other=0.0)
+    q_rows = q + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh
+    q_block = tl.load(q_rows + dims[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q_block = q_block.to(tl.float32)
+    if DERIVE_K:
+        q_block, q_r1, q_r2, w_r1, w_r2 = _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM, ROT, ROT_P)
+    else:
+        q_r1 = q_block
+        q_r2 = q_block
+        w_r1 = dims
+        w_r2 = dims
 
     first_pos = k_len - q_len + q_tile * BLOCK_Q
     k_hi = tl.minimum(k_len, first_pos + BLOCK_Q)
@@ -148,16 +212,16 @@ def _attention_kernel(
     v_base = v_cache + kv_head * stride_vh
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, True, HAS_WINDOW, BLOCK_N,
-        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
+        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, False, HAS_WINDOW, BLOCK_N,
-        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
+        False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, True, HAS_WINDOW, BLOCK_N,
-        HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION)
+        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
+        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -170,14 +234,14 @@ def _attention_kernel(
         tl.store(lse_ptrs, row_lse, mask=row_ok)
 
 
-def pick_config(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, group: int) -> AttnConfig:
+def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int) -> AttnConfig:
     """Tile shapes by head_dim and batch shape; decode-like batches (about one query per sequence) get split-KV."""
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
     if num_tokens <= 2 * num_seqs:
         block_n = 32 if head_dim >= 512 or wide else 64
-        max_keys = block_table.shape[1] * k_cache.shape[1]
-        splits = split_kv.num_splits(q.device, num_seqs * k_cache.shape[2], max_keys, block_n)
+        max_keys = block_table.shape[1] * cache.shape[1]
+        splits = split_kv.num_splits(q.device, num_seqs * cache.shape[2], max_keys, block_n)
         return AttnConfig(16, block_n, 4, 3, splits)
     # AMD's MFMA layouts hold more of a tile per lane: the bf16 tiles below spilled 98-379 VGPRs on gfx942 and
     # gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
@@ -190,9 +254,9 @@ def pick_config(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tenso
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
-           config: AttnConfig):
+           config: AttnConfig, k_from_v: KFromV | None = None):
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
     num_seqs = block_table.shape[0]
     if q.stride(2) != 1:
@@ -211,26 +275,33 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     else:
         dest, dest_lse = out, lse
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, splits)
+    if k_from_v is None:
+        k_weight = cos = sin = q  # never read
+        rot = 0
+    else:
+        k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
-        query_start_loc, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
+        query_start_loc, k_weight, cos, sin, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         dest.stride(-3), dest.stride(-2), dest.stride(0) if splits > 1 else 0,
-        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0),
+        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0), cos.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
+        DERIVE_K=k_from_v is not None, ROT=rot, ROT_P=max(16, triton.next_power_of_2(rot)),
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         split_kv.combine(part_out, part_lse, out, lse)
     return (out, lse) if return_lse else out
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False):
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
+                    block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None):
     """Same contract as torch_ref.paged_attention."""
-    group = q.shape[1] // k_cache.shape[2]
-    config = pick_config(q, k_cache, block_table, group)
-    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config)
+    group = q.shape[1] // v_cache.shape[2]
+    config = pick_config(q, v_cache, block_table, group)
+    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,
+                  k_from_v)

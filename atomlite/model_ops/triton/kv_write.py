@@ -10,7 +10,7 @@ from atomlite.model_ops.triton.common import run_kernel
 def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping + token).to(tl.int64)
     if slot < 0:
@@ -20,20 +20,24 @@ def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_di
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < num_kv_heads) & (dims < head_dim)
     # Plain copies: no arithmetic, so the interpreter's bf16 bug cannot touch them.
-    k_row = tl.load(k + token * stride_kt + heads * stride_kh + dims, mask=mask)
+    if STORE_K:
+        k_row = tl.load(k + token * stride_kt + heads * stride_kh + dims, mask=mask)
+        k_dst = k_cache + block * stride_kcb + offset * stride_kcs + heads * stride_kch + dims
+        tl.store(k_dst, k_row.to(k_cache.dtype.element_ty), mask=mask)
     v_row = tl.load(v + token * stride_vt + heads * stride_vh + dims, mask=mask)
-    k_dst = k_cache + block * stride_kcb + offset * stride_kcs + heads * stride_kch + dims
     v_dst = v_cache + block * stride_vcb + offset * stride_vcs + heads * stride_vch + dims
-    tl.store(k_dst, k_row.to(k_cache.dtype.element_ty), mask=mask)
     tl.store(v_dst, v_row.to(v_cache.dtype.element_ty), mask=mask)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Same contract as torch_ref.write_kv: k, v [T, Hkv, D]; slots < 0 are skipped."""
-    num_tokens, num_kv_heads, head_dim = k.shape
+    """Same contract as torch_ref.write_kv: k, v [T, Hkv, D]; slots < 0 are skipped; no K cache: v alone."""
+    num_tokens, num_kv_heads, head_dim = v.shape
     if num_tokens == 0:
         return
+    store_k = k_cache is not None
+    if not store_k:
+        k, k_cache = v, v_cache  # never read or written
     if k.stride(2) != 1:
         k = k.contiguous()
     if v.stride(2) != 1:
@@ -43,5 +47,5 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), BLOCK_SIZE=k_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d,
+        v_cache.stride(2), BLOCK_SIZE=v_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d, STORE_K=store_k,
         num_warps=4 if block_h * block_d <= 4096 else 8)

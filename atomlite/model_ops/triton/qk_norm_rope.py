@@ -15,7 +15,7 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr):
     token = tl.program_id(0)
     row = tl.program_id(1)  # q heads, then k heads, then v heads
     cols = tl.arange(0, BLOCK_HALF)
@@ -36,6 +36,8 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         if TO_CACHE:
             slot = tl.load(slot_mapping + token).to(tl.int64)
             keep = slot >= 0
+            if not STORE_K:  # a layer that derives K from V stores V alone
+                keep = keep & is_v
             slot = tl.maximum(slot, 0)
             offset = (slot // BLOCK_SIZE) * stride_d0 + (slot % BLOCK_SIZE) * stride_d1 + head * stride_dh
         else:
@@ -86,13 +88,14 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     """Same contract as torch_ref.qk_norm_rope."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = 0 if k is None else k.shape[1]
-    to_cache = k is not None and k_cache is not None
+    to_cache = k is not None and v_cache is not None
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if k is None:
         k = v = k_dst = v_dst = q  # unused: no program reaches a K or V row
         k_out = v_out = None
     elif to_cache:
-        k_dst, v_dst, k_out, v_out = k_cache, v_cache, None, None
+        k_dst = v_cache if k_cache is None else k_cache  # without a K cache no K row is stored
+        v_dst, k_out, v_out = v_cache, None, None
     else:
         k_dst = k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         v_dst = v_out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -108,6 +111,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0),
                    HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
-                   BLOCK_SIZE=k_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
+                   BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
+                   STORE_K=k_cache is not None,
                    num_warps=4 if head_dim >= 512 else 2)
     return q_out, k_out, v_out

@@ -1,0 +1,117 @@
+"""Layers whose K is a function of V store V alone: K = rope(V * w_k), rebuilt by the attention kernels.
+
+The reference is checked against attention over an explicitly built K cache; the Triton kernel (interpreter on
+CPU, compiled on a GPU) against the reference, through prefill, decode, split-KV, windows and GQA.
+"""
+import pytest
+import torch
+
+from atomlite import LLM
+from atomlite.model_ops import torch_ref
+from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
+from atomlite.model_ops.rope import RotaryEmbedding, default_inv_freq, proportional_inv_freq
+from atomlite.model_ops.triton import attention as tri
+from helpers import greedy, random_prompt
+from test_triton_attention import DEVICE, K_LENS, Q_LENS, paged_batch
+
+MAX_POSITIONS = 1024
+
+
+def key_rule(head_dim: int, partial: float | None, device: str = "cpu", seed: int = 0) -> KFromV:
+    inv_freq = (default_inv_freq(head_dim, 10_000.0) if partial is None
+                else proportional_inv_freq(head_dim, 1_000_000.0, partial))
+    rope = RotaryEmbedding(head_dim, inv_freq, MAX_POSITIONS)
+    weight = 1.0 + 0.5 * torch.rand(head_dim, generator=torch.Generator().manual_seed(seed)) - 0.25
+    return KFromV(weight.to(device), rope.cos_table.to(device), rope.sin_table.to(device), rotary_pairs(inv_freq))
+
+
+def explicit_k_cache(v_cache, block_table, seq_lens, rule: KFromV) -> torch.Tensor:
+    """K for every stored slot, computed from V at the slot's position (blocks no sequence owns stay NaN)."""
+    k_cache = torch.full_like(v_cache, float("nan"))
+    block_size = v_cache.shape[1]
+    for b, length in enumerate(seq_lens.tolist()):
+        for i in range(-(-length // block_size)):
+            block = int(block_table[b, i])
+            if block == 0:
+                continue  # dropped before the window
+            positions = torch.arange(i * block_size, (i + 1) * block_size, device=v_cache.device)
+            k_cache[block] = torch_ref.attention.keys_from_values(v_cache[block], positions, rule)
+    return k_cache
+
+
+def test_rotary_pairs_counts_the_turning_frequencies():
+    assert rotary_pairs(default_inv_freq(64, 10_000.0)) == 32
+    assert rotary_pairs(proportional_inv_freq(512, 1e6, 0.25)) == 64
+    with pytest.raises(ValueError, match="rotating frequencies first"):
+        rotary_pairs(torch.tensor([1.0, 0.0, 0.5]))
+
+
+@pytest.mark.parametrize("partial,window", [(0.25, None), (None, 6)])
+def test_reference_equals_attention_over_an_explicit_k_cache(partial, window):
+    q, _, v_cache, table, seq_lens, starts = paged_batch(Q_LENS, K_LENS, 4, 2, 64, 16, torch.float32, window)
+    rule = key_rule(64, partial)
+    k_cache = explicit_k_cache(v_cache, table, seq_lens, rule)
+    expected = torch_ref.paged_attention(q, k_cache, v_cache, table, seq_lens, starts, 0.125, window)
+    derived = torch_ref.paged_attention(q, None, v_cache, table, seq_lens, starts, 0.125, window, k_from_v=rule)
+    torch.testing.assert_close(derived, expected, atol=1e-5, rtol=1e-5)
+
+
+def assert_matches_reference(out, args, scale, window, rule, return_lse):
+    upcast = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    ref_out, ref_lse = torch_ref.paged_attention(*upcast, scale, window, True, k_from_v=rule)
+    out, lse = out if return_lse else (out, None)
+    assert not out.isnan().any()
+    tolerance = 2e-5 if out.dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), ref_out, atol=tolerance, rtol=tolerance)
+    if lse is not None:
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head_dim,num_heads,num_kv_heads,block_size,window,partial,dtype,return_lse", [
+    (64, 4, 2, 16, None, 0.25, torch.float32, True),  # 8 rotated pairs: padded to a 16-column tile
+    (64, 2, 1, 16, 8, None, torch.float32, False),  # every pair rotates, window smaller than a block
+    (256, 8, 1, 32, None, 0.25, torch.float32, True),  # GQA 8
+    (512, 4, 2, 16, None, 0.25, torch.bfloat16, True),  # Gemma 4's global layers: 64 of 256 pairs turn
+])
+def test_triton_derived_keys_match_reference(head_dim, num_heads, num_kv_heads, block_size, window, partial, dtype,
+                                             return_lse):
+    args = paged_batch(Q_LENS, K_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype, window, DEVICE, seed=3)
+    q, _, v_cache, table, seq_lens, starts = args
+    rule = key_rule(head_dim, partial, DEVICE)
+    rule = KFromV(rule.weight.to(dtype), rule.cos, rule.sin, rule.rotary_pairs)
+    scale = head_dim ** -0.5
+    out = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, window, return_lse, k_from_v=rule)
+    assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), scale, window, rule, return_lse)
+
+
+@pytest.mark.parametrize("window", [None, 48])
+def test_triton_derived_keys_with_split_kv_match_reference(window):
+    q, _, v_cache, table, seq_lens, starts = paged_batch([1, 5, 1], [130, 70, 9], 4, 2, 64, 16, torch.float32,
+                                                         window, DEVICE, seed=4)
+    rule = key_rule(64, 0.25, DEVICE)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, num_splits=3)
+    out = tri.launch(q, None, v_cache, table, seq_lens, starts, 0.125, window, True, config, rule)
+    assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, window, rule, True)
+
+
+def test_k_eq_v_layers_store_v_alone(checkpoints):
+    path, _ = checkpoints.get("dense")
+    llm = LLM(str(path), dtype="float32", device="cpu")
+    engine = llm.engine
+    specs = engine.model.kv_specs(torch.float32)
+    derived = [i for i, spec in enumerate(specs) if spec.k_from_v]
+    assert derived and all(specs[i].kind == "full" for i in derived)
+    for i in derived:
+        k_cache, v_cache, _ = engine.runner.kv.cache_for_layer(i)
+        assert k_cache is None and v_cache is not None
+        assert specs[i].bytes_per_token == specs[i].num_kv_heads * specs[i].head_dim * 4
+
+
+def test_greedy_tokens_equal_between_torch_and_triton_with_derived_keys(checkpoints):
+    path, _ = checkpoints.get("moe")
+    prompts = [random_prompt(n, seed=n) for n in (3, 17, 30)]
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(path), dtype="float32", device="cpu", kernel_backend=backend)
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))]
+    assert tokens["torch"] == tokens["triton"]
