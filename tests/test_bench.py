@@ -101,13 +101,14 @@ def test_bench_serve_without_a_server_is_one_line(tmp_path):
 
 
 def test_decode_roofline_bytes_of_31b():
-    """Weights once per step plus the tied lm_head; KV of sliding layers clamps at the window (1024)."""
+    """Weights once per step plus the tied lm_head; KV of sliding layers clamps at the window (1024); the global
+    (k_eq_v) layers hold V alone."""
     config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it", dtype="bfloat16")
     model = meta_model(config, Platform())
     specs = model.kv_specs(torch.bfloat16)
-    per_token = 50 * 2 * 16 * 256 * 2 + 10 * 2 * 4 * 512 * 2  # sliding + global layers, K and V, bf16
+    per_token = 50 * 2 * 16 * 256 * 2 + 10 * 4 * 512 * 2  # sliding layers K and V, global layers V, bf16
     assert kv_bytes_read(specs, 2, 512) == 2 * 512 * per_token
-    sliding_at_window = 50 * 2 * 16 * 256 * 2 * 1024 + 10 * 2 * 4 * 512 * 2 * 4096
+    sliding_at_window = 50 * 2 * 16 * 256 * 2 * 1024 + 10 * 4 * 512 * 2 * 4096
     assert kv_bytes_read(specs, 1, 4096) == sliding_at_window
     non_embedding = sum(p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n)
     assert weight_bytes_read(model, 1) == non_embedding

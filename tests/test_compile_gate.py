@@ -34,6 +34,8 @@ def test_attention_at_gemma4_shapes_spills_no_vgprs_on_gfx950(rocm_results):
     attention = [r for r in rocm_results if r.platform == "gfx950" and r.kernel == "attention._attention_kernel"]
     shapes = {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in attention}
     assert shapes >= {(512, False, False), (256, True, False), (512, False, True), (256, True, True)}
+    derived = {(r.constexprs["HEAD_DIM"], r.constexprs["SPLIT_KV"]) for r in attention if r.constexprs["DERIVE_K"]}
+    assert derived == {(512, False), (512, True)}  # k_eq_v global layers rebuild K from V
     spilled = [f"{r.describe()}: {r.stats}" for r in attention if r.stats["spills"]]
     assert not spilled, "\n".join(spilled)
 

@@ -45,7 +45,7 @@ def test_sharded_multimodal_checkpoint_never_reads_tower_tensors(checkpoints, tm
 
 
 @pytest.mark.parametrize("name,params,sliding_kib,full_kib", [
-    ("gemma-4-31B-it", 30.70e9, 800.0, 80.0), ("gemma-4-26B-A4B-it", 25.23e9, 200.0, 20.0)])
+    ("gemma-4-31B-it", 30.70e9, 800.0, 40.0), ("gemma-4-26B-A4B-it", 25.23e9, 200.0, 10.0)])  # full: V alone (k_eq_v)
 def test_plan_on_real_dimensions_counts_params_and_kv_bytes(name, params, sliding_kib, full_kib):
     config = EngineConfig(model=str(REAL / name), max_model_len=32768)
     model = meta_model(config, Platform())

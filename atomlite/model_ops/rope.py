@@ -4,15 +4,16 @@ from torch import nn
 
 
 
+# Frequencies live on the host (whatever the default device): layers read from them which ones turn.
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
 
 
 def proportional_inv_freq(head_dim: int, theta: float, partial_rotary_factor: float) -> torch.Tensor:
     """Only the first int(factor * head_dim // 2) frequencies rotate (denominator is the full head_dim)."""
     rotated = int(partial_rotary_factor * head_dim // 2)
-    inv = torch.zeros(head_dim // 2, dtype=torch.float32)
-    inv[:rotated] = 1.0 / (theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim))
+    inv = torch.zeros(head_dim // 2, dtype=torch.float32, device="cpu")
+    inv[:rotated] = 1.0 / (theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32, device="cpu") / head_dim))
     return inv
 
 
@@ -28,8 +29,9 @@ def inv_freq_from_params(head_dim: int, params: dict) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, inv_freq: torch.Tensor, max_positions: int):
         super().__init__()
-        self.inv_freq = inv_freq  # host copy: which frequencies turn (see k_from_v)
-        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.inv_freq = inv_freq  # on the host: which frequencies turn (see k_from_v)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)

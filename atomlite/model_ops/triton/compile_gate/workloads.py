@@ -13,7 +13,10 @@ import torch
 
 from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.rope import inv_freq_from_params
+from atomlite.models.gemma4 import DEFAULT_ROPE
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN
 
@@ -81,6 +84,16 @@ def _attention_layer(r: Recorder, hf: dict, layer: LayerAttention, window: int |
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
     r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
            meta(step.num_seqs + 1, **int32), 1.0, window)
+    if layer.k_eq_v:  # the model's layers store V alone and rebuild K (models/gemma4.py)
+        r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, cache, slots)
+        r.call("attention", {**shape, "k_from_v": True}, q, None, cache, table, meta(step.num_seqs, **int32),
+               meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(hf, layer))
+
+
+def _key_rule(hf: dict, layer: LayerAttention) -> KFromV:
+    params = (hf.get("rope_parameters") or {}).get(f"{layer.kind}_attention") or DEFAULT_ROPE[layer.kind]
+    table = meta(hf["max_position_embeddings"], layer.head_dim, dtype=torch.float32)
+    return KFromV(meta(layer.head_dim), table, table, rotary_pairs(inv_freq_from_params(layer.head_dim, params)))
 
 
 def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int) -> None:
