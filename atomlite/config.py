@@ -10,6 +10,9 @@ from atomlite.hub import config_snapshot, is_repo_id
 from atomlite.registry import MODELS
 
 MULTIMODAL_MODEL_TYPES = {"gemma4"}
+# Gemma 4's RoPE per layer kind when the config's rope_parameters leave it out
+DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
+                "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,9 @@ class ModelSpec:
     @property
     def max_position_embeddings(self) -> int:
         return int(self.hf.get("max_position_embeddings", 8192))
+
+    def rope_parameters(self, kind: str) -> dict:
+        return (self.hf.get("rope_parameters") or {}).get(f"{kind}_attention") or DEFAULT_ROPE[kind]
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -23,9 +23,6 @@ from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 
-DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
-
 
 def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
     """Shared layer -> the last earlier non-shared layer of its kind, whose K/V it reuses."""
@@ -163,7 +160,7 @@ class Gemma4Model(nn.Module):
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
         self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
-        self.ropes = self._build_ropes(cfg, spec, max_positions)
+        self.ropes = self._build_ropes(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
@@ -177,13 +174,12 @@ class Gemma4Model(nn.Module):
         self.kinds = kinds
 
     @staticmethod
-    def _build_ropes(cfg: dict, spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
-        rope_params = cfg.get("rope_parameters") or {}
+    def _build_ropes(spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
         ropes = nn.ModuleDict()
         for kind in sorted({layer.kind for layer in spec.layers}):
             head_dim = next(layer.head_dim for layer in spec.layers if layer.kind == kind)
-            params = rope_params.get(f"{kind}_attention") or DEFAULT_ROPE[kind]
-            ropes[kind] = RotaryEmbedding(head_dim, inv_freq_from_params(head_dim, params), max_positions)
+            inv_freq = inv_freq_from_params(head_dim, spec.rope_parameters(kind))
+            ropes[kind] = RotaryEmbedding(head_dim, inv_freq, max_positions)
         return ropes
 
     def _key_from_value_layers(self, spec: ModelSpec) -> set[int]:

@@ -16,7 +16,6 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
-from atomlite.models.gemma4 import DEFAULT_ROPE
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN
 
@@ -71,8 +70,8 @@ class Recorder:
         self.launches += [(label, launch) for launch in launches]
 
 
-def _attention_layer(r: Recorder, hf: dict, layer: LayerAttention, window: int | None) -> None:
-    step, heads, dim, kv_heads = r.step, hf["num_attention_heads"], layer.head_dim, layer.num_kv_heads
+def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window: int | None) -> None:
+    step, heads, dim, kv_heads = r.step, spec.hf["num_attention_heads"], layer.head_dim, layer.num_kv_heads
     q, k = meta(step.tokens, heads, dim), meta(step.tokens, kv_heads, dim)
     cos, weight, slots = meta(step.tokens, dim), meta(dim), meta(step.tokens, dtype=torch.int64)
     cache = meta(NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim)
@@ -87,13 +86,13 @@ def _attention_layer(r: Recorder, hf: dict, layer: LayerAttention, window: int |
     if layer.k_eq_v:  # the model's layers store V alone and rebuild K (models/gemma4.py)
         r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, cache, slots)
         r.call("attention", {**shape, "k_from_v": True}, q, None, cache, table, meta(step.num_seqs, **int32),
-               meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(hf, layer))
+               meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer))
 
 
-def _key_rule(hf: dict, layer: LayerAttention) -> KFromV:
-    params = (hf.get("rope_parameters") or {}).get(f"{layer.kind}_attention") or DEFAULT_ROPE[layer.kind]
-    table = meta(hf["max_position_embeddings"], layer.head_dim, dtype=torch.float32)
-    return KFromV(meta(layer.head_dim), table, table, rotary_pairs(inv_freq_from_params(layer.head_dim, params)))
+def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:
+    inv_freq = inv_freq_from_params(layer.head_dim, spec.rope_parameters(layer.kind))
+    table = meta(spec.max_position_embeddings, layer.head_dim, dtype=torch.float32)
+    return KFromV(meta(layer.head_dim), table, table, rotary_pairs(inv_freq))
 
 
 def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int) -> None:
@@ -128,7 +127,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), None)  # after the MLP
     window = hf.get("sliding_window")
     for layer in sorted(set(spec.layers), key=lambda layer: (layer.kind, layer.head_dim, layer.num_kv_heads)):
-        _attention_layer(r, hf, layer, window if layer.kind == "sliding" else None)
+        _attention_layer(r, spec, layer, window if layer.kind == "sliding" else None)
     inner = [hf["intermediate_size"]] + ([2 * hf["intermediate_size"]] if hf.get("use_double_wide_mlp") else [])
     for width in inner:
         r.call("gelu_tanh_and_mul", dict(dim=width), meta(tokens, 2 * width))
