@@ -2,7 +2,7 @@
 
 Routing per batch: a batch with as many queries as sequences (T == B; the scheduler gives every scheduled sequence at
 least one token, so each has exactly one) and no LSE asked for is a decode batch -> paged_attention_v1 over the NHD
-cache (pa_fwd_asm when the cache was allocated in the ASM layout). Anything else -> flash_attn_varlen_func on K/V
+cache. Anything else -> flash_attn_varlen_func on K/V
 gathered from the paged cache; the gather copies only the keys a query can see (the window is applied there too).
 flash_attn_varlen_func's own block_table path is not used: it needs page sizes that are a multiple of 128, and
 atomlite's blocks are 16 by default.
@@ -14,7 +14,6 @@ import torch
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.aiter import detect, functions as F
-from atomlite.model_ops.aiter.kv_layout import ASM_HEAD_DIM, asm_to_nhd, block_size_of, is_asm
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PARTITION_SIZE = 256
@@ -40,8 +39,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                          window, return_lse)
     q = q.contiguous()  # the kernels take one row stride and assume packed heads
     if q.shape[0] == seq_lens.shape[0] and not return_lse:
-        if is_asm(k_cache):
-            return _decode_asm(q, k_cache, v_cache, block_table, seq_lens, scale)
         return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window)
     return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse)
 
@@ -56,8 +53,8 @@ def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_si
 def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window):
     num_seqs, num_heads, head_dim = q.shape
     # The table's capacity bounds every context without reading seq_lens on the host (graph capture stays possible).
-    max_len = block_table.shape[1] * block_size_of(k_cache)
-    partition = max(PARTITION_SIZE, block_size_of(k_cache))
+    max_len = block_table.shape[1] * k_cache.shape[1]
+    partition = max(PARTITION_SIZE, k_cache.shape[1])
     workspace = torch.empty(decode_workspace_bytes(num_seqs, num_heads, head_dim, q.element_size(), max_len,
                                                    partition), dtype=torch.uint8, device=q.device)
     out = torch.empty_like(q)
@@ -70,16 +67,9 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window):
     return out
 
 
-def _decode_asm(q, k_cache, v_cache, block_table, seq_lens, scale):
-    # pa_fwd_asm's softmax scale is fixed at 1/sqrt(128); a layer's own scale is folded into q.
-    q_scaled = q * (scale * math.sqrt(ASM_HEAD_DIM))
-    return detect.call(F.ASM_DECODE, Q=q_scaled, K=k_cache, V=v_cache, block_tables=block_table,
-                       context_lens=seq_lens, block_tables_stride0=block_table.stride(0))
-
-
 def gather_kv(k_cache, v_cache, block_table, seq_lens, query_start_loc, window):
     """Keys each sequence's queries can see, packed: (k, v [Tk, Hkv, D], cu_seqlens_k int32 [B+1], max_k)."""
-    block_size = block_size_of(k_cache)
+    block_size = k_cache.shape[1]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     blocks, rows, cu_k = [], [], [0]
     gathered = 0
@@ -97,8 +87,6 @@ def gather_kv(k_cache, v_cache, block_table, seq_lens, query_start_loc, window):
         cu_k.append(cu_k[-1] + num_k - first)
     ids = torch.cat(blocks).long()
     k_blocks, v_blocks = k_cache[ids], v_cache[ids]
-    if is_asm(k_cache):
-        k_blocks, v_blocks = asm_to_nhd(k_blocks, v_blocks)
     index = torch.cat(rows).to(k_cache.device)
     k = k_blocks.flatten(0, 1).index_select(0, index)
     v = v_blocks.flatten(0, 1).index_select(0, index)
@@ -121,13 +109,8 @@ def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """torch_ref.write_kv's contract: NHD caches via reshape_and_cache_flash, ASM-layout caches via
-    reshape_and_cache(asm_layout=True). Both skip slots < 0."""
+    """torch_ref.write_kv's contract on reshape_and_cache_flash (NHD cache; slots < 0 are skipped)."""
     k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
-    if is_asm(k_cache):
-        detect.call(F.WRITE_KV_ASM, key=k, value=v, key_cache=k_cache, value_cache=v_cache,
-                    slot_mapping=slot_mapping, kv_cache_dtype="auto", asm_layout=True)
-        return
     one = unit_scale(k.device)
     detect.call(F.WRITE_KV_NHD, key=k, value=v, key_cache=k_cache, value_cache=v_cache, slot_mapping=slot_mapping,
                 kv_cache_dtype="auto", k_scale=one, v_scale=one)
