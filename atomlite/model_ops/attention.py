@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.context import ForwardContext
+from atomlite.model_ops.context import ForwardContext, GroupBatch
 
 
 class Attention(nn.Module):
@@ -31,8 +31,7 @@ class Attention(nn.Module):
         group = ctx.groups[self.group_id]
         if k is not None:
             self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
-        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
-                            ctx.query_start_loc, self.scale, self.window)
+        return self._attention(q, ctx, group)
 
     def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
@@ -41,5 +40,8 @@ class Attention(nn.Module):
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches)
-        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
-                            ctx.query_start_loc, self.scale, self.window)
+        return self._attention(q, ctx, group)
+
+    def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch) -> torch.Tensor:
+        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens, ctx.query_start_loc,
+                            self.scale, self.window, host=ctx.host, derived=group.derived)

@@ -6,6 +6,8 @@ tokens (a prefix hit or a later prefill chunk) still sees every earlier key.
 import torch
 import torch.nn.functional as F
 
+from atomlite.model_ops.context import HostBatch
+
 
 def _mask(num_q: int, num_k: int, window: int | None, device: torch.device) -> torch.Tensor:
     q_pos = torch.arange(num_k - num_q, num_k, device=device)[:, None]
@@ -38,11 +40,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, win
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False):
+                    window: int | None = None, return_lse: bool = False, host: HostBatch | None = None,
+                    derived: dict | None = None):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
     logical block); seq_lens [B] keys per sequence including this step's queries; query_start_loc [B+1].
+    host: the same lengths on the host, when the caller has them; derived: where a backend may keep what it derives
+    from this step's batch for this KV group (GroupBatch.derived). The reference needs neither.
     """
     block_size = k_cache.shape[1]
     out = torch.empty_like(q)
