@@ -92,7 +92,6 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
 
 
 def _startup_report(engine) -> list[str]:
-    from atomlite.model_ops import dispatch
     spec = engine.config.model_spec
     lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
              f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, device {engine.device})"]
@@ -101,7 +100,7 @@ def _startup_report(engine) -> list[str]:
     lines += engine.kv_plan.describe()
     lines.append(engine.graph_note)
     lines.append("kernels:")
-    lines += [f"  {line}" for line in dispatch.describe_choices()]
+    lines += [f"  {line}" for line in engine.kernels.describe()]
     return lines
 
 
@@ -371,9 +370,8 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     import torch
 
     from atomlite.config import EngineConfig, parse_memory_size
-    from atomlite.model_ops import dispatch
-    from atomlite.model_ops.aiter.plan import parse_platform
-    from atomlite.model_ops.platform import detect_platform
+    from atomlite.model_ops.dispatch import KernelChoices
+    from atomlite.model_ops.platform import detect_platform, parse_platform
     from atomlite.plan import plan_report
     try:
         args = engine_args(kw)
@@ -383,10 +381,11 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
         config = EngineConfig(model=model_dir(kw), **args)
         device = config.torch_device if config.device != "auto" else torch.device("cpu")
         platform = parse_platform(platform_text) if platform_text else detect_platform(device)
-        lines, _ = plan_report(config, budget, platform)
+        choices = KernelChoices()
+        lines, _ = plan_report(config, budget, platform, choices)
         if kernels:
             lines.append(f"kernels of this model on {platform.describe()}:")
-            lines += [f"  {line}" for line in dispatch.describe_choices()]
+            lines += [f"  {line}" for line in choices.describe()]
         if compile_kernels:
             lines += _compile_report(platform_text, kw["model"])
     except (ConfigError, ValueError, RuntimeError) as e:
@@ -395,7 +394,7 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
 
 
 def _compile_report(platform_text: str | None, model: str | None) -> list[str]:
-    from atomlite.model_ops.aiter.plan import parse_platform
+    from atomlite.model_ops.platform import parse_platform
     from atomlite.model_ops.triton.compile_gate import failures, run_gate
     from atomlite.model_ops.triton.compile_gate.report import LEGEND, format_table
     from atomlite.model_ops.triton.compile_gate.specialize import gpu_target

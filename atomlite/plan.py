@@ -2,19 +2,22 @@
 from atomlite.config import EngineConfig
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
+from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.platform import Platform
 
 
-def meta_model(config: EngineConfig, platform: Platform):
-    return construct_model(config, "meta", platform)
+def meta_model(config: EngineConfig, platform: Platform, kernels: KernelChoices | None = None):
+    return construct_model(config, "meta", platform, kernels)
 
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def plan_report(config: EngineConfig, budget: int, platform: Platform) -> tuple[list[str], KVPlan]:
-    model = meta_model(config, platform)
+def plan_report(config: EngineConfig, budget: int, platform: Platform,
+                kernels: KernelChoices | None = None) -> tuple[list[str], KVPlan]:
+    """What the checkpoint needs under budget; the kernels its layers get on platform are recorded in `kernels`."""
+    model = meta_model(config, platform, kernels)
     plan = plan_kv_cache(model.kv_specs(config.torch_dtype), budget, config.block_size, config.max_model_len)
     spec = config.model_spec
     lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})",

@@ -13,6 +13,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 import tiny_models  # noqa: E402
+from random_model import build_random_model  # noqa: E402
 
 
 class Checkpoints:
@@ -38,7 +39,6 @@ def checkpoints(tmp_path_factory) -> Checkpoints:
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> Path:
     """A tiny random Gemma 4 with the char tokenizer and chat template (text in, text out)."""
-    from atomlite.demo.random_model import build_random_model
     path = tmp_path_factory.mktemp("random") / "tiny"
     build_random_model(path)
     return path

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from atomlite.model_ops import aiter as backend, torch_ref
-from atomlite.model_ops.aiter import detect, functions as F, kv_layout, mxfp4
+from atomlite.model_ops.aiter import detect, functions as F, mxfp4
 from atomlite.quant import mxfp4 as ref_mxfp4
 from test_aiter_semantics import SEMANTICS
 
@@ -130,27 +130,8 @@ def run_adapters(window=8):
     backend.write_kv(k_new, v_new, got_k, got_v, slots)
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
-    results += run_asm_adapters() + run_norm_act_adapters() + run_mxfp4_adapter()
+    results += run_norm_act_adapters() + run_mxfp4_adapter()
     return results
-
-
-def run_asm_adapters():
-    b = Batch(head_dim=kv_layout.ASM_HEAD_DIM, seed=1)
-    k5, v5 = kv_layout.nhd_to_asm(b.k_cache, b.v_cache)
-    lens, counts = [30, 17, 5], [1, 1, 1]
-    q, seq_lens = b.queries(counts), torch.tensor(lens, dtype=torch.int32)
-    out = [("asm decode", backend.paged_attention(q, k5, v5, b.block_table, seq_lens, Batch.starts(counts), 0.1),
-            torch_ref.paged_attention(q, b.k_cache, b.v_cache, b.block_table, seq_lens, Batch.starts(counts), 0.1))]
-    counts = [7, 5, 1]
-    q, seq_lens = b.queries(counts), torch.tensor([27, 5, 40], dtype=torch.int32)
-    out.append(("asm prefill", backend.paged_attention(q, k5, v5, b.block_table, seq_lens, Batch.starts(counts), 0.1),
-                torch_ref.paged_attention(q, b.k_cache, b.v_cache, b.block_table, seq_lens, Batch.starts(counts),
-                                          0.1)))
-    k_new, v_new, slots = b.queries([3])[:, :2], b.queries([3])[:, :2], torch.tensor([5, -1, 33])
-    torch_ref.write_kv(k_new, v_new, b.k_cache, b.v_cache, slots)
-    backend.write_kv(k_new, v_new, k5, v5, slots)
-    want_k5, want_v5 = kv_layout.nhd_to_asm(b.k_cache, b.v_cache)
-    return out + [("asm write_kv k", k5, want_k5), ("asm write_kv v", v5, want_v5)]
 
 
 def run_norm_act_adapters():
@@ -193,7 +174,7 @@ def test_every_adapter_call_matches_the_pinned_aiter_signature(recorded):
     functions, calls, _ = recorded
     assert contract_problems(calls, functions) == []
     called = {path for path, _, _ in calls}
-    assert called == {p for paths in F.REQUIRED.values() for p in paths} | {F.ASM_DECODE, F.WRITE_KV_ASM}
+    assert called == {p for paths in F.REQUIRED.values() for p in paths}
 
 
 def test_adapters_compute_what_aiter_documents(recorded):

@@ -3,9 +3,10 @@ import sys
 
 import pytest
 
+from atomlite import LLM
 from atomlite.model_ops import aiter as backend, dispatch
-from atomlite.model_ops.aiter import detect, plan
-from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.aiter import detect
+from atomlite.model_ops.platform import Platform, parse_platform
 
 GFX950 = Platform("rocm", "gfx950", has_aiter=True)
 GFX942 = Platform("rocm", "gfx942", has_aiter=True)
@@ -14,6 +15,21 @@ CUDA = Platform("cuda", "sm_90")
 CPU = Platform("cpu")
 CK_LIMIT = "aiter: CK flash attention stops at head_dim 256"
 FP4_LIMIT = "aiter: MXFP4 GEMM needs gfx950"
+
+# Gemma 4's shapes (shared/docs/GEMMA4.md): sliding layers head_dim 256, global layers 512; plus an FP4 linear.
+GEMMA4_SHAPES = (
+    ("attention", dict(head_dim=256, window=True, gqa=2)),
+    ("attention", dict(head_dim=512, window=False, gqa=8)),
+    ("write_kv", dict(head_dim=256)),
+    ("write_kv", dict(head_dim=512)),
+    ("rms_norm", dict(dim=2560)),
+    ("add_rms_norm", dict(dim=2560)),
+    ("rope", dict(head_dim=256)),
+    ("rope", dict(head_dim=512)),
+    ("gelu_tanh_and_mul", dict(dim=10240)),
+    ("moe_experts", dict(experts=128)),
+    ("mxfp4_linear", dict(n=2560, k=10240, dynamic_input=True)),
+)
 
 # (platform, head_dim, expected backend, text the reason must contain)
 ATTENTION = [
@@ -28,6 +44,12 @@ MXFP4 = [(GFX950, "aiter", "aiter on gfx950"), (GFX942, "triton", FP4_LIMIT),
          (CPU, "torch", "reference on cpu")]
 
 
+def plan_kernels(platform: Platform, shapes=GEMMA4_SHAPES) -> dict[tuple, dispatch.KernelChoice]:
+    """(op, shape values) -> the kernel a layer of that shape gets when built for platform."""
+    with dispatch.use(platform):
+        return {(op, tuple(shape.values())): dispatch.choose(op, **shape) for op, shape in shapes}
+
+
 @pytest.mark.parametrize("window", [True, False])
 @pytest.mark.parametrize("platform,head_dim,expected,reason", ATTENTION)
 def test_attention_backend_per_platform_and_head_dim(platform, head_dim, expected, reason, window):
@@ -39,12 +61,12 @@ def test_attention_backend_per_platform_and_head_dim(platform, head_dim, expecte
 
 @pytest.mark.parametrize("platform,expected,reason", MXFP4)
 def test_mxfp4_linear_uses_aiter_only_on_gfx950(platform, expected, reason):
-    (row,) = plan.plan_kernels(platform, shapes=(("mxfp4_linear", dict(n=2560, k=10240, dynamic_input=True)),))
+    (row,) = plan_kernels(platform, shapes=(("mxfp4_linear", dict(n=2560, k=10240, dynamic_input=True)),)).values()
     assert row.backend == expected and reason in row.reason
 
 
 def test_bf16_ops_on_aiter_platforms_and_what_falls_back():
-    rows = {(r.op, tuple(r.shape.values())): r for r in plan.plan_kernels(GFX942)}
+    rows = plan_kernels(GFX942)
     for op in ("write_kv", "rms_norm", "add_rms_norm", "gelu_tanh_and_mul"):
         assert all(r.backend == "aiter" for (o, _), r in rows.items() if o == op), op
     assert rows[("rope", (256,))].backend == "triton" and "aiter: no rope kernel" in rows[("rope", (256,))].reason
@@ -79,7 +101,7 @@ def test_a_failed_import_on_this_machine_falls_back_with_its_reason(monkeypatch)
 
 def test_this_cpu_machine_is_no_aiter_platform_and_nothing_imported_aiter():
     assert detect.local_platform() is None
-    plan.plan_kernels(GFX950)
+    plan_kernels(GFX950)
     assert "aiter" not in sys.modules
 
 
@@ -87,16 +109,29 @@ def test_this_cpu_machine_is_no_aiter_platform_and_nothing_imported_aiter():
     ("gfx950+aiter", GFX950), ("GFX942+aiter", GFX942), ("gfx942", ROCM_NO_AITER), ("sm_90", CUDA),
     ("cpu", CPU), ("rocm", Platform("rocm"))])
 def test_parse_platform(text, platform):
-    assert plan.parse_platform(text) == platform
+    assert parse_platform(text) == platform
 
 
 @pytest.mark.parametrize("text", ["cuda+aiter", "gfx950+rocm", "tpu"])
 def test_parse_platform_rejects_what_cannot_exist(text):
     with pytest.raises(ValueError, match="--platform"):
-        plan.parse_platform(text)
+        parse_platform(text)
 
 
-def test_plan_leaves_the_running_models_choices_alone():
-    before = dict(dispatch.choices_made)
-    plan.plan_kernels(GFX950)
-    assert dispatch.choices_made == before
+def test_each_use_block_keeps_its_own_choices_and_a_what_if_records_none():
+    with dispatch.use(GFX950) as engine:
+        dispatch.choose("rms_norm", dim=64)
+        dispatch.choose("rms_norm", CPU, dim=64)  # a what-if inside the block
+        other = plan_kernels(CPU)  # another engine built while this one is
+        dispatch.choose("attention", head_dim=512, window=False, gqa=8)
+    assert sorted(engine.made) == ["attention[gqa=8,head_dim=512,window=False]", "rms_norm[dim=64]"]
+    assert engine.made["rms_norm[dim=64]"].backend == "aiter"
+    assert other[("rms_norm", (2560,))].backend == "torch"
+
+
+def test_two_engines_keep_their_own_kernel_choices(random_model_dir):
+    triton = LLM(str(random_model_dir), dtype="float32", device="cpu", kernel_backend="triton").engine
+    torch_ref = LLM(str(random_model_dir), dtype="float32", device="cpu", kernel_backend="torch").engine
+    assert triton.kernels.made and triton.kernels.made.keys() == torch_ref.kernels.made.keys()
+    assert {c.backend for c in triton.kernels.made.values()} == {"triton"}
+    assert {c.backend for c in torch_ref.kernels.made.values()} == {"torch"}

@@ -1,10 +1,9 @@
 """The data atomlite hands to AITER has AITER's documented layout: checked element by element against index formulas
-written from AITER's sources (gemm_a4w4 operand shuffles, cache_kernels.cu's ASM KV indexing), independent of the
-reshape/permute code under test."""
+written from AITER's sources (gemm_a4w4 operand shuffles), independent of the reshape/permute code under test."""
 import pytest
 import torch
 
-from atomlite.model_ops.aiter import kv_layout, mxfp4
+from atomlite.model_ops.aiter import mxfp4
 from atomlite.quant import mxfp4 as ref_mxfp4
 
 
@@ -79,37 +78,3 @@ def test_prepare_weight_is_shuffled_padded_bytes():
     padded_w, padded_s = mxfp4.pad_k(packed, scale, mxfp4.K_ALIGN)
     assert torch.equal(gather(prepared.weight.view(torch.uint8), weight_destinations(n, 128)), padded_w)
     assert torch.equal(gather(prepared.scale.view(torch.uint8), scale_destinations(256, 8))[:n], padded_s)
-
-
-def asm_destinations(n_blocks, block_size, heads, head_dim, x):
-    """cache_kernels.cu reshape_and_cache_kernel: tgt_key_idx and tgt_value_idx (asmLayout) of NHD element
-    (block, offset, head, d)."""
-    b, s, h, d = torch.meshgrid(torch.arange(n_blocks), torch.arange(block_size), torch.arange(heads),
-                                torch.arange(head_dim), indexing="ij")
-    per_block = heads * head_dim * block_size
-    key = b * per_block + h * head_dim * block_size + (d // x) * block_size * x + s * x + d % x
-    value = b * per_block + h * head_dim * block_size + (s // x) * head_dim * x + d * x + s % x
-    return key, value
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_asm_kv_layout_matches_aiter_cache_kernel_indexing(dtype):
-    n_blocks, block_size, heads, head_dim = 3, 16, 2, 128
-    k = torch.randn(n_blocks, block_size, heads, head_dim).to(dtype)
-    v = torch.randn(n_blocks, block_size, heads, head_dim).to(dtype)
-    k5, v5 = kv_layout.nhd_to_asm(k, v)
-    shapes = kv_layout.asm_cache_shapes(n_blocks, block_size, heads, head_dim, dtype)
-    assert (tuple(k5.shape), tuple(v5.shape)) == shapes
-    key_idx, value_idx = asm_destinations(n_blocks, block_size, heads, head_dim, kv_layout.asm_x(dtype))
-    assert torch.equal(k5.reshape(-1)[key_idx.reshape(-1)], k.reshape(-1))
-    assert torch.equal(v5.reshape(-1)[value_idx.reshape(-1)], v.reshape(-1))
-    back_k, back_v = kv_layout.asm_to_nhd(k5, v5)
-    assert torch.equal(back_k, k) and torch.equal(back_v, v)
-
-
-def test_asm_layout_only_for_head_dim_128_block_16_without_window():
-    assert kv_layout.asm_layout_fits(128, 8, False, 16, torch.bfloat16)
-    assert not kv_layout.asm_layout_fits(256, 8, False, 16, torch.bfloat16)
-    assert not kv_layout.asm_layout_fits(128, 8, True, 16, torch.bfloat16)
-    assert not kv_layout.asm_layout_fits(128, 32, False, 16, torch.bfloat16)
-    assert not kv_layout.asm_layout_fits(128, 8, False, 32, torch.bfloat16)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from atomlite.model_ops.aiter import functions as names
 from atomlite.quant import mxfp4 as ref_mxfp4
-from test_aiter_layout import asm_destinations, gather, scale_destinations, scatter, weight_destinations
+from test_aiter_layout import gather, scale_destinations, scatter, weight_destinations
 
 
 def _softmax_attend(q, k, v, scale, visible):
@@ -69,40 +69,12 @@ def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, 
     return out
 
 
-def _asm_to_nhd(k5, v5):
-    n, h, _, bs, x = k5.shape
-    d = v5.shape[3]
-    key_idx, value_idx = asm_destinations(n, bs, h, d, x)
-    return gather(k5, key_idx), gather(v5, value_idx)
-
-
-def pa_fwd_asm(Q, K, V, block_tables, context_lens, block_tables_stride0, **_):
-    """ASM decode: K/V in the 5-D layouts of cache_kernels.cu, softmax scale fixed at 1/sqrt(128)."""
-    assert block_tables_stride0 == block_tables.stride(0) and Q.shape[-1] == 128
-    k_nhd, v_nhd = _asm_to_nhd(K, V)
-    out = torch.empty_like(Q)
-    for s, ctx in enumerate(context_lens.tolist()):
-        k, v = _paged_keys(k_nhd, v_nhd, block_tables[s], ctx)
-        out[s] = _softmax_attend(Q[s:s + 1], k, v, 128 ** -0.5, torch.ones(1, ctx, dtype=torch.bool))[0][0]
-    return out
-
-
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
     assert kv_cache_dtype == "auto" and k_scale.dtype == v_scale.dtype == torch.float32
     keep = slot_mapping >= 0
     slots, bs = slot_mapping[keep].long(), key_cache.shape[1]
     key_cache[slots // bs, slots % bs] = key[keep]
     value_cache[slots // bs, slots % bs] = value[keep]
-
-
-def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, asm_layout=False, **_):
-    assert kv_cache_dtype == "auto" and asm_layout
-    k_nhd, v_nhd = _asm_to_nhd(key_cache, value_cache)
-    reshape_and_cache_flash(key, value, k_nhd, v_nhd, slot_mapping, "auto", torch.ones(1), torch.ones(1))
-    n, h, _, bs, x = key_cache.shape
-    key_idx, value_idx = asm_destinations(n, bs, h, value_cache.shape[3], x)
-    key_cache.copy_(scatter(k_nhd, key_idx).view(key_cache.shape))
-    value_cache.copy_(scatter(v_nhd, value_idx).view(value_cache.shape))
 
 
 def _rms(x, weight, eps, gemma_norm=False):
@@ -153,8 +125,8 @@ def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **
 
 
 SEMANTICS = {
-    names.FLASH_VARLEN: flash_attn_varlen_func, names.PAGED_DECODE: paged_attention_v1, names.ASM_DECODE: pa_fwd_asm,
-    names.WRITE_KV_NHD: reshape_and_cache_flash, names.WRITE_KV_ASM: reshape_and_cache,
+    names.FLASH_VARLEN: flash_attn_varlen_func, names.PAGED_DECODE: paged_attention_v1,
+    names.WRITE_KV_NHD: reshape_and_cache_flash,
     names.RMS_NORM: rmsnorm2d_fwd, names.ADD_RMS_NORM: rmsnorm2d_fwd_with_add,
     names.GELU_TANH_AND_MUL: gelu_tanh_and_mul, names.MXFP4_QUANT: dynamic_mxfp4_quant, names.GEMM_A4W4: gemm_a4w4,
 }

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from atomlite import LLM
-from atomlite.demo.random_model import build_random_model
 from atomlite.server.app import make_app
+from random_model import build_random_model
 from server_utils import running
 
 

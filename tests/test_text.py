@@ -2,7 +2,7 @@
 import pytest
 
 from atomlite import LLM, SamplingParams
-from atomlite.demo.random_model import build_random_model
+from random_model import build_random_model
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import torch
 from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.model_ops.context import ForwardContext, GroupBatch
+from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
@@ -61,6 +61,7 @@ class StaticDecodeInputs:
         pin = device.type == "cuda"
         self.block_size = kv.block_size
         width = math.ceil(max_model_len / kv.block_size)
+        self.capacity = width * kv.block_size  # keys a table row can address
         # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
         # than one copy per row; block tables are large (max_model_len wide), so only their used rows move.
         self.rows = _static((2 + len(kv.groups), max_batch), torch.int64, device, pin)
@@ -74,12 +75,15 @@ class StaticDecodeInputs:
         self._contexts: dict[int, ForwardContext] = {}
 
     def context(self, bucket: int) -> ForwardContext:
-        """Views of the first `bucket` rows; the same tensors every step, as a graph needs."""
+        """Views of the first `bucket` rows; the same tensors every step, as a graph needs. What the host knows is
+        what holds for every step of the bucket: one query per row and the tables' capacity."""
         if bucket not in self._contexts:
-            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket])
+            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket], derived=None)
                       for gid, slots, table in zip(self.group_ids, self.slots, self.tables)}
+            host = HostBatch(list(range(bucket + 1)), None, max_query_len=1, max_seq_len=self.capacity,
+                             decode_only=True)
             self._contexts[bucket] = ForwardContext(self.positions[0][:bucket], self.query_start_loc[:bucket + 1],
-                                                    self.seq_lens[0][:bucket], groups)
+                                                    self.seq_lens[0][:bucket], groups, host)
         return self._contexts[bucket]
 
     def fill(self, batch: list[tuple[Sequence, int]], bucket: int) -> None:

@@ -19,6 +19,7 @@ from atomlite.engine.sequence import Sequence, Status
 from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.registry import model_class
 from atomlite.outputs import CompletionOutput, RequestOutput
@@ -39,16 +40,19 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def construct_model(config: EngineConfig, device: torch.device | str, platform: Platform):
-    """The model's modules for config, on device (meta: no memory), with kernels chosen for platform."""
+def construct_model(config: EngineConfig, device: torch.device | str, platform: Platform,
+                    kernels: KernelChoices | None = None):
+    """The model's modules for config, on device (meta: no memory), with kernels chosen for platform (and recorded
+    in `kernels` when given)."""
     spec = config.model_spec
-    with dispatch.use(platform, config.kernel_backend), torch.device(device), _default_dtype(config.torch_dtype):
+    with (dispatch.use(platform, config.kernel_backend, kernels), torch.device(device),
+          _default_dtype(config.torch_dtype)):
         return model_class(spec.architecture)(spec, max_positions=config.max_model_len)
 
 
-def build_model(config: EngineConfig):
+def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
     device = config.torch_device
-    model = construct_model(config, device, detect_platform(device))
+    model = construct_model(config, device, detect_platform(device), kernels)
     if config.load_format == "dummy":
         load_dummy_weights(model, config.seed)
     else:
@@ -85,7 +89,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.torch_device
-        self.model = build_model(config)
+        self.kernels = KernelChoices()
+        self.model = build_model(config, self.kernels)
         specs = self.model.kv_specs(config.torch_dtype)
         self.memory: MemoryProfile | None = None
         if config.kv_cache_memory is None and self.device.type == "cuda":

@@ -9,7 +9,7 @@ from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.decode_graphs import DecodeGraphs
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.model_ops.context import ForwardContext, GroupBatch
+from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 
 
 @dataclass
@@ -61,7 +61,8 @@ class ModelRunner:
             seq_lens.append(start + num_new)
         pos = np.array(positions, dtype=np.int64)
         groups = {g.id: self._group_batch(batch, g.id, pos) for g in self.kv.groups}
-        ctx = ForwardContext(torch.from_numpy(pos).to(self.device), self._i32(starts), self._i32(seq_lens), groups)
+        ctx = ForwardContext(torch.from_numpy(pos).to(self.device), self._i32(starts), self._i32(seq_lens), groups,
+                             HostBatch.of(starts, seq_lens))
         return torch.tensor(ids, dtype=torch.int64, device=self.device), ctx
 
     def _group_batch(self, batch, group_id: int, positions: np.ndarray) -> GroupBatch:

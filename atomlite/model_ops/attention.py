@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.context import ForwardContext
+from atomlite.model_ops.context import ForwardContext, GroupBatch
 from atomlite.model_ops.k_from_v import KFromV
 
 
@@ -39,8 +39,7 @@ class Attention(nn.Module):
             raise NotImplementedError("a layer that derives K from V attends through forward_raw (it needs w_k)")
         if k is not None:
             self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
-        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
-                            ctx.query_start_loc, self.scale, self.window)
+        return self._attention(q, ctx, group)
 
     def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
@@ -49,9 +48,12 @@ class Attention(nn.Module):
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches)
-        if self.key_rope is None:
-            return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens,
-                                ctx.query_start_loc, self.scale, self.window)
-        k_from_v = KFromV(k_weight, *self.key_rope)
-        return self._attend(q, None, self.v_cache, group.block_table, ctx.seq_lens, ctx.query_start_loc,
-                            self.scale, self.window, k_from_v=k_from_v)
+        return self._attention(q, ctx, group, k_weight)
+
+    def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch,
+                   k_weight: torch.Tensor | None = None) -> torch.Tensor:
+        extra = dict(host=ctx.host, derived=group.derived)
+        if self.key_rope is not None:
+            extra["k_from_v"] = KFromV(k_weight, *self.key_rope)
+        return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens, ctx.query_start_loc,
+                            self.scale, self.window, **extra)

@@ -1,14 +1,16 @@
 """The one table that decides which backend runs each op: aiter | triton | torch, and why.
 
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
-branches on device. Each backend package exposes OPS (name -> function) and limits(op, platform, shape), which
-returns None when it can serve the shape or a reason why not.
+branches on device. The `use` block they are built in names the platform and keeps what was chosen. Each backend
+package exposes OPS (name -> function) and limits(op, platform, shape), which returns None when it can serve the
+shape or a reason why not.
 """
 import contextlib
 import importlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 from atomlite.model_ops.platform import Platform
 
@@ -27,28 +29,43 @@ class KernelChoice:
     fn: Callable
 
 
+@dataclass
+class KernelChoices:
+    """The kernels one model's layers were given, by op and shape: each engine keeps its own (its startup report)."""
+    made: dict[str, KernelChoice] = field(default_factory=dict)
+
+    def record(self, key: str, choice: KernelChoice) -> None:
+        if key not in self.made:
+            self.made[key] = choice
+            logger.info("kernel %s -> %s (%s)", key, choice.backend, choice.reason)
+
+    def describe(self) -> list[str]:
+        return [f"{key}: {c.backend} ({c.reason})" for key, c in sorted(self.made.items())]
+
+
 @dataclass(frozen=True)
 class Selector:
     platform: Platform = Platform()
     prefer: str = "auto"
+    choices: KernelChoices | None = None
 
 
-_active = Selector()
-_logged: set[tuple[str, str, str]] = set()
-choices_made: dict[str, KernelChoice] = {}
+# Context-local, so that two engines built in different threads or tasks never see each other's selection.
+_active: ContextVar[Selector] = ContextVar("atomlite_kernel_selector", default=Selector())
 
 
 @contextlib.contextmanager
-def use(platform: Platform, prefer: str = "auto"):
-    """Layers built inside this block pick kernels for `platform` under the given preference."""
-    global _active
+def use(platform: Platform, prefer: str = "auto", choices: KernelChoices | None = None):
+    """Layers built inside this block pick kernels for `platform` under the given preference and record them in
+    `choices` (a new KernelChoices unless given), which the block yields."""
     if prefer not in BACKEND_PREFERENCES:
         raise ValueError(f"kernel backend {prefer!r} is not one of {', '.join(BACKEND_PREFERENCES)}")
-    previous, _active = _active, Selector(platform, prefer)
+    choices = KernelChoices() if choices is None else choices
+    token = _active.set(Selector(platform, prefer, choices))
     try:
-        yield
+        yield choices
     finally:
-        _active = previous
+        _active.reset(token)
 
 
 def _backend(name: str):
@@ -71,8 +88,12 @@ def _candidates(platform: Platform, prefer: str) -> list[tuple[str, str]]:
 
 
 def choose(op: str, platform: Platform | None = None, prefer: str | None = None, **shape) -> KernelChoice:
-    platform = platform or _active.platform
-    prefer = prefer or _active.prefer
+    """The kernel for `op` at `shape` under the active `use` block, recorded in its KernelChoices; with a platform or
+    preference given, a what-if that records nothing."""
+    active = _active.get()
+    recorder = active.choices if platform is None and prefer is None else None
+    platform = platform or active.platform
+    prefer = prefer or active.prefer
     skipped = []
     for name, why in _candidates(platform, prefer):
         backend = _backend(name)
@@ -84,20 +105,13 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
         if refusal is not None:
             skipped.append(f"{name}: {refusal}")
             continue
-        reason = "; ".join([why] + skipped)
-        return _record(KernelChoice(op, name, reason, fn), shape)
+        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn)
+        if recorder is not None:
+            recorder.record(_choice_key(op, shape), choice)
+        return choice
     raise RuntimeError(f"no backend implements {op}")
 
 
-def _record(choice: KernelChoice, shape: dict) -> KernelChoice:
+def _choice_key(op: str, shape: dict) -> str:
     shape_text = ",".join(f"{k}={v}" for k, v in sorted(shape.items()))
-    key = f"{choice.op}[{shape_text}]" if shape_text else choice.op
-    choices_made[key] = choice
-    if (key, choice.backend, choice.reason) not in _logged:
-        _logged.add((key, choice.backend, choice.reason))
-        logger.info("kernel %s -> %s (%s)", key, choice.backend, choice.reason)
-    return choice
-
-
-def describe_choices() -> list[str]:
-    return [f"{key}: {c.backend} ({c.reason})" for key, c in sorted(choices_made.items())]
+    return f"{op}[{shape_text}]" if shape_text else op

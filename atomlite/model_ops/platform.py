@@ -30,3 +30,19 @@ def detect_platform(device: torch.device) -> Platform:
         arch = getattr(props, "gcnArchName", "").split(":")[0] or None
         return Platform("rocm", arch, has_aiter=find_spec("aiter") is not None)
     return Platform("cuda", f"sm_{props.major}{props.minor}")
+
+
+def parse_platform(text: str) -> Platform:
+    """'gfx950+aiter', 'gfx942', 'rocm', 'cuda', 'sm_90', 'cpu' -> Platform (what `--platform` accepts)."""
+    name, _, extra = text.strip().lower().partition("+")
+    if extra not in ("", "aiter"):
+        raise ValueError(f"--platform {text!r}: only '+aiter' may follow the device (e.g. gfx950+aiter)")
+    if name == "cpu" and not extra:
+        return Platform("cpu")
+    if name == "cuda" or name.startswith("sm_"):
+        if extra:
+            raise ValueError(f"--platform {text!r}: AITER exists only on ROCm (gfx942, gfx950)")
+        return Platform("cuda", name if name.startswith("sm_") else None)
+    if name == "rocm" or name.startswith("gfx"):
+        return Platform("rocm", name if name.startswith("gfx") else None, has_aiter=bool(extra))
+    raise ValueError(f"--platform {text!r} is not one of cpu, cuda, sm_XY, rocm, gfxNNN[+aiter]")

@@ -1,11 +1,10 @@
 """atomlite's one attention op (prefill and decode over the paged cache) and KV write, on AITER.
 
-Routing per batch: a batch with as many queries as sequences (T == B; the scheduler gives every scheduled sequence at
-least one token, so each has exactly one) and no LSE asked for is a decode batch -> paged_attention_v1 over the NHD
-cache (pa_fwd_asm when the cache was allocated in the ASM layout). Anything else -> flash_attn_varlen_func on K/V
-gathered from the paged cache; the gather copies only the keys a query can see (the window is applied there too).
-flash_attn_varlen_func's own block_table path is not used: it needs page sizes that are a multiple of 128, and
-atomlite's blocks are 16 by default.
+Routing per batch: a decode-only batch (every sequence adds one query; HostBatch.decode_only, or T == B without it)
+with no LSE asked for -> paged_attention_v1 over the NHD cache. Anything else -> flash_attn_varlen_func on K/V
+gathered from the paged cache; the gather copies only the keys a query can see (the window is applied there too),
+and its indices are planned once per step and KV group (gather.py). flash_attn_varlen_func's own block_table path
+is not used: it needs page sizes that are a multiple of 128, and atomlite's blocks are 16 by default.
 """
 import math
 from functools import cache
@@ -14,7 +13,8 @@ import torch
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.aiter import detect, functions as F
-from atomlite.model_ops.aiter.kv_layout import ASM_HEAD_DIM, asm_to_nhd, block_size_of, is_asm
+from atomlite.model_ops.aiter.gather import GatherPlan, step_gather
+from atomlite.model_ops.context import HostBatch
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PARTITION_SIZE = 256
@@ -33,17 +33,21 @@ def flash_window(window: int | None) -> tuple[int, int]:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False):
-    """torch_ref.paged_attention's contract on AITER kernels."""
+                    window: int | None = None, return_lse: bool = False, host: HostBatch | None = None,
+                    derived: dict | None = None):
+    """torch_ref.paged_attention's contract on AITER kernels. Lengths come from `host`; without it, a prefill reads
+    them back from the device."""
     if q.dtype not in HALF_DTYPES:
         return torch_ref.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
                                          window, return_lse)
     q = q.contiguous()  # the kernels take one row stride and assume packed heads
-    if q.shape[0] == seq_lens.shape[0] and not return_lse:
-        if is_asm(k_cache):
-            return _decode_asm(q, k_cache, v_cache, block_table, seq_lens, scale)
-        return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window)
-    return _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse)
+    decode_only = host.decode_only if host is not None else q.shape[0] == seq_lens.shape[0]
+    if decode_only and not return_lse:
+        return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host)
+    host = host or HostBatch.of(query_start_loc.tolist(), seq_lens.tolist())
+    plan = step_gather(host, seq_lens, block_table, k_cache.shape[1], window, derived)
+    return _prefill(q, plan.gather(k_cache), plan.gather(v_cache), plan, query_start_loc, host.max_query_len,
+                    scale, window, return_lse)
 
 
 def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_size: int, max_len: int,
@@ -53,11 +57,13 @@ def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_si
     return num_seqs * num_heads * parts * (head_dim * elem_size + 2 * 4)
 
 
-def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window):
+def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host: HostBatch | None):
     num_seqs, num_heads, head_dim = q.shape
-    # The table's capacity bounds every context without reading seq_lens on the host (graph capture stays possible).
-    max_len = block_table.shape[1] * block_size_of(k_cache)
-    partition = max(PARTITION_SIZE, block_size_of(k_cache))
+    # The table's capacity bounds every context without reading seq_lens back (graph capture stays possible).
+    max_len = block_table.shape[1] * k_cache.shape[1]
+    if host is not None:
+        max_len = min(max_len, host.max_seq_len)
+    partition = max(PARTITION_SIZE, k_cache.shape[1])
     workspace = torch.empty(decode_workspace_bytes(num_seqs, num_heads, head_dim, q.element_size(), max_len,
                                                    partition), dtype=torch.uint8, device=q.device)
     out = torch.empty_like(q)
@@ -70,49 +76,10 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window):
     return out
 
 
-def _decode_asm(q, k_cache, v_cache, block_table, seq_lens, scale):
-    # pa_fwd_asm's softmax scale is fixed at 1/sqrt(128); a layer's own scale is folded into q.
-    q_scaled = q * (scale * math.sqrt(ASM_HEAD_DIM))
-    return detect.call(F.ASM_DECODE, Q=q_scaled, K=k_cache, V=v_cache, block_tables=block_table,
-                       context_lens=seq_lens, block_tables_stride0=block_table.stride(0))
-
-
-def gather_kv(k_cache, v_cache, block_table, seq_lens, query_start_loc, window):
-    """Keys each sequence's queries can see, packed: (k, v [Tk, Hkv, D], cu_seqlens_k int32 [B+1], max_k)."""
-    block_size = block_size_of(k_cache)
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    blocks, rows, cu_k = [], [], [0]
-    gathered = 0
-    for b, num_k in enumerate(lens):
-        num_q = starts[b + 1] - starts[b]
-        if num_q == 0:
-            first = num_k
-        else:
-            first = 0 if window is None else max(0, num_k - num_q - window + 1)
-        first_block, end_block = first // block_size, -(-num_k // block_size)
-        blocks.append(block_table[b, first_block:end_block])
-        offset = gathered - first_block * block_size
-        rows.append(torch.arange(offset + first, offset + num_k))
-        gathered += (end_block - first_block) * block_size
-        cu_k.append(cu_k[-1] + num_k - first)
-    ids = torch.cat(blocks).long()
-    k_blocks, v_blocks = k_cache[ids], v_cache[ids]
-    if is_asm(k_cache):
-        k_blocks, v_blocks = asm_to_nhd(k_blocks, v_blocks)
-    index = torch.cat(rows).to(k_cache.device)
-    k = k_blocks.flatten(0, 1).index_select(0, index)
-    v = v_blocks.flatten(0, 1).index_select(0, index)
-    lengths = [cu_k[i + 1] - cu_k[i] for i in range(len(lens))]
-    cu = torch.tensor(cu_k, dtype=torch.int32, device=k_cache.device)
-    return k, v, cu, max(lengths, default=0)
-
-
-def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse):
-    k, v, cu_k, max_k = gather_kv(k_cache, v_cache, block_table, seq_lens, query_start_loc, window)
-    max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    result = detect.call(F.FLASH_VARLEN, q=q, k=k, v=v, cu_seqlens_q=query_start_loc, cu_seqlens_k=cu_k,
-                         max_seqlen_q=max_q, max_seqlen_k=max_k, softmax_scale=scale, causal=True,
-                         window_size=flash_window(window), return_lse=return_lse)
+def _prefill(q, k, v, plan: GatherPlan, query_start_loc, max_query_len: int, scale, window, return_lse):
+    result = detect.call(F.FLASH_VARLEN, q=q, k=k, v=v, cu_seqlens_q=query_start_loc, cu_seqlens_k=plan.cu_seqlens_k,
+                         max_seqlen_q=max_query_len, max_seqlen_k=plan.max_seqlen_k, softmax_scale=scale,
+                         causal=True, window_size=flash_window(window), return_lse=return_lse)
     if not return_lse:
         return result
     out, lse = result
@@ -121,13 +88,8 @@ def _prefill(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """torch_ref.write_kv's contract: NHD caches via reshape_and_cache_flash, ASM-layout caches via
-    reshape_and_cache(asm_layout=True). Both skip slots < 0."""
+    """torch_ref.write_kv's contract on reshape_and_cache_flash (NHD cache; slots < 0 are skipped)."""
     k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
-    if is_asm(k_cache):
-        detect.call(F.WRITE_KV_ASM, key=k, value=v, key_cache=k_cache, value_cache=v_cache,
-                    slot_mapping=slot_mapping, kv_cache_dtype="auto", asm_layout=True)
-        return
     one = unit_scale(k.device)
     detect.call(F.WRITE_KV_NHD, key=k, value=v, key_cache=k_cache, value_cache=v_cache, slot_mapping=slot_mapping,
                 kv_cache_dtype="auto", k_scale=one, v_scale=one)

@@ -6,6 +6,7 @@ tokens (a prefix hit or a later prefill chunk) still sees every earlier key.
 import torch
 import torch.nn.functional as F
 
+from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 
 
@@ -49,12 +50,15 @@ def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV)
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None):
+                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
+                    host: HostBatch | None = None, derived: dict | None = None):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
     logical block); seq_lens [B] keys per sequence including this step's queries; query_start_loc [B+1].
     With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
+    host: the same lengths on the host, when the caller has them; derived: where a backend may keep what it derives
+    from this step's batch for this KV group (GroupBatch.derived). The reference needs neither.
     """
     block_size = v_cache.shape[1]
     out = torch.empty_like(q)

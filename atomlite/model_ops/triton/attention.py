@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.triton import split_kv
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
@@ -299,8 +300,9 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None):
-    """Same contract as torch_ref.paged_attention."""
+                    window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
+                    host: HostBatch | None = None, derived: dict | None = None):
+    """Same contract as torch_ref.paged_attention (reads lengths on the device: needs neither host nor derived)."""
     group = q.shape[1] // v_cache.shape[2]
     config = pick_config(q, v_cache, block_table, group)
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,

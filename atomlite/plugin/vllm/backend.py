@@ -21,7 +21,7 @@ from vllm.v1.attention.backend import (
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
-from atomlite.model_ops.context import ForwardContext, GroupBatch
+from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.plugin.vllm.kv_layout import split_kv_cache
 
@@ -70,10 +70,7 @@ class AtomliteAttentionBackend(AttentionBackend):
 @dataclass
 class AtomliteMetadata:
     num_actual_tokens: int
-    query_start_loc: torch.Tensor  # [B + 1] int32
-    seq_lens: torch.Tensor  # [B] int32, keys per request including this step
-    block_table: torch.Tensor  # [B, max_blocks] int32
-    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = padding
+    context: ForwardContext  # the step's batch as atomlite's attention reads it, one per step and KV cache group
 
 
 class AtomliteMetadataBuilder(AttentionMetadataBuilder[AtomliteMetadata]):
@@ -85,8 +82,12 @@ class AtomliteMetadataBuilder(AttentionMetadataBuilder[AtomliteMetadata]):
         m = common_attn_metadata
         if m.causal is not True:
             raise NotImplementedError("atomlite's attention backend runs causal decoder attention only")
-        return AtomliteMetadata(m.num_actual_tokens, m.query_start_loc, m.seq_lens, m.block_table_tensor,
-                                m.slot_mapping)
+        n = m.num_actual_tokens
+        # vLLM's own host copies and maxima: no layer reads lengths back from the device.
+        host = HostBatch(m.query_start_loc_cpu.tolist(), None, m.max_query_len, m.max_seq_len,
+                         decode_only=m.max_query_len == 1 and n == m.num_reqs)
+        groups = {GROUP: GroupBatch(m.slot_mapping[:n], m.block_table_tensor)}
+        return AtomliteMetadata(n, ForwardContext(None, m.query_start_loc, m.seq_lens, groups, host))
 
 
 def _refuse(alibi_slopes, logits_soft_cap, attn_type, kv_cache_dtype, extra: dict) -> str | None:
@@ -141,11 +142,9 @@ class AtomliteAttentionImpl(AttentionImpl[AtomliteMetadata]):
         n = attn_metadata.num_actual_tokens
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_size)
         self.attn.bind_cache(k_cache, v_cache, GROUP)
-        ctx = ForwardContext(positions=None, query_start_loc=attn_metadata.query_start_loc,
-                             seq_lens=attn_metadata.seq_lens,
-                             groups={GROUP: GroupBatch(attn_metadata.slot_mapping[:n], attn_metadata.block_table)})
         writes = self.kv_sharing_target_layer_name is None and key is not None
-        out = self.attn(query[:n], key[:n] if writes else None, value[:n] if writes else None, ctx)
+        out = self.attn(query[:n], key[:n] if writes else None, value[:n] if writes else None,
+                        attn_metadata.context)
         output[:n].copy_(out.view(output[:n].shape))
         AtomliteAttentionImpl.calls += 1
         return output

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from atomlite.model_ops.aiter.plan import parse_platform
+from atomlite.model_ops.platform import parse_platform
 from atomlite.model_ops.triton.compile_gate.build import compile_one
 from atomlite.model_ops.triton.compile_gate.specialize import gpu_target, unique
 from atomlite.model_ops.triton.compile_gate.workloads import gemma4_launches

@@ -1,6 +1,5 @@
-"""`python -m atomlite.demo.random_model DIR`: a tiny random-weight Gemma 4 checkpoint with the char tokenizer.
-Useful to try the engine end to end without any download (its output is gibberish)."""
-import sys
+"""A tiny random-weight Gemma 4 checkpoint with the demo's char tokenizer: the engine end to end, text in and text
+out, without any download (its output is gibberish)."""
 from pathlib import Path
 
 import torch
@@ -20,9 +19,3 @@ def build_random_model(out: Path, seed: int = 0) -> None:
     model.save_pretrained(out)
     save_char_tokenizer(out)
 
-
-if __name__ == "__main__":
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else ".cache/tiny-random-gemma4")
-    if not (target / "config.json").exists():
-        build_random_model(target)
-    print(target)
