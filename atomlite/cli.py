@@ -33,6 +33,9 @@ ENGINE_OPTIONS = [
                       "the KV cache gets what a profiling run leaves. --kv-cache-memory overrides it."),
     click.option("--max-graph-batch", type=int, default=None,
                  help="Largest decode batch captured in a graph (default: --max-num-seqs)."),
+    click.option("--kv-cache-dtype", default="auto", type=click.Choice(["auto", "bfloat16", "float16", "fp8"]),
+                 show_default=True, help="What the KV cache stores: auto = --dtype; fp8 = e4m3 with unit scales "
+                                         "(e4m3fnuz on gfx942), half the bytes of bf16."),
 ]
 
 
@@ -48,7 +51,8 @@ def model_dir(kw: dict) -> str:
 
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
-            "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization")
+            "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
+            "kv_cache_dtype")
     args = {k: kw[k] for k in keys}
     args["enable_prefix_caching"] = not kw["no_prefix_caching"]
     return args
@@ -307,7 +311,7 @@ def _serve_roofline_ms(config, batch: int, context: int) -> float:
     from atomlite.model_ops.platform import Platform
     from atomlite.plan import meta_model
     model = meta_model(config, Platform())
-    step = decode_step_bytes(model, model.kv_specs(config.torch_dtype), batch, context)["total"]
+    step = decode_step_bytes(model, model.kv_specs(config.kv_dtype(Platform())), batch, context)["total"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return step / probe(device, config.torch_dtype).copy_bytes_per_s * 1e3
 

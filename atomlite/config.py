@@ -126,6 +126,7 @@ def parse_memory_size(text: str | int | None) -> int | None:
 
 LOAD_FORMATS = ("auto", "dummy")  # dummy: seeded random weights in the config's shapes, no safetensors read
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # auto: --dtype's; fp8: e4m3 (fnuz on gfx942)
 
 
 @dataclass
@@ -145,6 +146,7 @@ class EngineConfig:
     enforce_eager: bool = False
     max_graph_batch: int | None = None
     gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -168,6 +170,8 @@ class EngineConfig:
             raise ConfigError(f"--device {self.device} is not one of auto, cpu, cuda")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"--block-size {self.block_size} must be a power of two")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"--load-format {self.load_format} is not one of {', '.join(LOAD_FORMATS)}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -186,3 +190,9 @@ class EngineConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return self.model_spec.dtype if self.dtype == "auto" else DTYPES[self.dtype]
+
+    def kv_dtype(self, platform) -> torch.dtype:
+        """What the KV cache stores on platform (a model_ops Platform)."""
+        if self.kv_cache_dtype == "auto":
+            return self.torch_dtype
+        return platform.fp8_dtype if self.kv_cache_dtype == "fp8" else DTYPES[self.kv_cache_dtype]

@@ -18,13 +18,13 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform,
                 kernels: KernelChoices | None = None) -> tuple[list[str], KVPlan]:
     """What the checkpoint needs under budget; the kernels its layers get on platform are recorded in `kernels`."""
     model = meta_model(config, platform, kernels)
-    plan = plan_kv_cache(model.kv_specs(config.torch_dtype), budget, config.block_size, config.max_model_len)
+    plan = plan_kv_cache(model.kv_specs(config.kv_dtype(platform)), budget, config.block_size, config.max_model_len)
     spec = config.model_spec
     lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})",
              f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
              f"weights {weight_bytes(model) / 2**30:.2f} GiB",
              f"max model len: {config.max_model_len}"]
-    specs = model.kv_specs(config.torch_dtype)
+    specs = model.kv_specs(config.kv_dtype(platform))
     shared = sum(s.kind == "shared" for s in specs)
     if shared:
         lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")

@@ -18,6 +18,7 @@ import torch
 
 from atomlite.model_ops import aiter as backend, torch_ref
 from atomlite.model_ops.aiter import detect, functions as F, mxfp4
+from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
 from atomlite.quant import mxfp4 as ref_mxfp4
 from test_aiter_semantics import SEMANTICS
 
@@ -130,8 +131,25 @@ def run_adapters(window=8):
     backend.write_kv(k_new, v_new, got_k, got_v, slots)
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
-    results += run_norm_act_adapters() + run_mxfp4_adapter()
+    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter()
     return results
+
+
+def run_fp8_cache_adapters(b: Batch):
+    """--kv-cache-dtype fp8: writes quantize, decode reads fp8, prefill widens the gathered keys."""
+    fp8 = torch.float8_e4m3fn
+    k_cache, v_cache = to_cache_dtype(b.k_cache, fp8), to_cache_dtype(b.v_cache, fp8)
+    results = []
+    for counts, lens in (([7, 5, 1], [27, 5, 40]), ([1, 1, 1], [30, 17, 5])):
+        args = (b.queries(counts), k_cache, v_cache, b.block_table[:3], torch.tensor(lens, dtype=torch.int32),
+                Batch.starts(counts), 0.125, None)
+        results.append((f"fp8 attention {counts}", backend.paged_attention(*args), torch_ref.paged_attention(*args)))
+    k_new, v_new = b.queries([6])[:, :2], b.queries([6])[:, :2]
+    slots = torch.tensor([3, -1, 17, 40, -1, 100])
+    got_k, got_v, want_k, want_v = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
+    backend.write_kv(k_new, v_new, got_k, got_v, slots)
+    torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
+    return results + [("fp8 write_kv k", got_k, want_k), ("fp8 write_kv v", got_v, want_v)]
 
 
 def run_norm_act_adapters():

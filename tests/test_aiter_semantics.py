@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from atomlite.model_ops.aiter import functions as names
+from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
 from atomlite.quant import mxfp4 as ref_mxfp4
 from test_aiter_layout import gather, scale_destinations, scatter, weight_destinations
 
@@ -54,9 +55,19 @@ def _paged_keys(key_cache, value_cache, table_row, ctx):
     return key_cache[blocks].flatten(0, 1)[:ctx], value_cache[blocks].flatten(0, 1)[:ctx]
 
 
+def _check_cache_dtype(kv_cache_dtype, cache):
+    """kv_cache_dtype "fp8" means the cache holds aiter.dtypes.fp8 (one byte), "auto" the activations' dtype."""
+    assert kv_cache_dtype == ("fp8" if cache.element_size() == 1 else "auto"), (kv_cache_dtype, cache.dtype)
+
+
 def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, context_lens, kv_cache_layout,
-                       workspace_buffer, max_context_len, sliding_window=0, partition_size=256, **_):
-    """pa_kernels.cuh: a token is masked iff token_idx < context_len - sliding_window (when sliding_window > 0)."""
+                       workspace_buffer, max_context_len, kv_cache_dtype, k_scale, v_scale, sliding_window=0,
+                       partition_size=256, **_):
+    """pa_kernels.cuh: a token is masked iff token_idx < context_len - sliding_window (when sliding_window > 0);
+    an fp8 cache is read as value * scale."""
+    _check_cache_dtype(kv_cache_dtype, key_cache)
+    if kv_cache_dtype == "fp8":
+        key_cache, value_cache = key_cache.float() * k_scale, value_cache.float() * v_scale
     assert kv_cache_layout == "NHD" and partition_size % key_cache.shape[1] == 0
     assert block_tables.shape[1] >= math.ceil(max_context_len / key_cache.shape[1]) >= 1
     assert max_context_len >= int(context_lens.max())
@@ -70,11 +81,16 @@ def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, 
 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-    assert kv_cache_dtype == "auto" and k_scale.dtype == v_scale.dtype == torch.float32
+    """cache_kernels.cu: fp8 stores value / scale, converted with saturation."""
+    _check_cache_dtype(kv_cache_dtype, key_cache)
+    assert k_scale.dtype == v_scale.dtype == torch.float32
+    if kv_cache_dtype == "fp8":
+        assert key.dtype in (torch.bfloat16, torch.float16)  # the kernel quantizes what it is given
+        key, value = key.float() / k_scale, value.float() / v_scale
     keep = slot_mapping >= 0
     slots, bs = slot_mapping[keep].long(), key_cache.shape[1]
-    key_cache[slots // bs, slots % bs] = key[keep]
-    value_cache[slots // bs, slots % bs] = value[keep]
+    key_cache[slots // bs, slots % bs] = to_cache_dtype(key[keep], key_cache.dtype)
+    value_cache[slots // bs, slots % bs] = to_cache_dtype(value[keep], value_cache.dtype)
 
 
 def _rms(x, weight, eps, gemma_norm=False):

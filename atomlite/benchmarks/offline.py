@@ -59,7 +59,7 @@ def _row(name: str, seconds: float, roofline: float, what: str) -> dict:
 
 def run_latency(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
                 repeats: int, seed: int) -> list[dict]:
-    model, specs = engine.model, engine.model.kv_specs(engine.config.torch_dtype)
+    model, specs = engine.model, engine.kv_specs
     warm = random_prompts(engine, batch_size, input_len, seed + 1)
     decode_step_times(engine, warm, 4, None)  # compiles every kernel variant the timed runs use
     ttfts = [time_to_first_token(engine, p) for p in tqdm(random_prompts(engine, repeats, input_len, seed + 2),
@@ -82,7 +82,7 @@ def run_latency(engine: LLMEngine, probes: Probes, input_len: int, output_len: i
 
 def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_len: int, output_len: int,
                    seed: int) -> list[dict]:
-    model, specs = engine.model, engine.model.kv_specs(engine.config.torch_dtype)
+    model, specs = engine.model, engine.kv_specs
     decode_step_times(engine, random_prompts(engine, min(num_prompts, 4), input_len, seed + 1), 4, None)
     prompts = random_prompts(engine, num_prompts, input_len, seed)
     _sync(engine)

@@ -91,7 +91,7 @@ class LLMEngine:
         self.device = config.torch_device
         self.kernels = KernelChoices()
         self.model = build_model(config, self.kernels)
-        specs = self.model.kv_specs(config.torch_dtype)
+        self.kv_specs = specs = self.model.kv_specs(config.kv_dtype(detect_platform(self.device)))
         self.memory: MemoryProfile | None = None
         if config.kv_cache_memory is None and self.device.type == "cuda":
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,

@@ -17,6 +17,11 @@ class Platform:
     def is_gpu(self) -> bool:
         return self.kind in ("cuda", "rocm")
 
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        """The e4m3 format this platform computes with: MI300X (gfx942) has the fnuz variant."""
+        return torch.float8_e4m3fnuz if self.arch == "gfx942" else torch.float8_e4m3fn
+
     def describe(self) -> str:
         parts = [self.kind] + ([self.arch] if self.arch else []) + (["aiter"] if self.has_aiter else [])
         return " ".join(parts)

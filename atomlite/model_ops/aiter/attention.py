@@ -22,8 +22,13 @@ PARTITION_SIZE = 256
 
 @cache
 def unit_scale(device: torch.device) -> torch.Tensor:
-    """k_scale / v_scale for a bf16 cache: the kernels always take them and ignore them with kv_cache_dtype auto."""
+    """k_scale / v_scale: the kernels always take them (a bf16 cache ignores them; atomlite's fp8 caches use 1)."""
     return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def cache_dtype_name(cache: torch.Tensor) -> str:
+    """AITER's kv_cache_dtype for a cache: "fp8" (aiter.dtypes.fp8, the platform's e4m3) or "auto"."""
+    return "fp8" if cache.element_size() == 1 else "auto"
 
 
 def flash_window(window: int | None) -> tuple[int, int]:
@@ -46,8 +51,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host)
     host = host or HostBatch.of(query_start_loc.tolist(), seq_lens.tolist())
     plan = step_gather(host, seq_lens, block_table, k_cache.shape[1], window, derived)
-    return _prefill(q, plan.gather(k_cache), plan.gather(v_cache), plan, query_start_loc, host.max_query_len,
-                    scale, window, return_lse)
+    # flash_attn_varlen_func takes bf16/fp16: an fp8 cache's keys are widened as they are gathered (unit scales)
+    k, v = plan.gather(k_cache).to(q.dtype), plan.gather(v_cache).to(q.dtype)
+    return _prefill(q, k, v, plan, query_start_loc, host.max_query_len, scale, window, return_lse)
 
 
 def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_size: int, max_len: int,
@@ -70,7 +76,8 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host: Hos
     one = unit_scale(q.device)
     detect.call(F.PAGED_DECODE, out=out, workspace_buffer=workspace, query=q, key_cache=k_cache,
                 value_cache=v_cache, scale=scale, block_tables=block_table, cu_query_lens=None,
-                context_lens=seq_lens, max_context_len=max_len, alibi_slopes=None, kv_cache_dtype="auto",
+                context_lens=seq_lens, max_context_len=max_len, alibi_slopes=None,
+                kv_cache_dtype=cache_dtype_name(k_cache),
                 kv_cache_layout="NHD", logits_soft_cap=0.0, k_scale=one, v_scale=one, partition_size=partition,
                 sliding_window=window or 0)
     return out
@@ -88,8 +95,11 @@ def _prefill(q, k, v, plan: GatherPlan, query_start_loc, max_query_len: int, sca
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """torch_ref.write_kv's contract on reshape_and_cache_flash (NHD cache; slots < 0 are skipped)."""
-    k, v = k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous()
+    """torch_ref.write_kv's contract on reshape_and_cache_flash (NHD cache; slots < 0 are skipped). An fp8 cache
+    takes bf16/fp16 rows and quantizes them itself (unit scales)."""
+    fp8 = cache_dtype_name(k_cache) == "fp8"
+    if not fp8:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     one = unit_scale(k.device)
-    detect.call(F.WRITE_KV_NHD, key=k, value=v, key_cache=k_cache, value_cache=v_cache, slot_mapping=slot_mapping,
-                kv_cache_dtype="auto", k_scale=one, v_scale=one)
+    detect.call(F.WRITE_KV_NHD, key=k.contiguous(), value=v.contiguous(), key_cache=k_cache, value_cache=v_cache,
+                slot_mapping=slot_mapping, kv_cache_dtype=cache_dtype_name(k_cache), k_scale=one, v_scale=one)

@@ -39,13 +39,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, win
     return out.to(q.dtype), lse.transpose(0, 1).contiguous()
 
 
-def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV) -> torch.Tensor:
-    """v [Lk, Hkv, D] at positions [Lk] -> K = rope(v * weight), in fp32 and rounded once to v's dtype."""
+def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV,
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
+    """v [Lk, Hkv, D] at positions [Lk] -> K = rope(v * weight), in fp32 and rounded once to dtype (v's)."""
     x = v.float() * k_from_v.weight.float()
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     cos, sin = k_from_v.cos[positions][:, None, :], k_from_v.sin[positions][:, None, :]
-    return (x * cos + rotated * sin).to(v.dtype)
+    return (x * cos + rotated * sin).to(dtype or v.dtype)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
@@ -74,9 +75,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
         k_offset = first_block * block_size
         v_b = v_cache[blocks].flatten(0, 1)[:num_k - k_offset]
         if k_from_v is None:
-            k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset]
+            k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset].to(q.dtype)  # an fp8 cache computes in q's
         else:
-            k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v)
+            k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v, q.dtype)
+        v_b = v_b.to(q.dtype)
         o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, k_offset)
         out[starts[b]:starts[b + 1]] = o
         if return_lse:

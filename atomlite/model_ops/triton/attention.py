@@ -96,17 +96,14 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
             block = tl.load(table_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         else:
             block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
-        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED)
-        if UPCAST:
-            v_block = v_block.to(tl.float32)
+        # an fp8 cache (or any cache under the interpreter's fp32 upcast) computes in q's dtype
+        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
         if DERIVE_K:
             scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
                                          k_ok, cos, sin, stride_vb, stride_vs, stride_rope, MASKED,
                                          HEAD_DIM // 2, ROT, ROT_P, DOT_PRECISION)
         else:
-            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED)
-            if UPCAST:
-                k_block = k_block.to(tl.float32)
+            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED).to(q_block.dtype)
             scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION)
         scores = scores * scale_log2
         if MASKED:

@@ -97,3 +97,10 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
     return multiprocessor_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def cache_max(cache: torch.Tensor | None) -> float:
+    """The largest value an fp8 cache holds (writes clamp to it, as a saturating conversion would); 0: no clamp."""
+    if cache is None or cache.element_size() != 1:
+        return 0.0
+    return float(torch.finfo(cache.dtype).max)

@@ -3,14 +3,15 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.common import cache_max, run_kernel
 
 
 @triton.jit
 def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_dim,
                      stride_kt, stride_kh, stride_vt, stride_vh,
                      stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr):
+                     BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
+                     CACHE_MAX: tl.constexpr):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping + token).to(tl.int64)
     if slot < 0:
@@ -22,9 +23,13 @@ def _write_kv_kernel(k, v, k_cache, v_cache, slot_mapping, num_kv_heads, head_di
     # Plain copies: no arithmetic, so the interpreter's bf16 bug cannot touch them.
     if STORE_K:
         k_row = tl.load(k + token * stride_kt + heads * stride_kh + dims, mask=mask)
+        if CACHE_MAX > 0:  # an fp8 cache saturates
+            k_row = tl.clamp(k_row.to(tl.float32), -CACHE_MAX, CACHE_MAX)
         k_dst = k_cache + block * stride_kcb + offset * stride_kcs + heads * stride_kch + dims
         tl.store(k_dst, k_row.to(k_cache.dtype.element_ty), mask=mask)
     v_row = tl.load(v + token * stride_vt + heads * stride_vh + dims, mask=mask)
+    if CACHE_MAX > 0:
+        v_row = tl.clamp(v_row.to(tl.float32), -CACHE_MAX, CACHE_MAX)
     v_dst = v_cache + block * stride_vcb + offset * stride_vcs + heads * stride_vch + dims
     tl.store(v_dst, v_row.to(v_cache.dtype.element_ty), mask=mask)
 
@@ -48,4 +53,5 @@ def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | No
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), BLOCK_SIZE=v_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d, STORE_K=store_k,
+        CACHE_MAX=cache_max(v_cache),
         num_warps=4 if block_h * block_d <= 4096 else 8)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.common import cache_max, run_kernel
 
 
 @triton.jit
@@ -15,7 +15,8 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr):
+                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr,
+                    CACHE_MAX: tl.constexpr):
     token = tl.program_id(0)
     row = tl.program_id(1)  # q heads, then k heads, then v heads
     cols = tl.arange(0, BLOCK_HALF)
@@ -76,6 +77,9 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         r2 = x2 * c2 + x1 * s2
         x1 = r1
         x2 = r2
+    if CACHE_MAX > 0:  # an fp8 cache saturates
+        x1 = tl.where(is_q, x1, tl.clamp(x1, -CACHE_MAX, CACHE_MAX))
+        x2 = tl.where(is_q, x2, tl.clamp(x2, -CACHE_MAX, CACHE_MAX))
     store = mask & keep
     tl.store(dst + cols, x1.to(dst.dtype.element_ty), mask=store)
     tl.store(dst + HALF + cols, x2.to(dst.dtype.element_ty), mask=store)
@@ -112,6 +116,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0),
                    HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
-                   STORE_K=k_cache is not None,
+                   STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
                    num_warps=4 if head_dim >= 512 else 2)
     return q_out, k_out, v_out
