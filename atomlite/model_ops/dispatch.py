@@ -2,7 +2,8 @@
 
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
 branches on device. Each backend package exposes OPS (name -> function) and limits(op, platform, shape), which
-returns None when it can serve the shape or a reason why not.
+returns None when it can serve the shape or a reason why not; and GRAPH_UNSAFE (name -> why) for the functions a
+CUDA/HIP graph cannot capture (they sync with the host).
 """
 import contextlib
 import importlib
@@ -25,6 +26,11 @@ class KernelChoice:
     backend: str
     reason: str
     fn: Callable
+    graph_unsafe_reason: str | None = None  # why a graph cannot capture fn; None when it can
+
+    @property
+    def graph_safe(self) -> bool:
+        return self.graph_unsafe_reason is None
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,8 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
             skipped.append(f"{name}: {refusal}")
             continue
         reason = "; ".join([why] + skipped)
-        return _record(KernelChoice(op, name, reason, fn), shape)
+        unsafe = getattr(backend, "GRAPH_UNSAFE", {}).get(op)
+        return _record(KernelChoice(op, name, reason, fn, unsafe), shape)
     raise RuntimeError(f"no backend implements {op}")
 
 

@@ -27,6 +27,9 @@ OPS = {
     "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
 }
 
+# Per-expert loops: which experts run is read back to the host (unique().tolist()).
+GRAPH_UNSAFE = {"moe_experts": "experts run as a per-expert loop that syncs with the host"}
+
 
 def limits(op: str, platform, shape: dict) -> str | None:
     return None

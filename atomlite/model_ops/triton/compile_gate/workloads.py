@@ -104,6 +104,15 @@ def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int,
     return shapes
 
 
+def _moe_experts(r: Recorder, hf: dict) -> None:
+    """The fused routed experts of a bf16 MoE layer."""
+    experts, top_k, tokens = hf["num_experts"], hf["top_k_experts"], r.step.tokens
+    hidden, inner = hf["hidden_size"], hf["moe_intermediate_size"]
+    r.call("moe_experts", dict(experts=experts, dtype=torch.bfloat16), meta(tokens, hidden),
+           meta(experts, 2 * inner, hidden), meta(experts, hidden, inner), meta(tokens, top_k, dtype=torch.float32),
+           meta(tokens, top_k, dtype=torch.int64))
+
+
 def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hf, tokens = spec.hf, r.step.tokens
     hidden = hf["hidden_size"]
@@ -127,6 +136,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     if hf.get("enable_moe_block"):
+        _moe_experts(r, hf)
         expert_inner = hf["moe_intermediate_size"]
         for n, k in ((2 * expert_inner, hidden), (hidden, expert_inner)):
             _mxfp4_linear(r, "mxfp4_expert_linear", tokens, n, k)
