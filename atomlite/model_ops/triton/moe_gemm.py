@@ -17,8 +17,9 @@ import triton.language as tl
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
-from atomlite.model_ops.triton.mxfp4_gemm import _expand_tile
-from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
+from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks, quantize_dequantize
+from atomlite.quant import mxfp4
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +83,16 @@ def _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M: tl.constexpr
 def _weight_pointers(w, w_scale, expert, rn, stride_we, stride_wn, stride_se, stride_sn, MXFP4: tl.constexpr,
                      BLOCK_K: tl.constexpr):
     """The first K tile of expert's rows rn: values, or packed bytes and their scale bytes."""
+    # one return: Triton unifies the types of every return, constexpr branches included
     w_rows = w + expert.to(tl.int64) * stride_we + rn[:, None] * stride_wn
     if MXFP4:
-        s_rows = w_scale + expert.to(tl.int64) * stride_se + rn[:, None] * stride_sn
-        return w_rows + tl.arange(0, BLOCK_K // 2)[None, :], s_rows + tl.arange(0, BLOCK_K // 32)[None, :]
-    return w_rows + tl.arange(0, BLOCK_K)[None, :], w_rows
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K // 2)[None, :]
+        s_ptrs = w_scale + expert.to(tl.int64) * stride_se + rn[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[
+            None, :]
+    else:
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K)[None, :]
+        s_ptrs = w_ptrs
+    return w_ptrs, s_ptrs
 
 
 @triton.jit
@@ -96,8 +102,8 @@ def _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4: tl.constexpr, FP32: tl.constexpr,
     if MXFP4:
         packed = tl.load(w_ptrs + k0 // 2)
         scale_byte = tl.load(s_ptrs + k0 // 32)
-        return _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, False, BLOCK_N, BLOCK_K)
-    if EVEN_K:
+        tile = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, False, BLOCK_N, BLOCK_K)
+    elif EVEN_K:
         tile = tl.load(w_ptrs + k0)
     else:
         tile = tl.load(w_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
@@ -109,8 +115,10 @@ def _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4: tl.constexpr, FP32: tl.constexpr,
 @triton.jit
 def _rows_tile(row_ptrs, k0, K, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
     if EVEN_K:
-        return tl.load(row_ptrs + k0)
-    return tl.load(row_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+        tile = tl.load(row_ptrs + k0)
+    else:
+        tile = tl.load(row_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+    return tile
 
 
 @triton.jit
@@ -248,6 +256,18 @@ def _sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dty
     return out
 
 
+def _check_config(config: MoeConfig, gate_up: ExpertWeights, down: ExpertWeights, quantize_inner: bool) -> None:
+    if quantize_inner and config.gate_up.block_n % mxfp4.BLOCK:
+        raise ValueError(f"gate_up quantizes gelu(gate) * up per {mxfp4.BLOCK} columns in its tile: block_n "
+                         f"{config.gate_up.block_n} is not a multiple of {mxfp4.BLOCK}")
+    for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
+        k_padded = weights.weight.shape[2] * 2
+        if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK or k_padded % K_ALIGN):
+            raise ValueError(f"MXFP4 expert weights padded along K to a multiple of {K_ALIGN} (got {k_padded}) are "
+                             f"read in K tiles of a multiple of {mxfp4.BLOCK} dividing {K_ALIGN}, not block_k "
+                             f"{tiles.block_k}")
+
+
 def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, quantize_inner: bool = False, config: MoeConfig | None = None
                   ) -> torch.Tensor:
@@ -258,6 +278,7 @@ def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, 
     if tokens == 0:
         return torch.empty_like(x)
     config = config or pick_config(tokens * top_k, num_experts)
+    _check_config(config, gate_up, down, quantize_inner)
     tiles = group_by_expert(topk_ids, num_experts, config.block_m)
     inner = _gate_up(x, gate_up, tiles, top_k, quantize_inner, config)
     weights = topk_weights.reshape(-1)
@@ -272,3 +293,17 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
     if x.stride(-1) != 1:
         x = x.contiguous()
     return fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), topk_weights, topk_ids)
+
+
+def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                      down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, quantize_x: bool,
+                      wide_scales: bool = True) -> torch.Tensor:
+    """Same contract as torch_ref.mxfp4_moe_experts, on weights padded along K by mxfp4_gemm.pad_to_k_align (per
+    expert); wide_scales=needs_wide_scales of either projection's scales (the default is always right)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if quantize_x:
+        x = quantize_dequantize(x)
+    return fused_experts(x, ExpertWeights(gate_up, gate_up_scale, wide_scales),
+                         ExpertWeights(down, down_scale, wide_scales), topk_weights, topk_ids,
+                         quantize_inner=quantize_x)
