@@ -121,7 +121,7 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     experts = triton.next_power_of_2(num_experts)
     chunks = triton.cdiv(num_pairs, PAIR_CHUNK)
     one_program = num_pairs <= ONE_PROGRAM_MAX_PAIRS
-    chunk_counts = torch.empty((0 if one_program else chunks, experts), **int32)
+    chunk_counts = torch.empty((1 if one_program else chunks, experts), **int32)  # unread by one program
     if not one_program:
         run_kernel(_count_kernel, (chunks,), ids, chunk_counts, num_pairs, CHUNK=PAIR_CHUNK, EXPERTS=experts,
                    num_warps=4)
