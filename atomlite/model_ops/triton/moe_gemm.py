@@ -39,7 +39,8 @@ class MoeConfig:
 
 
 # Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
-# grow with the rows each expert gets.
+# grow with the rows each expert gets. Chosen to fit gfx942's LDS and sm_90 (compile gate), not yet timed on a GPU:
+# bench/moe_layer.py --sweep times these against other tiles.
 DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
 MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
 PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
