@@ -13,7 +13,9 @@ GEMMA4_KERNELS = {
     "norm_residual._norm_residual_kernel",
     "activation._gelu_tanh_and_mul_kernel",  # (no skinny GEMM: ROCm keeps hipBLASLt for bf16 linears)
     "mxfp4_gemm._mxfp4_gemm_kernel",
-    "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel"}
+    "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel",
+    "moe_routing._count_kernel", "moe_routing._place_kernel", "moe_gemm._gate_up_kernel", "moe_gemm._down_kernel",
+    "moe_gemm._sum_slots_kernel"}
 
 
 @pytest.fixture(scope="module")

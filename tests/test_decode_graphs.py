@@ -128,8 +128,24 @@ def test_graph_replay_after_prefix_hits(checkpoints, variant):
 
 @pytest.mark.gpu
 @gpu
-def test_moe_model_says_it_decodes_eager(checkpoints):
+def test_moe_model_graph_replay_gives_eager_tokens(checkpoints):
+    """The fused MoE kernels (routing included) replay from graphs: batches of 5 pad to 8 rows."""
     path, _ = checkpoints.get("moe")
-    llm = LLM(str(path), dtype="float32", device="cuda")
+    args = dict(dtype="float32", device="cuda")
+    expected = _generate(LLM(str(path), enforce_eager=True, **args), 5)
+    llm = LLM(str(path), max_graph_batch=8, **args)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.graphs, llm.engine.graph_note
+    replays, run = [], graphs.run
+    graphs.run = lambda batch: (replays.append(len(batch)), run(batch))[1]
+    assert _generate(llm, 5) == expected
+    assert replays
+
+
+@pytest.mark.gpu
+@gpu
+def test_moe_model_on_the_torch_experts_says_it_decodes_eager(checkpoints):
+    path, _ = checkpoints.get("moe")
+    llm = LLM(str(path), dtype="float32", device="cuda", kernel_backend="torch")
     assert llm.engine.runner.graphs is None
     assert "cannot be captured" in llm.engine.graph_note

@@ -1,5 +1,5 @@
-"""MXFP4 MoE experts: loading Quark's per-expert tensors into the stacked layout, and the Triton path (the FP4
-GEMM per expert; on CPU under TRITON_INTERPRET=1) against the dequantized float experts."""
+"""MXFP4 MoE experts: loading Quark's per-expert tensors into the stacked layout, and the Triton path (the fused
+MoE kernels on packed FP4 weights; on CPU under TRITON_INTERPRET=1) against the dequantized float experts."""
 import pytest
 import torch
 
@@ -14,21 +14,22 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EXPERTS, HIDDEN, INTER = 4, 64, 96
 
 
-def per_expert_tensors(seed: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def per_expert_tensors(seed: int, hidden: int = HIDDEN, inter: int = INTER) -> dict[str, tuple[torch.Tensor,
+                                                                                                torch.Tensor]]:
     """Quark's export names -> (packed weight, scales), as one Linear per expert and projection."""
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for e in range(EXPERTS):
-        for proj, (n, k) in {"gate_proj": (INTER, HIDDEN), "up_proj": (INTER, HIDDEN),
-                             "down_proj": (HIDDEN, INTER)}.items():
+        for proj, (n, k) in {"gate_proj": (inter, hidden), "up_proj": (inter, hidden),
+                             "down_proj": (hidden, inter)}.items():
             tensors[f"{e}.{proj}"] = mxfp4.quantize(torch.randn(n, k, generator=gen) * 0.1)
     return tensors
 
 
-def loaded_experts(tensors, backend: str) -> MXFP4Experts:
+def loaded_experts(tensors, backend: str, hidden: int = HIDDEN, inter: int = INTER) -> MXFP4Experts:
     with dispatch.use(detect_platform(torch.device(DEVICE)), backend):
-        experts = MXFP4Experts(EXPERTS, HIDDEN, INTER, LinearQuantSpec(dynamic_fp4_input=True))
-    assert experts.backend == backend
+        experts = MXFP4Experts(EXPERTS, hidden, inter, LinearQuantSpec(dynamic_fp4_input=True))
+    assert experts.backend == backend and experts.graph_safe == (backend == "triton")
     for e in range(EXPERTS):
         for proj, stacked, part in (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1),
                                     ("down_proj", "down_proj", 0)):
@@ -56,13 +57,15 @@ def float_reference(tensors, x, weights, ids) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_mxfp4_experts_match_dequantized_reference(backend):
-    tensors = per_expert_tensors(seed=0)
+@pytest.mark.parametrize("hidden,inter", [(HIDDEN, INTER), (48, 24)])  # 48, 24: a partial last 32-block
+def test_mxfp4_experts_match_dequantized_reference(backend, hidden, inter):
+    tensors = per_expert_tensors(seed=0, hidden=hidden, inter=inter)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(9, HIDDEN, generator=gen)
+    x = torch.randn(9, hidden, generator=gen)
     ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:2] for _ in range(9)])
     weights = torch.rand(9, 2, generator=gen)
-    got = loaded_experts(tensors, backend)(x.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE)).cpu()
+    experts = loaded_experts(tensors, backend, hidden, inter)
+    got = experts(x.to(DEVICE), weights.to(DEVICE), ids.to(DEVICE)).cpu()
     expected = float_reference(tensors, x, weights, ids)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
@@ -87,6 +90,12 @@ def test_one_fused_float_tensor_for_quantized_experts_names_the_fix():
         experts.gate_up_proj.weight_loader(experts.gate_up_proj, torch.zeros(EXPERTS, 2 * INTER, HIDDEN))
 
 
-def test_sizes_must_be_whole_mxfp4_blocks():
-    with pytest.raises(ValueError, match="divisible by 32, got 40"):
-        MXFP4Experts(EXPERTS, HIDDEN, 40, LinearQuantSpec(dynamic_fp4_input=True))
+def test_partial_last_block_is_stored_as_quark_exports_it():
+    experts = MXFP4Experts(EXPERTS, 48, 24, LinearQuantSpec(dynamic_fp4_input=True))
+    assert experts.down_proj.shape == (EXPERTS, 48, 12) and experts.down_proj_scale.shape == (EXPERTS, 48, 1)
+    assert experts.gate_up_proj_scale.shape == (EXPERTS, 48, 2)
+
+
+def test_odd_sizes_cannot_be_packed():
+    with pytest.raises(ValueError, match="even sizes .* got 25"):
+        MXFP4Experts(EXPERTS, HIDDEN, 25, LinearQuantSpec(dynamic_fp4_input=True))

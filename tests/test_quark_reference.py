@@ -14,9 +14,10 @@ import torch
 LAYER_TYPES = ["sliding_attention", "full_attention"]
 EXTRA_EXCLUDE = "*layers.1.mlp.*"
 WEIGHT_ONLY_PATTERN = "*v_proj"
+PARTIAL_BLOCK_INTERMEDIATE = 24
 
 
-def quantize_with_quark(variant: str, seed: int):
+def quantize_with_quark(variant: str, seed: int, **overrides):
     """A tiny random Gemma 4 quantized by Quark's gemma4 MXFP4 template, as Quark's LLM PTQ tool does it:
     preprocess_for_quantization first (it splits fused MoE experts into per-expert Linears)."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -26,7 +27,8 @@ def quantize_with_quark(variant: str, seed: int):
     from transformers import Gemma4ForCausalLM
 
     torch.manual_seed(seed)
-    model = Gemma4ForCausalLM(tiny_models.text_config(variant, num_hidden_layers=2, layer_types=LAYER_TYPES))
+    model = Gemma4ForCausalLM(tiny_models.text_config(variant, num_hidden_layers=2, layer_types=LAYER_TYPES,
+                                                      **overrides))
     tiny_models.randomize(model, seed=seed)
     model = model.float().eval()
     preprocess_for_quantization(model)
@@ -48,12 +50,14 @@ def make_reference(out: Path) -> None:
     from quark.torch.utils.numerics import to_e8m0_uint8
     from quark.torch.utils.pack import create_pack_method
 
-    qmoe = quantize_with_quark("moe", seed=3)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        moe_ids = torch.randint(3, 96, (1, 12), generator=gen)
-        torch.save(dict(ids=moe_ids, logits=qmoe(moe_ids).logits), out / "quark_moe_reference.pt")
-        export_safetensors(qmoe, str(out / "moe_checkpoint"), custom_mode="quark")
+    # and experts whose down_proj K (24) is a partial 32-block, which Quark pads
+    for name, overrides in (("moe", {}), ("moe24", dict(moe_intermediate_size=PARTIAL_BLOCK_INTERMEDIATE))):
+        qmoe = quantize_with_quark("moe", seed=3, **overrides)
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            moe_ids = torch.randint(3, 96, (1, 12), generator=gen)
+            torch.save(dict(ids=moe_ids, logits=qmoe(moe_ids).logits), out / f"quark_{name}_reference.pt")
+            export_safetensors(qmoe, str(out / f"{name}_checkpoint"), custom_mode="quark")
 
     qmodel = quantize_with_quark("dense", seed=0)
     gen = torch.Generator().manual_seed(1)
@@ -96,7 +100,8 @@ def quark_run(tmp_path_factory):
     return dict(reference=torch.load(out / "quark_reference.pt"), dir=checkpoint,
                 tensors=load_file(checkpoint / "model.safetensors"),
                 config=json.loads((checkpoint / "config.json").read_text()),
-                moe_reference=torch.load(out / "quark_moe_reference.pt"), moe_dir=out / "moe_checkpoint")
+                moe_reference=torch.load(out / "quark_moe_reference.pt"), moe_dir=out / "moe_checkpoint",
+                moe24_reference=torch.load(out / "quark_moe24_reference.pt"), moe24_dir=out / "moe24_checkpoint")
 
 
 def test_random_tensors_quantize_like_quark(quark_run):
@@ -208,6 +213,19 @@ def test_moe_model_matches_quarks_quantized_model(quark_run, kernel_backend):
     experts = [m for m in llm.engine.model.modules() if isinstance(m, MXFP4Experts)]
     assert len(experts) == 2 and all(m.backend == kernel_backend for m in experts)
     assert_scores_like_quark(llm, quark_run["moe_reference"])
+
+
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+def test_moe_with_a_partial_last_block_loads_and_matches_quark(quark_run, kernel_backend):
+    """Quark pads a K that is no multiple of 32 (down_proj of intermediate 24): weight [N, 12], scale [N, 1]."""
+    from safetensors.torch import load_file
+
+    from atomlite import LLM
+    tensors = load_file(quark_run["moe24_dir"] / "model.safetensors")
+    assert tensors["model.layers.0.experts.0.down_proj.weight"].shape[1] == PARTIAL_BLOCK_INTERMEDIATE // 2
+    assert tensors["model.layers.0.experts.0.down_proj.weight_scale"].shape[1] == 1
+    llm = LLM(str(quark_run["moe24_dir"]), dtype="float32", device="cpu", kernel_backend=kernel_backend)
+    assert_scores_like_quark(llm, quark_run["moe24_reference"])
 
 
 def test_moe_checkpoint_with_float_experts_under_an_mxfp4_config_is_refused(quark_run, tmp_path):

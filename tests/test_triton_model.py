@@ -8,7 +8,7 @@ from atomlite.model_ops import triton as triton_ops
 from helpers import greedy, random_prompt
 
 
-@pytest.mark.parametrize("variant", ["dense", "ple"])
+@pytest.mark.parametrize("variant", ["dense", "moe", "ple"])
 def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
     path, _ = checkpoints.get(variant)
     prompts = [random_prompt(n, seed=n) for n in (3, 21)]
@@ -18,4 +18,7 @@ def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
     llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
     attention = llm.engine.model.attention_layers()[0]
     assert attention._attend is triton_ops.OPS["attention"]
+    experts = [layer.experts for layer in llm.engine.model.model.layers if layer.moe]
+    assert bool(experts) == (variant == "moe")
+    assert all(e._fn is triton_ops.OPS["moe_experts"] and e.graph_safe for e in experts)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))] == want

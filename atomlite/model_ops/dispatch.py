@@ -3,7 +3,8 @@
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
 branches on device. The `use` block they are built in names the platform and keeps what was chosen. Each backend
 package exposes OPS (name -> function) and limits(op, platform, shape), which returns None when it can serve the
-shape or a reason why not.
+shape or a reason why not; and GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they
+sync with the host).
 """
 import contextlib
 import importlib
@@ -27,6 +28,11 @@ class KernelChoice:
     backend: str
     reason: str
     fn: Callable
+    graph_unsafe_reason: str | None = None  # why a graph cannot capture fn; None when it can
+
+    @property
+    def graph_safe(self) -> bool:
+        return self.graph_unsafe_reason is None
 
 
 @dataclass
@@ -105,7 +111,8 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
         if refusal is not None:
             skipped.append(f"{name}: {refusal}")
             continue
-        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn)
+        unsafe = getattr(backend, "GRAPH_UNSAFE", {}).get(op)
+        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn, unsafe)
         if recorder is not None:
             recorder.record(_choice_key(op, shape), choice)
         return choice

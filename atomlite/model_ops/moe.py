@@ -6,9 +6,8 @@ from atomlite.model_ops.linear import copy_weight
 
 
 class Experts(nn.Module):
-    """Stacked expert MLPs: gate_up_proj [E, 2I, H] (gate first), down_proj [E, H, I]."""
-    graph_safe = False
-    graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
+    """Stacked expert MLPs: gate_up_proj [E, 2I, H] (gate first), down_proj [E, H, I]. Built under the model's
+    default dtype, which picks the kernel; graph_safe says whether that kernel can be captured in a graph."""
     routed_experts = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
@@ -19,7 +18,12 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
         self.gate_up_proj.weight_loader = copy_weight
         self.down_proj.weight_loader = copy_weight
-        self._fn = dispatch.choose("moe_experts", experts=num_experts).fn
+        choice = dispatch.choose("moe_experts", experts=num_experts, dtype=torch.get_default_dtype())
+        self._fn, self.backend = choice.fn, choice.backend
+        self.graph_safe, self.graph_unsafe_reason = choice.graph_safe, choice.graph_unsafe_reason or ""
 
     def forward(self, x, topk_weights, topk_ids):
         return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, backend={self.backend}"

@@ -5,17 +5,14 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.mxfp4_linear import load_exact
-from atomlite.model_ops.torch_ref.moe import route_to_experts
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
-from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
 from atomlite.quant.quark import LinearQuantSpec
 
 
 class MXFP4Experts(nn.Module):
-    """gate_up_proj [E, 2I, H/2] + gate_up_proj_scale [E, 2I, H/32]; down_proj [E, H, I/2] + down_proj_scale
-    [E, H, I/32]. Shard s of gate_up is expert s // 2, gate (even) or up (odd); shard e of down is expert e."""
-    graph_safe = False
-    graph_unsafe_reason = "experts run as a per-expert loop that syncs with the host"
+    """gate_up_proj [E, 2I, H/2] + gate_up_proj_scale [E, 2I, ceil(H/32)]; down_proj [E, H, I/2] + down_proj_scale
+    [E, H, ceil(I/32)] (Quark pads a partial last 32-block). Shard s of gate_up is expert s // 2, gate (even) or up
+    (odd); shard e of down is expert e. Built under the model's default dtype, which picks the kernel."""
     routed_experts = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, spec: LinearQuantSpec):
@@ -23,19 +20,20 @@ class MXFP4Experts(nn.Module):
         self.num_experts, self.params_per_expert = num_experts, 3 * hidden * intermediate
         self.top_k: int | None = None  # experts per token, set by the model (roofline accounting)
         for features in (hidden, intermediate):
-            if features % spec.block_size:
-                raise ValueError(f"MXFP4 experts need sizes divisible by {spec.block_size}, got {features}")
+            if features % 2:
+                raise ValueError(f"MXFP4 experts need even sizes (two e2m1 codes per byte), got {features}")
         self.spec, self.intermediate = spec, intermediate
         # name: (rows, K, checkpoint tensors per expert)
         shapes = {"gate_up_proj": (2 * intermediate, hidden, 2), "down_proj": (hidden, intermediate, 1)}
         for name, (rows, k, per_expert) in shapes.items():
             shards = num_experts * per_expert
             self._packed_param(name, (num_experts, rows, k // 2), shards)
-            self._packed_param(f"{name}_scale", (num_experts, rows, k // spec.block_size), shards)
-        choice = dispatch.choose("mxfp4_expert_linear", n=2 * intermediate, k=hidden,
+            self._packed_param(f"{name}_scale", (num_experts, rows, -(-k // spec.block_size)), shards)
+        choice = dispatch.choose("mxfp4_moe_experts", experts=num_experts, dtype=torch.get_default_dtype(),
                                  dynamic_input=spec.dynamic_fp4_input)
-        self.backend, self._matmul = choice.backend, choice.fn
-        self.wide_scales, self.lookup_scales = True, False  # always right; process_after_loading checks
+        self.backend, self._fn = choice.backend, choice.fn
+        self.graph_safe, self.graph_unsafe_reason = choice.graph_safe, choice.graph_unsafe_reason or ""
+        self.wide_scales = True  # always right; process_after_loading checks
 
     def _packed_param(self, name: str, shape: tuple[int, ...], shards: int) -> None:
         param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
@@ -61,18 +59,10 @@ class MXFP4Experts(nn.Module):
             weight.data = torch.stack([w for w, _ in padded])
             scale.data = torch.stack([s for _, s in padded])
         self.wide_scales = needs_wide_scales(self.gate_up_proj_scale) or needs_wide_scales(self.down_proj_scale)
-        self.lookup_scales = all(scale_bytes_fit(getattr(self, name), getattr(self, f"{name}_scale"))
-                                 for name in ("gate_up_proj", "down_proj"))
-
-    def _project(self, x: torch.Tensor, name: str, expert: int) -> torch.Tensor:
-        weight, scale = getattr(self, name)[expert], getattr(self, f"{name}_scale")[expert]
-        if self.backend != "triton":
-            return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input)
-        return self._matmul(x, weight, scale, self.spec.dynamic_fp4_input, self.wide_scales,
-                            lookup_scales=self.lookup_scales)
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return route_to_experts(x, topk_weights, topk_ids, self._project)
+        return self._fn(x, self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale,
+                        topk_weights, topk_ids, self.spec.dynamic_fp4_input, self.wide_scales)
 
     def extra_repr(self) -> str:
         return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"

@@ -20,9 +20,14 @@ _MIDPOINTS_ROUND_UP_ON_TIE = (
 
 
 def _blocks(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[-1] % BLOCK:
-        raise ValueError(f"MXFP4 needs the last dimension to be a multiple of {BLOCK}, got shape {tuple(x.shape)}")
+    """[..., K] -> [..., ceil(K/32), 32]: a partial last block is padded with zeros, as Quark pads it."""
+    x = torch.nn.functional.pad(x, (0, -x.shape[-1] % BLOCK))
     return x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+
+
+def _unblocked(blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """_blocks undone: [..., G, 32] -> [..., k]."""
+    return blocks.reshape(*blocks.shape[:-2], -1)[..., :k]
 
 
 def e8m0_exponents(amax: torch.Tensor) -> torch.Tensor:
@@ -70,11 +75,12 @@ def _codes_and_exponents(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = _blocks(x.to(torch.float32))
     exponent = e8m0_exponents(blocks.abs().amax(dim=-1))
     scaled = blocks / torch.exp2(exponent.to(torch.float32))[..., None]
-    return e2m1_encode(scaled.clamp(-E2M1_MAX, E2M1_MAX)).reshape(x.shape), exponent
+    return _unblocked(e2m1_encode(scaled.clamp(-E2M1_MAX, E2M1_MAX)), x.shape[-1]), exponent
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (packed uint8 [..., K/2], e8m0 scale uint8 [..., K/32]), per 32 along the last dimension."""
+    """x [..., K] (K even) -> (packed uint8 [..., K/2], e8m0 scale uint8 [..., ceil(K/32)]), per 32 along the last
+    dimension (a partial last block quantized as if padded with zeros)."""
     code, exponent = _codes_and_exponents(x)
     # Quark's exporter clamps the stored scale to the smallest normal float, 2^-126 (byte 1): all-zero blocks and
     # blocks under ~2^-124 are written with byte 1 although they were quantized with 2^-127.
@@ -82,22 +88,22 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(packed [..., K/2], scale [..., K/32]) -> values [..., K] in dtype."""
+    """(packed [..., K/2], scale [..., ceil(K/32)]) -> values [..., K] in dtype."""
     values = _blocks(e2m1_decode(unpack_e2m1(packed)))
-    return (values * e8m0_to_float(scale)[..., None]).reshape(*packed.shape[:-1], -1).to(dtype)
+    return _unblocked(values * e8m0_to_float(scale)[..., None], packed.shape[-1] * 2).to(dtype)
 
 
 def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
     """What dynamic MXFP4 activation quantization makes of x, in x's dtype."""
     code, exponent = _codes_and_exponents(x)
     values = _blocks(e2m1_decode(code)) * torch.exp2(exponent.to(torch.float32))[..., None]
-    return values.reshape(x.shape).to(x.dtype)
+    return _unblocked(values, x.shape[-1]).to(x.dtype)
 
 
 def pad_k(weight: torch.Tensor, scale: torch.Tensor, k_align: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed weight [N, K/2] and scales [N, K/32] -> K padded to a multiple of k_align with zero codes under
+    """Packed weight [N, K/2] and scales [N, ceil(K/32)] -> K padded to a multiple of k_align with zero codes under
     unit scales (byte 127, 2^0), contiguous: the padded elements are exact zeros for every kernel."""
-    extra = -(weight.shape[1] * 2) % k_align
-    weight = torch.nn.functional.pad(weight, (0, extra // 2))
-    scale = torch.nn.functional.pad(scale, (0, extra // BLOCK), value=E8M0_BIAS)
+    k_padded = -(-weight.shape[1] * 2 // k_align) * k_align
+    weight = torch.nn.functional.pad(weight, (0, k_padded // 2 - weight.shape[1]))
+    scale = torch.nn.functional.pad(scale, (0, k_padded // BLOCK - scale.shape[1]), value=E8M0_BIAS)
     return weight.contiguous(), scale.contiguous()

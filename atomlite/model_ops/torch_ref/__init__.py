@@ -3,14 +3,14 @@ from atomlite.model_ops.torch_ref.activation import gelu_tanh_and_mul
 from atomlite.model_ops.torch_ref.attention import paged_attention
 from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.linear import linear
-from atomlite.model_ops.torch_ref.moe import moe_experts
+from atomlite.model_ops.torch_ref.moe import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
 from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_residual
 from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
-__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
-           "write_kv"]
+__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
+           "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
@@ -24,8 +24,12 @@ OPS = {
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,
     "mxfp4_linear": mxfp4_gemm,
-    "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
+    "mxfp4_moe_experts": mxfp4_moe_experts,
 }
+
+# Per-expert loops: which experts run is read back to the host (unique().tolist()).
+LOOP_REASON = "experts run as a per-expert loop that syncs with the host"
+GRAPH_UNSAFE = {"moe_experts": LOOP_REASON, "mxfp4_moe_experts": LOOP_REASON}
 
 
 def limits(op: str, platform, shape: dict) -> str | None:

@@ -1,6 +1,8 @@
 import torch
 import torch.nn.functional as F
 
+from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
+
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
@@ -10,6 +12,20 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
     """
     weights = {"gate_up_proj": gate_up, "down_proj": down}
     return route_to_experts(x, topk_weights, topk_ids, lambda rows, name, e: F.linear(rows, weights[name][e]))
+
+
+def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                      down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, quantize_x: bool,
+                      wide_scales: bool = True) -> torch.Tensor:
+    """moe_experts with MXFP4 weights: gate_up [E, 2I, H/2] + e8m0 [E, 2I, ceil(H/32)], down [E, H, I/2] +
+    [E, H, ceil(I/32)] (packed as mxfp4.quantize does). quantize_x: each projection's input is MXFP4
+    quantize-dequantized first. wide_scales is a hint for the Triton kernels, unused here."""
+    weights = {"gate_up_proj": (gate_up, gate_up_scale), "down_proj": (down, down_scale)}
+
+    def project(rows: torch.Tensor, name: str, expert: int) -> torch.Tensor:
+        weight, scale = weights[name]
+        return mxfp4_gemm(rows, weight[expert], scale[expert], quantize_x)
+    return route_to_experts(x, topk_weights, topk_ids, project)
 
 
 def route_to_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, project) -> torch.Tensor:

@@ -1,8 +1,11 @@
 """Triton kernels (ROCm and CUDA; CPU under TRITON_INTERPRET=1). Each op has the torch_ref op's signature."""
+import torch
+
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.attention import paged_attention
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.kv_write import write_kv
+from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
 from atomlite.model_ops.triton.norm_residual import rms_norm_residual
@@ -22,13 +25,17 @@ OPS = {
     "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
+    "moe_experts": moe_experts,  # routing, gate_up, down and the sum over a token's experts: capture-safe
     "mxfp4_linear": mxfp4_gemm,
-    "mxfp4_expert_linear": mxfp4_gemm,  # one expert's projection (MXFP4 MoE experts loop over them)
+    "mxfp4_moe_experts": mxfp4_moe_experts,  # the same kernels on packed FP4 weights
 }
 
 MAX_HEAD_DIM = 512
 MAX_GQA_GROUP = 64
 MIN_K_FROM_V_HEAD_DIM = 32  # the rotated columns of each half are read as tiles of at least 16
+MAX_EXPERTS = 512  # the routing holds a one-hot [64, experts] per step
+MOE_DTYPES = {"moe_experts": (torch.bfloat16, torch.float16, torch.float32),
+              "mxfp4_moe_experts": (torch.bfloat16, torch.float32)}  # FP4 expands to bf16 (fp32 for fp32)
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -53,4 +60,16 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return f"head_dim {head_dim} is odd"
     if op in ("rms_norm", "add_rms_norm", "rms_norm_residual") and shape.get("dim", 0) > MAX_DIM:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
+    if op in MOE_DTYPES:
+        return _moe_refusal(op, shape)
+    return None
+
+
+def _moe_refusal(op: str, shape: dict) -> str | None:
+    if shape.get("experts", 0) > MAX_EXPERTS:
+        return f"{shape['experts']} experts exceed the fused MoE routing's {MAX_EXPERTS}"
+    dtypes = MOE_DTYPES[op]
+    if shape.get("dtype", torch.bfloat16) not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        return f"{op} takes {names}, not {shape['dtype']}"
     return None

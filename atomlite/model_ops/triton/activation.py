@@ -9,16 +9,21 @@ SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
+def gelu_tanh(gate):
+    """gelu(gate, approximate="tanh") of fp32 values."""
+    # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh intrinsic needed; the clamp keeps exp finite (gelu ~ 0 there).
+    z = SQRT_2_OVER_PI * (gate + 0.044715 * gate * gate * gate)
+    return gate / (1.0 + tl.exp(tl.minimum(-2.0 * z, 80.0)))
+
+
+@triton.jit
 def _gelu_tanh_and_mul_kernel(x, out, inner, stride_xt, stride_ot, BLOCK: tl.constexpr):
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inner
     gate = tl.load(x + token * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x + token * stride_xt + inner + cols, mask=mask, other=0.0).to(tl.float32)
-    # 0.5 * (1 + tanh(z)) == sigmoid(2z): no tanh intrinsic needed; the clamp keeps exp finite (gelu ~ 0 there).
-    z = SQRT_2_OVER_PI * (gate + 0.044715 * gate * gate * gate)
-    gelu = gate / (1.0 + tl.exp(tl.minimum(-2.0 * z, 80.0)))
-    tl.store(out + token * stride_ot + cols, (gelu * up).to(out.dtype.element_ty), mask=mask)
+    tl.store(out + token * stride_ot + cols, (gelu_tanh(gate) * up).to(out.dtype.element_ty), mask=mask)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -116,6 +116,22 @@ def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int,
     return shapes
 
 
+def _moe_experts(r: Recorder, hf: dict) -> None:
+    """The fused routed experts of a MoE layer, bf16 and MXFP4 (K padded as MXFP4Experts pads it)."""
+    experts, top_k, tokens = hf["num_experts"], hf["top_k_experts"], r.step.tokens
+    hidden, inner = hf["hidden_size"], hf["moe_intermediate_size"]
+    routing = (meta(tokens, top_k, dtype=torch.float32), meta(tokens, top_k, dtype=torch.int64))
+    r.call("moe_experts", dict(experts=experts, dtype=torch.bfloat16), meta(tokens, hidden),
+           meta(experts, 2 * inner, hidden), meta(experts, hidden, inner), *routing)
+    packed = []
+    for rows, k in ((2 * inner, hidden), (hidden, inner)):
+        k_padded = -(-k // K_ALIGN) * K_ALIGN
+        packed += [meta(experts, rows, k_padded // 2, dtype=torch.uint8),
+                   meta(experts, rows, k_padded // 32, dtype=torch.uint8)]
+    r.call("mxfp4_moe_experts", dict(experts=experts, dtype=torch.bfloat16, dynamic_input=True),
+           meta(tokens, hidden), *packed, *routing, True, False)
+
+
 def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hf, tokens = spec.hf, r.step.tokens
     hidden = hf["hidden_size"]
@@ -139,9 +155,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     if hf.get("enable_moe_block"):
-        expert_inner = hf["moe_intermediate_size"]
-        for n, k in ((2 * expert_inner, hidden), (hidden, expert_inner)):
-            _mxfp4_linear(r, "mxfp4_expert_linear", tokens, n, k)
+        _moe_experts(r, hf)
 
 
 def gemma4_launches(platform: Platform, models: list[Path] | None = None) -> list[tuple[str, KernelLaunch]]:

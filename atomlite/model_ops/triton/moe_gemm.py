@@ -1,0 +1,310 @@
+"""Fused MoE experts: out[t] = sum_k w[t, k] * down_e(gelu_tanh(gate_e x[t]) * up_e x[t]), e = topk_ids[t, k].
+
+Pairs (token, slot) are grouped by expert into tiles of block_m rows (moe_routing). Then one launch per projection
+for the whole layer: a program computes one tile's rows against one block of its expert's output features, so each
+active expert's weights are read once per step at decode. gate_up gathers x rows by token and writes
+gelu_tanh(gate) * up per row; down scales each row by its routing weight and writes it to that pair's row. A last
+launch sums each token's top_k rows in slot order: deterministic, no atomics. Tiles the routing leaves unused exit
+at once. Weights are float [E, N, K], or MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to
+K_ALIGN) expanded in registers as mxfp4_gemm's portable path does.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.activation import gelu_tanh
+from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
+from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks, quantize_dequantize
+from atomlite.quant import mxfp4
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionTiles:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """block_m rows per tile (shared by both projections: the routing's tiles); per projection its N and K tiles."""
+    block_m: int
+    gate_up: ProjectionTiles
+    down: ProjectionTiles
+
+
+# Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
+# grow with the rows each expert gets. Chosen to fit gfx942's LDS and sm_90 (compile gate), not yet timed on a GPU:
+# bench/moe_layer.py --sweep times these against other tiles.
+DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
+MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
+PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
+DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48
+ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
+
+
+def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
+    rows_per_expert = num_pairs / num_experts
+    if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
+        return DECODE
+    return MEDIUM if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT else PREFILL
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One projection of all experts: float [E, N, K], or MXFP4 packed [E, N, K'/2] with scale [E, N, K'/32]."""
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    wide_scales: bool = True  # MXFP4: some scale byte above mxfp4_gemm.FAST_MAX_SCALE_BYTE (always right)
+
+    @property
+    def mxfp4(self) -> bool:
+        return self.scale is not None
+
+    def strides(self) -> tuple[int, int, int, int]:
+        scale = self.scale if self.mxfp4 else self.weight
+        return self.weight.stride(0), self.weight.stride(1), scale.stride(0), scale.stride(1)
+
+
+@triton.jit
+def _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M: tl.constexpr):
+    """(expert of the tile or -1, which rows hold a pair, the pair of each row: 0 where none)."""
+    expert = tl.load(tile_expert + tile)
+    rows = tl.arange(0, BLOCK_M)
+    used = rows < tl.load(tile_rows + tile)
+    return expert, used, tl.load(pair_of_row + tile * BLOCK_M + rows, mask=used, other=0)
+
+
+@triton.jit
+def _weight_pointers(w, w_scale, expert, rn, stride_we, stride_wn, stride_se, stride_sn, MXFP4: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """The first K tile of expert's rows rn: values, or packed bytes and their scale bytes."""
+    # one return: Triton unifies the types of every return, constexpr branches included
+    w_rows = w + expert.to(tl.int64) * stride_we + rn[:, None] * stride_wn
+    if MXFP4:
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K // 2)[None, :]
+        s_ptrs = w_scale + expert.to(tl.int64) * stride_se + rn[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[
+            None, :]
+    else:
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K)[None, :]
+        s_ptrs = w_ptrs
+    return w_ptrs, s_ptrs
+
+
+@triton.jit
+def _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Weight values [BLOCK_N, BLOCK_K] at columns k0.. (MXFP4 weights are padded along K: no mask)."""
+    if MXFP4:
+        packed = tl.load(w_ptrs + k0 // 2)
+        scale_byte = tl.load(s_ptrs + k0 // 32)
+        tile = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, False, BLOCK_N, BLOCK_K)
+    elif EVEN_K:
+        tile = tl.load(w_ptrs + k0)
+    else:
+        tile = tl.load(w_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+    if FP32:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+@triton.jit
+def _rows_tile(row_ptrs, k0, K, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    if EVEN_K:
+        tile = tl.load(row_ptrs + k0)
+    else:
+        tile = tl.load(row_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _used_rows_tile(row_ptrs, used, k0, K, BLOCK_K: tl.constexpr):
+    return tl.load(row_ptrs + k0, mask=used[:, None] & (k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _quantize_dequantize_rows(h, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dynamic MXFP4 quantization of fp32 h [BLOCK_M, BLOCK_N] per 32 columns, back to fp32 values."""
+    q, exponent = quantize_blocks(h, BLOCK_M, BLOCK_N)
+    scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.reshape(q, (BLOCK_M, BLOCK_N // 32, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_out, K, INNER, stride_xt, stride_we,
+                    stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
+                    QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    tile = tl.program_id(0)
+    expert, used, pair = _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M)
+    if expert < 0:
+        return
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; their columns are not stored
+    gate_w, gate_s = _weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
+                                      MXFP4, BLOCK_K)
+    up_w, up_s = _weight_pointers(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn,
+                                  MXFP4, BLOCK_K)
+    x_rows = x + (pair // TOP_K)[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        gate = _weight_tile(gate_w, gate_s, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
+        up = _weight_tile(up_w, up_s, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
+        x_tile = _rows_tile(x_rows, k0, K, EVEN_K, BLOCK_K).to(gate.dtype)
+        acc_gate = tl.dot(x_tile, tl.trans(gate), acc_gate, input_precision=DOT_PRECISION)
+        acc_up = tl.dot(x_tile, tl.trans(up), acc_up, input_precision=DOT_PRECISION)
+    h = gelu_tanh(acc_gate) * acc_up
+    if QUANTIZE_OUT:  # the down projection's dynamic MXFP4 input, per 32 of INNER (zeros past a partial block)
+        h = _quantize_dequantize_rows(tl.where((rn < INNER)[None, :], h, 0.0), BLOCK_M, BLOCK_N)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(inner_out + rows[:, None] * stride_ir + rn[None, :], h.to(inner_out.dtype.element_ty),
+             mask=used[:, None] & (rn < INNER)[None, :])
+
+
+@triton.jit
+def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_weights, pair_out, K, N, stride_ir,
+                 stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4: tl.constexpr, FP32: tl.constexpr,
+                 WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tile = tl.program_id(0)
+    expert, used, pair = _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M)
+    if expert < 0:
+        return
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_ptrs, s_ptrs = _weight_pointers(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn,
+                                      MXFP4, BLOCK_K)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_rows = inner + rows[:, None] * stride_ir + tl.arange(0, BLOCK_K)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w_tile = _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
+        a = _used_rows_tile(in_rows, used, k0, K, BLOCK_K).to(w_tile.dtype)  # unused rows were never written
+        acc = tl.dot(a, tl.trans(w_tile), acc, input_precision=DOT_PRECISION)
+    routing_weight = tl.load(topk_weights + pair, mask=used, other=0.0).to(tl.float32)
+    tl.store(pair_out + pair.to(tl.int64)[:, None] * stride_op + rn[None, :], acc * routing_weight[:, None],
+             mask=used[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        total += tl.load(pair_out + (token * TOP_K + slot) * N + rn, mask=rn < N, other=0.0)
+    tl.store(out + token * N + rn, total.to(out.dtype.element_ty), mask=rn < N)
+
+
+SUM_BLOCK = 1024
+
+
+def _launch_options(tiles: ProjectionTiles, device: torch.device) -> dict:
+    stages = tiles.num_stages
+    if platform_of(device).kind == "rocm":
+        stages = min(stages, ROCM_MAX_STAGES)
+    return dict(num_warps=tiles.num_warps, num_stages=stages)
+
+
+def _fp32(dtype: torch.dtype) -> bool:
+    """Values in fp32 for fp32 inputs and under the interpreter (its bf16 arithmetic is wrong)."""
+    return dtype == torch.float32 or interpreting()
+
+
+def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k: int, quantize_out: bool,
+             config: MoeConfig) -> torch.Tensor:
+    inner = gate_up.weight.shape[1] // 2
+    hidden = x.shape[1]
+    out = torch.empty((tiles.pair_of_row.shape[0], inner), dtype=x.dtype, device=x.device)
+    t = config.gate_up
+    grid = (tiles.max_tiles, triton.cdiv(inner, t.block_n))
+    run_kernel(_gate_up_kernel, grid, x, gate_up.weight, gate_up.scale, tiles.pair_of_row, tiles.tile_expert,
+               tiles.tile_rows, out, hidden, inner, x.stride(0), *gate_up.strides(), out.stride(0), TOP_K=top_k,
+               MXFP4=gate_up.mxfp4, QUANTIZE_OUT=quantize_out, FP32=_fp32(x.dtype), WIDE_SCALES=gate_up.wide_scales,
+               EVEN_K=hidden % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if _fp32(x.dtype)
+                                                                            else x.dtype),
+               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, x.device))
+    return out
+
+
+def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_weights: torch.Tensor,
+          config: MoeConfig) -> torch.Tensor:
+    hidden, k = down.weight.shape[1], inner.shape[1]
+    pair_out = torch.empty((topk_weights.numel(), hidden), dtype=torch.float32, device=inner.device)
+    t = config.down
+    fp32 = _fp32(inner.dtype)
+    grid = (tiles.max_tiles, triton.cdiv(hidden, t.block_n))
+    run_kernel(_down_kernel, grid, inner, down.weight, down.scale, tiles.pair_of_row, tiles.tile_expert,
+               tiles.tile_rows, topk_weights, pair_out, k, hidden, inner.stride(0), *down.strides(),
+               pair_out.stride(0), MXFP4=down.mxfp4, FP32=fp32, WIDE_SCALES=down.wide_scales,
+               EVEN_K=k % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if fp32 else inner.dtype),
+               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, inner.device))
+    return pair_out
+
+
+def _sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    hidden = pair_out.shape[1]
+    out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
+    block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
+    run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
+               BLOCK_N=block, num_warps=4)
+    return out
+
+
+def _check_config(config: MoeConfig, gate_up: ExpertWeights, down: ExpertWeights, quantize_inner: bool) -> None:
+    if quantize_inner and config.gate_up.block_n % mxfp4.BLOCK:
+        raise ValueError(f"gate_up quantizes gelu(gate) * up per {mxfp4.BLOCK} columns in its tile: block_n "
+                         f"{config.gate_up.block_n} is not a multiple of {mxfp4.BLOCK}")
+    for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
+        k_padded = weights.weight.shape[2] * 2
+        if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK or k_padded % K_ALIGN):
+            raise ValueError(f"MXFP4 expert weights padded along K to a multiple of {K_ALIGN} (got {k_padded}) are "
+                             f"read in K tiles of a multiple of {mxfp4.BLOCK} dividing {K_ALIGN}, not block_k "
+                             f"{tiles.block_k}")
+
+
+def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor, quantize_inner: bool = False, config: MoeConfig | None = None
+                  ) -> torch.Tensor:
+    """x [T, H] (unit last stride) through the routed experts -> [T, H] in x's dtype. quantize_inner: the down
+    projection's input is MXFP4 quantize-dequantized (dynamic MXFP4 activations)."""
+    tokens, top_k = topk_ids.shape
+    num_experts = gate_up.weight.shape[0]
+    if tokens == 0:
+        return torch.empty_like(x)
+    config = config or pick_config(tokens * top_k, num_experts)
+    _check_config(config, gate_up, down, quantize_inner)
+    tiles = group_by_expert(topk_ids, num_experts, config.block_m)
+    inner = _gate_up(x, gate_up, tiles, top_k, quantize_inner, config)
+    weights = topk_weights.reshape(-1)
+    if weights.stride(0) != 1:
+        weights = weights.contiguous()
+    return _sum_slots(_down(inner, down, tiles, weights, config), tokens, top_k, x.dtype)
+
+
+def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+    """Same contract as torch_ref.moe_experts: gate_up [E, 2I, H] (gate rows first), down [E, H, I]."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), topk_weights, topk_ids)
+
+
+def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                      down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, quantize_x: bool,
+                      wide_scales: bool = True) -> torch.Tensor:
+    """Same contract as torch_ref.mxfp4_moe_experts, on weights padded along K by mxfp4_gemm.pad_to_k_align (per
+    expert); wide_scales=needs_wide_scales of either projection's scales (the default is always right)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if quantize_x:
+        x = quantize_dequantize(x)
+    return fused_experts(x, ExpertWeights(gate_up, gate_up_scale, wide_scales),
+                         ExpertWeights(down, down_scale, wide_scales), topk_weights, topk_ids,
+                         quantize_inner=quantize_x)

@@ -1,0 +1,186 @@
+"""One MoE layer of Gemma-4-26B-A4B (shapes from examples/configs), random weights, one GPU, same run: today's
+per-expert loop (torch_ref.moe_experts), the fused bf16 kernels and the fused MXFP4 kernels (dynamic FP4 inputs,
+as Quark's W4A4 export runs). Each path is first checked against the fp32 reference, eagerly and replayed from a
+CUDA graph; then each is timed at every batch size:
+- eager: CUDA events around one call after an L2 flush (launches included), median of EAGER_REPEATS after warmup;
+  the loop syncs with the host, so eager is the only way it runs;
+- graph: the fused paths replayed from a CUDA graph (bench/fp4_gemm.py graph_ms: L2 flushed before every call), as
+  decode graphs run them.
+Ratios are the loop's eager time over each fused time; "roofline" is the expert weight bytes the batch must read
+(its distinct experts) over the measured copy bandwidth.
+
+    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep]
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fp4_gemm import graph_ms  # noqa: E402  (bench/ is this script's folder)
+
+from atomlite.config import load_model_spec  # noqa: E402
+from atomlite.model_ops import torch_ref  # noqa: E402
+from atomlite.model_ops.triton import moe_gemm  # noqa: E402
+from atomlite.model_ops.triton.moe_gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
+from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
+from atomlite.quant import mxfp4  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gemma-4-26B-A4B-it"
+EAGER_REPEATS, WARMUP = 30, 5
+MAX_RELATIVE_ERROR = 1e-2
+T = ProjectionTiles
+SWEEP = [MoeConfig(16, T(32, 128, 4, 3), T(64, 64, 4, 3)), MoeConfig(16, T(64, 128, 4, 3), T(64, 64, 4, 3)),
+         MoeConfig(16, T(32, 256, 4, 3), T(32, 128, 4, 3)), MoeConfig(16, T(32, 64, 4, 4), T(64, 128, 4, 3)),
+         MoeConfig(32, T(64, 64, 4, 3), T(64, 64, 4, 3)), MoeConfig(32, T(64, 128, 8, 3), T(128, 64, 8, 3)),
+         MoeConfig(64, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(64, T(128, 64, 8, 3), T(128, 64, 8, 4)),
+         MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3))]
+
+
+def shapes() -> dict:
+    hf = load_model_spec(CONFIG).hf
+    return dict(hidden=hf["hidden_size"], inner=hf["moe_intermediate_size"], experts=hf["num_experts"],
+                top_k=hf["top_k_experts"])
+
+
+def bf16_experts(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    e, h, i = s["experts"], s["hidden"], s["inner"]
+    gate_up = (torch.randn(e, 2 * i, h, device="cuda", generator=gen) * h ** -0.5).to(torch.bfloat16)
+    down = (torch.randn(e, h, i, device="cuda", generator=gen) * i ** -0.5).to(torch.bfloat16)
+    return gate_up, down
+
+
+def quantized(weight: torch.Tensor) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
+    """(the fused kernels' padded MXFP4 weights, the checkpoint's packed bytes and scales), expert by expert."""
+    packed = [mxfp4.quantize(w.float()) for w in weight]
+    padded = [pad_to_k_align(p, s) for p, s in packed]
+    scale = torch.stack([s for _, s in padded])
+    return (ExpertWeights(torch.stack([p for p, _ in padded]), scale, needs_wide_scales(scale)),
+            torch.stack([p for p, _ in packed]), torch.stack([s for _, s in packed]))
+
+
+def routing(tokens: int, s: dict, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    probs = torch.softmax(torch.randn(tokens, s["experts"], device="cuda", generator=gen), dim=-1)
+    weights, ids = torch.topk(probs, s["top_k"], dim=-1)
+    x = torch.randn(tokens, s["hidden"], device="cuda", generator=gen).to(torch.bfloat16)
+    return x, weights / weights.sum(-1, keepdim=True), ids
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def replayed(fn) -> torch.Tensor:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn()
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
+def eager_ms(fn, flush) -> float:
+    times = []
+    for i in range(WARMUP + EAGER_REPEATS):
+        flush()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        if i >= WARMUP:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 1 GiB device copy."""
+    src = torch.empty(2**29, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / (eager_ms(lambda: dst.copy_(src), lambda: None) * 1e-3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="1,32,512")
+    parser.add_argument("--sweep", action="store_true", help="also time each SWEEP config of the fused kernels")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    s = shapes()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, s, flush=True)
+    gate_up, down = bf16_experts(s)
+    (fp4_gate_up, packed_gate_up, scale_gate_up), (fp4_down, packed_down, scale_down) = map(quantized, (gate_up, down))
+    bf16_bytes = 3 * s["hidden"] * s["inner"] * 2
+    fp4_bytes = sum(t[0].numel() for t in (packed_gate_up, scale_gate_up, packed_down, scale_down))
+    bandwidth = copy_bandwidth()
+    flush_buffer = torch.ones(64 * 2**20, dtype=torch.float32, device="cuda")
+    flush = flush_buffer.sum
+    failures, rows = [], []
+    for tokens in map(int, args.batches.split(",")):
+        x, weights, ids = routing(tokens, s, seed=tokens)
+        paths = {
+            "loop": lambda: torch_ref.moe_experts(x, gate_up, down, weights, ids),
+            "bf16": lambda: moe_gemm.moe_experts(x, gate_up, down, weights, ids),
+            "mxfp4": lambda: moe_gemm.mxfp4_moe_experts(x, fp4_gate_up.weight, fp4_gate_up.scale, fp4_down.weight,
+                                                        fp4_down.scale, weights, ids, True, fp4_gate_up.wide_scales
+                                                        or fp4_down.wide_scales),
+        }
+        want = {"bf16": torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), weights, ids),
+                "mxfp4": torch_ref.mxfp4_moe_experts(x.float(), packed_gate_up, scale_gate_up, packed_down,
+                                                     scale_down, weights, ids, True)}
+        want["loop"] = want["bf16"]
+        for name, fn in paths.items():
+            runs = [("eager", fn())] + ([("graph", replayed(fn))] if name != "loop" else [])
+            for how, got in runs:
+                err = relative_error(got, want[name])
+                if not err < MAX_RELATIVE_ERROR or not torch.isfinite(got).all():
+                    failures.append(f"{name} batch {tokens} {how}: relative error {err:.2e}")
+        eager = {name: eager_ms(fn, flush) for name, fn in paths.items()}
+        graph = {name: graph_ms(paths[name], flush) for name in ("bf16", "mxfp4")}
+        touched = ids.unique().numel()
+        roof = {"bf16": touched * bf16_bytes / bandwidth * 1e3, "mxfp4": touched * fp4_bytes / bandwidth * 1e3}
+        for name in ("bf16", "mxfp4"):
+            rows.append(f"{tokens:>5} {name:>6} {eager['loop'] * 1e3:9.1f} {eager[name] * 1e3:9.1f} "
+                        f"{graph[name] * 1e3:9.1f} {eager['loop'] / eager[name]:15.1f}x "
+                        f"{eager['loop'] / graph[name]:15.1f}x {roof[name] * 1e3:12.1f} "
+                        f"{graph[name] / roof[name]:10.2f}x  {touched}")
+            print(rows[-1], flush=True)
+        print(f"{tokens:>5}   bf16/mxfp4 graph time: {graph['bf16'] / graph['mxfp4']:.2f}x", flush=True)
+        if args.sweep:
+            sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush)
+    print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print(f"{'batch':>5} {'path':>6} {'loop us':>9} {'eager us':>9} {'graph us':>9} {'loop/eager':>16} "
+          f"{'loop/graph':>16} {'roofline us':>12} {'graph/roof':>11}  experts touched")
+    print("\n".join(rows))
+    print("\ncheck vs fp32 reference:", "FAILED\n  " + "\n  ".join(failures) if failures else "passed")
+    return 1 if failures else 0
+
+
+def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) -> None:
+    """Graph times of the fused kernels under each SWEEP config (the MXFP4 input quantization excluded)."""
+    bf16 = (x, ExpertWeights(gate_up), ExpertWeights(down), False)
+    fp4 = (moe_gemm.quantize_dequantize(x), fp4_gate_up, fp4_down, True)
+    for name, (rows, gu, dn, quantize) in (("bf16", bf16), ("mxfp4", fp4)):
+        times = {}
+        for config in SWEEP:
+            def call(config=config):
+                return moe_gemm.fused_experts(rows, gu, dn, weights, ids, quantize_inner=quantize, config=config)
+            times[config] = graph_ms(call, flush)
+        best = min(times, key=times.get)
+        listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
+        print(f"  sweep {name} batch {tokens}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

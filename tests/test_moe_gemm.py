@@ -1,0 +1,164 @@
+"""The fused MoE experts (triton.moe_gemm; on CPU under TRITON_INTERPRET=1) against the per-expert torch loop."""
+import pytest
+import torch
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops import triton as tri
+from atomlite.model_ops.moe import Experts
+from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.torch_ref.moe import moe_experts as reference
+from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
+from atomlite.model_ops.triton.moe_gemm import (DECODE, MEDIUM, PREFILL, ExpertWeights, MoeConfig, ProjectionTiles,
+                                                fused_experts, moe_experts, mxfp4_moe_experts, pick_config)
+from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.quant import mxfp4
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# small tiles: several N tiles and K steps per projection at these shapes, partial last ones
+SMALL = MoeConfig(16, gate_up=ProjectionTiles(32, 32, 4, 2), down=ProjectionTiles(32, 32, 4, 2))
+
+
+def random_experts(num_experts: int, hidden: int, inner: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(num_experts, 2 * inner, hidden, generator=gen) * hidden ** -0.5
+    down = torch.randn(num_experts, hidden, inner, generator=gen) * inner ** -0.5
+    return gate_up.to(DEVICE), down.to(DEVICE)
+
+
+def random_routing(tokens: int, top_k: int, num_experts: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    return weights.to(DEVICE), ids.to(DEVICE)
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    # fp32: summation order only
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner,config", [
+    (1, 1, 4, 64, 32, SMALL),      # one token, one expert
+    (1, 8, 16, 96, 48, SMALL),     # top 8, K and N not multiples of the tiles
+    (7, 2, 8, 64, 32, SMALL),
+    (9, 8, 8, 64, 32, DECODE),     # every expert gets several tokens
+    (40, 2, 4, 64, 64, MEDIUM),    # tiles of 32 rows, several per expert
+    (70, 2, 4, 64, 64, PREFILL),   # tiles of 64 rows; placed by two launches
+])
+def test_fused_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, config):
+    gate_up, down = random_experts(num_experts, hidden, inner, seed=tokens)
+    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
+    x = torch.randn(tokens, hidden, device=DEVICE)
+    got = fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, config=config)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+def test_uneven_routing_and_experts_with_no_token():
+    gate_up, down = random_experts(8, 64, 32, seed=3)
+    ids = torch.tensor([[3, 0], [3, 5], [3, 0], [3, 5], [3, 0], [3, 7]] * 4, device=DEVICE)  # 1, 2, 4, 6: none
+    weights = torch.rand(ids.shape, device=DEVICE)
+    x = torch.randn(ids.shape[0], 64, device=DEVICE)
+    got = fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, config=SMALL)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+def test_op_reads_strided_rows_and_picks_its_config():
+    gate_up, down = random_experts(4, 64, 32, seed=5)
+    weights, ids = random_routing(5, 2, 4, seed=6)
+    x = torch.randn(5, 128, device=DEVICE)[:, ::2]
+    assert_close(moe_experts(x, gate_up, down, weights, ids), reference(x, gate_up, down, weights, ids))
+
+
+def test_no_tokens_give_an_empty_output():
+    gate_up, down = random_experts(4, 64, 32, seed=7)
+    ids = torch.empty(0, 2, dtype=torch.int64, device=DEVICE)
+    out = moe_experts(torch.empty(0, 64, device=DEVICE), gate_up, down, torch.empty(0, 2, device=DEVICE), ids)
+    assert out.shape == (0, 64)
+
+
+def test_configs_the_mxfp4_kernels_cannot_take_are_refused():
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(4, 64, 32, seed=1, wide=False)
+    weights, ids = random_routing(2, 2, 4, seed=2)
+    x = torch.randn(2, 64, device=DEVICE)
+    narrow = MoeConfig(16, gate_up=ProjectionTiles(16, 32, 4, 2), down=ProjectionTiles(32, 32, 4, 2))
+    with pytest.raises(ValueError, match="quantizes gelu.*32 columns.*block_n 16"):
+        fused_experts(x, padded(gate_up, gate_up_scale, False), padded(down, down_scale, False), weights, ids,
+                      quantize_inner=True, config=narrow)
+    odd_k = MoeConfig(16, gate_up=ProjectionTiles(32, 48, 4, 2), down=ProjectionTiles(32, 32, 4, 2))
+    with pytest.raises(ValueError, match="block_k 48"):
+        fused_experts(x, padded(gate_up, gate_up_scale, False), padded(down, down_scale, False), weights, ids,
+                      config=odd_k)
+
+
+def test_config_tiles_grow_with_rows_per_expert():
+    assert [pick_config(pairs, 128).block_m for pairs in (8, 256, 1024, 4096, 16384)] == [16, 16, 16, 32, 64]
+
+
+def random_mxfp4_experts(num_experts: int, hidden: int, inner: int, seed: int, wide: bool):
+    """(packed, scale) per projection as Quark stores them; blocks of very different magnitudes, so a scale applied
+    to the wrong block shows; wide: scales above 2 too (the exact expansion)."""
+    gen = torch.Generator().manual_seed(seed)
+    projections = []
+    for rows, k in ((2 * inner, hidden), (hidden, inner)):
+        exponents = torch.randint(-6, 4 if wide else 0, (num_experts, rows, -(-k // 32)), generator=gen).float()
+        w = torch.randn(num_experts, rows, k, generator=gen)
+        projections.append(mxfp4.quantize(w * torch.exp2(exponents).repeat_interleave(32, dim=2)[..., :k]))
+    return projections
+
+
+def padded(packed: torch.Tensor, scale: torch.Tensor, wide: bool) -> ExpertWeights:
+    """The Triton layout: each expert padded along K as MXFP4Experts.process_after_loading does."""
+    experts = [pad_to_k_align(w, s) for w, s in zip(packed, scale)]
+    stacked_scale = torch.stack([s for _, s in experts]).to(DEVICE)
+    assert needs_wide_scales(stacked_scale) == wide
+    return ExpertWeights(torch.stack([w for w, _ in experts]).to(DEVICE), stacked_scale, wide)
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner,config", [
+    (1, 1, 4, 64, 32, SMALL),      # one token, one expert
+    (1, 8, 16, 96, 48, SMALL),     # top 8; partial last 32-blocks along both K
+    (9, 2, 8, 64, 64, DECODE),
+    (40, 2, 4, 64, 64, MEDIUM),
+])
+@pytest.mark.parametrize("quantize_x", [True, False])
+@pytest.mark.parametrize("wide", [False, True])
+def test_fused_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, config, quantize_x,
+                                                       wide):
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
+    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
+    x = torch.randn(tokens, hidden, device=DEVICE)
+    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
+                           quantize_x)
+    xq = mxfp4.quantize_dequantize(x) if quantize_x else x
+    got = fused_experts(xq, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
+                        quantize_inner=quantize_x, config=config)
+    assert_close(got, want)
+
+
+def test_mxfp4_op_quantizes_its_input_and_pads_nothing_itself():
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(8, 64, 32, seed=9, wide=False)
+    weights, ids = random_routing(6, 2, 8, seed=10)
+    x = torch.randn(6, 64, device=DEVICE)
+    gu, dn = padded(gate_up, gate_up_scale, False), padded(down, down_scale, False)
+    got = mxfp4_moe_experts(x, gu.weight, gu.scale, dn.weight, dn.scale, weights, ids, True, False)
+    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
+                           True)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("platform,backend,graph_safe", [
+    (Platform("cuda", "sm_90"), "triton", True), (Platform("rocm", "gfx942"), "triton", True),
+    (Platform("cpu"), "torch", False)])
+def test_experts_layer_is_graph_safe_on_the_fused_kernel_only(platform, backend, graph_safe):
+    with dispatch.use(platform):
+        experts = Experts(4, 64, 32)
+    assert (experts.backend, experts.graph_safe) == (backend, graph_safe)
+    assert ("syncs with the host" in experts.graph_unsafe_reason) == (not graph_safe)
+
+
+def test_fused_moe_refuses_what_it_cannot_run():
+    cuda = Platform("cuda", "sm_90")
+    assert tri.limits("moe_experts", cuda, dict(experts=128, dtype=torch.bfloat16)) is None
+    assert "1024 experts" in tri.limits("moe_experts", cuda, dict(experts=1024))
+    assert "float64" in tri.limits("moe_experts", cuda, dict(experts=8, dtype=torch.float64))
