@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
 from atomlite.accuracy.runner import judge, lm_eval_run, read_metric, render_task, run_job
 from atomlite.demo import demo_model_dir
+from atomlite.errors import ConfigError
 
 pytest.importorskip("lm_eval")
 PARITY_LIMIT = 60
@@ -19,10 +20,17 @@ PARITY_LIMIT = 60
 
 def test_catalog_pr_jobs_gate_a_few_points_under_their_baseline():
     jobs = select(load_catalog(REPO_CI / "catalog.yaml"), (), True, "pr")
-    assert {j.name for j in jobs} == {"demo-gsm8k", "demo-mmlu"}
+    assert {j.name for j in jobs} == {"demo-gsm8k", "demo-gsm8k-fp8-kv", "demo-mmlu"}
     for job in jobs:
         assert job.baseline is not None and job.threshold is not None, job.name
         assert job.baseline - 0.06 <= job.threshold < job.baseline, job.name
+
+
+def test_catalog_that_is_not_a_mapping_of_jobs_is_a_clear_error(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text("- name: x\n")
+    with pytest.raises(ConfigError, match="a mapping with a list under 'jobs:'"):
+        load_catalog(path)
 
 
 def test_missing_metric_is_a_failure_not_a_pass():

@@ -35,6 +35,8 @@ def load_catalog(path: Path) -> list[Job]:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"no job catalog at {path}: pass --catalog ci/accuracy/catalog.yaml") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("jobs", []), list):
+        raise ConfigError(f"{path}: a job catalog is a mapping with a list under 'jobs:'")
     jobs = []
     for entry in raw.get("jobs", []):
         try:
