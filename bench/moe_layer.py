@@ -21,7 +21,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fp4_gemm import graph_ms  # noqa: E402  (bench/ is this script's folder)
+from fp4_gemm import graph_ms, replayed  # noqa: E402  (bench/ is this script's folder)
 
 from atomlite.config import load_model_spec  # noqa: E402
 from atomlite.model_ops import torch_ref  # noqa: E402
@@ -74,19 +74,6 @@ def routing(tokens: int, s: dict, seed: int):
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm()).item()
-
-
-def replayed(fn) -> torch.Tensor:
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            out = fn()
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    return out
 
 
 def eager_ms(fn, flush) -> float:
