@@ -32,8 +32,9 @@ def test_gate_compiles_every_kernel_gemma4_launches_on_rocm(rocm_results):
         assert {r.kernel for r in rocm_results if r.platform == platform} == GEMMA4_KERNELS
 
 
-def test_attention_at_gemma4_shapes_spills_no_vgprs_on_gfx950(rocm_results):
-    attention = [r for r in rocm_results if r.platform == "gfx950" and r.kernel == "attention._attention_kernel"]
+@pytest.mark.parametrize("platform", ROCM)
+def test_attention_at_gemma4_shapes_spills_no_vgprs(rocm_results, platform):
+    attention = [r for r in rocm_results if r.platform == platform and r.kernel == "attention._attention_kernel"]
     shapes = {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in attention}
     assert shapes >= {(512, False, False), (256, True, False), (512, False, True), (256, True, True)}
     derived = {(r.constexprs["HEAD_DIM"], r.constexprs["SPLIT_KV"]) for r in attention if r.constexprs["DERIVE_K"]}

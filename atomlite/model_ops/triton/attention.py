@@ -232,18 +232,25 @@ def _attention_kernel(
         tl.store(lse_ptrs, row_lse, mask=row_ok)
 
 
-def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int) -> AttnConfig:
+def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int,
+                derive_k: bool = False) -> AttnConfig:
     """Tile shapes by head_dim and batch shape; decode-like batches (about one query per sequence) get split-KV."""
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
+    platform = platform_of(q.device)
+    # Rebuilding keys from V holds more per lane: on gfx942 the tiles below spilled 13-34 VGPRs (compile gate);
+    # 16-key decode tiles and 32 x 16 prefill tiles on 4 warps fit (289-302, none spilled; gfx950 fits the others).
+    rebuild = derive_k and platform.arch == "gfx942"
     if num_tokens <= 2 * num_seqs:
-        block_n = 32 if head_dim >= 512 or wide else 64
+        block_n = 16 if rebuild else 32 if head_dim >= 512 or wide else 64
         max_keys = block_table.shape[1] * cache.shape[1]
         splits = split_kv.num_splits(q.device, num_seqs * cache.shape[2], max_keys, block_n)
         return AttnConfig(16, block_n, 4, 3, splits)
     # AMD's MFMA layouts hold more of a tile per lane: the bf16 tiles below spilled 98-379 VGPRs on gfx942 and
     # gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
-    small = wide or platform_of(q.device).kind == "rocm"
+    small = wide or platform.kind == "rocm"
+    if rebuild:
+        return AttnConfig(32, 16, 4, 2)
     if head_dim >= 512:
         return AttnConfig(64, 16 if small else 32, 8, 2)
     if head_dim >= 256:
@@ -301,6 +308,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
                     host: HostBatch | None = None, derived: dict | None = None):
     """Same contract as torch_ref.paged_attention (reads lengths on the device: needs neither host nor derived)."""
     group = q.shape[1] // v_cache.shape[2]
-    config = pick_config(q, v_cache, block_table, group)
+    config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None)
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,
                   k_from_v)
