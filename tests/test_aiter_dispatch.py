@@ -1,9 +1,13 @@
 """The dispatch table picks the documented backend, with its reason, on hand-made platforms; nothing imports aiter."""
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+from click.testing import CliRunner
 
 from atomlite import LLM
+from atomlite.cli import main
 from atomlite.model_ops import aiter as backend, dispatch
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.platform import Platform, parse_platform
@@ -15,6 +19,8 @@ CUDA = Platform("cuda", "sm_90")
 CPU = Platform("cpu")
 CK_LIMIT = "aiter: CK flash attention stops at head_dim 256"
 FP4_LIMIT = "aiter: MXFP4 GEMM needs gfx950"
+NO_TANH_GELU_MOE = "aiter: AITER's fused_moe has no tanh GELU"
+REPO = Path(__file__).resolve().parents[1]
 
 # Gemma 4's shapes (shared/docs/GEMMA4.md): sliding layers head_dim 256, global layers 512; plus an FP4 linear.
 GEMMA4_SHAPES = (
@@ -69,8 +75,27 @@ def test_bf16_ops_on_aiter_platforms_and_what_falls_back():
     rows = plan_kernels(GFX942)
     for op in ("write_kv", "rms_norm", "add_rms_norm", "gelu_tanh_and_mul"):
         assert all(r.backend == "aiter" for (o, _), r in rows.items() if o == op), op
-    assert rows[("rope", (256,))].backend == "triton" and "aiter: no rope kernel" in rows[("rope", (256,))].reason
+    rope = rows[("rope", (256,))]
+    assert rope.backend == "triton" and "aiter: AITER's RoPE takes positions" in rope.reason
     assert rows[("moe_experts", (128,))].backend != "aiter"
+
+
+@pytest.mark.parametrize("platform", [GFX950, GFX942])
+@pytest.mark.parametrize("op", ["moe_experts", "mxfp4_moe_experts"])
+def test_moe_experts_run_on_triton_because_aiter_fused_moe_has_no_tanh_gelu(platform, op):
+    choice = dispatch.choose(op, platform, "auto", experts=128, dtype=torch.bfloat16)
+    assert choice.backend == "triton" and choice.fn.__module__.startswith("atomlite.model_ops.triton")
+    assert NO_TANH_GELU_MOE in choice.reason and "gelu_tanh" in choice.reason
+    assert "gelu_tanh" in backend.limits(op, platform, dict(experts=128, dtype=torch.bfloat16))
+
+
+def test_plan_kernels_for_the_moe_model_on_gfx950_aiter_says_why_moe_is_not_on_aiter():
+    result = CliRunner().invoke(main, ["plan", "--kernels", "--platform", "gfx950+aiter", "--model",
+                                       str(REPO / "examples/configs/gemma-4-26B-A4B-it")])
+    assert result.exit_code == 0, result.output
+    (moe,) = [line for line in result.output.splitlines() if line.strip().startswith("moe_experts[")]
+    assert ": triton (triton on rocm; " + NO_TANH_GELU_MOE in moe, moe
+    assert "aiter" not in sys.modules
 
 
 def test_limits_refuse_unsupported_shapes_and_archs():

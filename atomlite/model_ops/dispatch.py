@@ -3,8 +3,8 @@
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
 branches on device. The `use` block they are built in names the platform and keeps what was chosen. Each backend
 package exposes OPS (name -> function) and limits(op, platform, shape), which returns None when it can serve the
-shape or a reason why not; and GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they
-sync with the host).
+shape or a reason why not; GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they
+sync with the host); and DECLINED (name -> why) for ops it deliberately leaves to the next backend.
 """
 import contextlib
 import importlib
@@ -105,7 +105,7 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
         backend = _backend(name)
         fn = backend.OPS.get(op)
         if fn is None:
-            skipped.append(f"{name}: no {op} kernel")
+            skipped.append(f"{name}: {getattr(backend, 'DECLINED', {}).get(op) or f'no {op} kernel'}")
             continue
         refusal = backend.limits(op, platform, shape)
         if refusal is not None:

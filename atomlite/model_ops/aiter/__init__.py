@@ -3,8 +3,23 @@ the first kernel call or availability check on such a machine, never on CPU or C
 
 limits() answers from the shape, the platform's arch and which AITER functions exist (the real module on this
 machine, the pinned signatures for a hand-made Platform), so dispatch falls to Triton/torch with the reason.
-Not served here (no AITER entry in OPS): rope (AITER's RoPE takes positions and its own cos/sin cache layout, not
-per-token cos/sin) and moe_experts (fused_moe wants pre-shuffled weights and has no gelu_tanh gate).
+DECLINED names the ops AITER has a kernel family for that atomlite leaves to Triton, and why; dispatch reports it.
+
+Why not AITER's fused MoE (aiter.fused_moe.fused_moe, read at ROCm/aiter e4048607): Gemma 4's experts compute
+down(gelu_tanh(gate(x)) * up(x)), and fused_moe has no tanh GELU on any path. Its ActivationType (csrc/include/
+aiter_enum.h) is No/Silu/Gelu/Swiglu/Situv2, and Gelu is erf GELU:
+- bf16 experts (QuantType.No), gfx942 and gfx950: no 1-stage kernel takes Gelu with bf16 (fused_moe.py:1281-1307)
+  and no tuned row has Gemma 4's shapes, so both stages run on CK (fused_moe.py:2874-2934), whose stage 1 maps Gelu
+  to CK's act 0 (csrc/ck_gemm_moe_2stages_codegen/gemm_moe_ck2stages.cu:16-31): CK's gridwise MoE GEMM epilogue
+  applies element_wise::Gelu, 0.5x(1 + erf(x/sqrt(2))). AITER's own reference is F.gelu, erf (ops/quant.py:680-686,
+  fused_moe.py:3667-3678), as is aiter.gelu_and_mul (csrc/kernels/activation_kernels.cu:663-671).
+- MXFP4 experts (QuantType.per_1x32, gfx950 only): with FlyDSL installed (a HEAD requirement) the default path is
+  the FlyDSL kernel (fused_moe.py:2694-2797), whose wrapper turns every activation but Swiglu/Situv2 into "silu"
+  (fused_moe.py:1433-1438), so Gelu runs as SiLU; without FlyDSL, CK or CK-Tile with erf GELU.
+Layout and routing would fit (w1 gate rows first with gate_mode "separated"; routing weights after down with
+doweight_stage1=False; shuffle_weight(w, (16, 16)) once at load, e8m0_shuffle for MXFP4 scales): the missing piece
+is a tanh GELU activation in AITER. Running erf GELU instead would change every expert's output (by up to ~5e-4 per
+unit of up(x)), which the torch reference, the oracle, would not match.
 """
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
@@ -12,7 +27,7 @@ from atomlite.model_ops.aiter.functions import REQUIRED
 from atomlite.model_ops.aiter.mxfp4 import N_ALIGN, mxfp4_linear, prepare_weight
 from atomlite.model_ops.aiter.norm_act import add_rms_norm, gelu_tanh_and_mul, rms_norm
 
-__all__ = ["OPS", "limits", "mxfp4_linear", "prepare_weight"]
+__all__ = ["DECLINED", "OPS", "limits", "mxfp4_linear", "prepare_weight"]
 
 OPS = {
     "attention": paged_attention,
@@ -21,6 +36,16 @@ OPS = {
     "add_rms_norm": add_rms_norm,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "mxfp4_linear": mxfp4_linear,
+}
+
+_NO_TANH_GELU_MOE = ("AITER's fused_moe has no tanh GELU (its Gelu is erf GELU; its MXFP4 FlyDSL path runs SiLU "
+                     "for it) and Gemma 4's experts use gelu_tanh")
+
+# Ops with an AITER kernel family that atomlite does not route there, and why.
+DECLINED = {
+    "rope": "AITER's RoPE takes positions and its own cos/sin cache layout, not per-token cos/sin",
+    "moe_experts": _NO_TANH_GELU_MOE,
+    "mxfp4_moe_experts": _NO_TANH_GELU_MOE,
 }
 
 CK_MAX_HEAD_DIM = 256
@@ -51,6 +76,8 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return "AITER needs ROCm with the aiter package installed"
     if platform.arch not in detect.SUPPORTED_ARCHS:
         return f"AITER kernels target {'/'.join(detect.SUPPORTED_ARCHS)}, not {platform.arch}"
+    if op in DECLINED:
+        return DECLINED[op]
     refusal = _shape_refusal(op, platform, shape)
     if refusal:
         return refusal
