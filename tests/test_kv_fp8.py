@@ -23,7 +23,7 @@ FP8 = torch.float8_e4m3fn
 EXAMPLES = Path(__file__).parent.parent / "examples" / "configs"
 
 
-def test_fp8_is_e4m3fnuz_on_gfx942_and_e4m3fn_elsewhere(tmp_path):
+def test_fp8_is_e4m3fnuz_on_gfx942_and_e4m3fn_elsewhere():
     config = EngineConfig(model=str(EXAMPLES / "gemma-4-31B-it"), kv_cache_dtype="fp8")
     assert config.kv_dtype(Platform("rocm", "gfx942")) == torch.float8_e4m3fnuz
     assert config.kv_dtype(Platform("rocm", "gfx950")) == FP8 == config.kv_dtype(Platform("cuda", "sm_90"))
