@@ -195,4 +195,9 @@ class EngineConfig:
         """What the KV cache stores on platform (a model_ops Platform)."""
         if self.kv_cache_dtype == "auto":
             return self.torch_dtype
-        return platform.fp8_dtype if self.kv_cache_dtype == "fp8" else DTYPES[self.kv_cache_dtype]
+        if self.kv_cache_dtype != "fp8":
+            return DTYPES[self.kv_cache_dtype]
+        if not platform.has_fp8:
+            raise ConfigError(f"--kv-cache-dtype fp8 needs e4m3 support (NVIDIA sm_89 or newer, AMD gfx942 / gfx950), "
+                              f"which {platform.describe()} lacks: use --kv-cache-dtype auto")
+        return platform.fp8_dtype

@@ -238,3 +238,15 @@ def test_decode_batches_use_paged_decode_and_others_flash_varlen(pinned_aiter):
     assert [path for path, _, _ in calls] == [F.PAGED_DECODE, F.FLASH_VARLEN]
     assert calls[0][2]["sliding_window"] == 8 and calls[0][2]["kv_cache_layout"] == "NHD"
     assert calls[1][2]["window_size"] == (7, 0) and calls[1][2]["causal"] is True
+
+
+def test_a_16_bit_cache_of_the_other_16_bit_dtype_is_left_to_the_reference(pinned_aiter):
+    """paged_attention_v1 reads a 16-bit cache as the query's dtype: a float16 cache under bfloat16 activations
+    (--kv-cache-dtype float16) would be misread, so the adapter hands that batch to the reference."""
+    _, calls = pinned_aiter
+    b = Batch()
+    k_cache, v_cache = b.k_cache.half(), b.v_cache.half()
+    args = (b.queries([1, 1, 1]), k_cache, v_cache, b.block_table, torch.tensor([30, 17, 5], dtype=torch.int32),
+            Batch.starts([1, 1, 1]), 0.1, None)
+    torch.testing.assert_close(backend.paged_attention(*args), torch_ref.paged_attention(*args))
+    assert calls == []

@@ -55,9 +55,10 @@ def _paged_keys(key_cache, value_cache, table_row, ctx):
     return key_cache[blocks].flatten(0, 1)[:ctx], value_cache[blocks].flatten(0, 1)[:ctx]
 
 
-def _check_cache_dtype(kv_cache_dtype, cache):
+def _check_cache_dtype(kv_cache_dtype, cache, activations):
     """kv_cache_dtype "fp8" means the cache holds aiter.dtypes.fp8 (one byte), "auto" the activations' dtype."""
     assert kv_cache_dtype == ("fp8" if cache.element_size() == 1 else "auto"), (kv_cache_dtype, cache.dtype)
+    assert kv_cache_dtype == "fp8" or cache.dtype == activations.dtype, (cache.dtype, activations.dtype)
 
 
 def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, context_lens, kv_cache_layout,
@@ -65,7 +66,7 @@ def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, 
                        partition_size=256, **_):
     """pa_kernels.cuh: a token is masked iff token_idx < context_len - sliding_window (when sliding_window > 0);
     an fp8 cache is read as value * scale."""
-    _check_cache_dtype(kv_cache_dtype, key_cache)
+    _check_cache_dtype(kv_cache_dtype, key_cache, query)
     if kv_cache_dtype == "fp8":
         key_cache, value_cache = key_cache.float() * k_scale, value_cache.float() * v_scale
     assert kv_cache_layout == "NHD" and partition_size % key_cache.shape[1] == 0
@@ -82,7 +83,7 @@ def paged_attention_v1(out, query, key_cache, value_cache, scale, block_tables, 
 
 def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
     """cache_kernels.cu: fp8 stores value / scale, converted with saturation."""
-    _check_cache_dtype(kv_cache_dtype, key_cache)
+    _check_cache_dtype(kv_cache_dtype, key_cache, key)
     assert k_scale.dtype == v_scale.dtype == torch.float32
     if kv_cache_dtype == "fp8":
         assert key.dtype in (torch.bfloat16, torch.float16)  # the kernel quantizes what it is given

@@ -32,6 +32,14 @@ def test_fp8_is_e4m3fnuz_on_gfx942_and_e4m3fn_elsewhere():
         EngineConfig(model=str(EXAMPLES / "gemma-4-31B-it"), kv_cache_dtype="fp4")
 
 
+@pytest.mark.parametrize("platform", [Platform("cuda", "sm_80"), Platform("rocm", "gfx90a")])
+def test_fp8_on_a_gpu_without_e4m3_is_a_clear_error(platform):
+    config = EngineConfig(model=str(EXAMPLES / "gemma-4-31B-it"), kv_cache_dtype="fp8")
+    with pytest.raises(ConfigError, match="needs e4m3 support .* use --kv-cache-dtype auto"):
+        config.kv_dtype(platform)
+    assert Platform("cuda", "sm_89").has_fp8 and Platform("cpu").has_fp8
+
+
 def test_plan_with_fp8_halves_every_group():
     config = EngineConfig(model=str(EXAMPLES / "gemma-4-31B-it"), max_model_len=131072, kv_cache_dtype="fp8")
     _, plan = plan_report(config, 100 * 2**30, Platform())

@@ -3,7 +3,8 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext, GroupBatch
-from atomlite.model_ops.k_from_v import KFromV
+from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
+from atomlite.model_ops.rope import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -11,18 +12,19 @@ class Attention(nn.Module):
 
     The engine binds the cache (bind_cache) after planning memory; a layer that reuses another layer's K/V
     (KV sharing) is bound to that layer's cache with writes_kv=False and is called with k = v = None.
-    With key_rope = (cos table, sin table, rotary pairs), K is a function of V (K = rope(V * w_k), see k_from_v):
-    the layer stores V alone and the attention kernel rebuilds each key; its KV spec says k_from_v.
+    With key_rope (the layer's RotaryEmbedding), K is a function of V (K = rope(V * w_k), see k_from_v): the layer
+    stores V alone and the attention kernel rebuilds each key from the rope's tables; its KV spec says k_from_v.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
-                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
+                 key_rope: RotaryEmbedding | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window, self.key_rope = scale, window, key_rope
         shape = dict(head_dim=head_dim, window=window is not None, gqa=num_heads // num_kv_heads)
         if key_rope is not None:
             shape["k_from_v"] = True
+            self.rotary_pairs = rotary_pairs(key_rope.inv_freq)
         self._attend = dispatch.choose("attention", **shape).fn
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
         self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
@@ -54,6 +56,7 @@ class Attention(nn.Module):
                    k_weight: torch.Tensor | None = None) -> torch.Tensor:
         extra = dict(host=ctx.host, derived=group.derived)
         if self.key_rope is not None:
-            extra["k_from_v"] = KFromV(k_weight, *self.key_rope)
+            rope = self.key_rope  # its tables are read here, so they follow the module wherever it moves
+            extra["k_from_v"] = KFromV(k_weight, rope.cos_table, rope.sin_table, self.rotary_pairs)
         return self._attend(q, self.k_cache, self.v_cache, group.block_table, ctx.seq_lens, ctx.query_start_loc,
                             self.scale, self.window, **extra)

@@ -18,6 +18,16 @@ class Platform:
         return self.kind in ("cuda", "rocm")
 
     @property
+    def has_fp8(self) -> bool:
+        """Whether the kernels can convert e4m3 here: NVIDIA from sm_89, AMD gfx942 / gfx950, the CPU in torch
+        (an unnamed arch is given the benefit of the doubt)."""
+        if self.kind == "cuda" and self.arch:
+            return int(self.arch.removeprefix("sm_")) >= 89
+        if self.kind == "rocm" and self.arch:
+            return self.arch in ("gfx942", "gfx950")
+        return True
+
+    @property
     def fp8_dtype(self) -> torch.dtype:
         """The e4m3 format this platform computes with: MI300X (gfx942) has the fnuz variant."""
         return torch.float8_e4m3fnuz if self.arch == "gfx942" else torch.float8_e4m3fn

@@ -17,7 +17,6 @@ from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
-from atomlite.model_ops.k_from_v import rotary_pairs
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
@@ -38,7 +37,7 @@ def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
 
 class Gemma4Attention(nn.Module):
     def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
+                 key_rope: RotaryEmbedding | None = None):
         super().__init__()
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
@@ -106,7 +105,7 @@ class Gemma4Router(nn.Module):
 
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: tuple[torch.Tensor, torch.Tensor, int] | None = None):
+                 key_rope: RotaryEmbedding | None = None):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope)
@@ -165,7 +164,7 @@ class Gemma4Model(nn.Module):
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
                                i in self.share_targets, lin, f"model.layers.{i}",
-                               self._key_rope(layer.kind) if i in self.key_from_value else None)
+                               self.ropes[layer.kind] if i in self.key_from_value else None)
             for i, layer in enumerate(spec.layers))
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
@@ -188,10 +187,6 @@ class Gemma4Model(nn.Module):
         read_by_others = set(self.share_targets.values())
         return {i for i, layer in enumerate(spec.layers)
                 if layer.k_eq_v and i not in self.share_targets and i not in read_by_others}
-
-    def _key_rope(self, kind: str) -> tuple[torch.Tensor, torch.Tensor, int]:
-        rope = self.ropes[kind]
-        return rope.cos_table, rope.sin_table, rotary_pairs(rope.inv_freq)
 
     def _build_per_layer_embeddings(self, cfg: dict, num_layers: int, lin: LinearBuilder) -> None:
         hidden, dim = cfg["hidden_size"], self.ple_dim

@@ -31,6 +31,12 @@ def cache_dtype_name(cache: torch.Tensor) -> str:
     return "fp8" if cache.element_size() == 1 else "auto"
 
 
+def _reads_cache(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """paged_attention_v1 reads a cache of q's dtype ("auto") or fp8; a 16-bit cache of the other 16-bit dtype
+    (e.g. --dtype bfloat16 --kv-cache-dtype float16) would be read as q's: the reference serves that instead."""
+    return cache.element_size() == 1 or cache.dtype == q.dtype
+
+
 def flash_window(window: int | None) -> tuple[int, int]:
     """HF window W (key visible iff 0 <= qpos - kpos < W) -> flash-attn (left, right) = (W - 1, 0)."""
     return (-1, -1) if window is None else (window - 1, 0)
@@ -42,7 +48,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     derived: dict | None = None):
     """torch_ref.paged_attention's contract on AITER kernels. Lengths come from `host`; without it, a prefill reads
     them back from the device."""
-    if q.dtype not in HALF_DTYPES:
+    if q.dtype not in HALF_DTYPES or not _reads_cache(q, k_cache):
         return torch_ref.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
                                          window, return_lse)
     q = q.contiguous()  # the kernels take one row stride and assume packed heads

@@ -238,18 +238,18 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
     platform = platform_of(q.device)
-    # Rebuilding keys from V holds more per lane: on gfx942 the tiles below spilled 13-34 VGPRs (compile gate);
-    # 16-key decode tiles and 32 x 16 prefill tiles on 4 warps fit (289-302, none spilled; gfx950 fits the others).
-    rebuild = derive_k and platform.arch == "gfx942"
+    # Rebuilding keys from V, or widening an fp8 cache, holds more per lane: on AMD the tiles below spilled 1-51
+    # VGPRs there (compile gate); 32 x 16 prefill tiles on 4 warps, and 16-key decode tiles on gfx942, fit.
+    heavy = platform.kind == "rocm" and (derive_k or cache.element_size() == 1)
     if num_tokens <= 2 * num_seqs:
-        block_n = 16 if rebuild else 32 if head_dim >= 512 or wide else 64
+        block_n = 16 if heavy and platform.arch == "gfx942" else 32 if head_dim >= 512 or wide else 64
         max_keys = block_table.shape[1] * cache.shape[1]
         splits = split_kv.num_splits(q.device, num_seqs * cache.shape[2], max_keys, block_n)
         return AttnConfig(16, block_n, 4, 3, splits)
     # AMD's MFMA layouts hold more of a tile per lane: the bf16 tiles below spilled 98-379 VGPRs on gfx942 and
     # gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
     small = wide or platform.kind == "rocm"
-    if rebuild:
+    if heavy:
         return AttnConfig(32, 16, 4, 2)
     if head_dim >= 512:
         return AttnConfig(64, 16 if small else 32, 8, 2)

@@ -25,9 +25,11 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
     is_k = (row >= num_q_heads) & (row < num_q_heads + num_kv_heads)
     is_v = row >= num_q_heads + num_kv_heads
     head = tl.where(is_q, row, tl.where(is_k, row - num_q_heads, row - num_q_heads - num_kv_heads))
+    # q rows go to q_out, k/v rows to kv_dst: two pointers, since an fp8 cache's element type is not q's
+    q_dst = q_out + token * stride_ot + head * stride_oh
     if is_q:
         src = q + token * stride_qt + head * stride_qh
-        dst = q_out + token * stride_ot + head * stride_oh
+        kv_dst = k_dst
         keep = True
     else:
         if is_k:
@@ -45,9 +47,9 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
             keep = True
             offset = token * stride_d0 + head * stride_dh
         if is_k:
-            dst = k_dst + offset
+            kv_dst = k_dst + offset
         else:
-            dst = v_dst + offset
+            kv_dst = v_dst + offset
     x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
@@ -77,12 +79,16 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         r2 = x2 * c2 + x1 * s2
         x1 = r1
         x2 = r2
-    if CACHE_MAX > 0:  # an fp8 cache saturates
-        x1 = tl.where(is_q, x1, tl.clamp(x1, -CACHE_MAX, CACHE_MAX))
-        x2 = tl.where(is_q, x2, tl.clamp(x2, -CACHE_MAX, CACHE_MAX))
-    store = mask & keep
-    tl.store(dst + cols, x1.to(dst.dtype.element_ty), mask=store)
-    tl.store(dst + HALF + cols, x2.to(dst.dtype.element_ty), mask=store)
+    if is_q:
+        tl.store(q_dst + cols, x1.to(q_out.dtype.element_ty), mask=mask)
+        tl.store(q_dst + HALF + cols, x2.to(q_out.dtype.element_ty), mask=mask)
+    else:
+        if CACHE_MAX > 0:  # an fp8 cache saturates
+            x1 = tl.clamp(x1, -CACHE_MAX, CACHE_MAX)
+            x2 = tl.clamp(x2, -CACHE_MAX, CACHE_MAX)
+        store = mask & keep
+        tl.store(kv_dst + cols, x1.to(kv_dst.dtype.element_ty), mask=store)
+        tl.store(kv_dst + HALF + cols, x2.to(kv_dst.dtype.element_ty), mask=store)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,

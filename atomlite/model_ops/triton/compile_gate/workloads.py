@@ -83,10 +83,15 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
     r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
            meta(step.num_seqs + 1, **int32), 1.0, window)
+    fp8_cache = meta(NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, dtype=r.platform.fp8_dtype)  # --kv-cache-dtype fp8
+    r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, fp8_cache, fp8_cache, slots)
+    r.call("attention", shape, q, fp8_cache, fp8_cache, table, meta(step.num_seqs, **int32),
+           meta(step.num_seqs + 1, **int32), 1.0, window)
     if layer.k_eq_v:  # the model's layers store V alone and rebuild K (models/gemma4.py)
-        r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, cache, slots)
-        r.call("attention", {**shape, "k_from_v": True}, q, None, cache, table, meta(step.num_seqs, **int32),
-               meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer))
+        for v_cache in (cache, fp8_cache):
+            r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, v_cache, slots)
+            r.call("attention", {**shape, "k_from_v": True}, q, None, v_cache, table, meta(step.num_seqs, **int32),
+                   meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer))
 
 
 def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:
