@@ -30,9 +30,6 @@ class BlockTable:
         self._data[self._len:end] = new
         self._len = end
 
-    def append(self, block: int) -> None:
-        self.extend((block,))
-
     def __len__(self) -> int:
         return self._len
 
@@ -54,9 +51,6 @@ class BlockTable:
 
     def __reversed__(self):
         return iter(self.array()[::-1].tolist())
-
-    def __eq__(self, other) -> bool:
-        return list(self) == list(other)
 
     def __repr__(self) -> str:
         return f"BlockTable({list(self)})"

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
+from atomlite.model_ops.torch_ref.rope import apply_rope
 
 
 def _mask(num_q: int, num_k: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -43,10 +44,7 @@ def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV,
                      dtype: torch.dtype | None = None) -> torch.Tensor:
     """v [Lk, Hkv, D] at positions [Lk] -> K = rope(v * weight), in fp32 and rounded once to dtype (v's)."""
     x = v.float() * k_from_v.weight.float()
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    cos, sin = k_from_v.cos[positions][:, None, :], k_from_v.sin[positions][:, None, :]
-    return (x * cos + rotated * sin).to(dtype or v.dtype)
+    return apply_rope(x, k_from_v.cos[positions], k_from_v.sin[positions]).to(dtype or v.dtype)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
