@@ -112,6 +112,20 @@ def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "bfloat16"])
+def test_graph_replay_gives_eager_tokens_on_a_narrow_kv_cache(checkpoints, kv_cache_dtype):
+    """fp8 / bf16 caches under a float32 model, V alone on the k_eq_v global layers: replay reads what eager reads."""
+    path, _ = checkpoints.get("dense")
+    args = dict(dtype="float32", device="cuda", kv_cache_dtype=kv_cache_dtype)
+    expected = _generate(LLM(str(path), enforce_eager=True, **args), 5)
+    llm = LLM(str(path), max_graph_batch=8, **args)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.graphs, llm.engine.graph_note
+    assert _generate(llm, 5) == expected
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("variant", ["dense", "ple"])
 def test_graph_replay_after_prefix_hits(checkpoints, variant):
     path, _ = checkpoints.get(variant)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One device call: install atomlite over the machine's torch/triton, then run each named stage in order, each one's
+# output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
+#   bash bench/gpu_session.sh kernels moe-bench tests-new
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=.
+OUT=${OUT:-/tmp/atomlite-gpu}; mkdir -p "$OUT"
+pip install -q --no-deps -e . >/dev/null 2>&1 || pip install --no-deps -e .
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+git log -1 --format='commit %h %s' 2>/dev/null
+
+latency() {  # MODEL [extra flags]: the bench/README "Decode from graphs" row
+    local model=$1; shift
+    python -m atomlite.cli bench latency --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
+        --input-len 512 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 2048 --repeats 5 "$@"
+}
+
+stage() {
+    case $1 in
+        k-from-v) python bench/k_from_v.py ;;
+        moe-bench) python bench/moe_layer.py ;;
+        moe-sweep) python bench/moe_layer.py --sweep ;;
+        tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
+                       tests/test_kv_fp8.py ;;
+        tests-graphs) python -m pytest -q -m gpu tests/test_decode_graphs.py ;;
+        tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
+        tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
+                           tests/test_skinny_gemm.py ;;
+        31b) latency gemma-4-31B-it ;;
+        31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
+        31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
+        26b) latency gemma-4-26B-A4B-it ;;
+        *) echo "unknown stage $1"; return 2 ;;
+    esac
+}
+
+for name in "$@"; do
+    echo "=== $name $(date +%T)"
+    stage "$name" 2>&1 | tee "$OUT/$name.log"
+    echo "=== $name rc=${PIPESTATUS[0]} ${SECONDS}s"
+done
