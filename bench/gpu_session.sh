@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# One device call: install atomlite over the machine's torch/triton, then run each named stage in order, each one's
-# output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
-#   bash bench/gpu_session.sh kernels moe-bench tests-new
+# One device call: run each named stage in order over the machine's torch/triton (atomlite from PYTHONPATH), each
+# one's output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
+#   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/atomlite-gpu}; mkdir -p "$OUT"
-pip install -q --no-deps -e . >/dev/null 2>&1 || pip install --no-deps -e .
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 git log -1 --format='commit %h %s' 2>/dev/null
@@ -22,7 +21,7 @@ stage() {
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
-                       tests/test_kv_fp8.py ;;
+                       tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-graphs) python -m pytest -q -m gpu tests/test_decode_graphs.py ;;
         tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
@@ -31,6 +30,7 @@ stage() {
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
         26b) latency gemma-4-26B-A4B-it ;;
+        26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;
         *) echo "unknown stage $1"; return 2 ;;
     esac
 }

@@ -25,8 +25,9 @@ from fp4_gemm import graph_ms, replayed  # noqa: E402  (bench/ is this script's 
 
 from atomlite.config import load_model_spec  # noqa: E402
 from atomlite.model_ops import torch_ref  # noqa: E402
-from atomlite.model_ops.triton import moe_gemm  # noqa: E402
+from atomlite.model_ops.triton import moe_gemm, moe_gemv  # noqa: E402
 from atomlite.model_ops.triton.moe_gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
+from atomlite.model_ops.triton.moe_gemv import GemvConfig, GemvTiles  # noqa: E402
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
 from atomlite.quant import mxfp4  # noqa: E402
 
@@ -39,6 +40,11 @@ SWEEP = [MoeConfig(16, T(32, 128, 4, 3), T(64, 64, 4, 3)), MoeConfig(16, T(64, 1
          MoeConfig(32, T(64, 64, 4, 3), T(64, 64, 4, 3)), MoeConfig(32, T(64, 128, 8, 3), T(128, 64, 8, 3)),
          MoeConfig(64, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(64, T(128, 64, 8, 3), T(128, 64, 8, 4)),
          MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3))]
+G = GemvTiles
+GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4), G(32, 128, 4)),
+              GemvConfig(G(8, 256, 4), G(16, 128, 4)), GemvConfig(G(16, 128, 4), G(16, 128, 4)),
+              GemvConfig(G(32, 256, 8), G(32, 128, 4)), GemvConfig(G(16, 256, 8), G(64, 128, 8)),
+              GemvConfig(G(8, 256, 4), G(32, 256, 8)), GemvConfig(G(4, 256, 2), G(8, 128, 2))]
 
 
 def shapes() -> dict:
@@ -100,7 +106,7 @@ def copy_bandwidth() -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batches", default="1,32,512")
+    parser.add_argument("--batches", default="1,4,32,512")
     parser.add_argument("--sweep", action="store_true", help="also time each SWEEP config of the fused kernels")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -155,13 +161,17 @@ def main() -> int:
 
 
 def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) -> None:
-    """Graph times of the fused kernels under each SWEEP config (the MXFP4 input quantization excluded)."""
+    """Graph times of the fused kernels under each config of SWEEP (the grouped kernels; the MXFP4 input
+    quantization excluded) or, for few pairs, GEMV_SWEEP (the kernels the op runs there; quantization included)."""
     bf16 = (x, ExpertWeights(gate_up), ExpertWeights(down), False)
     fp4 = (moe_gemm.quantize_dequantize(x), fp4_gate_up, fp4_down, True)
+    gemv = moe_gemv.use_gemv(ids.numel())
     for name, (rows, gu, dn, quantize) in (("bf16", bf16), ("mxfp4", fp4)):
         times = {}
-        for config in SWEEP:
+        for config in GEMV_SWEEP if gemv else SWEEP:
             def call(config=config):
+                if gemv:
+                    return moe_gemv.gemv_experts(x, gu, dn, weights, ids, quantize, config=config)
                 return moe_gemm.fused_experts(rows, gu, dn, weights, ids, quantize_inner=quantize, config=config)
             times[config] = graph_ms(call, flush)
         best = min(times, key=times.get)

@@ -8,6 +8,7 @@ import torch
 
 from atomlite import LLM
 from atomlite.model_ops import torch_ref
+from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, default_inv_freq, proportional_inv_freq
 from atomlite.model_ops.triton import attention as tri
@@ -63,8 +64,9 @@ def assert_matches_reference(out, args, scale, window, rule, return_lse):
     assert not out.isnan().any()
     tolerance = 2e-5 if out.dtype == torch.float32 else 3e-2
     torch.testing.assert_close(out.float(), ref_out, atol=tolerance, rtol=tolerance)
-    if lse is not None:
-        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    if lse is not None:  # bf16: the rebuilt rotated columns are rounded to bf16 for the MMA
+        lse_tolerance = 1e-4 if out.dtype == torch.float32 else 5e-3
+        torch.testing.assert_close(lse, ref_lse, atol=lse_tolerance, rtol=lse_tolerance)
 
 
 @pytest.mark.parametrize("head_dim,num_heads,num_kv_heads,block_size,window,partial,dtype,return_lse", [
@@ -73,14 +75,21 @@ def assert_matches_reference(out, args, scale, window, rule, return_lse):
     (256, 8, 1, 32, None, 0.25, torch.float32, True),  # GQA 8
     (512, 4, 2, 16, None, 0.25, torch.bfloat16, True),  # Gemma 4's global layers: 64 of 256 pairs turn
 ])
+@pytest.mark.parametrize("host_lengths", [False, True])
 def test_triton_derived_keys_match_reference(head_dim, num_heads, num_kv_heads, block_size, window, partial, dtype,
-                                             return_lse):
+                                             return_lse, host_lengths, monkeypatch):
+    """With the lengths on the host, a prefill without a window rebuilds the rotated columns once for the step."""
     args = paged_batch(Q_LENS, K_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype, window, DEVICE, seed=3)
     q, _, v_cache, table, seq_lens, starts = args
     rule = key_rule(head_dim, partial, DEVICE)
     rule = KFromV(rule.weight.to(dtype), rule.cos, rule.sin, rule.rotary_pairs)
     scale = head_dim ** -0.5
-    out = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, window, return_lse, k_from_v=rule)
+    host = HostBatch.of(starts.tolist(), seq_lens.tolist()) if host_lengths else None
+    rebuilds, rotated_keys = [], tri.rotated_keys
+    monkeypatch.setattr(tri, "rotated_keys", lambda *a, **kw: (rebuilds.append(1), rotated_keys(*a, **kw))[1])
+    out = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, window, return_lse, k_from_v=rule,
+                              host=host, derived={})
+    assert len(rebuilds) == (host_lengths and window is None)
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), scale, window, rule, return_lse)
 
 

@@ -110,9 +110,13 @@ def mxfp4_experts(experts):
     return projections
 
 
-def run_mxfp4(mxfp4_experts, x, weights, ids) -> torch.Tensor:
+def wide_scales(mxfp4_experts) -> bool:
+    """The load-time check (it syncs: made before any capture, as MXFP4Experts makes it at load)."""
+    return any(needs_wide_scales(projection[3]) for projection in mxfp4_experts)
+
+
+def run_mxfp4(mxfp4_experts, x, weights, ids, wide: bool) -> torch.Tensor:
     (_, _, gate_up, gate_up_scale), (_, _, down, down_scale) = mxfp4_experts
-    wide = needs_wide_scales(gate_up_scale) or needs_wide_scales(down_scale)
     return mxfp4_moe_experts(x, gate_up, gate_up_scale, down, down_scale, weights, ids, True, wide)
 
 
@@ -124,13 +128,15 @@ def mxfp4_error(got, mxfp4_experts, x, weights, ids) -> float:
 @pytest.mark.parametrize("tokens,skew", [(1, 0.0), (32, 0.0), (512, 0.2)])
 def test_fused_mxfp4_experts_match_fp32_reference(mxfp4_experts, shapes, tokens, skew):
     x, weights, ids = routing(tokens, shapes, seed=tokens, skew=skew)
-    got = run_mxfp4(mxfp4_experts, x, weights, ids)
+    got = run_mxfp4(mxfp4_experts, x, weights, ids, wide_scales(mxfp4_experts))
     assert mxfp4_error(got, mxfp4_experts, x, weights, ids) < MAX_RELATIVE_ERROR
 
 
-def test_mxfp4_graph_replay_on_new_routing_matches_reference(mxfp4_experts, shapes):
-    x, weights, ids = routing(8, shapes, seed=200)
-    graph, out = captured(lambda: run_mxfp4(mxfp4_experts, x, weights, ids))
+@pytest.mark.parametrize("tokens", [1, 8])  # the few-pairs kernels, then the grouped ones
+def test_mxfp4_graph_replay_on_new_routing_matches_reference(mxfp4_experts, shapes, tokens):
+    wide = wide_scales(mxfp4_experts)
+    x, weights, ids = routing(tokens, shapes, seed=200)
+    graph, out = captured(lambda: run_mxfp4(mxfp4_experts, x, weights, ids, wide))
     for seed in (201, 202):
         replay_on_new_routing(graph, x, weights, ids, shapes, seed)
         assert mxfp4_error(out, mxfp4_experts, x, weights, ids) < MAX_RELATIVE_ERROR

@@ -55,35 +55,74 @@ def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.cons
 
 
 @triton.jit
-def _derived_key_scores(q_plain, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos, k_ok, cos, sin,
-                        stride_vb, stride_vs, stride_rope, MASKED: tl.constexpr, HALF: tl.constexpr,
-                        ROT: tl.constexpr, ROT_P: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """q . K for K = rope(V * w): the unrotated columns as (q * w) . V, plus the ROT rotated pairs, rebuilt from
-    V's columns [0, ROT) and [HALF, HALF + ROT) at each key's position."""
+def _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb, stride_vs,
+                         stride_rope, HALF: tl.constexpr, ROT_P: tl.constexpr):
+    """K's rotated columns [0, ROT) and [HALF, HALF + ROT) at each key's position, from V's (fp32)."""
     rdims = tl.arange(0, ROT_P)
-    rmask = (rdims < ROT)[None, :] & (k_pos >= 0)[:, None]
-    if MASKED:
-        rmask &= k_ok[:, None]
     rows = v_base + block[:, None] * stride_vb + slot[:, None] * stride_vs + rdims[None, :]
     x1 = tl.load(rows, mask=rmask, other=0.0).to(tl.float32) * w_r1[None, :]
     x2 = tl.load(rows + HALF, mask=rmask, other=0.0).to(tl.float32) * w_r2[None, :]
     table = k_pos[:, None] * stride_rope + rdims[None, :]
     c = tl.load(cos + table, mask=rmask, other=1.0)
     s = tl.load(sin + table, mask=rmask, other=0.0)
-    k1 = (x1 * c - x2 * s).to(q_plain.dtype)
-    k2 = (x2 * c + x1 * s).to(q_plain.dtype)
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+@triton.jit
+def _derived_key_scores(q_plain, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos, k_ok, cos, sin,
+                        stride_vb, stride_vs, stride_rope, rot_rows, stride_rt, MASKED: tl.constexpr,
+                        HALF: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    """q . K for K = rope(V * w): the unrotated columns as (q * w) . V, plus the ROT rotated pairs: rebuilt from
+    V's columns [0, ROT) and [HALF, HALF + ROT) at each key's position, or, PRE_ROTATED, read from the step's
+    rotated-key rows (rot_rows: this sequence's and KV head's, see rotated_keys)."""
+    rdims = tl.arange(0, ROT_P)
+    rmask = (rdims < ROT)[None, :] & (k_pos >= 0)[:, None]
+    if MASKED:
+        rmask &= k_ok[:, None]
+    if PRE_ROTATED:
+        rows = rot_rows + k_pos[:, None] * stride_rt + rdims[None, :]
+        k1 = tl.load(rows, mask=rmask, other=0.0).to(q_plain.dtype)
+        k2 = tl.load(rows + ROT_P, mask=rmask, other=0.0).to(q_plain.dtype)
+    else:
+        k1, k2 = _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb,
+                                      stride_vs, stride_rope, HALF, ROT_P)
+        k1 = k1.to(q_plain.dtype)
+        k2 = k2.to(q_plain.dtype)
     scores = tl.dot(q_plain, tl.trans(v_block), input_precision=DOT_PRECISION)
     scores = tl.dot(q_r1, tl.trans(k1), scores, input_precision=DOT_PRECISION)
     return tl.dot(q_r2, tl.trans(k2), scores, input_precision=DOT_PRECISION)
 
 
 @triton.jit
+def _rotated_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos, sin, out, stride_vb, stride_vs,
+                         stride_vh, stride_bt, stride_rope, stride_ot, HALF: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         BLOCK_T: tl.constexpr):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(2)
+    k_pos = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    k_ok = k_pos < tl.load(seq_lens + seq)
+    block = tl.load(block_table + seq * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+    rdims = tl.arange(0, ROT_P)
+    r_ok = rdims < ROT
+    rmask = k_ok[:, None] & r_ok[None, :]
+    w_r1 = tl.load(k_weight + rdims, mask=r_ok, other=0.0).to(tl.float32)
+    w_r2 = tl.load(k_weight + HALF + rdims, mask=r_ok, other=0.0).to(tl.float32)
+    k1, k2 = _rotated_key_columns(v_cache + kv_head * stride_vh, block, k_pos % BLOCK_SIZE, k_pos, rmask, w_r1,
+                                  w_r2, cos, sin, stride_vb, stride_vs, stride_rope, HALF, ROT_P)
+    rows = out + (tl.load(row_starts + seq) + k_pos.to(tl.int64))[:, None] * stride_ot + kv_head * (2 * ROT_P)
+    tl.store(rows + rdims[None, :], k1.to(out.dtype.element_ty), mask=k_ok[:, None])
+    tl.store(rows + ROT_P + rdims[None, :], k2.to(out.dtype.element_ty), mask=k_ok[:, None])
+
+
+@triton.jit
 def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_start, tile_end, k_lo, k_hi,
                   window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-                  q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
+                  q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope, rot_rows, stride_rt,
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr,
+                  PRE_ROTATED: tl.constexpr):
     """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
     q * w_k with the rotated columns zeroed (see _derived_key_scores)."""
     dims = tl.arange(0, HEAD_DIM)
@@ -100,8 +139,8 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
         v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
         if DERIVE_K:
             scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
-                                         k_ok, cos, sin, stride_vb, stride_vs, stride_rope, MASKED,
-                                         HEAD_DIM // 2, ROT, ROT_P, DOT_PRECISION)
+                                         k_ok, cos, sin, stride_vb, stride_vs, stride_rope, rot_rows, stride_rt,
+                                         MASKED, HEAD_DIM // 2, ROT, ROT_P, PRE_ROTATED, DOT_PRECISION)
         else:
             k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED).to(q_block.dtype)
             scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION)
@@ -142,14 +181,15 @@ def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, RO
 
 @triton.jit
 def _attention_kernel(
-        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin,
+        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, rot_keys,
+        rot_row_starts,
         scale_log2, window, num_seqs, num_heads, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope,
+        stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope, stride_rt,
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
-        ROT: tl.constexpr, ROT_P: tl.constexpr):
+        ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr):
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -206,20 +246,29 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = block_table + seq * stride_bt
+    rot_rows = rot_keys
+    if PRE_ROTATED:
+        rot_rows = rot_keys + tl.load(rot_row_starts + seq).to(tl.int64) * stride_rt + kv_head * (2 * ROT_P)
     k_base = k_cache + kv_head * stride_kh
     v_base = v_cache + kv_head * stride_vh
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
+        rot_rows, stride_rt,
+        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        PRE_ROTATED)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
+        rot_rows, stride_rt,
+        False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        PRE_ROTATED)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P)
+        rot_rows, stride_rt,
+        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        PRE_ROTATED)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -230,6 +279,19 @@ def _attention_kernel(
         row_lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
         lse_ptrs = lse + split * stride_ls + token * num_heads + head
         tl.store(lse_ptrs, row_lse, mask=row_ok)
+
+
+@dataclass(frozen=True)
+class RotatedKeys:
+    """The rotated key columns of every key of a step, for one layer: keys [sum of seq_lens, kv_heads, 2 * ROT_P]
+    (the first half's rotated columns, then the second half's), sequence b's rows from row_starts[b]."""
+    keys: torch.Tensor
+    row_starts: torch.Tensor
+
+
+def rotated_width(rotary_pairs: int) -> int:
+    """ROT_P: the rotated columns of each half, padded to a tile the dot accepts."""
+    return max(16, triton.next_power_of_2(rotary_pairs))
 
 
 def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int,
@@ -259,7 +321,7 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
-           config: AttnConfig, k_from_v: KFromV | None = None):
+           config: AttnConfig, k_from_v: KFromV | None = None, rotated: RotatedKeys | None = None):
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -285,29 +347,76 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         rot = 0
     else:
         k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
+    rot_keys, rot_row_starts = (rotated.keys, rotated.row_starts) if rotated is not None else (q, seq_lens)
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
-        query_start_loc, k_weight, cos, sin, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
+        query_start_loc, k_weight, cos, sin, rot_keys, rot_row_starts, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         dest.stride(-3), dest.stride(-2), dest.stride(0) if splits > 1 else 0,
-        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0), cos.stride(0),
+        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0), cos.stride(0), rot_keys.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
-        DERIVE_K=k_from_v is not None, ROT=rot, ROT_P=max(16, triton.next_power_of_2(rot)),
+        DERIVE_K=k_from_v is not None, ROT=rot, ROT_P=rotated_width(rot), PRE_ROTATED=rotated is not None,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         split_kv.combine(part_out, part_lse, out, lse)
     return (out, lse) if return_lse else out
 
 
+ROTATED_KEYS_BLOCK = 64
+
+
+def rotated_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, row_starts: torch.Tensor,
+                 total_keys: int, max_seq_len: int, k_from_v: KFromV, dtype: torch.dtype) -> RotatedKeys:
+    """Every key's rotated columns, rebuilt once for the step instead of once per query tile."""
+    num_seqs, (_, block_size, num_kv_heads, head_dim) = block_table.shape[0], v_cache.shape
+    width = rotated_width(k_from_v.rotary_pairs)
+    keys = torch.empty((total_keys, num_kv_heads, 2 * width), dtype=dtype, device=v_cache.device)
+    grid = (num_seqs, triton.cdiv(max_seq_len, ROTATED_KEYS_BLOCK), num_kv_heads)
+    if total_keys and num_seqs:
+        run_kernel(_rotated_keys_kernel, grid, v_cache, block_table, seq_lens, row_starts, k_from_v.weight,
+                   k_from_v.cos, k_from_v.sin, keys, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                   block_table.stride(0), k_from_v.cos.stride(0), keys.stride(0), HALF=head_dim // 2,
+                   ROT=k_from_v.rotary_pairs, ROT_P=width, BLOCK_SIZE=block_size, BLOCK_T=ROTATED_KEYS_BLOCK,
+                   num_warps=4)
+    return RotatedKeys(keys, row_starts)
+
+
+def _pre_rotated(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
+                 derived: dict | None) -> RotatedKeys | None:
+    """A prefill's query tiles would each rebuild the same keys' rotated columns (as much work as the softmax, twice
+    over, on 64-row tiles): rebuild them once, where the host knows the lengths and the rows take no more memory
+    than q (so the forward's measured peak covers them). Decode steps rebuild in the kernel: one tile per key."""
+    if host is None or host.seq_lens is None or host.decode_only:
+        return None
+    total = sum(host.seq_lens)
+    width = rotated_width(k_from_v.rotary_pairs)
+    if total * v_cache.shape[2] * 2 * width > q.numel():
+        return None
+    row_starts = derived.get("rotated_key_row_starts") if derived is not None else None
+    if row_starts is None:
+        starts = [0]
+        for n in host.seq_lens[:-1]:
+            starts.append(starts[-1] + n)
+        row_starts = torch.tensor(starts, dtype=torch.int64).to(q.device, non_blocking=True)
+        if derived is not None:
+            derived["rotated_key_row_starts"] = row_starts
+    dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)
+    return rotated_keys(v_cache, block_table, seq_lens, row_starts, total, host.max_seq_len, k_from_v, dtype)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
                     host: HostBatch | None = None, derived: dict | None = None):
-    """Same contract as torch_ref.paged_attention (reads lengths on the device: needs neither host nor derived)."""
+    """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, the group's
+    per-step cache) let a prefill on V-only layers rebuild the keys' rotated columns once (_pre_rotated)."""
     group = q.shape[1] // v_cache.shape[2]
     config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None)
+    rotated = None
+    if k_from_v is not None and window is None and config.num_splits == 1:
+        rotated = _pre_rotated(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,
-                  k_from_v)
+                  k_from_v, rotated)

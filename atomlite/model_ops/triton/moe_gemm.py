@@ -16,9 +16,11 @@ import triton.language as tl
 
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.moe_gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
-from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks, quantize_dequantize
+from atomlite.model_ops.triton.mxfp4_quant import quantize_dequantize
 from atomlite.quant import mxfp4
 
 
@@ -55,22 +57,6 @@ def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
     return MEDIUM if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT else PREFILL
 
 
-@dataclass(frozen=True)
-class ExpertWeights:
-    """One projection of all experts: float [E, N, K], or MXFP4 packed [E, N, K'/2] with scale [E, N, K'/32]."""
-    weight: torch.Tensor
-    scale: torch.Tensor | None = None
-    wide_scales: bool = True  # MXFP4: some scale byte above mxfp4_gemm.FAST_MAX_SCALE_BYTE (always right)
-
-    @property
-    def mxfp4(self) -> bool:
-        return self.scale is not None
-
-    def strides(self) -> tuple[int, int, int, int]:
-        scale = self.scale if self.mxfp4 else self.weight
-        return self.weight.stride(0), self.weight.stride(1), scale.stride(0), scale.stride(1)
-
-
 @triton.jit
 def _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M: tl.constexpr):
     """(expert of the tile or -1, which rows hold a pair, the pair of each row: 0 where none)."""
@@ -78,22 +64,6 @@ def _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M: tl.constexpr
     rows = tl.arange(0, BLOCK_M)
     used = rows < tl.load(tile_rows + tile)
     return expert, used, tl.load(pair_of_row + tile * BLOCK_M + rows, mask=used, other=0)
-
-
-@triton.jit
-def _weight_pointers(w, w_scale, expert, rn, stride_we, stride_wn, stride_se, stride_sn, MXFP4: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
-    """The first K tile of expert's rows rn: values, or packed bytes and their scale bytes."""
-    # one return: Triton unifies the types of every return, constexpr branches included
-    w_rows = w + expert.to(tl.int64) * stride_we + rn[:, None] * stride_wn
-    if MXFP4:
-        w_ptrs = w_rows + tl.arange(0, BLOCK_K // 2)[None, :]
-        s_ptrs = w_scale + expert.to(tl.int64) * stride_se + rn[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[
-            None, :]
-    else:
-        w_ptrs = w_rows + tl.arange(0, BLOCK_K)[None, :]
-        s_ptrs = w_ptrs
-    return w_ptrs, s_ptrs
 
 
 @triton.jit
@@ -128,14 +98,6 @@ def _used_rows_tile(row_ptrs, used, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _quantize_dequantize_rows(h, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Dynamic MXFP4 quantization of fp32 h [BLOCK_M, BLOCK_N] per 32 columns, back to fp32 values."""
-    q, exponent = quantize_blocks(h, BLOCK_M, BLOCK_N)
-    scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    return tl.reshape(tl.reshape(q, (BLOCK_M, BLOCK_N // 32, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_N))
-
-
-@triton.jit
 def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_out, K, INNER, stride_xt, stride_we,
                     stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
                     QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
@@ -147,9 +109,9 @@ def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_ou
         return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; their columns are not stored
-    gate_w, gate_s = _weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
+    gate_w, gate_s = weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
                                       MXFP4, BLOCK_K)
-    up_w, up_s = _weight_pointers(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn,
+    up_w, up_s = weight_pointers(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn,
                                   MXFP4, BLOCK_K)
     x_rows = x + (pair // TOP_K)[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -162,7 +124,7 @@ def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_ou
         acc_up = tl.dot(x_tile, tl.trans(up), acc_up, input_precision=DOT_PRECISION)
     h = gelu_tanh(acc_gate) * acc_up
     if QUANTIZE_OUT:  # the down projection's dynamic MXFP4 input, per 32 of INNER (zeros past a partial block)
-        h = _quantize_dequantize_rows(tl.where((rn < INNER)[None, :], h, 0.0), BLOCK_M, BLOCK_N)
+        h = quantize_dequantize_rows(tl.where((rn < INNER)[None, :], h, 0.0), BLOCK_M, BLOCK_N)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     tl.store(inner_out + rows[:, None] * stride_ir + rn[None, :], h.to(inner_out.dtype.element_ty),
              mask=used[:, None] & (rn < INNER)[None, :])
@@ -178,7 +140,7 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
     if expert < 0:
         return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_ptrs, s_ptrs = _weight_pointers(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn,
+    w_ptrs, s_ptrs = weight_pointers(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn,
                                       MXFP4, BLOCK_K)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     in_rows = inner + rows[:, None] * stride_ir + tl.arange(0, BLOCK_K)[None, :]
@@ -190,19 +152,6 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
     routing_weight = tl.load(topk_weights + pair, mask=used, other=0.0).to(tl.float32)
     tl.store(pair_out + pair.to(tl.int64)[:, None] * stride_op + rn[None, :], acc * routing_weight[:, None],
              mask=used[:, None] & (rn < N)[None, :])
-
-
-@triton.jit
-def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in tl.static_range(TOP_K):
-        total += tl.load(pair_out + (token * TOP_K + slot) * N + rn, mask=rn < N, other=0.0)
-    tl.store(out + token * N + rn, total.to(out.dtype.element_ty), mask=rn < N)
-
-
-SUM_BLOCK = 1024
 
 
 def _launch_options(tiles: ProjectionTiles, device: torch.device) -> dict:
@@ -248,15 +197,6 @@ def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_wei
     return pair_out
 
 
-def _sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
-    hidden = pair_out.shape[1]
-    out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
-    block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
-    run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
-               BLOCK_N=block, num_warps=4)
-    return out
-
-
 def _check_config(config: MoeConfig, gate_up: ExpertWeights, down: ExpertWeights, quantize_inner: bool) -> None:
     if quantize_inner and config.gate_up.block_n % mxfp4.BLOCK:
         raise ValueError(f"gate_up quantizes gelu(gate) * up per {mxfp4.BLOCK} columns in its tile: block_n "
@@ -285,7 +225,7 @@ def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, 
     weights = topk_weights.reshape(-1)
     if weights.stride(0) != 1:
         weights = weights.contiguous()
-    return _sum_slots(_down(inner, down, tiles, weights, config), tokens, top_k, x.dtype)
+    return sum_slots(_down(inner, down, tiles, weights, config), tokens, top_k, x.dtype)
 
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
@@ -293,7 +233,10 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
     """Same contract as torch_ref.moe_experts: gate_up [E, 2I, H] (gate rows first), down [E, H, I]."""
     if x.stride(-1) != 1:
         x = x.contiguous()
-    return fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), topk_weights, topk_ids)
+    gate_up, down = ExpertWeights(gate_up), ExpertWeights(down)
+    if use_gemv(topk_ids.numel()):
+        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x=False)
+    return fused_experts(x, gate_up, down, topk_weights, topk_ids)
 
 
 def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
@@ -303,8 +246,9 @@ def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: tor
     expert); wide_scales=needs_wide_scales of either projection's scales (the default is always right)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
+    gate_up, down = ExpertWeights(gate_up, gate_up_scale, wide_scales), ExpertWeights(down, down_scale, wide_scales)
+    if use_gemv(topk_ids.numel()):
+        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x)
     if quantize_x:
         x = quantize_dequantize(x)
-    return fused_experts(x, ExpertWeights(gate_up, gate_up_scale, wide_scales),
-                         ExpertWeights(down, down_scale, wide_scales), topk_weights, topk_ids,
-                         quantize_inner=quantize_x)
+    return fused_experts(x, gate_up, down, topk_weights, topk_ids, quantize_inner=quantize_x)

@@ -13,6 +13,7 @@ import torch
 
 from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
@@ -41,6 +42,10 @@ class Step:
     @property
     def tokens(self) -> int:
         return self.num_seqs * self.new
+
+    def host(self) -> HostBatch:
+        """The lengths as the model runner gives them to the layers."""
+        return HostBatch.of([i * self.new for i in range(self.num_seqs + 1)], [self.context] * self.num_seqs)
 
 
 # A chunked prefill at the default --max-num-batched-tokens 2048, and decode of one sequence (split-KV) and of
@@ -91,7 +96,8 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
         for v_cache in (cache, fp8_cache):
             r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, v_cache, slots)
             r.call("attention", {**shape, "k_from_v": True}, q, None, v_cache, table, meta(step.num_seqs, **int32),
-                   meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer))
+                   meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer),
+                   host=step.host(), derived={})
 
 
 def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:

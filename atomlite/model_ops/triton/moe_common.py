@@ -1,0 +1,73 @@
+"""What the two fused-MoE kernel families share (moe_gemm: pairs grouped by expert; moe_gemv: a few pairs, one
+program each): the expert weights, their pointers, the inner activations' dynamic MXFP4 rounding and the sum of a
+token's top_k rows."""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """One projection of all experts: float [E, N, K], or MXFP4 packed [E, N, K'/2] with scale [E, N, K'/32]."""
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    wide_scales: bool = True  # MXFP4: some scale byte above mxfp4_gemm.FAST_MAX_SCALE_BYTE (always right)
+
+    @property
+    def mxfp4(self) -> bool:
+        return self.scale is not None
+
+    def strides(self) -> tuple[int, int, int, int]:
+        scale = self.scale if self.mxfp4 else self.weight
+        return self.weight.stride(0), self.weight.stride(1), scale.stride(0), scale.stride(1)
+
+
+@triton.jit
+def weight_pointers(w, w_scale, expert, rn, stride_we, stride_wn, stride_se, stride_sn, MXFP4: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """The first K tile of expert's rows rn: values, or packed bytes and their scale bytes."""
+    # one return: Triton unifies the types of every return, constexpr branches included
+    w_rows = w + expert.to(tl.int64) * stride_we + rn[:, None] * stride_wn
+    if MXFP4:
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K // 2)[None, :]
+        s_ptrs = w_scale + expert.to(tl.int64) * stride_se + rn[:, None] * stride_sn + tl.arange(0, BLOCK_K // 32)[
+            None, :]
+    else:
+        w_ptrs = w_rows + tl.arange(0, BLOCK_K)[None, :]
+        s_ptrs = w_ptrs
+    return w_ptrs, s_ptrs
+
+
+@triton.jit
+def quantize_dequantize_rows(h, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Dynamic MXFP4 quantization of fp32 h [BLOCK_M, BLOCK_N] per 32 columns, back to fp32 values."""
+    q, exponent = quantize_blocks(h, BLOCK_M, BLOCK_N)
+    scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.reshape(q, (BLOCK_M, BLOCK_N // 32, 32)) * scale[:, :, None], (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
+def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        total += tl.load(pair_out + (token * TOP_K + slot) * N + rn, mask=rn < N, other=0.0)
+    tl.store(out + token * N + rn, total.to(out.dtype.element_ty), mask=rn < N)
+
+
+SUM_BLOCK = 1024
+
+
+def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    hidden = pair_out.shape[1]
+    out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
+    block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
+    run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
+               BLOCK_N=block, num_warps=4)
+    return out

@@ -1,0 +1,170 @@
+"""Fused MoE experts for a handful of (token, slot) pairs (decode at small batch): no routing step.
+
+With few pairs the experts rarely repeat, so grouping pairs by expert saves no weight reads; it costs a launch that
+sorts, and tiles of block_m rows that hold one pair each. Here a program takes one pair and a block of output
+features straight from topk_ids: gate_up reads the pair's token row and writes gelu_tanh(gate) * up in fp32; down
+reads that row and weights its result by the pair's routing weight (with dynamic MXFP4 activations each kernel
+quantizes the row it reads, per 32-column block, in registers);
+moe_gemm's slot sum adds each token's rows in slot order (deterministic). Products are fp32 multiply-adds over
+[BLOCK_N, BLOCK_K] tiles (one row is no matrix product), and the next weight tile is loaded while this one is used.
+"""
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.activation import gelu_tanh
+from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
+from atomlite.quant import mxfp4
+
+
+@dataclass(frozen=True, slots=True)
+class GemvTiles:
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    gate_up: GemvTiles
+    down: GemvTiles
+
+
+# Enough programs for every SM at one token (8 pairs): 704 / 16 x 8 gate_up and 2816 / 32 x 8 down programs on
+# Gemma-4-26B-A4B. bench/moe_layer.py --sweep times others.
+BF16 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 64, 4))
+MXFP4 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 128, 4))
+MAX_PAIRS = 32  # beyond, experts repeat often enough that reading each once (moe_gemm's tiles) wins
+
+
+def use_gemv(num_pairs: int) -> bool:
+    return num_pairs <= MAX_PAIRS
+
+
+@triton.jit
+def _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Raw weight tile at columns k0..: (packed bytes, scale bytes) for MXFP4 (padded along K: no mask), else
+    (values, values)."""
+    if MXFP4:
+        packed = tl.load(w_ptrs + k0 // 2)
+        scale_byte = tl.load(s_ptrs + k0 // 32)
+    elif EVEN_K:
+        packed = tl.load(w_ptrs + k0)
+        scale_byte = packed
+    else:
+        packed = tl.load(w_ptrs + k0, mask=(k0 + tl.arange(0, BLOCK_K) < K)[None, :], other=0.0)
+        scale_byte = packed
+    return packed, scale_byte
+
+
+@triton.jit
+def _values(packed, scale_byte, MXFP4: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr,
+            PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    if MXFP4:
+        return _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K).to(tl.float32)
+    return packed.to(tl.float32)
+
+
+@triton.jit
+def _row_tile(row, k0, K, QUANTIZE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One activation row's columns k0.. in fp32 (zeros past K), MXFP4 quantize-dequantized per 32 if QUANTIZE."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    values = tl.load(row + cols, mask=cols < K, other=0.0).to(tl.float32)
+    if QUANTIZE:
+        values = tl.reshape(quantize_dequantize_rows(tl.reshape(values, (1, BLOCK_K)), 1, BLOCK_K), (BLOCK_K,))
+    return values
+
+
+@triton.jit
+def _gate_up_gemv_kernel(x, w, w_scale, topk_ids, inner_out, K, INNER, stride_xt, stride_we, stride_wn, stride_se,
+                         stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr, QUANTIZE_X: tl.constexpr,
+                         FP32: tl.constexpr, WIDE_SCALES: tl.constexpr,
+                         PTX: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pair = tl.program_id(0)
+    expert = tl.load(topk_ids + pair)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; they are not stored
+    gate_w, gate_s = weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
+                                      MXFP4, BLOCK_K)
+    up_w, up_s = weight_pointers(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn,
+                                  MXFP4, BLOCK_K)
+    x_row = x + (pair // TOP_K).to(tl.int64) * stride_xt
+    acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    gate, gate_scale = _weight_tile(gate_w, gate_s, 0, K, MXFP4, EVEN_K, BLOCK_K)
+    up, up_scale = _weight_tile(up_w, up_s, 0, K, MXFP4, EVEN_K, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        k_next = tl.minimum(k0 + BLOCK_K, tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K)  # the last re-reads its own
+        gate_next, gate_scale_next = _weight_tile(gate_w, gate_s, k_next, K, MXFP4, EVEN_K, BLOCK_K)
+        up_next, up_scale_next = _weight_tile(up_w, up_s, k_next, K, MXFP4, EVEN_K, BLOCK_K)
+        x_tile = _row_tile(x_row, k0, K, QUANTIZE_X, BLOCK_K)[None, :]
+        acc_gate += _values(gate, gate_scale, MXFP4, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K) * x_tile
+        acc_up += _values(up, up_scale, MXFP4, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K) * x_tile
+        gate, gate_scale, up, up_scale = gate_next, gate_scale_next, up_next, up_scale_next
+    h = gelu_tanh(tl.sum(acc_gate, axis=1)) * tl.sum(acc_up, axis=1)
+    tl.store(inner_out + pair.to(tl.int64) * stride_ir + rn, h, mask=rn < INNER)
+
+
+@triton.jit
+def _down_gemv_kernel(inner, w, w_scale, topk_ids, topk_weights, pair_out, K, N, stride_ir, stride_we, stride_wn,
+                      stride_se, stride_sn, stride_op, MXFP4: tl.constexpr, QUANTIZE_IN: tl.constexpr,
+                      FP32: tl.constexpr,
+                      WIDE_SCALES: tl.constexpr, PTX: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    pair = tl.program_id(0)
+    expert = tl.load(topk_ids + pair)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_ptrs, s_ptrs = weight_pointers(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn,
+                                      MXFP4, BLOCK_K)
+    in_row = inner + pair.to(tl.int64) * stride_ir
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    tile, tile_scale = _weight_tile(w_ptrs, s_ptrs, 0, K, MXFP4, EVEN_K, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        k_next = tl.minimum(k0 + BLOCK_K, tl.cdiv(K, BLOCK_K) * BLOCK_K - BLOCK_K)
+        tile_next, scale_next = _weight_tile(w_ptrs, s_ptrs, k_next, K, MXFP4, EVEN_K, BLOCK_K)
+        acc += (_values(tile, tile_scale, MXFP4, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K)
+                * _row_tile(in_row, k0, K, QUANTIZE_IN, BLOCK_K)[None, :])
+        tile, tile_scale = tile_next, scale_next
+    total = tl.sum(acc, axis=1) * tl.load(topk_weights + pair).to(tl.float32)
+    tl.store(pair_out + pair.to(tl.int64) * stride_op + rn, total, mask=rn < N)
+
+
+def _modes(x: torch.Tensor, weights: ExpertWeights) -> dict:
+    """FP32: values in fp32 for fp32 inputs and under the interpreter; PTX: NVIDIA's expansion of MXFP4 weights
+    whose scales all take the fast path (as mxfp4_gemm)."""
+    fp32 = x.dtype == torch.float32 or interpreting()
+    ptx = weights.mxfp4 and not fp32 and not weights.wide_scales and platform_of(x.device).kind == "cuda"
+    return dict(MXFP4=weights.mxfp4, FP32=fp32, WIDE_SCALES=weights.wide_scales, PTX=ptx)
+
+
+def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, quantize_x: bool, config: GemvConfig | None = None) -> torch.Tensor:
+    """moe_gemm.fused_experts for few pairs; quantize_x: x and the inner activations are MXFP4
+    quantize-dequantized (dynamic MXFP4 activations) as the kernels read them."""
+    tokens, top_k = topk_ids.shape
+    num_pairs = tokens * top_k
+    config = config or (MXFP4 if gate_up.mxfp4 else BF16)
+    for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
+        if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK):
+            raise ValueError(f"MXFP4 expert weights (padded along K to a multiple of {K_ALIGN}) are read in K tiles "
+                             f"of a multiple of {mxfp4.BLOCK} dividing {K_ALIGN}, not block_k {tiles.block_k}")
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    inner_size, hidden = gate_up.weight.shape[1] // 2, down.weight.shape[1]
+    inner = torch.empty((num_pairs, inner_size), dtype=torch.float32, device=x.device)
+    t = config.gate_up
+    run_kernel(_gate_up_gemv_kernel, (num_pairs, triton.cdiv(inner_size, t.block_n)), x, gate_up.weight,
+               gate_up.scale, ids, inner, x.shape[1], inner_size, x.stride(0), *gate_up.strides(), inner.stride(0),
+               TOP_K=top_k, QUANTIZE_X=quantize_x, EVEN_K=x.shape[1] % t.block_k == 0,
+               BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, **_modes(x, gate_up))
+    pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
+    t = config.down
+    run_kernel(_down_gemv_kernel, (num_pairs, triton.cdiv(hidden, t.block_n)), inner, down.weight, down.scale, ids,
+               weights, pair_out, inner_size, hidden, inner.stride(0), *down.strides(), pair_out.stride(0),
+               QUANTIZE_IN=quantize_x, EVEN_K=inner_size % t.block_k == 0, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps,
+               **_modes(x, down))
+    return sum_slots(pair_out, tokens, top_k, x.dtype)

@@ -1,0 +1,62 @@
+"""The few-pairs MoE kernels (triton.moe_gemv: one program per pair and block of features, no routing; on CPU under
+TRITON_INTERPRET=1) against the per-expert torch loop."""
+import pytest
+import torch
+
+from atomlite.model_ops.torch_ref.moe import moe_experts as reference
+from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
+from atomlite.model_ops.triton import moe_gemm
+from atomlite.model_ops.triton.moe_common import ExpertWeights
+from atomlite.model_ops.triton.moe_gemv import MAX_PAIRS, GemvConfig, GemvTiles, gemv_experts
+from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
+
+# several N tiles and K steps per projection at these shapes, partial last ones
+SMALL = GemvConfig(GemvTiles(16, 32, 4), GemvTiles(16, 32, 4))
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [
+    (1, 1, 4, 64, 32),     # one token, one expert
+    (1, 8, 16, 96, 48),    # top 8; K and N not multiples of the tiles
+    (4, 8, 8, 64, 32),     # experts repeat across tokens
+])
+def test_gemv_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner):
+    gate_up, down = random_experts(num_experts, hidden, inner, seed=tokens)
+    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
+    x = torch.randn(tokens, hidden, device=DEVICE)
+    got = gemv_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, quantize_x=False, config=SMALL)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [(1, 1, 4, 64, 32), (2, 8, 16, 96, 48)])
+@pytest.mark.parametrize("quantize_x", [True, False])
+@pytest.mark.parametrize("wide", [False, True])
+def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, quantize_x, wide):
+    """The gate_up kernel quantizes x itself; partial last 32-blocks along both K (96 and 48)."""
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
+    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
+    x = torch.randn(tokens, hidden, device=DEVICE)
+    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
+                           quantize_x)
+    got = gemv_experts(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
+                       quantize_x, config=SMALL)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("tokens,gemv", [(MAX_PAIRS // 2, True), (MAX_PAIRS // 2 + 1, False)])
+def test_the_op_takes_the_gemv_kernels_up_to_max_pairs(tokens, gemv, monkeypatch):
+    gate_up, down = random_experts(8, 64, 32, seed=11)
+    weights, ids = random_routing(tokens, 2, 8, seed=12)
+    x = torch.randn(tokens, 64, device=DEVICE)
+    calls, run = [], moe_gemm.gemv_experts
+    monkeypatch.setattr(moe_gemm, "gemv_experts", lambda *a, **kw: (calls.append(1), run(*a, **kw))[1])
+    assert_close(moe_gemm.moe_experts(x, gate_up, down, weights, ids), reference(x, gate_up, down, weights, ids))
+    assert bool(calls) == gemv
+
+
+def test_mxfp4_k_tiles_must_divide_the_padding():
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(4, 64, 32, seed=1, wide=False)
+    weights, ids = random_routing(1, 2, 4, seed=2)
+    odd = GemvConfig(GemvTiles(16, 48, 4), GemvTiles(16, 32, 4))
+    with pytest.raises(ValueError, match="block_k 48"):
+        gemv_experts(torch.randn(1, 64, device=DEVICE), padded(gate_up, gate_up_scale, False),
+                     padded(down, down_scale, False), weights, ids, True, config=odd)
