@@ -8,6 +8,8 @@ Decode at batch 32 and 8k context (memory-bound: the V-only kernel reads half th
 without the lengths on the host gets it (keys rebuilt in every tile) and as the engine calls it (a prefill rebuilds
 the rotated key columns once for the step). Every path is checked against the torch reference first.
 """
+import dataclasses
+
 import torch
 
 from atomlite.model_ops import torch_ref
@@ -45,6 +47,22 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
           f"tile {ms_v:.3f} ms ({bytes_both / 2 / ms_v / 1e9:.2f} TB/s of V), K+V / V only = {ms_both / ms_v:.2f}x; "
           f"with the host's lengths (as the engine runs it) {ms_engine:.3f} ms, K+V / V only = "
           f"{ms_both / ms_engine:.2f}x{'' if ok else '  (CHECK FAILED)'}", flush=True)
+    config = tri.pick_config(q, v_cache, table, HEADS // KV_HEADS, derive_k=True)
+    for separate in (False, True):
+        for pre_rotated in (False, True):
+            def variant(separate=separate, pre_rotated=pre_rotated):
+                rotated = None
+                if pre_rotated:
+                    rotated = tri.rotated_keys(v_cache, table, seq_lens, derived["rotated_key_row_starts"],
+                                               sum(host.seq_lens), host.max_seq_len, rule, q.dtype)
+                return tri.launch(q, None, v_cache, table, seq_lens, starts, scale, None, False,
+                                  dataclasses.replace(config, separate_key_tile=separate), rule, rotated)
+            if pre_rotated and "rotated_key_row_starts" not in derived:
+                continue  # decode: the engine never pre-rotates
+            good = check(f"{name} separate={separate} pre_rotated={pre_rotated}", variant(), ref)
+            ms = median_ms(variant)
+            print(f"  {config} separate key tile {separate}, pre-rotated {pre_rotated}: {ms:.3f} ms, K+V / this = "
+                  f"{ms_both / ms:.2f}x{'' if good else '  (CHECK FAILED)'}", flush=True)
 
 
 def main():

@@ -29,6 +29,9 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     num_splits: int = 1
+    # V-only layers: load each V tile twice, for q . K and for P . V, so that the pipeliner stages each copy as it
+    # stages K and V (one shared tile serves both products from registers)
+    separate_key_tile: bool = False
 
 
 @triton.jit
@@ -46,12 +49,15 @@ def _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr):
-    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded."""
+def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr, EVICT: tl.constexpr = ""):
+    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded. EVICT: an
+    eviction hint, which also keeps a second load of the same rows from being merged with the first."""
     ptrs = base + block[:, None] * stride_b + slot[:, None] * stride_s + dims[None, :]
     if MASKED:
-        return tl.load(ptrs, mask=k_ok[:, None], other=0.0)
-    return tl.load(ptrs)
+        rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=EVICT)
+    else:
+        rows = tl.load(ptrs, eviction_policy=EVICT)
+    return rows
 
 
 @triton.jit
@@ -122,7 +128,7 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr,
-                  PRE_ROTATED: tl.constexpr):
+                  PRE_ROTATED: tl.constexpr, SEPARATE_KEY_TILE: tl.constexpr):
     """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
     q * w_k with the rotated columns zeroed (see _derived_key_scores)."""
     dims = tl.arange(0, HEAD_DIM)
@@ -138,7 +144,11 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
         # an fp8 cache (or any cache under the interpreter's fp32 upcast) computes in q's dtype
         v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
         if DERIVE_K:
-            scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
+            key_block = v_block
+            if SEPARATE_KEY_TILE:
+                key_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED,
+                                      "evict_last").to(q_block.dtype)
+            scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, key_block, v_base, block, slot, k_pos,
                                          k_ok, cos, sin, stride_vb, stride_vs, stride_rope, rot_rows, stride_rt,
                                          MASKED, HEAD_DIM // 2, ROT, ROT_P, PRE_ROTATED, DOT_PRECISION)
         else:
@@ -189,7 +199,7 @@ def _attention_kernel(
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
-        ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr):
+        ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr, SEPARATE_KEY_TILE: tl.constexpr):
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -256,19 +266,19 @@ def _attention_kernel(
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
         rot_rows, stride_rt,
         True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED)
+        PRE_ROTATED, SEPARATE_KEY_TILE)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
         rot_rows, stride_rt,
         False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED)
+        PRE_ROTATED, SEPARATE_KEY_TILE)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
         rot_rows, stride_rt,
         True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED)
+        PRE_ROTATED, SEPARATE_KEY_TILE)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -359,6 +369,7 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
         DERIVE_K=k_from_v is not None, ROT=rot, ROT_P=rotated_width(rot), PRE_ROTATED=rotated is not None,
+        SEPARATE_KEY_TILE=config.separate_key_tile and k_from_v is not None,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         split_kv.combine(part_out, part_lse, out, lse)

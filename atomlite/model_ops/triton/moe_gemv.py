@@ -64,9 +64,12 @@ def _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4: tl.constexpr, EVEN_K: tl.constexp
 @triton.jit
 def _values(packed, scale_byte, MXFP4: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr,
             PTX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # one return: Triton unifies the types of every return, constexpr branches included
     if MXFP4:
-        return _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K).to(tl.float32)
-    return packed.to(tl.float32)
+        values = _expand_tile(packed, scale_byte, FP32, WIDE_SCALES, PTX, BLOCK_N, BLOCK_K)
+    else:
+        values = packed
+    return values.to(tl.float32)
 
 
 @triton.jit
