@@ -103,6 +103,22 @@ def test_triton_derived_keys_with_split_kv_match_reference(window):
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, window, rule, True)
 
 
+@pytest.mark.parametrize("pre_rotated", [False, True])
+def test_triton_derived_keys_from_a_separate_key_tile_match_reference(pre_rotated):
+    q, _, v_cache, table, seq_lens, starts = paged_batch(Q_LENS, K_LENS, 4, 2, 64, 16, torch.float32, None, DEVICE,
+                                                         seed=5)
+    rule = key_rule(64, 0.25, DEVICE)
+    rotated = None
+    if pre_rotated:
+        lengths = seq_lens.tolist()
+        row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=DEVICE)
+        rotated = tri.rotated_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule,
+                                   torch.float32)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, separate_key_tile=True)
+    out = tri.launch(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, config, rule, rotated)
+    assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, None, rule, True)
+
+
 def test_k_eq_v_layers_store_v_alone(checkpoints):
     path, _ = checkpoints.get("dense")
     llm = LLM(str(path), dtype="float32", device="cpu")

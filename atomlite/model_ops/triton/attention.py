@@ -49,14 +49,19 @@ def _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr, EVICT: tl.constexpr = ""):
-    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded. EVICT: an
-    eviction hint, which also keeps a second load of the same rows from being merged with the first."""
+def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr, EVICT_LAST: tl.constexpr):
+    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded. EVICT_LAST:
+    an eviction hint, which also keeps a second load of the same rows from being merged with the first."""
     ptrs = base + block[:, None] * stride_b + slot[:, None] * stride_s + dims[None, :]
-    if MASKED:
-        rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0, eviction_policy=EVICT)
+    if EVICT_LAST:
+        if MASKED:
+            rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0, eviction_policy="evict_last")
+        else:
+            rows = tl.load(ptrs, eviction_policy="evict_last")
+    elif MASKED:
+        rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0)
     else:
-        rows = tl.load(ptrs, eviction_policy=EVICT)
+        rows = tl.load(ptrs)
     return rows
 
 
@@ -142,17 +147,17 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
         else:
             block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
         # an fp8 cache (or any cache under the interpreter's fp32 upcast) computes in q's dtype
-        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
+        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED, False).to(q_block.dtype)
         if DERIVE_K:
             key_block = v_block
             if SEPARATE_KEY_TILE:
                 key_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED,
-                                      "evict_last").to(q_block.dtype)
+                                      True).to(q_block.dtype)
             scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, key_block, v_base, block, slot, k_pos,
                                          k_ok, cos, sin, stride_vb, stride_vs, stride_rope, rot_rows, stride_rt,
                                          MASKED, HEAD_DIM // 2, ROT, ROT_P, PRE_ROTATED, DOT_PRECISION)
         else:
-            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED).to(q_block.dtype)
+            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED, False).to(q_block.dtype)
             scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION)
         scores = scores * scale_log2
         if MASKED:
