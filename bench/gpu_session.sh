@@ -23,6 +23,7 @@ stage() {
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
                        tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-graphs) python -m pytest -q -m gpu tests/test_decode_graphs.py ;;
+        tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
                            tests/test_skinny_gemm.py ;;

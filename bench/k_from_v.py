@@ -15,6 +15,7 @@ import torch
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops import triton as tri
+from atomlite.model_ops.triton import attention as tri_attention
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, proportional_inv_freq
 from kernels import check, decode_case, median_ms, prefill_case
@@ -47,15 +48,15 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
           f"tile {ms_v:.3f} ms ({bytes_both / 2 / ms_v / 1e9:.2f} TB/s of V), K+V / V only = {ms_both / ms_v:.2f}x; "
           f"with the host's lengths (as the engine runs it) {ms_engine:.3f} ms, K+V / V only = "
           f"{ms_both / ms_engine:.2f}x{'' if ok else '  (CHECK FAILED)'}", flush=True)
-    config = tri.pick_config(q, v_cache, table, HEADS // KV_HEADS, derive_k=True)
+    config = tri_attention.pick_config(q, v_cache, table, HEADS // KV_HEADS, derive_k=True)
     for separate in (False, True):
         for pre_rotated in (False, True):
             def variant(separate=separate, pre_rotated=pre_rotated):
                 rotated = None
                 if pre_rotated:
-                    rotated = tri.rotated_keys(v_cache, table, seq_lens, derived["rotated_key_row_starts"],
+                    rotated = tri_attention.rotated_keys(v_cache, table, seq_lens, derived["rotated_key_row_starts"],
                                                sum(host.seq_lens), host.max_seq_len, rule, q.dtype)
-                return tri.launch(q, None, v_cache, table, seq_lens, starts, scale, None, False,
+                return tri_attention.launch(q, None, v_cache, table, seq_lens, starts, scale, None, False,
                                   dataclasses.replace(config, separate_key_tile=separate), rule, rotated)
             if pre_rotated and "rotated_key_row_starts" not in derived:
                 continue  # decode: the engine never pre-rotates

@@ -79,14 +79,14 @@ def test_triton_v_only_attention_reads_an_fp8_cache_like_the_reference():
 def test_triton_qk_norm_rope_writes_fp8_like_the_reference(store_k):
     gen = torch.Generator().manual_seed(2)
     tokens, heads, kv_heads, dim = 5, 4, 2, 64
-    q, k, v = (torch.randn(tokens, h, dim, generator=gen) * 3 for h in (heads, kv_heads, kv_heads))
-    weight = torch.rand(dim, generator=gen) + 0.5
-    cos, sin = torch.randn(tokens, dim, generator=gen), torch.randn(tokens, dim, generator=gen)
-    slots = torch.tensor([3, -1, 0, 7, 12])
+    q, k, v = (torch.randn(tokens, h, dim, generator=gen).to(DEVICE) * 3 for h in (heads, kv_heads, kv_heads))
+    weight = torch.rand(dim, generator=gen).to(DEVICE) + 0.5
+    cos, sin = torch.randn(tokens, dim, generator=gen).to(DEVICE), torch.randn(tokens, dim, generator=gen).to(DEVICE)
+    slots = torch.tensor([3, -1, 0, 7, 12], device=DEVICE)
     caches = {}
     for name, op in (("ref", torch_ref.qk_norm_rope), ("triton", tri.qk_norm_rope)):
-        k_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8) if store_k else None
-        v_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8)
+        k_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE) if store_k else None
+        v_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE)
         q_out, _, _ = op(q, k, v, weight, weight, 1e-6, cos, sin, k_cache, v_cache, slots)
         caches[name] = (q_out, k_cache, v_cache)
     (q_ref, k_ref, v_ref), (q_tri, k_tri, v_tri) = caches["ref"], caches["triton"]
