@@ -4,12 +4,11 @@
 
 31B global-layer shapes: head_dim 512, 32 query / 4 KV heads, proportional RoPE (64 of 256 pairs turn), bf16.
 Decode at batch 32 and 8k context (memory-bound: the V-only kernel reads half the bytes) and prefill of one
-8k-token sequence (compute-bound: the rebuilt keys cost extra work). The V-only kernel runs twice: as a caller
-without the lengths on the host gets it (keys rebuilt in every tile) and as the engine calls it (a prefill rebuilds
-the rotated key columns once for the step). Every path is checked against the torch reference first.
+8k-token sequence (compute-bound). The V-only path runs twice: as a caller without the lengths on the host gets it
+(keys rebuilt from V in every tile) and as the engine calls it (decode still rebuilds in the kernel; a prefill
+builds the step's keys once, then runs the K+V kernel on them). Every path is checked against the torch reference
+first.
 """
-import dataclasses
-
 import torch
 
 from atomlite.model_ops import torch_ref
@@ -35,7 +34,7 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
     scale = HEAD_DIM ** -0.5
     both = lambda: tri.paged_attention(q, k_cache, v_cache, table, seq_lens, starts, scale)  # noqa: E731
     v_only = lambda: tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule)  # noqa: E731
-    # as the engine calls it: the step's lengths on the host; a prefill then rebuilds the rotated columns once
+    # as the engine calls it: the step's lengths on the host; a prefill then builds its keys once
     host, derived = HostBatch.of(starts.tolist(), seq_lens.tolist()), {}
     v_engine = lambda: tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule,  # noqa: E731
                                            host=host, derived=derived)
@@ -48,22 +47,11 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
           f"tile {ms_v:.3f} ms ({bytes_both / 2 / ms_v / 1e9:.2f} TB/s of V), K+V / V only = {ms_both / ms_v:.2f}x; "
           f"with the host's lengths (as the engine runs it) {ms_engine:.3f} ms, K+V / V only = "
           f"{ms_both / ms_engine:.2f}x{'' if ok else '  (CHECK FAILED)'}", flush=True)
-    config = tri_attention.pick_config(q, v_cache, table, HEADS // KV_HEADS, derive_k=True)
-    for separate in (False, True):
-        for pre_rotated in (False, True):
-            def variant(separate=separate, pre_rotated=pre_rotated):
-                rotated = None
-                if pre_rotated:
-                    rotated = tri_attention.rotated_keys(v_cache, table, seq_lens, derived["rotated_key_row_starts"],
-                                               sum(host.seq_lens), host.max_seq_len, rule, q.dtype)
-                return tri_attention.launch(q, None, v_cache, table, seq_lens, starts, scale, None, False,
-                                  dataclasses.replace(config, separate_key_tile=separate), rule, rotated)
-            if pre_rotated and "rotated_key_row_starts" not in derived:
-                continue  # decode: the engine never pre-rotates
-            good = check(f"{name} separate={separate} pre_rotated={pre_rotated}", variant(), ref)
-            ms = median_ms(variant)
-            print(f"  {config} separate key tile {separate}, pre-rotated {pre_rotated}: {ms:.3f} ms, K+V / this = "
-                  f"{ms_both / ms:.2f}x{'' if good else '  (CHECK FAILED)'}", flush=True)
+    lengths = seq_lens.tolist()
+    row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=q.device)
+    built = lambda: tri_attention.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths),  # noqa: E731
+                                             rule, q.dtype)
+    print(f"  building the keys alone: {median_ms(built):.3f} ms", flush=True)
 
 
 def main():

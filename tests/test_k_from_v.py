@@ -11,6 +11,7 @@ from atomlite.model_ops import torch_ref
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, default_inv_freq, proportional_inv_freq
+from atomlite.model_ops.torch_ref.attention import keys_from_values
 from atomlite.model_ops.triton import attention as tri
 from helpers import greedy, random_prompt
 from test_triton_attention import DEVICE, K_LENS, Q_LENS, paged_batch
@@ -78,18 +79,20 @@ def assert_matches_reference(out, args, scale, window, rule, return_lse):
 @pytest.mark.parametrize("host_lengths", [False, True])
 def test_triton_derived_keys_match_reference(head_dim, num_heads, num_kv_heads, block_size, window, partial, dtype,
                                              return_lse, host_lengths, monkeypatch):
-    """With the lengths on the host, a prefill without a window rebuilds the rotated columns once for the step."""
+    """With the lengths on the host, a prefill without a window builds its keys once for the step (where they fit)."""
     args = paged_batch(Q_LENS, K_LENS, num_heads, num_kv_heads, head_dim, block_size, dtype, window, DEVICE, seed=3)
     q, _, v_cache, table, seq_lens, starts = args
     rule = key_rule(head_dim, partial, DEVICE)
     rule = KFromV(rule.weight.to(dtype), rule.cos, rule.sin, rule.rotary_pairs)
     scale = head_dim ** -0.5
     host = HostBatch.of(starts.tolist(), seq_lens.tolist()) if host_lengths else None
-    rebuilds, rotated_keys = [], tri.rotated_keys
-    monkeypatch.setattr(tri, "rotated_keys", lambda *a, **kw: (rebuilds.append(1), rotated_keys(*a, **kw))[1])
+    builds, build_keys = [], tri.build_keys
+    monkeypatch.setattr(tri, "build_keys", lambda *a, **kw: (builds.append(1), build_keys(*a, **kw))[1])
     out = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, window, return_lse, k_from_v=rule,
                               host=host, derived={})
-    assert len(rebuilds) == (host_lengths and window is None)
+    # built when the step's keys take no more memory than q: so for GQA 8 here, not for 2 query heads per KV head
+    fits = sum(K_LENS) * num_kv_heads <= sum(Q_LENS) * num_heads
+    assert len(builds) == (host_lengths and window is None and fits)
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), scale, window, rule, return_lse)
 
 
@@ -103,19 +106,20 @@ def test_triton_derived_keys_with_split_kv_match_reference(window):
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, window, rule, True)
 
 
-@pytest.mark.parametrize("pre_rotated", [False, True])
-def test_triton_derived_keys_from_a_separate_key_tile_match_reference(pre_rotated):
-    q, _, v_cache, table, seq_lens, starts = paged_batch(Q_LENS, K_LENS, 4, 2, 64, 16, torch.float32, None, DEVICE,
-                                                         seed=5)
+def test_built_keys_equal_the_reference_keys_and_serve_a_split_kv_launch():
+    q, _, v_cache, table, seq_lens, starts = paged_batch([1, 5, 1], [130, 70, 9], 4, 2, 64, 16, torch.float32,
+                                                         None, DEVICE, seed=6)
     rule = key_rule(64, 0.25, DEVICE)
-    rotated = None
-    if pre_rotated:
-        lengths = seq_lens.tolist()
-        row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=DEVICE)
-        rotated = tri.rotated_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule,
-                                   torch.float32)
-    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, separate_key_tile=True)
-    out = tri.launch(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, config, rule, rotated)
+    lengths = seq_lens.tolist()
+    row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=DEVICE)
+    built = tri.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule, torch.float32)
+    for b, n in enumerate(lengths):
+        blocks = table[b, :-(-n // 16)].long()
+        v = v_cache[blocks].reshape(-1, 2, 64)[:n]
+        want = keys_from_values(v, torch.arange(n, device=DEVICE), rule, torch.float32)
+        torch.testing.assert_close(built.keys[row_starts[b]:row_starts[b] + n], want, atol=1e-6, rtol=1e-6)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, num_splits=3)
+    out = tri.launch(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, config, rule, built)
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, None, rule, True)
 
 

@@ -29,9 +29,6 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     num_splits: int = 1
-    # V-only layers: load each V tile twice, for q . K and for P . V, so that the pipeliner stages each copy as it
-    # stages K and V (one shared tile serves both products from registers)
-    separate_key_tile: bool = False
 
 
 @triton.jit
@@ -49,20 +46,21 @@ def _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr, EVICT_LAST: tl.constexpr):
-    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded. EVICT_LAST:
-    an eviction hint, which also keeps a second load of the same rows from being merged with the first."""
+def _key_rows(base, block, slot, stride_b, stride_s, dims, k_ok, MASKED: tl.constexpr):
+    """Rows of one KV head for the tile's keys; masked rows (null or unwritten blocks) are never loaded."""
     ptrs = base + block[:, None] * stride_b + slot[:, None] * stride_s + dims[None, :]
-    if EVICT_LAST:
-        if MASKED:
-            rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0, eviction_policy="evict_last")
-        else:
-            rows = tl.load(ptrs, eviction_policy="evict_last")
-    elif MASKED:
-        rows = tl.load(ptrs, mask=k_ok[:, None], other=0.0)
-    else:
-        rows = tl.load(ptrs)
-    return rows
+    if MASKED:
+        return tl.load(ptrs, mask=k_ok[:, None], other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _built_key_rows(built_rows, k_pos, stride_bk, dims, k_ok, MASKED: tl.constexpr):
+    """The tile's keys from the step's built keys (one sequence's rows, contiguous by position)."""
+    ptrs = built_rows + k_pos.to(tl.int64)[:, None] * stride_bk + dims[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=k_ok[:, None], other=0.0)
+    return tl.load(ptrs)
 
 
 @triton.jit
@@ -81,61 +79,63 @@ def _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin
 
 @triton.jit
 def _derived_key_scores(q_plain, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos, k_ok, cos, sin,
-                        stride_vb, stride_vs, stride_rope, rot_rows, stride_rt, MASKED: tl.constexpr,
-                        HALF: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr):
-    """q . K for K = rope(V * w): the unrotated columns as (q * w) . V, plus the ROT rotated pairs: rebuilt from
-    V's columns [0, ROT) and [HALF, HALF + ROT) at each key's position, or, PRE_ROTATED, read from the step's
-    rotated-key rows (rot_rows: this sequence's and KV head's, see rotated_keys)."""
+                        stride_vb, stride_vs, stride_rope, MASKED: tl.constexpr, HALF: tl.constexpr,
+                        ROT: tl.constexpr, ROT_P: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """q . K for K = rope(V * w): the unrotated columns as (q * w) . V, plus the ROT rotated pairs, rebuilt from
+    V's columns [0, ROT) and [HALF, HALF + ROT) at each key's position."""
     rdims = tl.arange(0, ROT_P)
     rmask = (rdims < ROT)[None, :] & (k_pos >= 0)[:, None]
     if MASKED:
         rmask &= k_ok[:, None]
-    if PRE_ROTATED:
-        rows = rot_rows + k_pos[:, None] * stride_rt + rdims[None, :]
-        k1 = tl.load(rows, mask=rmask, other=0.0).to(q_plain.dtype)
-        k2 = tl.load(rows + ROT_P, mask=rmask, other=0.0).to(q_plain.dtype)
-    else:
-        k1, k2 = _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb,
-                                      stride_vs, stride_rope, HALF, ROT_P)
-        k1 = k1.to(q_plain.dtype)
-        k2 = k2.to(q_plain.dtype)
+    k1, k2 = _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb, stride_vs,
+                                  stride_rope, HALF, ROT_P)
+    k1 = k1.to(q_plain.dtype)
+    k2 = k2.to(q_plain.dtype)
     scores = tl.dot(q_plain, tl.trans(v_block), input_precision=DOT_PRECISION)
     scores = tl.dot(q_r1, tl.trans(k1), scores, input_precision=DOT_PRECISION)
     return tl.dot(q_r2, tl.trans(k2), scores, input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def _rotated_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos, sin, out, stride_vb, stride_vs,
-                         stride_vh, stride_bt, stride_rope, stride_ot, HALF: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                         BLOCK_T: tl.constexpr):
+def _build_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos, sin, out, stride_vb, stride_vs,
+                       stride_vh, stride_bt, stride_rope, stride_ok, HEAD_DIM: tl.constexpr, ROT: tl.constexpr,
+                       ROT_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """K = rope(V * w) for BLOCK_T positions of one sequence and KV head, into its rows of out."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(2)
     k_pos = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     k_ok = k_pos < tl.load(seq_lens + seq)
     block = tl.load(block_table + seq * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+    slot = k_pos % BLOCK_SIZE
+    v_base = v_cache + kv_head * stride_vh
+    rows = out + (tl.load(row_starts + seq) + k_pos.to(tl.int64))[:, None] * stride_ok + kv_head * HEAD_DIM
+    dims = tl.arange(0, HEAD_DIM)
+    unrotated = (dims % (HEAD_DIM // 2)) >= ROT  # columns stored as V * w; the others are written below, rotated
+    plain = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, True).to(tl.float32)
+    plain *= tl.load(k_weight + dims).to(tl.float32)[None, :]
+    tl.store(rows + dims[None, :], plain.to(out.dtype.element_ty), mask=k_ok[:, None] & unrotated[None, :])
     rdims = tl.arange(0, ROT_P)
     r_ok = rdims < ROT
     rmask = k_ok[:, None] & r_ok[None, :]
     w_r1 = tl.load(k_weight + rdims, mask=r_ok, other=0.0).to(tl.float32)
-    w_r2 = tl.load(k_weight + HALF + rdims, mask=r_ok, other=0.0).to(tl.float32)
-    k1, k2 = _rotated_key_columns(v_cache + kv_head * stride_vh, block, k_pos % BLOCK_SIZE, k_pos, rmask, w_r1,
-                                  w_r2, cos, sin, stride_vb, stride_vs, stride_rope, HALF, ROT_P)
-    rows = out + (tl.load(row_starts + seq) + k_pos.to(tl.int64))[:, None] * stride_ot + kv_head * (2 * ROT_P)
-    tl.store(rows + rdims[None, :], k1.to(out.dtype.element_ty), mask=k_ok[:, None])
-    tl.store(rows + ROT_P + rdims[None, :], k2.to(out.dtype.element_ty), mask=k_ok[:, None])
+    w_r2 = tl.load(k_weight + HEAD_DIM // 2 + rdims, mask=r_ok, other=0.0).to(tl.float32)
+    k1, k2 = _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb, stride_vs,
+                                  stride_rope, HEAD_DIM // 2, ROT_P)
+    tl.store(rows + rdims[None, :], k1.to(out.dtype.element_ty), mask=rmask)
+    tl.store(rows + HEAD_DIM // 2 + rdims[None, :], k2.to(out.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
 def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_start, tile_end, k_lo, k_hi,
                   window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
-                  q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope, rot_rows, stride_rt,
+                  q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope, built_rows, stride_bk,
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr,
-                  PRE_ROTATED: tl.constexpr, SEPARATE_KEY_TILE: tl.constexpr):
+                  KEYS_BUILT: tl.constexpr):
     """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
-    q * w_k with the rotated columns zeroed (see _derived_key_scores)."""
+    q * w_k with the rotated columns zeroed (see _derived_key_scores); with KEYS_BUILT, keys come from the step's
+    built keys (built_rows) instead of the K cache."""
     dims = tl.arange(0, HEAD_DIM)
     for kv_tile in range(tile_start, tile_end):
         k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -147,18 +147,17 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
         else:
             block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
         # an fp8 cache (or any cache under the interpreter's fp32 upcast) computes in q's dtype
-        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED, False).to(q_block.dtype)
+        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
         if DERIVE_K:
-            key_block = v_block
-            if SEPARATE_KEY_TILE:
-                key_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED,
-                                      True).to(q_block.dtype)
-            scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, key_block, v_base, block, slot, k_pos,
-                                         k_ok, cos, sin, stride_vb, stride_vs, stride_rope, rot_rows, stride_rt,
-                                         MASKED, HEAD_DIM // 2, ROT, ROT_P, PRE_ROTATED, DOT_PRECISION)
+            scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
+                                         k_ok, cos, sin, stride_vb, stride_vs, stride_rope, MASKED,
+                                         HEAD_DIM // 2, ROT, ROT_P, DOT_PRECISION)
         else:
-            k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED, False).to(q_block.dtype)
-            scores = tl.dot(q_block, tl.trans(k_block), input_precision=DOT_PRECISION)
+            if KEYS_BUILT:
+                k_block = _built_key_rows(built_rows, k_pos, stride_bk, dims, k_ok, MASKED)
+            else:
+                k_block = _key_rows(k_base, block, slot, stride_kb, stride_ks, dims, k_ok, MASKED)
+            scores = tl.dot(q_block, tl.trans(k_block.to(q_block.dtype)), input_precision=DOT_PRECISION)
         scores = scores * scale_log2
         if MASKED:
             visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
@@ -196,15 +195,15 @@ def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, RO
 
 @triton.jit
 def _attention_kernel(
-        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, rot_keys,
-        rot_row_starts,
+        q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, built_keys,
+        built_row_starts,
         scale_log2, window, num_seqs, num_heads, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope, stride_rt,
+        stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope, stride_bk,
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
-        ROT: tl.constexpr, ROT_P: tl.constexpr, PRE_ROTATED: tl.constexpr, SEPARATE_KEY_TILE: tl.constexpr):
+        ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr):
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -261,29 +260,29 @@ def _attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table_row = block_table + seq * stride_bt
-    rot_rows = rot_keys
-    if PRE_ROTATED:
-        rot_rows = rot_keys + tl.load(rot_row_starts + seq).to(tl.int64) * stride_rt + kv_head * (2 * ROT_P)
+    built_rows = built_keys
+    if KEYS_BUILT:
+        built_rows = built_keys + tl.load(built_row_starts + seq).to(tl.int64) * stride_bk + kv_head * HEAD_DIM
     k_base = k_cache + kv_head * stride_kh
     v_base = v_cache + kv_head * stride_vh
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        rot_rows, stride_rt,
+        built_rows, stride_bk,
         True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED, SEPARATE_KEY_TILE)
+        KEYS_BUILT)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        rot_rows, stride_rt,
+        built_rows, stride_bk,
         False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED, SEPARATE_KEY_TILE)
+        KEYS_BUILT)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
         scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        rot_rows, stride_rt,
+        built_rows, stride_bk,
         True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        PRE_ROTATED, SEPARATE_KEY_TILE)
+        KEYS_BUILT)
 
     empty = l_i == 0.0
     acc = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -297,9 +296,9 @@ def _attention_kernel(
 
 
 @dataclass(frozen=True)
-class RotatedKeys:
-    """The rotated key columns of every key of a step, for one layer: keys [sum of seq_lens, kv_heads, 2 * ROT_P]
-    (the first half's rotated columns, then the second half's), sequence b's rows from row_starts[b]."""
+class BuiltKeys:
+    """K of every key of a step on a V-only layer, built once: keys [sum of seq_lens, kv_heads, head_dim],
+    sequence b's rows (by position) from row_starts[b]."""
     keys: torch.Tensor
     row_starts: torch.Tensor
 
@@ -336,7 +335,8 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
-           config: AttnConfig, k_from_v: KFromV | None = None, rotated: RotatedKeys | None = None):
+           config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None):
+    """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -357,70 +357,71 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     else:
         dest, dest_lse = out, lse
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, splits)
-    if k_from_v is None:
+    derive = k_from_v is not None and built is None
+    if derive:
+        k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
+    else:
         k_weight = cos = sin = q  # never read
         rot = 0
-    else:
-        k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
-    rot_keys, rot_row_starts = (rotated.keys, rotated.row_starts) if rotated is not None else (q, seq_lens)
+    k_cache = v_cache if k_cache is None else k_cache  # never read without a K cache
+    built_keys, built_row_starts = (built.keys, built.row_starts) if built is not None else (q, seq_lens)
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
-        query_start_loc, k_weight, cos, sin, rot_keys, rot_row_starts, scale * LOG2E, window or 0, num_seqs, num_heads, splits,
+        query_start_loc, k_weight, cos, sin, built_keys, built_row_starts, scale * LOG2E, window or 0, num_seqs,
+        num_heads, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         dest.stride(-3), dest.stride(-2), dest.stride(0) if splits > 1 else 0,
-        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0), cos.stride(0), rot_keys.stride(0),
+        dest_lse.stride(0) if splits > 1 else 0, block_table.stride(0), cos.stride(0), built_keys.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
-        DERIVE_K=k_from_v is not None, ROT=rot, ROT_P=rotated_width(rot), PRE_ROTATED=rotated is not None,
-        SEPARATE_KEY_TILE=config.separate_key_tile and k_from_v is not None,
+        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         split_kv.combine(part_out, part_lse, out, lse)
     return (out, lse) if return_lse else out
 
 
-ROTATED_KEYS_BLOCK = 64
+BUILD_KEYS_BLOCK = 16
 
 
-def rotated_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, row_starts: torch.Tensor,
-                 total_keys: int, max_seq_len: int, k_from_v: KFromV, dtype: torch.dtype) -> RotatedKeys:
-    """Every key's rotated columns, rebuilt once for the step instead of once per query tile."""
+def build_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, row_starts: torch.Tensor,
+               total_keys: int, max_seq_len: int, k_from_v: KFromV, dtype: torch.dtype) -> BuiltKeys:
+    """K = rope(V * w) of every key of the batch's sequences, from the V cache."""
     num_seqs, (_, block_size, num_kv_heads, head_dim) = block_table.shape[0], v_cache.shape
-    width = rotated_width(k_from_v.rotary_pairs)
-    keys = torch.empty((total_keys, num_kv_heads, 2 * width), dtype=dtype, device=v_cache.device)
-    grid = (num_seqs, triton.cdiv(max_seq_len, ROTATED_KEYS_BLOCK), num_kv_heads)
+    keys = torch.empty((total_keys, num_kv_heads, head_dim), dtype=dtype, device=v_cache.device)
     if total_keys and num_seqs:
-        run_kernel(_rotated_keys_kernel, grid, v_cache, block_table, seq_lens, row_starts, k_from_v.weight,
+        grid = (num_seqs, triton.cdiv(max_seq_len, BUILD_KEYS_BLOCK), num_kv_heads)
+        run_kernel(_build_keys_kernel, grid, v_cache, block_table, seq_lens, row_starts, k_from_v.weight,
                    k_from_v.cos, k_from_v.sin, keys, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                   block_table.stride(0), k_from_v.cos.stride(0), keys.stride(0), HALF=head_dim // 2,
-                   ROT=k_from_v.rotary_pairs, ROT_P=width, BLOCK_SIZE=block_size, BLOCK_T=ROTATED_KEYS_BLOCK,
-                   num_warps=4)
-    return RotatedKeys(keys, row_starts)
+                   block_table.stride(0), k_from_v.cos.stride(0), keys.stride(0), HEAD_DIM=head_dim,
+                   ROT=k_from_v.rotary_pairs, ROT_P=rotated_width(k_from_v.rotary_pairs), BLOCK_SIZE=block_size,
+                   BLOCK_T=BUILD_KEYS_BLOCK, num_warps=4)
+    return BuiltKeys(keys, row_starts)
 
 
-def _pre_rotated(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
-                 derived: dict | None) -> RotatedKeys | None:
-    """A prefill's query tiles would each rebuild the same keys' rotated columns (as much work as the softmax, twice
-    over, on 64-row tiles): rebuild them once, where the host knows the lengths and the rows take no more memory
-    than q (so the forward's measured peak covers them). Decode steps rebuild in the kernel: one tile per key."""
+def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
+                      derived: dict | None) -> BuiltKeys | None:
+    """A prefill's query tiles would each rebuild the same keys (twice the softmax's work per tile, measured 2x
+    slower at S = 8192, head_dim 512): build them once, where the host knows the lengths and the keys take no
+    more memory than q (so the forward's measured activation peak covers them). Decode builds in the kernel: one
+    tile per key either way."""
     if host is None or host.seq_lens is None or host.decode_only:
         return None
     total = sum(host.seq_lens)
-    width = rotated_width(k_from_v.rotary_pairs)
-    if total * v_cache.shape[2] * 2 * width > q.numel():
+    if total * v_cache.shape[2] * v_cache.shape[3] > q.numel():
         return None
-    row_starts = derived.get("rotated_key_row_starts") if derived is not None else None
+    row_starts = derived.get("built_key_row_starts") if derived is not None else None
     if row_starts is None:
         starts = [0]
         for n in host.seq_lens[:-1]:
             starts.append(starts[-1] + n)
         row_starts = torch.tensor(starts, dtype=torch.int64).to(q.device, non_blocking=True)
         if derived is not None:
-            derived["rotated_key_row_starts"] = row_starts
+            derived["built_key_row_starts"] = row_starts
     dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)
-    return rotated_keys(v_cache, block_table, seq_lens, row_starts, total, host.max_seq_len, k_from_v, dtype)
+    return build_keys(v_cache, block_table, seq_lens, row_starts, total, host.max_seq_len, k_from_v, dtype)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
@@ -428,11 +429,11 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
                     host: HostBatch | None = None, derived: dict | None = None):
     """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, the group's
-    per-step cache) let a prefill on V-only layers rebuild the keys' rotated columns once (_pre_rotated)."""
+    per-step cache) let a prefill on V-only layers build its keys once (_keys_for_prefill)."""
     group = q.shape[1] // v_cache.shape[2]
-    config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None)
-    rotated = None
-    if k_from_v is not None and window is None and config.num_splits == 1:
-        rotated = _pre_rotated(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
+    built = None
+    if k_from_v is not None and window is None:
+        built = _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
+    config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None)
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,
-                  k_from_v, rotated)
+                  k_from_v, built)
