@@ -39,8 +39,7 @@ def test_attention_at_gemma4_shapes_spills_no_vgprs(rocm_results, platform):
     shapes = {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in attention}
     assert shapes >= {(512, False, False), (256, True, False), (512, False, True), (256, True, True)}
     # k_eq_v global layers rebuild K from V: in the kernel at decode, once for the step (then read) at prefill
-    derived = {(r.constexprs["HEAD_DIM"], r.constexprs["SPLIT_KV"]) for r in attention if r.constexprs["DERIVE_K"]}
-    assert derived == {(512, False), (512, True)}
+    assert {r.constexprs["HEAD_DIM"] for r in attention if r.constexprs["DERIVE_K"]} == {512}
     assert {r.constexprs["HEAD_DIM"] for r in attention if r.constexprs["KEYS_BUILT"]} == {512}
     spilled = [f"{r.describe()}: {r.stats}" for r in attention if r.stats["spills"]]
     assert not spilled, "\n".join(spilled)
