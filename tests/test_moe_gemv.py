@@ -60,3 +60,11 @@ def test_mxfp4_k_tiles_must_divide_the_padding():
     with pytest.raises(ValueError, match="block_k 48"):
         gemv_experts(torch.randn(1, 64, device=DEVICE), padded(gate_up, gate_up_scale, False),
                      padded(down, down_scale, False), weights, ids, True, config=odd)
+
+
+def test_no_pairs_give_an_empty_output():
+    gate_up, down = random_experts(4, 64, 32, seed=13)
+    ids = torch.empty(0, 2, dtype=torch.int64, device=DEVICE)
+    out = gemv_experts(torch.empty(0, 64, device=DEVICE), ExpertWeights(gate_up), ExpertWeights(down),
+                       torch.empty(0, 2, device=DEVICE), ids, quantize_x=False)
+    assert out.shape == (0, 64)

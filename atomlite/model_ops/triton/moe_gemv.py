@@ -150,6 +150,8 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
     quantize-dequantized (dynamic MXFP4 activations) as the kernels read them."""
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
+    if num_pairs == 0:
+        return torch.empty_like(x)
     config = config or (MXFP4 if gate_up.mxfp4 else BF16)
     for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
         if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK):
