@@ -4,9 +4,9 @@ With few pairs the experts rarely repeat, so grouping pairs by expert saves no w
 sorts, and tiles of block_m rows that hold one pair each. Here a program takes one pair and a block of output
 features straight from topk_ids: gate_up reads the pair's token row and writes gelu_tanh(gate) * up in fp32; down
 reads that row and weights its result by the pair's routing weight (with dynamic MXFP4 activations each kernel
-quantizes the row it reads, per 32-column block, in registers);
-moe_gemm's slot sum adds each token's rows in slot order (deterministic). Products are fp32 multiply-adds over
-[BLOCK_N, BLOCK_K] tiles (one row is no matrix product), and the next weight tile is loaded while this one is used.
+quantizes the row it reads, per 32-column block, in registers); the slot sum (moe_common) adds each token's rows in
+slot order (deterministic). Products are fp32 multiply-adds over [BLOCK_N, BLOCK_K] tiles (one row is no matrix
+product), and the next weight tile is loaded while this one is used.
 """
 from dataclasses import dataclass
 
