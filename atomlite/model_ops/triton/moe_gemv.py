@@ -170,6 +170,6 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
     t = config.down
     run_kernel(_down_gemv_kernel, (num_pairs, triton.cdiv(hidden, t.block_n)), inner, down.weight, down.scale, ids,
                weights, pair_out, inner_size, hidden, inner.stride(0), *down.strides(), pair_out.stride(0),
-               QUANTIZE_IN=quantize_x, EVEN_K=inner_size % t.block_k == 0, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps,
-               **_modes(x, down))
+               QUANTIZE_IN=quantize_x, EVEN_K=inner_size % t.block_k == 0, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+               num_warps=t.num_warps, **_modes(x, down))
     return sum_slots(pair_out, tokens, top_k, x.dtype)
