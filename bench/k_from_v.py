@@ -36,8 +36,10 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
     v_only = lambda: tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule)  # noqa: E731
     # as the engine calls it: the step's lengths on the host; a prefill then builds its keys once
     host, derived = HostBatch.of(starts.tolist(), seq_lens.tolist()), {}
-    v_engine = lambda: tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule,  # noqa: E731
-                                           host=host, derived=derived)
+    def v_engine():
+        return tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule, host=host,
+                                   derived=derived)
+
     upcast = [a.float() if a.is_floating_point() else a for a in (q, v_cache)]
     ref = torch_ref.paged_attention(upcast[0], None, upcast[1], table, seq_lens, starts, scale,
                                     k_from_v=KFromV(rule.weight.float(), rule.cos, rule.sin, rule.rotary_pairs))
@@ -49,9 +51,10 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
           f"{ms_both / ms_engine:.2f}x{'' if ok else '  (CHECK FAILED)'}", flush=True)
     lengths = seq_lens.tolist()
     row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=q.device)
-    built = lambda: tri_attention.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths),  # noqa: E731
-                                             rule, q.dtype)
-    print(f"  building the keys alone: {median_ms(built):.3f} ms", flush=True)
+    def build():
+        return tri_attention.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule,
+                                        q.dtype)
+    print(f"  building the keys alone: {median_ms(build):.3f} ms", flush=True)
 
 
 def main():
