@@ -50,7 +50,7 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
           f"with the host's lengths (as the engine runs it) {ms_engine:.3f} ms, K+V / V only = "
           f"{ms_both / ms_engine:.2f}x{'' if ok else '  (CHECK FAILED)'}", flush=True)
     lengths = seq_lens.tolist()
-    row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=q.device)
+    row_starts = tri_attention.key_row_starts(lengths, q.device)
     def build():
         return tri_attention.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule,
                                         q.dtype)

@@ -111,7 +111,7 @@ def test_built_keys_equal_the_reference_keys_and_serve_a_split_kv_launch():
                                                          None, DEVICE, seed=6)
     rule = key_rule(64, 0.25, DEVICE)
     lengths = seq_lens.tolist()
-    row_starts = torch.tensor([sum(lengths[:i]) for i in range(len(lengths))], device=DEVICE)
+    row_starts = tri.key_row_starts(lengths, DEVICE)
     built = tri.build_keys(v_cache, table, seq_lens, row_starts, sum(lengths), max(lengths), rule, torch.float32)
     for b, n in enumerate(lengths):
         blocks = table[b, :-(-n // 16)].long()

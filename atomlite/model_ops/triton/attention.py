@@ -7,6 +7,7 @@ with Lq queries and Lk keys sits at position Lk - Lq + i. With a window, tiles w
 skipped and rows of blocks before it are never loaded (their block-table entries may point to a null block).
 With SPLIT_KV the key range is cut into splits whose partial results split_kv.combine merges.
 """
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -401,6 +402,11 @@ def build_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch
     return BuiltKeys(keys, row_starts)
 
 
+def key_row_starts(seq_lens: list[int], device: torch.device) -> torch.Tensor:
+    """Where each sequence's rows start in build_keys' output: the lengths' exclusive prefix sums."""
+    return torch.tensor([0, *itertools.accumulate(seq_lens[:-1])], dtype=torch.int64).to(device, non_blocking=True)
+
+
 def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
                       derived: dict | None) -> BuiltKeys | None:
     """A prefill's query tiles would each rebuild the same keys (twice the softmax's work per tile, measured 2x
@@ -414,10 +420,7 @@ def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host:
         return None
     row_starts = derived.get("built_key_row_starts") if derived is not None else None
     if row_starts is None:
-        starts = [0]
-        for n in host.seq_lens[:-1]:
-            starts.append(starts[-1] + n)
-        row_starts = torch.tensor(starts, dtype=torch.int64).to(q.device, non_blocking=True)
+        row_starts = key_row_starts(host.seq_lens, q.device)
         if derived is not None:
             derived["built_key_row_starts"] = row_starts
     dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.common import run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile, _expansion_mode
 from atomlite.quant import mxfp4
 
 
@@ -137,11 +137,9 @@ def _down_gemv_kernel(inner, w, w_scale, topk_ids, topk_weights, pair_out, K, N,
 
 
 def _modes(x: torch.Tensor, weights: ExpertWeights) -> dict:
-    """FP32: values in fp32 for fp32 inputs and under the interpreter; PTX: NVIDIA's expansion of MXFP4 weights
-    whose scales all take the fast path (as mxfp4_gemm)."""
-    fp32 = x.dtype == torch.float32 or interpreting()
-    ptx = weights.mxfp4 and not fp32 and not weights.wide_scales and platform_of(x.device).kind == "cuda"
-    return dict(MXFP4=weights.mxfp4, FP32=fp32, WIDE_SCALES=weights.wide_scales, PTX=ptx)
+    """The weights' expansion flags, as mxfp4_gemm picks them (PTX only means something for MXFP4 weights)."""
+    fp32, ptx = _expansion_mode(x, weights.wide_scales)
+    return dict(MXFP4=weights.mxfp4, FP32=fp32, WIDE_SCALES=weights.wide_scales, PTX=ptx and weights.mxfp4)
 
 
 def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
