@@ -1,7 +1,7 @@
 """Train the bundled demo model: a tiny Gemma 4 (sliding + global layers with different head dims, k_eq_v on
 the global ones, a window shorter than a few-shot prompt) on synthetic arithmetic in gsm8k and MMLU formats.
 
-    python -m atomlite.demo.train --device cuda --max-seconds 540 [--out atomlite/demo/model]
+    python -m atomlite.demo.train --device cuda --max-seconds 480 [--out atomlite/demo/model]
 
 The defaults are the recipe of the committed weights: 5000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
 the step compiled with torch.compile (eager if compiling fails). Seeded: each step's batch depends only on the
