@@ -233,6 +233,7 @@ def train(args, start: float) -> None:
             since, tokens = report(step, loss, tokens, since, start), 0
         if probes and step % args.probe_every == args.probe_every - 1:
             print_probe(f"step {step:5d}", probe(model, probes, args.device))
+            since, tokens = time.monotonic(), 0  # tokens/s counts training steps only
         if out_of_time:
             print(f"STOPPED EARLY after step {step} of {args.steps}: --max-seconds {args.max_seconds:g} reached; "
                   f"saving the model as it is", flush=True)
