@@ -61,14 +61,17 @@ def test_server_scores_each_sample_like_transformers(tmp_path, job_name, metric,
     assert len(differing) <= 1, differing
 
 
-def test_gate_fails_on_a_perturbed_checkpoint(tmp_path):
+@pytest.mark.parametrize("job_name", ["demo-gsm8k", "demo-mmlu"])
+def test_gate_fails_on_a_perturbed_checkpoint(tmp_path, job_name):
     broken = shutil.copytree(demo_model_dir(), tmp_path / "broken")
     tensors = load_file(broken / "model.safetensors")
     g = torch.Generator().manual_seed(0)
     for name in [n for n in tensors if n.startswith("model.layers.2.mlp.")]:
-        tensors[name] = tensors[name] + torch.randn(tensors[name].shape, generator=g) * tensors[name].std() * 2
+        weight = tensors[name].float()
+        noise = torch.randn(weight.shape, generator=g) * weight.std() * 2
+        tensors[name] = (weight + noise).to(tensors[name].dtype)
     save_file(tensors, broken / "model.safetensors")
-    run = subprocess.run([sys.executable, "-m", "atomlite.cli", "eval", "demo-gsm8k", "--model", str(broken),
+    run = subprocess.run([sys.executable, "-m", "atomlite.cli", "eval", job_name, "--model", str(broken),
                           "--limit", "40", "--report-dir", str(tmp_path / "report")], capture_output=True, text=True)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     result = json.loads((tmp_path / "report" / "results.json").read_text())[0]

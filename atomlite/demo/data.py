@@ -58,8 +58,17 @@ def _expression(rng):
     return f"What is {a} - {b}?", [], a - b
 
 
-def mmlu_doc(rng: random.Random) -> dict:
-    question, _, result = rng.choice([_expression, _expression, _add, _sub])(rng)
+def _lookup(rng):
+    result = rng.randint(0, 2 * MAX_OPERAND)  # the range of every other question's answer
+    return f"Which choice is {result}?", [], result
+
+
+def mmlu_doc(rng: random.Random, lookup_share: float = 0.0) -> dict:
+    """lookup_share: the share of "Which choice is N?" questions (training only; the evaluation files have none)."""
+    if lookup_share and rng.random() < lookup_share:
+        question, _, result = _lookup(rng)
+    else:
+        question, _, result = rng.choice([_expression, _expression, _add, _sub])(rng)
     wrong = set()
     while len(wrong) < 3:
         candidate = result + rng.choice([-1, 1]) * rng.randint(1, 5)
@@ -83,6 +92,9 @@ def mmlu_text(doc: dict, with_answer: bool = True) -> str:
 
 
 ANSWER_WEIGHT = {"gsm8k": 3.0, "mmlu": 20.0}
+# Lookups teach matching a number to its choice line and letter apart from the arithmetic: with 30% of them, a
+# GPU run left chance level sooner and ended higher (0.875 vs 0.81 held-out letter accuracy at hidden 128).
+LOOKUP_SHARE = 0.3
 
 
 def training_episode(rng: random.Random) -> list[tuple[str, float]]:
@@ -98,7 +110,7 @@ def training_episode(rng: random.Random) -> list[tuple[str, float]]:
         return pieces
     pieces.append((MMLU_DESCRIPTION, 1.0))
     for _ in range(shots):
-        doc = mmlu_doc(rng)
+        doc = mmlu_doc(rng, LOOKUP_SHARE)
         pieces += [(mmlu_text(doc, with_answer=False), 1.0), (f" {LETTERS[doc['answer']]}", ANSWER_WEIGHT["mmlu"]),
                    ("\n\n", 1.0)]
     return pieces

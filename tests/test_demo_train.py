@@ -1,0 +1,53 @@
+"""The demo model's training recipe (atomlite/demo/train.py): its data, and what it saves. Nothing here trains."""
+import json
+
+import torch
+from safetensors import safe_open
+from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+from atomlite import LLM, SamplingParams
+from atomlite.accuracy.catalog import REPO_CI
+from atomlite.demo.data import write_eval_files
+from atomlite.demo.tokenizer import build_char_tokenizer
+from atomlite.demo.train import (CONFIG, MAX_WEIGHT_BYTES, TrainingBatches, char_ids, encode, save, storage_dtype,
+                                 training_batch)
+
+
+def test_eval_files_are_what_the_generator_writes(tmp_path):
+    """The training mix may change; the evaluation files (and so the recorded baselines) must not."""
+    write_eval_files(tmp_path)
+    for split in (REPO_CI / "data").glob("*.jsonl"):
+        assert (tmp_path / split.name).read_text() == split.read_text(), split.name
+
+
+def test_char_table_encodes_like_the_tokenizer():
+    tokenizer = build_char_tokenizer()
+    table = char_ids(tokenizer)
+    ids, _ = training_batch(table, seed=0, step=3, batch_size=2, seq_len=256)
+    text = tokenizer.decode(ids.flatten().tolist())
+    assert encode(table, text) == tokenizer.encode(text, add_special_tokens=False) == ids.flatten().tolist()
+
+
+def test_batches_are_the_same_for_any_number_of_data_workers():
+    dataset = TrainingBatches(char_ids(build_char_tokenizer()), seed=0, steps=5, batch_size=2, seq_len=64)
+    alone = list(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0))
+    shared = list(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2))
+    assert len(alone) == len(shared) == 5
+    for (ids, weights), (ids2, weights2) in zip(alone, shared):
+        assert torch.equal(ids, ids2) and torch.equal(weights, weights2)
+    assert not torch.equal(alone[0][0], alone[1][0])
+
+
+def test_saved_recipe_model_fits_the_size_limit_and_serves_in_float32(tmp_path):
+    torch.manual_seed(0)
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**CONFIG)).float()
+    dtype = storage_dtype(model)
+    save(model, build_char_tokenizer(), tmp_path, dtype)
+    assert (tmp_path / "model.safetensors").stat().st_size <= MAX_WEIGHT_BYTES
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "float32"
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert {f.get_tensor(name).dtype for name in f.keys()} == {dtype}
+    llm = LLM(model=str(tmp_path), max_model_len=256)
+    assert llm.engine.config.torch_dtype == torch.float32
+    out = llm.generate(["Question: 1 + 1?\nAnswer:"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
