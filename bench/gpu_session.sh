@@ -2,6 +2,8 @@
 # One device call: run each named stage in order over the machine's torch/triton (atomlite from PYTHONPATH), each
 # one's output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
 #   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
+# On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
+#   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 OUT=${OUT:-/tmp/atomlite-gpu}; mkdir -p "$OUT"
@@ -22,7 +24,7 @@ stage() {
         moe-sweep) python bench/moe_layer.py --sweep ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
                        tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
-        tests-graphs) python -m pytest -q -m gpu tests/test_decode_graphs.py ;;
+        tests-graphs) python -m pytest -q -n 4 -m gpu tests/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
         tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
@@ -31,6 +33,8 @@ stage() {
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
         26b) latency gemma-4-26B-A4B-it ;;
+        train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" --out /tmp/demo \
+                        && tar -C /tmp -cf "$OUT/demo.tar" demo ;;  # one file back instead of six
         26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;
         *) echo "unknown stage $1"; return 2 ;;
     esac
