@@ -107,13 +107,18 @@ def test_static_decode_buffers_after_prefix_hits(checkpoints, variant):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 
 
+def _on_gpu(**settings) -> dict:
+    """A fixed KV cache instead of a share of the GPU, so these tests can run side by side (pytest -n)."""
+    return dict(dtype="float32", device="cuda", **{"kv_cache_memory": 256 * 2**20, **settings})
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("setting", ["batched", "preemption"])
 @pytest.mark.parametrize("count", BATCH_SIZES)
 def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
     path, _ = checkpoints.get("dense")
-    args = dict(dtype="float32", device="cuda", **ENGINE_SETTINGS[setting])
+    args = _on_gpu(**ENGINE_SETTINGS[setting])
     eager = _eager_with_logprobs(LLM(str(path), enforce_eager=True, **args), count)
     llm = LLM(str(path), max_graph_batch=24, **args)
     graphs = llm.engine.runner.graphs
@@ -134,7 +139,7 @@ def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
 def test_graph_replay_gives_eager_tokens_on_a_narrow_kv_cache(checkpoints, kv_cache_dtype):
     """fp8 / bf16 caches under a float32 model, V alone on the k_eq_v global layers: replay reads what eager reads."""
     path, _ = checkpoints.get("dense")
-    args = dict(dtype="float32", device="cuda", kv_cache_dtype=kv_cache_dtype)
+    args = _on_gpu(kv_cache_dtype=kv_cache_dtype)
     eager = _eager_with_logprobs(LLM(str(path), enforce_eager=True, **args), 5)
     llm = LLM(str(path), max_graph_batch=8, **args)
     graphs = llm.engine.runner.graphs
@@ -150,7 +155,7 @@ def test_graph_replay_after_prefix_hits(checkpoints, variant):
     path, _ = checkpoints.get(variant)
     prefix = random_prompt(32, seed=5)
     prompts = [prefix + random_prompt(3 + i, seed=20 + i) for i in range(5)]
-    args = dict(dtype="float32", device="cuda", block_size=8)
+    args = _on_gpu(block_size=8)
     expected = LLM(str(path), enforce_eager=True, **args).generate(prompts, greedy(12))
     llm = LLM(str(path), **args)
     llm.generate([prefix + [7]], greedy(1))
@@ -164,7 +169,7 @@ def test_graph_replay_after_prefix_hits(checkpoints, variant):
 def test_moe_model_graph_replay_gives_eager_tokens(checkpoints):
     """The fused MoE kernels (routing included) replay from graphs: batches of 5 pad to 8 rows."""
     path, _ = checkpoints.get("moe")
-    args = dict(dtype="float32", device="cuda")
+    args = _on_gpu()
     expected = _generate(LLM(str(path), enforce_eager=True, **args), 5)
     llm = LLM(str(path), max_graph_batch=8, **args)
     graphs = llm.engine.runner.graphs
@@ -179,6 +184,6 @@ def test_moe_model_graph_replay_gives_eager_tokens(checkpoints):
 @gpu
 def test_moe_model_on_the_torch_experts_says_it_decodes_eager(checkpoints):
     path, _ = checkpoints.get("moe")
-    llm = LLM(str(path), dtype="float32", device="cuda", kernel_backend="torch")
+    llm = LLM(str(path), kernel_backend="torch", **_on_gpu())
     assert llm.engine.runner.graphs is None
     assert "cannot be captured" in llm.engine.graph_note
