@@ -33,7 +33,7 @@ stage() {
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
         26b) latency gemma-4-26B-A4B-it ;;
-        train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" --out /tmp/demo \
+        train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" ${TRAIN_ARGS:-} --out /tmp/demo \
                         && tar -C /tmp -cf "$OUT/demo.tar" demo ;;  # one file back instead of six
         26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;
         *) echo "unknown stage $1"; return 2 ;;
