@@ -1,9 +1,9 @@
 """Train the bundled demo model: a tiny Gemma 4 (sliding + global layers with different head dims, k_eq_v on
 the global ones, a window shorter than a few-shot prompt) on synthetic arithmetic in gsm8k and MMLU formats.
 
-    python -m atomlite.demo.train --device cuda --max-seconds 480 [--out atomlite/demo/model]
+    python -m atomlite.demo.train --device cuda [--max-seconds 480] [--out atomlite/demo/model]
 
-The defaults are the recipe of the committed weights: 5000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
+The defaults are the recipe of the committed weights: 12000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
 the step compiled with torch.compile (eager if compiling fails). Seeded: each step's batch depends only on the
 seed and the step number, so the data is the same on every machine and for any number of data workers.
 `--device cpu` works too (a C++ compiler is needed for torch.compile), at CPU speed: pass fewer `--steps` and a
@@ -251,7 +251,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=DEMO_DIR)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=12000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-3)
