@@ -66,9 +66,11 @@ def test_gate_fails_on_a_perturbed_checkpoint(tmp_path, job_name):
     broken = shutil.copytree(demo_model_dir(), tmp_path / "broken")
     tensors = load_file(broken / "model.safetensors")
     g = torch.Generator().manual_seed(0)
-    for name in [n for n in tensors if n.startswith("model.layers.2.mlp.")]:
+    # The first layer's MLP with noise of 5x its weights' spread: the trained model shrugs off 2x, or any noise on a
+    # later layer's MLP, on the MMLU-style task (held-out probes: layer 0 at 5x scores 0.0 gsm8k, 0.69 MMLU)
+    for name in [n for n in tensors if n.startswith("model.layers.0.mlp.")]:
         weight = tensors[name].float()
-        noise = torch.randn(weight.shape, generator=g) * weight.std() * 2
+        noise = torch.randn(weight.shape, generator=g) * weight.std() * 5
         tensors[name] = (weight + noise).to(tensors[name].dtype)
     save_file(tensors, broken / "model.safetensors")
     run = subprocess.run([sys.executable, "-m", "atomlite.cli", "eval", job_name, "--model", str(broken),

@@ -136,20 +136,25 @@ def run_adapters(window=8):
 
 
 def run_fp8_cache_adapters(b: Batch):
-    """--kv-cache-dtype fp8: writes quantize, decode reads fp8, prefill widens the gathered keys."""
+    """--kv-cache-dtype fp8, at unit scales and at a checkpoint's (K 0.5, V 4): writes quantize, decode reads fp8,
+    prefill widens the gathered keys."""
     fp8 = torch.float8_e4m3fn
-    k_cache, v_cache = to_cache_dtype(b.k_cache, fp8), to_cache_dtype(b.v_cache, fp8)
     results = []
-    for counts, lens in (([7, 5, 1], [27, 5, 40]), ([1, 1, 1], [30, 17, 5])):
-        args = (b.queries(counts), k_cache, v_cache, b.block_table[:3], torch.tensor(lens, dtype=torch.int32),
-                Batch.starts(counts), 0.125, None)
-        results.append((f"fp8 attention {counts}", backend.paged_attention(*args), torch_ref.paged_attention(*args)))
-    k_new, v_new = b.queries([6])[:, :2], b.queries([6])[:, :2]
-    slots = torch.tensor([3, -1, 17, 40, -1, 100])
-    got_k, got_v, want_k, want_v = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
-    backend.write_kv(k_new, v_new, got_k, got_v, slots)
-    torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
-    return results + [("fp8 write_kv k", got_k, want_k), ("fp8 write_kv v", got_v, want_v)]
+    for scales in ((1.0, 1.0), (0.5, 4.0)):
+        k_cache, v_cache = to_cache_dtype(b.k_cache, fp8, scales[0]), to_cache_dtype(b.v_cache, fp8, scales[1])
+        for counts, lens in (([7, 5, 1], [27, 5, 40]), ([1, 1, 1], [30, 17, 5])):
+            args = (b.queries(counts), k_cache, v_cache, b.block_table[:3], torch.tensor(lens, dtype=torch.int32),
+                    Batch.starts(counts), 0.125, None)
+            got, want = (op(*args, kv_scales=scales) for op in (backend.paged_attention, torch_ref.paged_attention))
+            results.append((f"fp8 attention {counts} scales {scales}", got, want))
+        k_new, v_new = b.queries([6])[:, :2], b.queries([6])[:, :2]
+        slots = torch.tensor([3, -1, 17, 40, -1, 100])
+        got_k, got_v, want_k, want_v = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
+        backend.write_kv(k_new, v_new, got_k, got_v, slots, kv_scales=scales)
+        torch_ref.write_kv(k_new, v_new, want_k, want_v, slots, kv_scales=scales)
+        results += [(f"fp8 write_kv k scales {scales}", got_k, want_k),
+                    (f"fp8 write_kv v scales {scales}", got_v, want_v)]
+    return results
 
 
 def run_norm_act_adapters():

@@ -1,3 +1,5 @@
+import math
+
 import torch
 from torch import nn
 
@@ -5,6 +7,7 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext, GroupBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 
 
 class Attention(nn.Module):
@@ -14,6 +17,8 @@ class Attention(nn.Module):
     (KV sharing) is bound to that layer's cache with writes_kv=False and is called with k = v = None.
     With key_rope (the layer's RotaryEmbedding), K is a function of V (K = rope(V * w_k), see k_from_v): the layer
     stores V alone and the attention kernel rebuilds each key from the rope's tables; its KV spec says k_from_v.
+    kv_scales: the (K, V) scales an fp8 cache stores this layer's keys and values with (x / scale), from the
+    checkpoint when it has them (set_kv_scales); a 16-bit cache ignores them.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
@@ -30,6 +35,12 @@ class Attention(nn.Module):
         self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
         self.k_cache = self.v_cache = None
         self.group_id: int | None = None
+        self.kv_scales = UNIT_SCALES
+
+    def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
+        if not all(math.isfinite(s) and s > 0 for s in (k_scale, v_scale)):
+            raise ValueError(f"KV cache scales must be finite and positive, got K {k_scale}, V {v_scale}")
+        self.kv_scales = (float(k_scale), float(v_scale))
 
     def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, group_id: int) -> None:
         self.k_cache, self.v_cache, self.group_id = k_cache, v_cache, group_id
@@ -40,7 +51,7 @@ class Attention(nn.Module):
         if self.key_rope is not None:
             raise NotImplementedError("a layer that derives K from V attends through forward_raw (it needs w_k)")
         if k is not None:
-            self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping)
+            self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping, self.kv_scales)
         return self._attention(q, ctx, group)
 
     def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
@@ -49,12 +60,12 @@ class Attention(nn.Module):
         """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention."""
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
-        q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches)
+        q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales)
         return self._attention(q, ctx, group, k_weight)
 
     def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch,
                    k_weight: torch.Tensor | None = None) -> torch.Tensor:
-        extra = dict(host=ctx.host, derived=group.derived)
+        extra = dict(host=ctx.host, derived=group.derived, kv_scales=self.kv_scales)
         if self.key_rope is not None:
             rope = self.key_rope  # its tables are read here, so they follow the module wherever it moves
             extra["k_from_v"] = KFromV(k_weight, rope.cos_table, rope.sin_table, self.rotary_pairs)

@@ -15,15 +15,17 @@ from atomlite.model_ops import torch_ref
 from atomlite.model_ops.aiter import detect, functions as F
 from atomlite.model_ops.aiter.gather import GatherPlan, step_gather
 from atomlite.model_ops.context import HostBatch
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PARTITION_SIZE = 256
 
 
 @cache
-def unit_scale(device: torch.device) -> torch.Tensor:
-    """k_scale / v_scale: the kernels always take them (a bf16 cache ignores them; atomlite's fp8 caches use 1)."""
-    return torch.ones(1, dtype=torch.float32, device=device)
+def scale_tensor(value: float, device: torch.device) -> torch.Tensor:
+    """k_scale / v_scale as the kernels take them (a bf16 cache ignores them): one tensor per value, made at the first
+    (eager) step and reused, so graph capture never copies a scale from the host."""
+    return torch.full((1,), value, dtype=torch.float32, device=device)
 
 
 def cache_dtype_name(cache: torch.Tensor) -> str:
@@ -45,21 +47,27 @@ def flash_window(window: int | None) -> tuple[int, int]:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, host: HostBatch | None = None,
-                    derived: dict | None = None):
+                    derived: dict | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
     """torch_ref.paged_attention's contract on AITER kernels. Lengths come from `host`; without it, a prefill reads
     them back from the device."""
     if q.dtype not in HALF_DTYPES or not _reads_cache(q, k_cache):
         return torch_ref.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
-                                         window, return_lse)
+                                         window, return_lse, kv_scales=kv_scales)
+    kv_scales = cache_scales(k_cache, kv_scales)
     q = q.contiguous()  # the kernels take one row stride and assume packed heads
     decode_only = host.decode_only if host is not None else q.shape[0] == seq_lens.shape[0]
     if decode_only and not return_lse:
-        return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host)
+        return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host, kv_scales)
     host = host or HostBatch.of(query_start_loc.tolist(), seq_lens.tolist())
     plan = step_gather(host, seq_lens, block_table, k_cache.shape[1], window, derived)
-    # flash_attn_varlen_func takes bf16/fp16: an fp8 cache's keys are widened as they are gathered (unit scales)
+    # flash_attn_varlen_func takes bf16/fp16: an fp8 cache's keys are widened as they are gathered; K's scale
+    # multiplies the softmax scale and V's the output (1 for a 16-bit cache)
     k, v = plan.gather(k_cache).to(q.dtype), plan.gather(v_cache).to(q.dtype)
-    return _prefill(q, k, v, plan, query_start_loc, host.max_query_len, scale, window, return_lse)
+    k_scale, v_scale = kv_scales
+    result = _prefill(q, k, v, plan, query_start_loc, host.max_query_len, scale * k_scale, window, return_lse)
+    if v_scale == 1.0:
+        return result
+    return (result[0] * v_scale, result[1]) if return_lse else result * v_scale
 
 
 def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_size: int, max_len: int,
@@ -69,7 +77,8 @@ def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_si
     return num_seqs * num_heads * parts * (head_dim * elem_size + 2 * 4)
 
 
-def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host: HostBatch | None):
+def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host: HostBatch | None,
+            kv_scales: tuple[float, float]):
     num_seqs, num_heads, head_dim = q.shape
     # The table's capacity bounds every context without reading seq_lens back (graph capture stays possible).
     max_len = block_table.shape[1] * k_cache.shape[1]
@@ -79,12 +88,12 @@ def _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host: Hos
     workspace = torch.empty(decode_workspace_bytes(num_seqs, num_heads, head_dim, q.element_size(), max_len,
                                                    partition), dtype=torch.uint8, device=q.device)
     out = torch.empty_like(q)
-    one = unit_scale(q.device)
+    k_scale, v_scale = (scale_tensor(s, q.device) for s in kv_scales)
     detect.call(F.PAGED_DECODE, out=out, workspace_buffer=workspace, query=q, key_cache=k_cache,
                 value_cache=v_cache, scale=scale, block_tables=block_table, cu_query_lens=None,
                 context_lens=seq_lens, max_context_len=max_len, alibi_slopes=None,
                 kv_cache_dtype=cache_dtype_name(k_cache),
-                kv_cache_layout="NHD", logits_soft_cap=0.0, k_scale=one, v_scale=one, partition_size=partition,
+                kv_cache_layout="NHD", logits_soft_cap=0.0, k_scale=k_scale, v_scale=v_scale, partition_size=partition,
                 sliding_window=window or 0)
     return out
 
@@ -100,12 +109,12 @@ def _prefill(q, k, v, plan: GatherPlan, query_start_loc, max_query_len: int, sca
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, kv_scales: tuple[float, float] = UNIT_SCALES) -> None:
     """torch_ref.write_kv's contract on reshape_and_cache_flash (NHD cache; slots < 0 are skipped). An fp8 cache
-    takes bf16/fp16 rows and quantizes them itself (unit scales)."""
+    takes bf16/fp16 rows and quantizes them itself, dividing by its scales."""
     fp8 = cache_dtype_name(k_cache) == "fp8"
     if not fp8:
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-    one = unit_scale(k.device)
+    k_scale, v_scale = (scale_tensor(s, k.device) for s in cache_scales(k_cache, kv_scales))
     detect.call(F.WRITE_KV_NHD, key=k.contiguous(), value=v.contiguous(), key_cache=k_cache, value_cache=v_cache,
-                slot_mapping=slot_mapping, kv_cache_dtype=cache_dtype_name(k_cache), k_scale=one, v_scale=one)
+                slot_mapping=slot_mapping, kv_cache_dtype=cache_dtype_name(k_cache), k_scale=k_scale, v_scale=v_scale)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
 
@@ -47,10 +48,16 @@ def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV,
     return apply_rope(x, k_from_v.cos[positions], k_from_v.sin[positions]).to(dtype or v.dtype)
 
 
+def _widen(cached: torch.Tensor, scale: float) -> torch.Tensor:
+    """Cache rows as the values they stand for: an fp8 cache's times its scale (in fp32)."""
+    return cached.float() * scale if cached.element_size() == 1 and scale != 1.0 else cached
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
-                    host: HostBatch | None = None, derived: dict | None = None):
+                    host: HostBatch | None = None, derived: dict | None = None,
+                    kv_scales: tuple[float, float] = UNIT_SCALES):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
@@ -58,7 +65,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
     host: the same lengths on the host, when the caller has them; derived: where a backend may keep what it derives
     from this step's batch for this KV group (GroupBatch.derived). The reference needs neither.
+    kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
     """
+    k_scale, v_scale = kv_scales
     block_size = v_cache.shape[1]
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
@@ -71,9 +80,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
         first_block = first_needed // block_size
         blocks = block_table[b, first_block:(num_k + block_size - 1) // block_size].long()
         k_offset = first_block * block_size
-        v_b = v_cache[blocks].flatten(0, 1)[:num_k - k_offset]
-        if k_from_v is None:
-            k_b = k_cache[blocks].flatten(0, 1)[:num_k - k_offset].to(q.dtype)  # an fp8 cache computes in q's
+        v_b = _widen(v_cache[blocks].flatten(0, 1)[:num_k - k_offset], v_scale)
+        if k_from_v is None:  # an fp8 cache computes in q's dtype
+            k_b = _widen(k_cache[blocks].flatten(0, 1)[:num_k - k_offset], k_scale).to(q.dtype)
         else:
             k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v, q.dtype)
         v_b = v_b.to(q.dtype)

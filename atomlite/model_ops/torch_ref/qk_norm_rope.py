@@ -1,6 +1,6 @@
 import torch
 
-from atomlite.model_ops.torch_ref.kv_write import write_kv
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, write_kv
 from atomlite.model_ops.torch_ref.norm import rms_norm
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
@@ -8,15 +8,15 @@ from atomlite.model_ops.torch_ref.rope import apply_rope
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,
                  k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None):
+                 slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
     """q, k, v [T, H, D] raw projections -> (rope(norm(q) w_q), rope(norm(k) w_k), norm(v)). With caches, k and v
     are stored at slot_mapping (slots < 0 skipped) and returned as None (v alone when k_cache is None: a layer that
-    derives K from V); k = v = None (a KV-sharing layer) gives q alone."""
+    derives K from V); k = v = None (a KV-sharing layer) gives q alone. kv_scales: as write_kv's."""
     q = apply_rope(rms_norm(q, q_weight, eps), cos, sin)
     if k is None:
         return q, None, None
     k, v = apply_rope(rms_norm(k, k_weight, eps), cos, sin), rms_norm(v, None, eps)
     if v_cache is None:
         return q, k, v
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q, None, None

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
 from atomlite.model_ops.triton import split_kv
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 
@@ -198,7 +199,7 @@ def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, RO
 def _attention_kernel(
         q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, built_keys,
         built_row_starts,
-        scale_log2, window, num_seqs, num_heads, num_splits,
+        scale_log2, v_scale, window, num_seqs, num_heads, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope, stride_bk,
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -286,7 +287,7 @@ def _attention_kernel(
         KEYS_BUILT)
 
     empty = l_i == 0.0
-    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    acc = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]  # an fp8 cache's V scale
     token = q_start + q_local
     out_ptrs = out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
     tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=row_ok[:, None])
@@ -336,8 +337,9 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
-           config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None):
-    """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them)."""
+           config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None, v_scale: float = 1.0):
+    """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them).
+    scale: the softmax scale times the K cache's scale; v_scale: the V cache's (outputs are multiplied by it)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -368,7 +370,8 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     built_keys, built_row_starts = (built.keys, built.row_starts) if built is not None else (q, seq_lens)
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
-        query_start_loc, k_weight, cos, sin, built_keys, built_row_starts, scale * LOG2E, window or 0, num_seqs,
+        query_start_loc, k_weight, cos, sin, built_keys, built_row_starts, scale * LOG2E, v_scale, window or 0,
+        num_seqs,
         num_heads, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -430,7 +433,8 @@ def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
-                    host: HostBatch | None = None, derived: dict | None = None):
+                    host: HostBatch | None = None, derived: dict | None = None,
+                    kv_scales: tuple[float, float] = UNIT_SCALES):
     """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, the group's
     per-step cache) let a prefill on V-only layers build its keys once (_keys_for_prefill)."""
     group = q.shape[1] // v_cache.shape[2]
@@ -438,5 +442,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     if k_from_v is not None and window is None:
         built = _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
     config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None)
-    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse, config,
-                  k_from_v, built)
+    k_scale, v_scale = cache_scales(v_cache, kv_scales)
+    key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
+    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,
+                  config, k_from_v, built, v_scale)

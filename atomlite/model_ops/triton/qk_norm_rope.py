@@ -6,12 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 from atomlite.model_ops.triton.common import cache_max, run_kernel
 
 
 @triton.jit
 def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, slot_mapping, eps,
-                    num_q_heads, num_kv_heads, head_dim,
+                    num_q_heads, num_kv_heads, head_dim, k_inv_scale, v_inv_scale,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
@@ -83,9 +84,10 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         tl.store(q_dst + cols, x1.to(q_out.dtype.element_ty), mask=mask)
         tl.store(q_dst + HALF + cols, x2.to(q_out.dtype.element_ty), mask=mask)
     else:
-        if CACHE_MAX > 0:  # an fp8 cache saturates
-            x1 = tl.clamp(x1, -CACHE_MAX, CACHE_MAX)
-            x2 = tl.clamp(x2, -CACHE_MAX, CACHE_MAX)
+        if CACHE_MAX > 0:  # an fp8 cache holds K / k_scale and V / v_scale, and saturates
+            inv_scale = tl.where(is_v, v_inv_scale, k_inv_scale)
+            x1 = tl.clamp(x1 * inv_scale, -CACHE_MAX, CACHE_MAX)
+            x2 = tl.clamp(x2 * inv_scale, -CACHE_MAX, CACHE_MAX)
         store = mask & keep
         tl.store(kv_dst + cols, x1.to(kv_dst.dtype.element_ty), mask=store)
         tl.store(kv_dst + HALF + cols, x2.to(kv_dst.dtype.element_ty), mask=store)
@@ -94,7 +96,7 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,
                  k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None):
+                 slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
     """Same contract as torch_ref.qk_norm_rope."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = 0 if k is None else k.shape[1]
@@ -118,6 +120,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,
                    q if k_weight is None else k_weight, cos, sin,
                    slot_mapping if to_cache else q, eps, num_q_heads, num_kv_heads, head_dim,
+                   1.0 / kv_scales[0], 1.0 / kv_scales[1],
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0),
                    HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
