@@ -34,8 +34,10 @@ ENGINE_OPTIONS = [
     click.option("--max-graph-batch", type=int, default=None,
                  help="Largest decode batch captured in a graph (default: --max-num-seqs)."),
     click.option("--kv-cache-dtype", default="auto", type=click.Choice(["auto", "bfloat16", "float16", "fp8"]),
-                 show_default=True, help="What the KV cache stores: auto = --dtype; fp8 = e4m3 with unit scales "
-                                         "(e4m3fnuz on gfx942), half the bytes of bf16."),
+                 show_default=True, help="What the KV cache stores: auto = --dtype, or fp8 for a checkpoint "
+                                         "quantized for an fp8 KV cache (Quark); fp8 = e4m3 (e4m3fnuz on gfx942), "
+                                         "half the bytes of bf16, with the checkpoint's per-layer scales where "
+                                         "they describe the cache, else 1."),
 ]
 
 
@@ -102,6 +104,8 @@ def _startup_report(engine) -> list[str]:
     if engine.memory is not None:
         lines.append(engine.memory.describe())
     lines += engine.kv_plan.describe()
+    if engine.kv_scales_note:
+        lines.append(engine.kv_scales_note)
     lines.append(engine.graph_note)
     lines.append("kernels:")
     lines += [f"  {line}" for line in engine.kernels.describe()]

@@ -43,6 +43,15 @@ class ModelSpec:
         return (self.hf.get("rope_parameters") or {}).get(f"{kind}_attention") or DEFAULT_ROPE[kind]
 
     @property
+    def kv_cache_quant(self):
+        """The fp8 KV cache the checkpoint was quantized for (a Quark KVCacheQuant), or None."""
+        from atomlite.quant.quark import checkpoint_kv_cache
+        try:
+            return checkpoint_kv_cache(self.hf)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    @property
     def eos_token_ids(self) -> list[int]:
         eos = self.hf.get("eos_token_id")
         return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
@@ -192,9 +201,11 @@ class EngineConfig:
         return self.model_spec.dtype if self.dtype == "auto" else DTYPES[self.dtype]
 
     def kv_dtype(self, platform) -> torch.dtype:
-        """What the KV cache stores on platform (a model_ops Platform)."""
+        """What the KV cache stores on platform (a model_ops Platform). auto: fp8 for a checkpoint quantized for an
+        fp8 KV cache (where the platform has e4m3), else --dtype."""
         if self.kv_cache_dtype == "auto":
-            return self.torch_dtype
+            fp8 = self.model_spec.kv_cache_quant is not None and platform.has_fp8
+            return platform.fp8_dtype if fp8 else self.torch_dtype
         if self.kv_cache_dtype != "fp8":
             return DTYPES[self.kv_cache_dtype]
         if not platform.has_fp8:

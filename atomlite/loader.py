@@ -1,6 +1,7 @@
 """safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
 one at a time; names the model skips (vision/audio towers, ...) are never read. `load_dummy_weights` fills the
-same parameters with seeded random values instead (benchmarks at real shapes from config.json alone)."""
+same parameters with seeded random values instead (benchmarks at real shapes from config.json alone). KV cache
+scales (tensors the model's kv_scale_target names) are collected into model.checkpoint_kv_scales for the engine."""
 import contextlib
 import json
 from collections import defaultdict
@@ -116,13 +117,21 @@ def finish_loading(model, loaded: set[tuple[str, int | None]], source: str) -> N
             module.process_after_loading()
 
 
-def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str, int | None]]]:
+def kv_scale_of(model, name: str) -> tuple[int, str] | None:
+    """(layer, "k" or "v") for a checkpoint tensor that is a KV cache scale (the model declares which), else None."""
+    target = getattr(model, "kv_scale_target", None)
+    return target(_alias(name)) if target is not None else None
+
+
+def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str | tuple[int, str], int | None]]]:
+    """Per file, (checkpoint name, parameter name or KV scale target, shard) of every tensor the model reads."""
     by_file = defaultdict(list)
     params = dict(model.named_parameters())
     for name, file in index.items():
         resolved = resolve(model, name, params)
         if resolved is not None:
-            by_file[file].append((name, *resolved))
+            scale = kv_scale_of(model, name)
+            by_file[file].append((name, scale, None) if scale is not None else (name, *resolved))
     return by_file
 
 
@@ -131,6 +140,7 @@ def load_weights(model, model_dir: str | Path) -> None:
     params = dict(model.named_parameters())
     by_file = _wanted(model, checkpoint_index(model_dir))
     loaded = set()
+    model.checkpoint_kv_scales = {}
     total = sum(len(v) for v in by_file.values())
     with tqdm(total=total, desc="Loading weights", unit="tensor", delay=1.0) as bar:
         for file, entries in by_file.items():
@@ -138,8 +148,11 @@ def load_weights(model, model_dir: str | Path) -> None:
                 raise ConfigError(f"weight file {file} listed in the checkpoint index does not exist")
             with open_weights(file) as f:
                 for name, target, shard in entries:
-                    load_tensor(params, name, target, shard, f.get_tensor(name), f" in {file}")
-                    loaded.add((target, shard))
+                    if isinstance(target, tuple):
+                        model.checkpoint_kv_scales[target] = f.get_tensor(name).float().item()
+                    else:
+                        load_tensor(params, name, target, shard, f.get_tensor(name), f" in {file}")
+                        loaded.add((target, shard))
                     bar.update()
     finish_loading(model, loaded, f"checkpoint {model_dir}")
 

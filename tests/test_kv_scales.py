@@ -4,11 +4,14 @@ the scale. The reference is checked against attention over the caches' dequantiz
 import pytest
 import torch
 
+from atomlite.engine.kv_scales import apply_kv_scales
+from atomlite.engine.kv_spec import KVSpec
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
+from atomlite.quant.quark import KVCacheQuant
 from test_k_from_v import key_rule
 from test_kv_fp8 import FP8, assert_fp8_equal
 from test_triton_attention import DEVICE, K_LENS, Q_LENS, paged_batch
@@ -116,3 +119,40 @@ def test_a_layer_refuses_scales_that_are_not_finite_and_positive(scales):
         layer.set_kv_scales(*scales)
     layer.set_kv_scales(0.25, 2)
     assert layer.kv_scales == (0.25, 2.0)
+
+
+class _Layers:
+    """What apply_kv_scales reads of a model: its attention layers and the checkpoint's scales."""
+
+    def __init__(self, count: int, found: dict):
+        self.layers = [Attention(4, 2, 64, 0.125, None) for _ in range(count)]
+        self.checkpoint_kv_scales = found
+
+    def attention_layers(self):
+        return self.layers
+
+
+SPECS = [KVSpec("sliding", 2, 64, FP8, 8), KVSpec("full", 2, 64, FP8, None, k_from_v=True),
+         KVSpec("shared", target=0)]
+FOUND = {(0, "k"): 0.5, (0, "v"): 0.25, (1, "k"): 2.0, (2, "k"): 9.0, (2, "v"): 9.0}
+
+
+def test_each_layer_takes_its_scales_and_a_sharing_layer_its_targets():
+    """Layer 1 (V alone cached, no V scale in the checkpoint) keeps V at 1; layer 2 reads layer 0's cache, so it
+    reads with layer 0's scales, whatever the checkpoint says of its own projections."""
+    model = _Layers(3, FOUND)
+    note = apply_kv_scales(model, SPECS, KVCacheQuant(post_rope=True), FP8)
+    assert [layer.kv_scales for layer in model.layers] == [(0.5, 0.25), (2.0, 1.0), (0.5, 0.25)]
+    assert note.startswith("fp8 KV cache: the checkpoint's per-layer scales (K 0.5-2, V 0.25-1")
+
+
+@pytest.mark.parametrize("quant,found,cache,says", [
+    (KVCacheQuant(post_rope=False), FOUND, FP8, "before the K/V norms"),
+    (KVCacheQuant(post_rope=True), {}, FP8, "the checkpoint has no KV scales"),
+    (None, FOUND, FP8, "the checkpoint has no KV scales"),
+    (KVCacheQuant(post_rope=True), FOUND, torch.bfloat16, None)])
+def test_scales_that_do_not_describe_the_cache_leave_it_at_unit_scales(quant, found, cache, says):
+    model = _Layers(3, found)
+    note = apply_kv_scales(model, SPECS, quant, cache)
+    assert all(layer.kv_scales == (1.0, 1.0) for layer in model.layers)
+    assert note is None if says is None else says in note

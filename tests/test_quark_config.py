@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from atomlite.quant.quark import LinearQuantSpec, QuarkConfig
+from atomlite.quant.quark import KVCacheQuant, LinearQuantSpec, QuarkConfig
 
 MXFP4_TENSOR = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "ch_axis": -1, "is_dynamic": False,
                 "scale_format": "e8m0", "scale_calculation_mode": "even", "scale_type": "float",
@@ -90,14 +90,35 @@ def test_unsupported_scheme_names_the_scheme_and_the_layer(change, scheme):
     assert scheme in str(error.value) and "layer_quant_config['*o_proj']" in str(error.value)
 
 
-def test_kv_cache_quantization_is_refused_on_the_kv_projections():
+@pytest.mark.parametrize("post_rope", [False, True])
+def test_an_fp8_kv_cache_is_read_and_the_kv_projections_run_as_their_weights_say(post_rope):
+    """Quark writes the KV cache's fp8 output quantization into the k_proj / v_proj layer configs too: it belongs to
+    the cache, not to the Linears."""
     kv = {**MXFP4_LAYER, "output_tensors": FP8_OUTPUT}
     config = QuarkConfig.from_hf_config(quark_config(layer_quant_config={"*k_proj": kv, "*v_proj": kv},
+                                                     kv_cache_quant_config={"*k_proj": kv, "*v_proj": kv},
+                                                     kv_cache_post_rope=post_rope))
+    assert config.kv_cache == KVCacheQuant(post_rope=post_rope)
+    assert config.spec_for("model.layers.0.self_attn.k_proj") == DYNAMIC
+    assert config.spec_for("model.layers.0.self_attn.qkv_proj") == DYNAMIC
+    assert QuarkConfig.from_hf_config(quark_config()).kv_cache is None
+
+
+def test_a_kv_cache_alone_leaves_every_linear_unquantized():
+    kv = {"weight": None, "input_tensors": None, "output_tensors": FP8_OUTPUT, "bias": None}
+    config = QuarkConfig.from_hf_config(quark_config(global_quant_config=None,
+                                                     layer_quant_config={"*k_proj": kv, "*v_proj": kv},
                                                      kv_cache_quant_config={"*k_proj": kv, "*v_proj": kv}))
-    with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.k_proj: quark kv-cache quantization "
-                                         r"\(dtype=fp8_e4m3 qscheme=per_tensor"):
-        config.spec_for("model.layers.0.self_attn.k_proj")
-    assert config.spec_for("model.layers.0.self_attn.q_proj") == DYNAMIC
+    assert config.kv_cache == KVCacheQuant(post_rope=False)
+    assert config.spec_for("model.layers.0.self_attn.qkv_proj") is None
+
+
+@pytest.mark.parametrize("change", [{"dtype": "fp8_e5m2"}, {"qscheme": "per_channel"}, {"is_dynamic": True}])
+def test_other_kv_cache_schemes_are_refused_by_name(change):
+    kv = {**MXFP4_LAYER, "output_tensors": {**FP8_OUTPUT, **change}}
+    with pytest.raises(ValueError, match=r"quark kv-cache quantization '\*k_proj' .* is not supported; atomlite "
+                                         r"runs fp8_e4m3 per_tensor static"):
+        QuarkConfig.from_hf_config(quark_config(kv_cache_quant_config={"*k_proj": kv}))
 
 
 def test_unsupported_global_scheme_is_fine_when_every_such_layer_is_overridden_or_excluded():

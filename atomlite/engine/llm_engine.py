@@ -10,6 +10,7 @@ from atomlite.errors import ConfigError
 from atomlite.engine.decode_graphs import uncapturable_modules
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
@@ -91,7 +92,9 @@ class LLMEngine:
         self.device = config.torch_device
         self.kernels = KernelChoices()
         self.model = build_model(config, self.kernels)
-        self.kv_specs = specs = self.model.kv_specs(config.kv_dtype(detect_platform(self.device)))
+        cache_dtype = config.kv_dtype(detect_platform(self.device))
+        self.kv_specs = specs = self.model.kv_specs(cache_dtype)
+        self.kv_scales_note = apply_kv_scales(self.model, specs, config.model_spec.kv_cache_quant, cache_dtype)
         self.memory: MemoryProfile | None = None
         if config.kv_cache_memory is None and self.device.type == "cuda":
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,

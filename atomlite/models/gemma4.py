@@ -219,6 +219,8 @@ class Gemma4ForCausalLM(nn.Module):
                       "self_attn.v_proj": ("self_attn.qkv_proj", 2)}
     # Quark's MXFP4 export keeps one tensor per expert: experts.E.{gate,up,down}_proj.{weight,weight_scale}
     per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
+    # Quark's fp8 KV cache scales: one per layer for K and for V (quant.quark.KVCacheQuant)
+    kv_scale_tensor = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_proj\.output_scale$")
     checkpoint_prefixes = ("model.language_model.", "model.")
     skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
@@ -253,6 +255,11 @@ class Gemma4ForCausalLM(nn.Module):
         stacked = "down_proj" if proj == "down" else "gate_up_proj"
         shard = int(expert) if proj == "down" else 2 * int(expert) + (proj == "up")
         return f"{prefix}.{stacked}{'_scale' if kind == 'weight_scale' else ''}", shard
+
+    def kv_scale_target(self, name: str) -> tuple[int, str] | None:
+        """A checkpoint's KV cache scale -> (layer, "k" or "v"); else None."""
+        match = self.kv_scale_tensor.match(name)
+        return (int(match.group(1)), match.group(2)) if match else None
 
     def ignored_weight(self, name: str) -> bool:
         """Checkpoint tensors this model never reads: towers, the tied lm_head, K/V of KV-sharing layers."""

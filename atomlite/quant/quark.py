@@ -34,6 +34,41 @@ class _Unsupported:
     scheme: str
 
 
+@dataclass(frozen=True, slots=True)
+class KVCacheQuant:
+    """Quark's fp8 KV cache: static per-tensor e4m3 scales (amax / 448), exported per layer as
+    `self_attn.k_proj.output_scale` / `v_proj.output_scale`. post_rope (Quark's kv_cache_post_rope): observed on
+    what the cache holds (K after k_norm and RoPE, V after v_norm); otherwise on the raw k_proj / v_proj outputs,
+    K and V merged to one value."""
+    post_rope: bool
+
+
+KV_CACHE_SCHEME = "fp8_e4m3 per_tensor static (Quark kv_cache_scheme fp8)"
+
+
+def _kv_cache_quant(qc: dict) -> KVCacheQuant | None:
+    entries = qc.get("kv_cache_quant_config") or {}
+    for pattern, spec in entries.items():
+        output = (spec or {}).get("output_tensors") or {}
+        if (output.get("dtype"), output.get("qscheme"), bool(output.get("is_dynamic"))) != ("fp8_e4m3", "per_tensor",
+                                                                                          False):
+            raise ValueError(f"quark kv-cache quantization {pattern!r} ({_describe(output)}) is not supported; "
+                             f"atomlite runs {KV_CACHE_SCHEME}")
+    return KVCacheQuant(post_rope=bool(qc.get("kv_cache_post_rope"))) if entries else None
+
+
+def checkpoint_kv_cache(hf_config: dict) -> KVCacheQuant | None:
+    """The fp8 KV cache a checkpoint's Quark quantization_config declares, if any."""
+    qc = hf_config.get("quantization_config") or {}
+    return _kv_cache_quant(qc) if qc.get("quant_method") == "quark" else None
+
+
+def _without_kv_output(config: dict | None) -> dict | None:
+    """A k_proj / v_proj layer config whose output quantization is the KV cache's (kv_cache_quant_config says so):
+    the Linear itself runs without it."""
+    return {**config, "output_tensors": None} if config else config
+
+
 def _describe(tensor_config: dict) -> str:
     keys = ("dtype", "qscheme", "group_size", "scale_format", "is_dynamic")
     return " ".join(f"{k}={tensor_config.get(k)}" for k in keys if tensor_config.get(k) is not None)
@@ -88,7 +123,7 @@ class QuarkConfig:
     layer_specs: tuple[tuple[str, LinearQuantSpec | _Unsupported | None], ...]
     linear_type_spec: LinearQuantSpec | _Unsupported | None
     exclude: tuple[str, ...]
-    kv_cache_patterns: tuple[tuple[str, str], ...] = ()
+    kv_cache: KVCacheQuant | None = None
 
     @classmethod
     def from_hf_config(cls, hf_config: dict) -> "QuarkConfig":
@@ -101,14 +136,15 @@ class QuarkConfig:
                              f"atomlite runs {SUPPORTED}")
         linear_types = [spec for key, spec in (qc.get("layer_type_quant_config") or {}).items()
                         if "Linear" in key]
-        kv = tuple((pattern, _describe((spec or {}).get("output_tensors") or {}))
-                   for pattern, spec in (qc.get("kv_cache_quant_config") or {}).items())
+        kv_patterns = set(qc.get("kv_cache_quant_config") or {})
+        layers = qc.get("layer_quant_config") or {}
         return cls(
             global_spec=_parse_layer_config(qc.get("global_quant_config")),
-            layer_specs=tuple((p, _parse_layer_config(c)) for p, c in (qc.get("layer_quant_config") or {}).items()),
+            layer_specs=tuple((p, _parse_layer_config(_without_kv_output(c) if p in kv_patterns else c))
+                              for p, c in layers.items()),
             linear_type_spec=_parse_layer_config(linear_types[0]) if linear_types else None,
             exclude=tuple(qc.get("exclude") or ()),
-            kv_cache_patterns=kv,
+            kv_cache=_kv_cache_quant(qc),
         )
 
     def is_excluded(self, module_name: str) -> bool:
@@ -136,10 +172,6 @@ class QuarkConfig:
         forms = _name_forms(module_name)
         if self.is_excluded(module_name):
             return None
-        for pattern, scheme in self.kv_cache_patterns:
-            if any(fnmatch.fnmatchcase(f, pattern) for f in forms):
-                raise ValueError(f"{module_name}: quark kv-cache quantization ({scheme}) is not supported; "
-                                 f"atomlite runs {SUPPORTED}")
         where, spec = "global_quant_config", self.global_spec
         for pattern, layer_spec in self.layer_specs:
             if any(fnmatch.fnmatchcase(f, pattern) for f in forms):

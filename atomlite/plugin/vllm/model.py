@@ -15,7 +15,7 @@ from vllm.model_executor.layers.attention import Attention as VllmAttention
 
 from atomlite.config import load_model_spec
 from atomlite.errors import ConfigError
-from atomlite.loader import finish_loading, load_tensor, resolve
+from atomlite.loader import finish_loading, kv_scale_of, load_tensor, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext
 from atomlite.models.gemma4 import Gemma4ForCausalLM
@@ -84,6 +84,8 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
         loaded = set()
         for name, tensor in weights:
             resolved = resolve(self, name, params)
+            if kv_scale_of(self, name) is not None:
+                continue  # vLLM owns the KV cache here, and this backend runs 16-bit caches only
             if resolved is not None:
                 load_tensor(params, name, *resolved, tensor, "")
                 loaded.add(resolved)
