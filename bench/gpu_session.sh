@@ -27,6 +27,8 @@ stage() {
         tests-graphs) python -m pytest -q -n 4 -m gpu tests/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
         tests-kv) python -m pytest -q -n 4 -m "gpu or not gpu" tests/test_k_from_v.py tests/test_kv_fp8.py \
                       tests/test_kv_scales.py ;;
+        tests-router) python -m pytest -q -m "gpu or not gpu" tests/test_router_topk.py tests/test_decode_graphs.py \
+                          -k "router or moe" ;;
         tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \

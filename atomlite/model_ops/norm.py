@@ -6,17 +6,16 @@ from atomlite.model_ops.linear import copy_weight
 
 
 class RMSNorm(nn.Module):
-    """Gemma RMSNorm (plain weight). with_weight=False is the weightless form (v_norm, router norm)."""
+    """Gemma RMSNorm (plain weight)."""
 
-    def __init__(self, dim: int, eps: float, with_weight: bool = True):
+    def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False) if with_weight else None
-        if with_weight:
-            self.weight.weight_loader = copy_weight
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.weight.weight_loader = copy_weight
         self._norm = dispatch.choose("rms_norm", dim=dim).fn
-        self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn if with_weight else None
-        self._into_residual = dispatch.choose("rms_norm_residual", dim=dim).fn if with_weight else None
+        self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn
+        self._into_residual = dispatch.choose("rms_norm_residual", dim=dim).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)

@@ -86,21 +86,27 @@ class Gemma4MLP(nn.Module):
 
 
 class Gemma4Router(nn.Module):
+    """norm(x) * scale * hidden^-0.5 -> proj -> the top-k experts (router_topk). The weightless norm and the two
+    scalings run as one norm whose weight is scale * hidden^-0.5 (norm_weight, made after loading)."""
+
     def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float, lin: LinearBuilder, prefix: str):
         super().__init__()
-        self.norm = RMSNorm(hidden, eps, with_weight=False)
+        self.eps = eps
+        self._norm = dispatch.choose("rms_norm", dim=hidden).fn
         self.proj = lin.linear(f"{prefix}.proj", hidden, num_experts)
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
         self.scale.weight_loader = self.per_expert_scale.weight_loader = copy_weight
         self.top_k, self.root_size = top_k, hidden ** -0.5
+        self._topk = dispatch.choose("router_topk", experts=num_experts).fn
+        self.register_buffer("norm_weight", None, persistent=False)
+
+    def process_after_loading(self) -> None:
+        self.norm_weight = (self.scale.float() * self.root_size).to(self.scale.dtype)
 
     def forward(self, x):
-        scores = self.proj(self.norm(x) * self.scale * self.root_size)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights * self.per_expert_scale[ids], ids
+        scores = self.proj(self._norm(x, self.norm_weight, self.eps))
+        return self._topk(scores, self.per_expert_scale, self.top_k)
 
 
 class Gemma4DecoderLayer(nn.Module):

@@ -132,6 +132,7 @@ def _moe_experts(r: Recorder, hf: dict) -> None:
     experts, top_k, tokens = hf["num_experts"], hf["top_k_experts"], r.step.tokens
     hidden, inner = hf["hidden_size"], hf["moe_intermediate_size"]
     routing = (meta(tokens, top_k, dtype=torch.float32), meta(tokens, top_k, dtype=torch.int64))
+    r.call("router_topk", dict(experts=experts), meta(tokens, experts), meta(experts), top_k)
     r.call("moe_experts", dict(experts=experts, dtype=torch.bfloat16), meta(tokens, hidden),
            meta(experts, 2 * inner, hidden), meta(experts, hidden, inner), *routing)
     packed = []
@@ -148,7 +149,6 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hidden = hf["hidden_size"]
     x, weight = meta(tokens, hidden), meta(hidden)
     r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
-    r.call("rms_norm", dict(dim=hidden), x, None, 1e-6)  # the MoE router's norm
     r.call("add_rms_norm", dict(dim=hidden), x, x, weight, 1e-6)
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, None, weight)  # after attention
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), None)  # after the MLP
