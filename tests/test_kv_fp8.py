@@ -75,8 +75,9 @@ def test_triton_v_only_attention_reads_an_fp8_cache_like_the_reference():
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 4.0)])  # unit, and a checkpoint's (test_kv_scales.py)
 @pytest.mark.parametrize("store_k", [True, False])
-def test_triton_qk_norm_rope_writes_fp8_like_the_reference(store_k):
+def test_triton_qk_norm_rope_writes_fp8_like_the_reference(store_k, scales):
     gen = torch.Generator().manual_seed(2)
     tokens, heads, kv_heads, dim = 5, 4, 2, 64
     q, k, v = (torch.randn(tokens, h, dim, generator=gen).to(DEVICE) * 3 for h in (heads, kv_heads, kv_heads))
@@ -87,7 +88,7 @@ def test_triton_qk_norm_rope_writes_fp8_like_the_reference(store_k):
     for name, op in (("ref", torch_ref.qk_norm_rope), ("triton", tri.qk_norm_rope)):
         k_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE) if store_k else None
         v_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE)
-        q_out, _, _ = op(q, k, v, weight, weight, 1e-6, cos, sin, k_cache, v_cache, slots)
+        q_out, _, _ = op(q, k, v, weight, weight, 1e-6, cos, sin, k_cache, v_cache, slots, kv_scales=scales)
         caches[name] = (q_out, k_cache, v_cache)
     (q_ref, k_ref, v_ref), (q_tri, k_tri, v_tri) = caches["ref"], caches["triton"]
     torch.testing.assert_close(q_tri, q_ref, atol=1e-5, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Per-layer K/V scales of an fp8 cache: it holds k / k_scale and v / v_scale, and every path reads them back times
 the scale. The reference is checked against attention over the caches' dequantized values; the Triton kernels
-(interpreter on CPU, compiled on a GPU) and their writes against the reference. A 16-bit cache ignores scales."""
+(interpreter on CPU, compiled on a GPU) and their writes against the reference (the fused q/k norm + RoPE + write at
+these scales: test_kv_fp8.py). A 16-bit cache ignores scales."""
 import pytest
 import torch
 
@@ -91,25 +92,6 @@ def test_triton_writes_scaled_values_like_the_reference():
         written[name] = caches
     for got, want in zip(written["triton"], written["ref"]):
         assert_fp8_equal(got, want)
-
-
-@pytest.mark.parametrize("store_k", [True, False])
-def test_triton_qk_norm_rope_writes_scaled_values_like_the_reference(store_k):
-    gen = torch.Generator().manual_seed(4)
-    tokens, heads, kv_heads, dim = 5, 4, 2, 64
-    q, k, v = (torch.randn(tokens, h, dim, generator=gen).to(DEVICE) * 3 for h in (heads, kv_heads, kv_heads))
-    weight = torch.rand(dim, generator=gen).to(DEVICE) + 0.5
-    cos, sin = torch.randn(tokens, dim, generator=gen).to(DEVICE), torch.randn(tokens, dim, generator=gen).to(DEVICE)
-    slots = torch.tensor([3, -1, 0, 7, 12], device=DEVICE)
-    written = {}
-    for name, op in (("ref", torch_ref.qk_norm_rope), ("triton", tri.qk_norm_rope)):
-        k_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE) if store_k else None
-        v_cache = torch.zeros(2, 8, kv_heads, dim, dtype=FP8, device=DEVICE)
-        op(q, k, v, weight, weight, 1e-6, cos, sin, k_cache, v_cache, slots, kv_scales=SCALES)
-        written[name] = (k_cache, v_cache)
-    assert_fp8_equal(written["triton"][1], written["ref"][1])
-    if store_k:
-        assert_fp8_equal(written["triton"][0], written["ref"][0])
 
 
 @pytest.mark.parametrize("scales", [(0.0, 1.0), (1.0, -2.0), (float("nan"), 1.0), (1.0, float("inf"))])
