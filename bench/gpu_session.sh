@@ -20,6 +20,7 @@ latency() {  # MODEL [extra flags]: the bench/README "Decode from graphs" row
 stage() {
     case $1 in
         k-from-v) python bench/k_from_v.py ;;
+        attn-b1) python bench/decode_attention.py ;;
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
