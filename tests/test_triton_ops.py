@@ -195,3 +195,17 @@ def test_rms_norm_residual_matches_the_separate_ops(dtype, with_scale, with_next
     assert (out is None) == (not with_next)
     if with_next:
         torch.testing.assert_close(out.float(), ref_out.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_pair_sum_matches_the_separate_ops(dtype):
+    """Two branches' output norms and their sum in one pass, b read through a strided view."""
+    a, wide = randn(5, 2816, dtype=dtype) * 3, randn(5, 2 * 2816, dtype=dtype)
+    b = wide[:, ::2]
+    weight_a, weight_b = (randn(2816, dtype=dtype) + 1.0 for _ in range(2))
+    out = tri.rms_norm_pair_sum(a, b, weight_a, weight_b, 1e-6)
+    separate = torch_ref.rms_norm(a, weight_a, 1e-6) + torch_ref.rms_norm(b, weight_b, 1e-6)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=2 ** -6)
+    torch.testing.assert_close(out.float(), separate.float(), **tol)
+    torch.testing.assert_close(torch_ref.rms_norm_pair_sum(a, b, weight_a, weight_b, 1e-6), separate.to(dtype))
+    assert tri.rms_norm_pair_sum(a[:0], b[:0], weight_a, weight_b, 1e-6).shape == (0, 2816)

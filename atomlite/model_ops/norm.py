@@ -16,6 +16,7 @@ class RMSNorm(nn.Module):
         self._norm = dispatch.choose("rms_norm", dim=dim).fn
         self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn
         self._into_residual = dispatch.choose("rms_norm_residual", dim=dim).fn
+        self._pair_sum = dispatch.choose("rms_norm_pair_sum", dim=dim).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)
@@ -28,3 +29,7 @@ class RMSNorm(nn.Module):
                         then: "RMSNorm | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass."""
         return self._into_residual(x, residual, self.weight, self.eps, scale, None if then is None else then.weight)
+
+    def plus(self, x: torch.Tensor, other: "RMSNorm", y: torch.Tensor) -> torch.Tensor:
+        """self(x) + other(y), in one pass."""
+        return self._pair_sum(x, y, self.weight, other.weight, self.eps)

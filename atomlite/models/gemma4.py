@@ -144,7 +144,7 @@ class Gemma4DecoderLayer(nn.Module):
         if self.moe:
             weights, ids = self.router(h)
             experts = self.experts(self.pre_feedforward_layernorm_2(h), weights, ids)
-            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(experts)
+            m = self.post_feedforward_layernorm_1.plus(m, self.post_feedforward_layernorm_2, experts)
         if not self.ple_dim:
             return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar)[0]
         h, _ = self.post_feedforward_layernorm.add_to_residual(m, h)

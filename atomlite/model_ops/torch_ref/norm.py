@@ -26,3 +26,10 @@ def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     if scale is not None:
         summed = (summed * scale).to(residual.dtype)
     return summed, None if next_weight is None else rms_norm(summed, next_weight, eps)
+
+
+def rms_norm_pair_sum(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
+                      eps: float) -> torch.Tensor:
+    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to a's dtype (two branches of a
+    layer, each with its own output norm, joined)."""
+    return (rms_norm(a, weight_a, eps) + rms_norm(b, weight_b, eps)).to(a.dtype)

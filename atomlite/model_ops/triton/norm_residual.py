@@ -1,6 +1,7 @@
 """The residual update around a sublayer in one pass: summed = (residual + rms_norm(x) * w) [* scale], and
-optionally the next norm of it, rms_norm(summed) * w_next. Each step rounds to the activation dtype where the
-separate ops would, so the result equals theirs. One program per row."""
+optionally the next norm of it, rms_norm(summed) * w_next; and two branches' output norms summed in one pass
+(rms_norm_pair_sum). Each step rounds to the activation dtype where the separate ops would, so the result equals
+theirs. One program per row."""
 import torch
 import triton
 import triton.language as tl
@@ -49,3 +50,35 @@ def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
                    HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, BLOCK_D=block_d,
                    num_warps=min(16, max(1, block_d // 512)))
     return summed, out
+
+
+@triton.jit
+def _norm_pair_sum_kernel(a, b, weight_a, weight_b, out, dim, eps, stride_a, stride_b, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < dim
+    dtype = out.dtype.element_ty
+    af = tl.load(a + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    bf = tl.load(b + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+    ya = af * tl.math.rsqrt(tl.sum(af * af, 0) / dim + eps)
+    yb = bf * tl.math.rsqrt(tl.sum(bf * bf, 0) / dim + eps)
+    ya = (ya * tl.load(weight_a + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    yb = (yb * tl.load(weight_b + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out + row * dim + cols, (ya + yb).to(dtype), mask=mask)
+
+
+def rms_norm_pair_sum(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
+                      eps: float) -> torch.Tensor:
+    """Same contract as torch_ref.rms_norm_pair_sum."""
+    dim = a.shape[-1]
+    rows_a, rows_b = a.reshape(-1, dim), b.reshape(-1, dim)
+    if rows_a.stride(-1) != 1:
+        rows_a = rows_a.contiguous()
+    if rows_b.stride(-1) != 1:
+        rows_b = rows_b.contiguous()
+    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    if rows_a.shape[0]:
+        block_d = triton.next_power_of_2(dim)
+        run_kernel(_norm_pair_sum_kernel, (rows_a.shape[0],), rows_a, rows_b, weight_a, weight_b, out, dim, eps,
+                   rows_a.stride(0), rows_b.stride(0), BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)))
+    return out

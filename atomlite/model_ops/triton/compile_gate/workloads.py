@@ -166,6 +166,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     if hf.get("enable_moe_block"):
+        r.call("rms_norm_pair_sum", dict(dim=hidden), x, x, weight, weight, 1e-6)  # the two feed-forward branches
         _moe_experts(r, hf)
 
 
