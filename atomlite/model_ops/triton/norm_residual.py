@@ -31,15 +31,17 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         tl.store(out + row * dim + cols, o.to(dtype), mask=mask)
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as [rows, dim] with unit stride along dim (the kernels take one row stride)."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                       scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None):
     """Same contract as torch_ref.rms_norm_residual."""
     dim = x.shape[-1]
-    rows_x, rows_r = x.reshape(-1, dim), residual.reshape(-1, dim)
-    if rows_x.stride(-1) != 1:
-        rows_x = rows_x.contiguous()
-    if rows_r.stride(-1) != 1:
-        rows_r = rows_r.contiguous()
+    rows_x, rows_r = _rows(x), _rows(residual)
     summed = torch.empty(residual.shape, dtype=residual.dtype, device=x.device)
     out = torch.empty(residual.shape, dtype=residual.dtype, device=x.device) if next_weight is not None else None
     if rows_x.shape[0]:
@@ -71,11 +73,7 @@ def rms_norm_pair_sum(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, 
                       eps: float) -> torch.Tensor:
     """Same contract as torch_ref.rms_norm_pair_sum."""
     dim = a.shape[-1]
-    rows_a, rows_b = a.reshape(-1, dim), b.reshape(-1, dim)
-    if rows_a.stride(-1) != 1:
-        rows_a = rows_a.contiguous()
-    if rows_b.stride(-1) != 1:
-        rows_b = rows_b.contiguous()
+    rows_a, rows_b = _rows(a), _rows(b)
     out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if rows_a.shape[0]:
         block_d = triton.next_power_of_2(dim)
