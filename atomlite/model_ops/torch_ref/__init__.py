@@ -11,8 +11,8 @@ from atomlite.model_ops.torch_ref.rope import apply_rope
 from atomlite.model_ops.torch_ref.router import router_topk
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
-           "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_pair_sum", "rms_norm_residual", "router_topk",
-           "write_kv"]
+           "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_pair_sum", "rms_norm_residual",
+           "router_topk", "write_kv"]
 
 OPS = {
     "attention": paged_attention,

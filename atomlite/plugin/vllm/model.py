@@ -83,9 +83,9 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
-            resolved = resolve(self, name, params)
             if kv_scale_of(self, name) is not None:
                 continue  # vLLM owns the KV cache here, and this backend runs 16-bit caches only
+            resolved = resolve(self, name, params)
             if resolved is not None:
                 load_tensor(params, name, *resolved, tensor, "")
                 loaded.add(resolved)
