@@ -16,7 +16,6 @@ copy of x, and bf16.
     PYTHONPATH=. python bench/fp4_breakdown.py [--ms 1,16,2048]
 """
 import argparse
-import dataclasses
 import importlib
 import sys
 
@@ -68,8 +67,7 @@ def gemm_alone(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     quantized = quantize_activations(x, weight.shape[1] * 2, path)
     if isinstance(path, lookup.LookupConfig):
         return lambda: lookup.lookup_gemm(quantized, x, weight, weight_scale, path, pdl=False)
-    separate = dataclasses.replace(path, quantize_in_kernel=False)  # its GEMM alone, on x' made beforehand
-    return lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, separate, pdl=False)
+    return lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, path, pdl=False)
 
 
 def blockwise_parts(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:

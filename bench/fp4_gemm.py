@@ -26,10 +26,7 @@ SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, q
 MS = [1, 2, 16, 64, 256, 512, 2048]
 C, F, D, L, B = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, lookup.LookupConfig, blockwise.BlockwiseConfig
 CANDIDATES = {
-    "decode": [F(2, 64, 4, 3, period=8, quantize_in_kernel=True), F(2, 64, 4, 3, split_k=2, period=8,
-               quantize_in_kernel=True), F(2, 64, 4, 3, split_k=4, period=8, quantize_in_kernel=True),
-               F(4, 64, 4, 3, split_k=4, period=8, quantize_in_kernel=True),
-               F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
+    "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
                F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
                F(4, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, split_k=4, period=4), F(8, 64, 4, 3, period=4),
                L(16, 64, 4, 3), L(16, 64, 4, 3, split_k=2), L(16, 64, 4, 3, split_k=4),
@@ -55,8 +52,7 @@ def describe(config) -> str:
         return f"dequantize {config.rows} rows + torch.matmul"
     if isinstance(config, B):
         return f"e4m3 slabs of {config.rows} rows + blockwise scaled_mm"
-    kind = (f"fp8 period {config.period}{' x quantized in the GEMM' * config.quantize_in_kernel}"
-            if isinstance(config, F) else "lookup" if isinstance(config, L) else "bf16")
+    kind = f"fp8 period {config.period}" if isinstance(config, F) else "lookup" if isinstance(config, L) else "bf16"
     tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, L))
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
@@ -221,15 +217,13 @@ def main() -> int:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             path = fp4.pick_path(m, n, x, True, wide, lookup_ok)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
-                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok)}
-            if not getattr(path, "quantize_in_kernel", False):  # else no quantization pass runs
-                fns["quant"] = lambda: quantize_activations(x, weight.shape[1] * 2, path)
+                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
+                   "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path)}
             candidates = [c for c in CANDIDATES[regime(m)] if lookup_ok or not isinstance(c, L)] if args.sweep else []
             fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c, lookup_scales=lookup_ok)
                         for c in candidates})
             times = time_ms(fns)
-            t_bf16, t_fp4 = times["bf16"], times["fp4"]
-            quant = f"{times['quant'] * 1e3:8.1f}" if "quant" in times else f"{'-':>8}"
+            t_bf16, t_fp4, t_quant = times["bf16"], times["fp4"], times["quant"]
             best = ""
             if candidates:
                 c = min(candidates, key=times.get)
@@ -238,7 +232,7 @@ def main() -> int:
                 print("   ", n, k, m, " ".join(f"{times[c] * 1e3:.1f}" for c in candidates), flush=True)
             gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
             rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "
-                        f"{gbps:8.0f} {quant}  {describe(path)}{best}")
+                        f"{gbps:8.0f} {t_quant * 1e3:8.1f}  {describe(path)}{best}")
             print(rows[-1], flush=True)
     print("\n     N      K     M   bf16 us    fp4 us  speedup  fp4 GB/s (weights)  x-quant us (inside fp4 us)  path")
     print("\n".join(rows))

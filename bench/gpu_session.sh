@@ -22,8 +22,6 @@ stage() {
         k-from-v) python bench/k_from_v.py ;;
         attn-b1) python bench/decode_attention.py ;;
         moe-bench) python bench/moe_layer.py ;;
-        fp4-decode) python bench/fp4_gemm.py --sweep --ms 1,2,4 ;;
-        tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/test_mxfp4_gemm.py tests/test_mxfp4_moe.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
                        tests/test_kv_fp8.py tests/test_moe_gemv.py ;;

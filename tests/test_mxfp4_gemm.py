@@ -79,10 +79,6 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (5, 72, 288, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2)),  # one 32-K MMA per block
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (3, 72, 544, Fp8Config(4, 64, 4, 2, split_k=2, period=8, tma=True)),   # weight tiles by TMA
-    (1, 40, 96, Fp8Config(2, 64, 4, 2, period=8, quantize_in_kernel=True)),   # x rounded by the GEMM; K tail
-    (2, 72, 544, Fp8Config(2, 64, 4, 2, split_k=2, period=8, quantize_in_kernel=True)),
-    (3, 72, 544, Fp8Config(4, 64, 4, 2, split_k=2, period=8, tma=True, quantize_in_kernel=True)),
-    (6, 40, 1056, Fp8Config(4, 64, 4, 2, split_k=3, period=8, quantize_in_kernel=True)),  # two row tiles, 5 steps
     (19, 40, 544, Fp8Config(16, 64, 4, 2, period=2, tma=True)),
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
     (3, 72, 96, DequantizeConfig(rows=16)),                                      # 5 slabs: both buffers reused
@@ -181,11 +177,6 @@ def test_lookup_path_needs_fitting_scales_and_quantized_activations():
 def test_fp8_tiles_need_16_to_128_columns_and_a_known_period(block_m, period):
     with pytest.raises(ValueError, match=f"got period {period}, block_m {block_m}"):
         Fp8Config(block_m, 64, 4, 2, period=period)
-
-
-def test_fp8_tiles_quantize_x_themselves_only_at_period_8():
-    with pytest.raises(ValueError, match="only at period 8"):
-        Fp8Config(4, 64, 4, 2, period=4, quantize_in_kernel=True)
 
 
 def test_fp8_path_needs_quantized_activations():

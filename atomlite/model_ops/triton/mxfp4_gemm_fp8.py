@@ -14,15 +14,11 @@ tile of BLOCK_M rows takes 8 / P MMAs into P * BLOCK_M columns (pick_config, mea
 - up to 4 rows, P = 8: one MMA per step, in 16 or 32 columns;
 - up to 8 rows, P = 4 (2 MMAs); up to 32 rows, P = 2 in tiles of 16 rows (4 MMAs): 64 columns measured slower;
 - more rows, P = 1: one 32-K MMA per block.
-At P = 8 (decode, up to 4 rows) the GEMM quantizes x itself (Fp8Config.quantize_in_kernel): each program rounds
-its rows' 256-K step in registers and lays it out block-diagonally, so no quantization kernel (and no x' or scale
-buffer) runs before it; every program of a K range repeats that small amount of work.
 One kernel (_fp8_gemm_kernel) serves every P. The scales of the next K step are loaded during this one and kept as
 loaded bytes until used: converted at once, their load stalled the step that issued it (the top stall reason in
 Nsight Compute). Triton's pipeliner does not take these narrow loads; a 16-byte aligned scale layout that it did
 pipeline measured slower. On sm_90 the GEMM is a programmatic dependent launch: its programs start as the
-kernel before it finishes (the quantization kernel, or whatever wrote x), and wait for it (griddepcontrol) before
-reading x' or x.
+quantization kernel finishes, and wait for it (griddepcontrol) before reading x'.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -61,19 +57,16 @@ class Fp8Config:
     # Weight tiles by TMA where there is one (weight_loads): for these tiles 1 us slower to 2 us faster than
     # pointer loads, by shape and rows (H100), so off.
     tma: bool = False
-    quantize_in_kernel: bool = False  # period 8 only: x rounded to MXFP4 by the GEMM's programs (docstring)
 
     def __post_init__(self):
         if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
             raise ValueError(f"fp8 GEMM tiles take period 1, 2, 4 or 8 with block_m * period from 16 to 128; "
                              f"got period {self.period}, block_m {self.block_m}")
-        if self.quantize_in_kernel and self.period != 8:
-            raise ValueError(f"the GEMM quantizes x itself only at period 8 (one MMA per K step), not {self.period}")
 
 
 # Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
-BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8, quantize_in_kernel=True)
-BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8, quantize_in_kernel=True)
+BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
+BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
 QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
 PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)  # 2 tiles at 32 rows
 PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
@@ -267,44 +260,22 @@ def _halves(t):
 
 
 @triton.jit
-def _diagonal_x(x_step, BLOCK_M: tl.constexpr):
-    """x rows [BLOCK_M, 256] -> (x' [8 BLOCK_M, 256] in e4m3, row 8m + j holding row m's block j as MXFP4 values in
-    blockwise K order and zeros elsewhere; 2^exponent per block [BLOCK_M, 8]): _quantize_kernel's output at period
-    8, for one K step."""
-    q, exponent = quantize_blocks(x_step.to(tl.float32), BLOCK_M, 256)
-    ordered = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, 8, 16, 2)), (0, 1, 3, 2)), (BLOCK_M, 256))
-    block = tl.arange(0, 256) // 32
-    diagonal = tl.where(block[None, None, :] == tl.arange(0, 8)[None, :, None], ordered[:, None, :], 0.0)
-    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as _quantize_kernel
-    return tl.reshape(diagonal, (BLOCK_M * 8, 256)).to(tl.float8e4nv), factor
-
-
-@triton.jit
-def _diagonal_dot(acc, w, w_at, x_tile, d, w_factor, x_factor, PTX: tl.constexpr, PERIOD: tl.constexpr,
+def _diagonal_dot(acc, w, w_at, x_rows, d, w_factor, x_factor, PTX: tl.constexpr, PERIOD: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, TMA: tl.constexpr):
     """Blocks P d .. P d + P - 1 of every row at once (P = PERIOD): x' row P m + j holds row m's block P d + j, so
-    column (m, j) of the MMA is that block's sum. x_tile: those rows of x' [P BLOCK_M, 32 P]; w_factor
-    [BLOCK_N, P] and x_factor [BLOCK_M, P]: their scales."""
+    column (m, j) of the MMA is that block's sum. w_factor [BLOCK_N, P] and x_factor [BLOCK_M, P]: their scales."""
     low, high = _expand_e4m3(_weight_tile(w, w_at, d * 16 * PERIOD, TMA), PTX)
-    sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 32 * PERIOD), tl.trans(x_tile))
+    sums = tl.dot(_blockwise_k_order(low, high, BLOCK_N, 32 * PERIOD), tl.trans(tl.load(x_rows + d * 32 * PERIOD)))
     factor = tl.reshape(w_factor[:, None, :] * x_factor[None, :, :], (BLOCK_N, PERIOD * BLOCK_M))
     return acc + sums * factor
 
 
 @triton.jit
-def _x_step(x_rows, k0, K_X):
-    """x's rows (pointers [BLOCK_M, 1]) at columns k0 .. k0 + 255, zeros past K_X."""
-    cols = k0 + tl.arange(0, 256)
-    return tl.load(x_rows + cols[None, :], mask=(cols < K_X)[None, :], other=0.0)
-
-
-@triton.jit
-def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_END, K_X, stride_xm,
+def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_END, stride_xm,
                      stride_sm, stride_wn, stride_sn, stride_om, PTX: tl.constexpr, SPLIT_K: tl.constexpr,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_N: tl.constexpr,
-                     PDL: tl.constexpr, TMA: tl.constexpr, QUANTIZE: tl.constexpr):
-    """8 / PERIOD MMAs per 256-K step, each over PERIOD blocks, into PERIOD * BLOCK_M columns. With QUANTIZE
-    (PERIOD 8) xq is x itself [M, K_X], quantized here step by step, and x_scale is not read."""
+                     PDL: tl.constexpr, TMA: tl.constexpr):
+    """8 / PERIOD MMAs per 256-K step, each over PERIOD blocks, into PERIOD * BLOCK_M columns."""
     COLUMNS: tl.constexpr = PERIOD * BLOCK_M
     rm, rn, k_first, k_end = _program_tile(M, N, K_SPLIT, K_END, BLOCK_M, BLOCK_N, GROUP_N)
     rn_safe = rn % N  # rows past the end re-read valid rows: no load masks; their results are not stored
@@ -313,53 +284,39 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_EN
     w_at = _weight_rows(w, rn, rn_safe, stride_wn, 16 * PERIOD, TMA)
     s_rows = w_scale + rn_safe[:, None] * stride_sn + tl.arange(0, 8)[None, :]
     x_rows = xq + x_row[:, None] * stride_xm + tl.arange(0, 32 * PERIOD)[None, :]
-    x_plain = xq + rm_safe[:, None] * stride_xm  # QUANTIZE: x's own rows
     xs_rows = x_scale + rm_safe[:, None] * stride_sm + tl.arange(0, 8)[None, :]
     w_bytes = tl.load(s_rows + k_first // 32)
     if PDL:
-        gdc_wait()  # for the kernel launched just before: x (or xq and x_scale, its quantization)
+        gdc_wait()  # for the quantization kernel launched just before: xq and x_scale
         if SPLIT_K > 1:
             gdc_launch_dependents()  # sum_splits' programs may start; they wait for this grid's partials
-    if QUANTIZE:
-        x_next = _x_step(x_plain, k_first, K_X)
-    else:
-        x_factors = tl.load(xs_rows + k_first // 32)
+    x_factors = tl.load(xs_rows + k_first // 32)
     acc = tl.zeros((BLOCK_N, COLUMNS), dtype=tl.float32)
     for k0 in range(k_first, k_end, 256):
         k_next = tl.minimum(k0 + 256, k_end - 256)  # the last step re-reads its own scales
         # Kept as bytes until used: converted here, the load's latency would stall this step.
         w_bytes_next = tl.load(s_rows + k_next // 32)
+        x_factors_next = tl.load(xs_rows + k_next // 32)
         w_factors = _e8m0_to_float(w_bytes.to(tl.int32))
         d = k0 // (32 * PERIOD)
-        if QUANTIZE:
-            x_tile, x_factors = _diagonal_x(x_next, BLOCK_M)
-            x_next = _x_step(x_plain, k_next, K_X)
-            acc = _diagonal_dot(acc, w, w_at, x_tile, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M, TMA)
+        if PERIOD == 8:
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d, w_factors, x_factors, PTX, 8, BLOCK_N, BLOCK_M, TMA)
+        elif PERIOD == 4:
+            w_low, w_high = _halves(w_factors)
+            x_low, x_high = _halves(x_factors)
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d, w_low, x_low, PTX, 4, BLOCK_N, BLOCK_M, TMA)
+            acc = _diagonal_dot(acc, w, w_at, x_rows, d + 1, w_high, x_high, PTX, 4, BLOCK_N, BLOCK_M, TMA)
         else:
-            x_factors_next = tl.load(xs_rows + k_next // 32)
-            if PERIOD == 8:
-                acc = _diagonal_dot(acc, w, w_at, tl.load(x_rows + d * 256), d, w_factors, x_factors, PTX, 8,
-                                    BLOCK_N, BLOCK_M, TMA)
-            elif PERIOD == 4:
-                w_low, w_high = _halves(w_factors)
-                x_low, x_high = _halves(x_factors)
-                acc = _diagonal_dot(acc, w, w_at, tl.load(x_rows + d * 128), d, w_low, x_low, PTX, 4, BLOCK_N,
-                                    BLOCK_M, TMA)
-                acc = _diagonal_dot(acc, w, w_at, tl.load(x_rows + (d + 1) * 128), d + 1, w_high, x_high, PTX, 4,
-                                    BLOCK_N, BLOCK_M, TMA)
+            ws, xs = _columns8(w_factors), _columns8(x_factors)
+            if PERIOD == 2:
+                for j in tl.static_range(4):
+                    acc = _diagonal_dot(acc, w, w_at, x_rows, d + j, tl.join(ws[2 * j], ws[2 * j + 1]),
+                                        tl.join(xs[2 * j], xs[2 * j + 1]), PTX, 2, BLOCK_N, BLOCK_M, TMA)
             else:
-                ws, xs = _columns8(w_factors), _columns8(x_factors)
-                if PERIOD == 2:
-                    for j in tl.static_range(4):
-                        acc = _diagonal_dot(acc, w, w_at, tl.load(x_rows + (d + j) * 64), d + j,
-                                            tl.join(ws[2 * j], ws[2 * j + 1]), tl.join(xs[2 * j], xs[2 * j + 1]),
-                                            PTX, 2, BLOCK_N, BLOCK_M, TMA)
-                else:
-                    for j in tl.static_range(8):
-                        acc = _diagonal_dot(acc, w, w_at, tl.load(x_rows + (d + j) * 32), d + j, ws[j][:, None],
-                                            xs[j][:, None], PTX, 1, BLOCK_N, BLOCK_M, TMA)
-            x_factors = x_factors_next
-        w_bytes = w_bytes_next
+                for j in tl.static_range(8):
+                    acc = _diagonal_dot(acc, w, w_at, x_rows, d + j, ws[j][:, None], xs[j][:, None], PTX, 1,
+                                        BLOCK_N, BLOCK_M, TMA)
+        w_bytes, x_factors = w_bytes_next, x_factors_next
     rows = tl.sum(tl.reshape(acc, (BLOCK_N, BLOCK_M, PERIOD)), axis=2) * 64.0  # the 2^-6 of the weight expansion
     _store(out, partials, rows, rm, rn, M, N, stride_om, SPLIT_K)
 
@@ -417,30 +374,24 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
     weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align)."""
     config = config or pick_config(x.shape[0], weight.shape[0])
-    if config.quantize_in_kernel:
-        return fp8_gemm(None, x, weight, weight_scale, config, pdl=_dependent_launch(x))
     quantized = quantize_activations(x, weight.shape[1] * 2, config.period)
     return fp8_gemm(quantized, x, weight, weight_scale, config, pdl=_dependent_launch(x))
 
 
-def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor] | None, x: torch.Tensor, weight: torch.Tensor,
+def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
              weight_scale: torch.Tensor, config: Fp8Config, pdl: bool) -> torch.Tensor:
-    """The GEMM on quantize_activations(x, ..., config.period), or (quantized None, config.quantize_in_kernel) on x
-    itself (x also gives the output's rows, dtype and device); pdl: launched dependent on the kernel just before
-    (which must be that quantization, or what wrote x)."""
-    m, k = x.shape
-    if config.quantize_in_kernel:
-        xq, x_scale = x, x  # x_scale is not read
-    else:
-        xq, x_scale = quantized
+    """The GEMM on quantize_activations(x, ..., config.period) (x gives the output's rows, dtype and device); pdl:
+    launched dependent on the kernel just before (which must be that quantization)."""
+    xq, x_scale = quantized
+    m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
     w, tma = weight_loads(weight, config.tma, [config.block_n, 16 * config.period])
     run_kernel(_fp8_gemm_kernel, launch.grid,
         xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
-        k_padded, k, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
+        k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
         PTX=platform_of(x.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma,
-        QUANTIZE=config.quantize_in_kernel, num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl else {}))
     return sum_splits(launch, pdl)
