@@ -23,6 +23,7 @@ stage() {
         attn-b1) python bench/decode_attention.py ;;
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
+        moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
                        tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-graphs) python -m pytest -q -n 4 -m gpu tests/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
@@ -31,6 +32,8 @@ stage() {
         tests-router) python -m pytest -q -m "gpu or not gpu" tests/test_router_topk.py tests/test_decode_graphs.py \
                           -k "router or moe" ;;
         tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
+        tests-moe) python -m pytest -q -m "gpu or not gpu" tests/test_moe_gemv.py tests/test_moe_gpu.py \
+                       tests/test_mxfp4_moe.py ;;
         tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
                            tests/test_skinny_gemm.py ;;

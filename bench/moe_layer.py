@@ -25,7 +25,7 @@ from fp4_gemm import graph_ms, replayed  # noqa: E402  (bench/ is this script's 
 
 from atomlite.config import load_model_spec  # noqa: E402
 from atomlite.model_ops import torch_ref  # noqa: E402
-from atomlite.model_ops.triton import moe_gemm, moe_gemv  # noqa: E402
+from atomlite.model_ops.triton import moe_gemm, moe_gemv, moe_gemv_fp8  # noqa: E402
 from atomlite.model_ops.triton.moe_gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
 from atomlite.model_ops.triton.moe_gemv import GemvConfig, GemvTiles  # noqa: E402
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
@@ -45,6 +45,9 @@ GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4),
               GemvConfig(G(8, 256, 4), G(16, 128, 4)), GemvConfig(G(16, 128, 4), G(16, 128, 4)),
               GemvConfig(G(32, 256, 8), G(32, 128, 4)), GemvConfig(G(16, 256, 8), G(64, 128, 8)),
               GemvConfig(G(8, 256, 4), G(32, 256, 8)), GemvConfig(G(4, 256, 2), G(8, 128, 2))]
+F = moe_gemv_fp8.Fp8GemvConfig
+FP8_GEMV_SWEEP = [F(32, 64), F(16, 32), F(16, 64), F(32, 32), F(32, 128), F(64, 64), F(64, 128), F(32, 64, 4),
+                  F(16, 64, 4), F(32, 64, 2)]
 
 
 def shapes() -> dict:
@@ -129,10 +132,14 @@ def main() -> int:
                                                         fp4_down.scale, weights, ids, True, fp4_gate_up.wide_scales
                                                         or fp4_down.wide_scales),
         }
+        fp4_kinds = ["mxfp4"]
+        if moe_gemv.use_gemv(ids.numel()):  # the few-pairs kernels' fp32 multiply-adds, beside the fp8 MMAs the op takes
+            paths["mxfp4-fma"] = lambda: moe_gemv.gemv_experts(x, fp4_gate_up, fp4_down, weights, ids, True)
+            fp4_kinds.append("mxfp4-fma")
         want = {"bf16": torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), weights, ids),
                 "mxfp4": torch_ref.mxfp4_moe_experts(x.float(), packed_gate_up, scale_gate_up, packed_down,
                                                      scale_down, weights, ids, True)}
-        want["loop"] = want["bf16"]
+        want["loop"], want["mxfp4-fma"] = want["bf16"], want["mxfp4"]
         for name, fn in paths.items():
             runs = [("eager", fn())] + ([("graph", replayed(fn))] if name != "loop" else [])
             for how, got in runs:
@@ -140,11 +147,12 @@ def main() -> int:
                 if not err < MAX_RELATIVE_ERROR or not torch.isfinite(got).all():
                     failures.append(f"{name} batch {tokens} {how}: relative error {err:.2e}")
         eager = {name: eager_ms(fn, flush) for name, fn in paths.items()}
-        graph = {name: graph_ms(paths[name], flush) for name in ("bf16", "mxfp4")}
+        graph = {name: graph_ms(paths[name], flush) for name in ["bf16", *fp4_kinds]}
         touched = ids.unique().numel()
-        roof = {"bf16": touched * bf16_bytes / bandwidth * 1e3, "mxfp4": touched * fp4_bytes / bandwidth * 1e3}
-        for name in ("bf16", "mxfp4"):
-            rows.append(f"{tokens:>5} {name:>6} {eager['loop'] * 1e3:9.1f} {eager[name] * 1e3:9.1f} "
+        roof = {"bf16": touched * bf16_bytes / bandwidth * 1e3}
+        roof.update({name: touched * fp4_bytes / bandwidth * 1e3 for name in fp4_kinds})
+        for name in ["bf16", *fp4_kinds]:
+            rows.append(f"{tokens:>5} {name:>9} {eager['loop'] * 1e3:9.1f} {eager[name] * 1e3:9.1f} "
                         f"{graph[name] * 1e3:9.1f} {eager['loop'] / eager[name]:15.1f}x "
                         f"{eager['loop'] / graph[name]:15.1f}x {roof[name] * 1e3:12.1f} "
                         f"{graph[name] / roof[name]:10.2f}x  {touched}")
@@ -153,7 +161,7 @@ def main() -> int:
         if args.sweep:
             sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush)
     print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    print(f"{'batch':>5} {'path':>6} {'loop us':>9} {'eager us':>9} {'graph us':>9} {'loop/eager':>16} "
+    print(f"{'batch':>5} {'path':>9} {'loop us':>9} {'eager us':>9} {'graph us':>9} {'loop/eager':>16} "
           f"{'loop/graph':>16} {'roofline us':>12} {'graph/roof':>11}  experts touched")
     print("\n".join(rows))
     print("\ncheck vs fp32 reference:", "FAILED\n  " + "\n  ".join(failures) if failures else "passed")
@@ -162,7 +170,8 @@ def main() -> int:
 
 def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) -> None:
     """Graph times of the fused kernels under each config of SWEEP (the grouped kernels; the MXFP4 input
-    quantization excluded) or, for few pairs, GEMV_SWEEP (the kernels the op runs there; quantization included)."""
+    quantization excluded) or, for few pairs, GEMV_SWEEP and FP8_GEMV_SWEEP (the few-pairs kernels; quantization
+    included)."""
     bf16 = (x, ExpertWeights(gate_up), ExpertWeights(down), False)
     fp4 = (moe_gemm.quantize_dequantize(x), fp4_gate_up, fp4_down, True)
     gemv = moe_gemv.use_gemv(ids.numel())
@@ -177,6 +186,12 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
         best = min(times, key=times.get)
         listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
         print(f"  sweep {name} batch {tokens}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
+    if gemv:
+        times = {config: graph_ms(lambda config=config: moe_gemv_fp8.gemv_experts_fp8(
+            x, fp4_gate_up, fp4_down, weights, ids, config), flush) for config in FP8_GEMV_SWEEP}
+        best = min(times, key=times.get)
+        listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
+        print(f"  sweep mxfp4 fp8 batch {tokens}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
 
 
 if __name__ == "__main__":

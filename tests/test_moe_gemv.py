@@ -8,6 +8,7 @@ from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_referenc
 from atomlite.model_ops.triton import moe_gemm
 from atomlite.model_ops.triton.moe_common import ExpertWeights
 from atomlite.model_ops.triton.moe_gemv import MAX_PAIRS, GemvConfig, GemvTiles, gemv_experts
+from atomlite.model_ops.triton.moe_gemv_fp8 import gemv_experts_fp8
 from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
 
 # several N tiles and K steps per projection at these shapes, partial last ones
@@ -40,6 +41,26 @@ def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts
     got = gemv_experts(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
                        quantize_x, config=SMALL)
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [
+    (1, 1, 4, 64, 32),     # one token, one expert
+    (1, 8, 16, 96, 48),    # top 8; partial last 32-blocks along both K (96 and 48), rows past the tiles
+    (4, 8, 8, 288, 80),    # experts repeat across tokens; two K steps of gate_up
+])
+@pytest.mark.parametrize("wide", [False, True])
+def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, wide):
+    """The fp8-MMA kernels (sm_89+ on a GPU; here the interpreter) with dynamic MXFP4 activations."""
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
+    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
+    x = torch.randn(tokens, hidden, device=DEVICE)
+    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
+                           True)
+    got = gemv_experts_fp8(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids)
+    if DEVICE == "cuda":  # the fp8 MMA's sums are not fp32's, and may move an inner activation across a rounding
+        assert ((got - want).norm() / want.norm()).item() < 4e-3
+    else:
+        assert_close(got, want)
 
 
 @pytest.mark.parametrize("tokens,gemv", [(MAX_PAIRS // 2, True), (MAX_PAIRS // 2 + 1, False)])

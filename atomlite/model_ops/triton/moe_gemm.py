@@ -18,6 +18,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton import moe_gemv_fp8
 from atomlite.model_ops.triton.moe_gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
@@ -249,6 +250,8 @@ def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: tor
         x = x.contiguous()
     gate_up, down = ExpertWeights(gate_up, gate_up_scale, wide_scales), ExpertWeights(down, down_scale, wide_scales)
     if use_gemv(topk_ids.numel()):
+        if moe_gemv_fp8.usable(x, gate_up, quantize_x):
+            return moe_gemv_fp8.gemv_experts_fp8(x, gate_up, down, topk_weights, topk_ids)
         return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x)
     if quantize_x:
         x = quantize_dequantize(x)
