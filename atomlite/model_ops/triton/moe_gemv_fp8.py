@@ -1,7 +1,8 @@
 """MXFP4 experts for a handful of (token, slot) pairs on fp8 tensor cores (NVIDIA sm_89+, dynamic MXFP4
 activations): moe_gemv's program layout (one pair and block of features per program, straight from topk_ids), with
 mxfp4_gemm_fp8's products: each 32-block's dot product is an exact fp8 MMA over e2m1 codes moved into e4m3, scaled
-by the two blocks' e8m0 scales in fp32. The activations are quantized by mxfp4_gemm_fp8's kernel into its
+by the two blocks' e8m0 scales in fp32. gate_up writes [gate | up] in fp32, and the quantization of the inner
+activations computes gelu_tanh(gate) * up as it reads them. The activations are quantized by mxfp4_gemm_fp8's kernel into its
 block-diagonal form at period 8 (row 8r + j holds row r's blocks b with b % 8 == j), so one MMA per 256-K step
 yields a row's eight block sums. A dot needs 16 columns: the program's one row is taken twice and the two copies'
 sums halved at the end (exact). moe_gemv's fp32 multiply-adds expand every code to a float first and ran at 3.7x the
@@ -13,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, sum_slots
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
@@ -24,12 +24,14 @@ PERIOD = 8
 
 @dataclass(frozen=True, slots=True)
 class Fp8GemvConfig:
-    gate_up_block_n: int  # rows of gate (and as many of up) per program
+    gate_up_block_n: int  # rows of [gate | up] per program
     down_block_n: int
     num_stages: int = 3
 
 
-DEFAULT = Fp8GemvConfig(32, 64)  # 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B
+# 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B; 64-row tiles take Hopper's warpgroup MMAs, where
+# 16 and 32 rows ran 1.7-2x slower (bench/moe_layer.py --sweep, H100)
+DEFAULT = Fp8GemvConfig(64, 64)
 
 
 def usable(x: torch.Tensor, gate_up: ExpertWeights, quantize_x: bool) -> bool:
@@ -70,34 +72,36 @@ def _row_total(acc):
 
 
 @triton.jit
-def _gate_up_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, inner_out, INNER, K_END, stride_xm, stride_sm,
-                        stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr,
+def _gate_up_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, gate_up_out, N, K_END, stride_xm, stride_sm,
+                        stride_we, stride_wn, stride_se, stride_sn, stride_gm, TOP_K: tl.constexpr,
                         PTX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[gate | up] of pair's token for BLOCK_N of the N = 2I rows, in fp32 (the inner quantization applies the
+    activation: gate and up rows in separate programs give twice the programs of a gate-with-up tile)."""
     pair = tl.program_id(0)
     expert = tl.load(topk_ids + pair).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; they are not stored
-    gate_at, gate_s = _expert_rows(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn)
-    up_at, up_s = _expert_rows(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn)
+    w_at, s_at = _expert_rows(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn)
     x_rows, xs_rows = _row_pointers(xq, x_scale, pair // TOP_K, stride_xm, stride_sm)
-    gate_bytes = tl.load(gate_s)
-    up_bytes = tl.load(up_s)
+    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX, PDL, BLOCK_N)
+    tl.store(gate_up_out + pair.to(tl.int64) * stride_gm + rn, _row_total(acc), mask=rn < N)
+
+
+@triton.jit
+def _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX: tl.constexpr, PDL: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """The scaled block sums [BLOCK_N, 16] of W's rows with x' over K: the next step's scale bytes in flight."""
+    w_bytes = tl.load(s_at)
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before
     x_factors = tl.load(xs_rows)
-    acc_gate = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(0, K_END, 256):
         k_next = tl.minimum(k0 + 256, K_END - 256)  # the last step re-reads its own scales
         # Kept as bytes until used: converted here, the load's latency would stall this step.
-        gate_next, up_next = tl.load(gate_s + k_next // 32), tl.load(up_s + k_next // 32)
-        x_factors_next = tl.load(xs_rows + k_next // 32)
-        x_tile = tl.load(x_rows + k0)
-        acc_gate = _scaled_block_sums(acc_gate, gate_at, gate_bytes, x_tile, x_factors, k0, PTX, BLOCK_N)
-        acc_up = _scaled_block_sums(acc_up, up_at, up_bytes, x_tile, x_factors, k0, PTX, BLOCK_N)
-        gate_bytes, up_bytes, x_factors = gate_next, up_next, x_factors_next
-    h = gelu_tanh(_row_total(acc_gate)) * _row_total(acc_up)
-    tl.store(inner_out + pair.to(tl.int64) * stride_ir + rn, h, mask=rn < INNER)
+        w_next, x_factors_next = tl.load(s_at + k_next // 32), tl.load(xs_rows + k_next // 32)
+        acc = _scaled_block_sums(acc, w_at, w_bytes, tl.load(x_rows + k0), x_factors, k0, PTX, BLOCK_N)
+        w_bytes, x_factors = w_next, x_factors_next
+    return acc
 
 
 @triton.jit
@@ -109,16 +113,7 @@ def _down_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, topk_weights, pair_out, 
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_at, s_at = _expert_rows(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn)
     x_rows, xs_rows = _row_pointers(xq, x_scale, pair, stride_xm, stride_sm)
-    w_bytes = tl.load(s_at)
-    if PDL:
-        gdc_wait()  # for the quantization kernel launched just before
-    x_factors = tl.load(xs_rows)
-    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    for k0 in range(0, K_END, 256):
-        k_next = tl.minimum(k0 + 256, K_END - 256)
-        w_next, x_factors_next = tl.load(s_at + k_next // 32), tl.load(xs_rows + k_next // 32)
-        acc = _scaled_block_sums(acc, w_at, w_bytes, tl.load(x_rows + k0), x_factors, k0, PTX, BLOCK_N)
-        w_bytes, x_factors = w_next, x_factors_next
+    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX, PDL, BLOCK_N)
     total = _row_total(acc) * tl.load(topk_weights + pair).to(tl.float32)
     tl.store(pair_out + pair.to(tl.int64) * stride_op + rn, total, mask=rn < N)
 
@@ -147,12 +142,12 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
     ptx = platform_of(x.device).kind == "cuda"
     k_gate_up, k_down = gate_up.weight.shape[2] * 2, down.weight.shape[2] * 2
     xq, x_scale = quantize_activations(x, k_gate_up, PERIOD)
-    inner = torch.empty((num_pairs, inner_size), dtype=torch.float32, device=x.device)
-    run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(inner_size, config.gate_up_block_n)), xq, x_scale,
-               gate_up.weight, gate_up.scale, ids, inner, inner_size, k_gate_up, xq.stride(0), x_scale.stride(0),
-               *gate_up.strides(), inner.stride(0), TOP_K=top_k, PTX=ptx, BLOCK_N=config.gate_up_block_n,
-               num_warps=4, num_stages=config.num_stages, **_pdl(x))
-    inner_q, inner_scale = quantize_activations(inner, k_down, PERIOD)
+    gate_up_out = torch.empty((num_pairs, 2 * inner_size), dtype=torch.float32, device=x.device)
+    run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(2 * inner_size, config.gate_up_block_n)), xq, x_scale,
+               gate_up.weight, gate_up.scale, ids, gate_up_out, 2 * inner_size, k_gate_up, xq.stride(0),
+               x_scale.stride(0), *gate_up.strides(), gate_up_out.stride(0), TOP_K=top_k, PTX=ptx,
+               BLOCK_N=config.gate_up_block_n, num_warps=4, num_stages=config.num_stages, **_pdl(x))
+    inner_q, inner_scale = quantize_activations(gate_up_out, k_down, PERIOD, gated=True)
     pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
     run_kernel(_down_fp8_kernel, (num_pairs, triton.cdiv(hidden, config.down_block_n)), inner_q, inner_scale,
                down.weight, down.scale, ids, weights, pair_out, hidden, k_down, inner_q.stride(0),

@@ -36,6 +36,7 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: pointer loads only
     TensorDescriptor = None
 
+from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import interpreting, nvidia_capability, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
@@ -217,14 +218,20 @@ def _sum_splits_kernel(partials, out, M, N, stride_om, SPLIT_K: tl.constexpr, BL
 
 @triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm,
-                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr):
+                     PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
+                     GATED: tl.constexpr):
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, into xq [PERIOD M, K'] (row
     PERIOD m + j: row m's blocks b with b % PERIOD == j, zeros elsewhere; BLOCK_M 1 when PERIOD > 1), and
-    2^exponent per block into x_scale [M, K'/32]."""
+    2^exponent per block into x_scale [M, K'/32]. GATED: x is [gate | up] [M, 2K], quantized as gelu_tanh(gate) * up
+    (fp32)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
-    tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
-    q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
+    at = x + rm[:, None] * stride_xm + rk[None, :]
+    mask = (rm < M)[:, None] & (rk < K)[None, :]
+    tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    if GATED:
+        tile = gelu_tanh(tile) * tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
+    q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
     low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
                                (BLOCK_M, STEP)).to(tl.float8e4nv)
     factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
@@ -356,16 +363,18 @@ def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
     return launch.out
 
 
-def quantize_activations(x: torch.Tensor, k_padded: int, period: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 values [period * M, K'], fp32 block scales [M, K'/32]) as _fp8_gemm_kernel reads them."""
-    m, k = x.shape
+def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
+                         gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 values [period * M, K'], fp32 block scales [M, K'/32]) as _fp8_gemm_kernel reads them;
+    gated: x is [gate | up] [M, 2K] and gelu_tanh(gate) * up is quantized."""
+    m, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
     steps = k_padded // STEP_K
     xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
     block_m = 16 if period == 1 else 1
     run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
         x, xq, x_scale, m, k, x.stride(0), xq.stride(0), x_scale.stride(0), PERIOD=period, BLOCK_M=block_m,
-        STEP=STEP_K, PDL=_dependent_launch(x), num_warps=4)
+        STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, num_warps=4)
     return xq, x_scale
 
 
