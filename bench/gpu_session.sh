@@ -23,6 +23,8 @@ stage() {
         attn-b1) python bench/decode_attention.py ;;
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
+        fp4-small) python bench/fp4_gemm.py --ms 1,2,4,16 ;;
+        tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/test_mxfp4_gemm.py ;;
         moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
                        tests/test_kv_fp8.py tests/test_moe_gemv.py ;;

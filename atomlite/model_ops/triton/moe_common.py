@@ -8,6 +8,11 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
+
+try:
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
+    gdc_wait = None
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 
@@ -52,7 +57,9 @@ def quantize_dequantize_rows(h, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # a dependent launch: for the kernel before, which wrote pair_out
     token = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -64,10 +71,13 @@ def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constex
 SUM_BLOCK = 1024
 
 
-def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype,
+              dependent: bool = False) -> torch.Tensor:
+    """out [tokens, hidden] = each token's top_k rows of pair_out summed in slot order; dependent: a programmatic
+    dependent launch on the kernel before (sm_90)."""
     hidden = pair_out.shape[1]
     out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
     block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
     run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
-               BLOCK_N=block, num_warps=4)
+               BLOCK_N=block, PDL=dependent, num_warps=4, **({"launch_pdl": True} if dependent else {}))
     return out

@@ -17,7 +17,8 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, sum_slots
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
-                                                      _expand_e4m3, gdc_wait, quantize_activations, supported)
+                                                      _expand_e4m3, gdc_launch_dependents, gdc_wait, pdl_launch,
+                                                      quantize_activations, supported)
 
 PERIOD = 8
 
@@ -93,6 +94,7 @@ def _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX: tl.constexpr, PDL: t
     w_bytes = tl.load(s_at)
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before
+        gdc_launch_dependents()  # the next kernel's programs may start; they wait for this grid's outputs
     x_factors = tl.load(xs_rows)
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(0, K_END, 256):
@@ -121,7 +123,7 @@ def _down_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, topk_weights, pair_out, 
 def _pdl(x: torch.Tensor) -> dict:
     """A dependent launch on its quantization kernel where there is one (sm_90): the kernel flag and launch option."""
     pdl = _dependent_launch(x)
-    return dict(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+    return dict(PDL=pdl, **pdl_launch(pdl))
 
 
 def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
@@ -153,4 +155,4 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
                down.weight, down.scale, ids, weights, pair_out, hidden, k_down, inner_q.stride(0),
                inner_scale.stride(0), *down.strides(), pair_out.stride(0), PTX=ptx, BLOCK_N=config.down_block_n,
                num_warps=4, num_stages=config.num_stages, **_pdl(x))
-    return sum_slots(pair_out, tokens, top_k, x.dtype)
+    return sum_slots(pair_out, tokens, top_k, x.dtype, dependent=_dependent_launch(x))

@@ -94,6 +94,11 @@ def _dependent_launch(x: torch.Tensor) -> bool:
     return gdc_wait is not None and _nvidia_capability(x) >= (9, 0)
 
 
+def pdl_launch(pdl: bool) -> dict:
+    """run_kernel's option for a programmatic dependent launch (the kernel must gdc_wait before its inputs)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:
     """The GEMM kernels' weight argument and TMA flag: with tma on Hopper (and in the interpreter), a tensor
     descriptor whose tiles land swizzled in shared memory; else the tensor, read through pointers."""
@@ -228,6 +233,8 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm,
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     at = x + rm[:, None] * stride_xm + rk[None, :]
     mask = (rm < M)[:, None] & (rk < K)[None, :]
+    if PDL:
+        gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
     tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
     if GATED:
         tile = gelu_tanh(tile) * tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
@@ -359,7 +366,7 @@ def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
         m, n = launch.out.shape
         run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
             launch.partials, launch.out, m, n, launch.out.stride(0), SPLIT_K=launch.split_k, BLOCK=SUM_BLOCK, PDL=pdl,
-            num_warps=4, **({"launch_pdl": True} if pdl else {}))
+            num_warps=4, **pdl_launch(pdl))
     return launch.out
 
 
@@ -374,7 +381,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
     block_m = 16 if period == 1 else 1
     run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
         x, xq, x_scale, m, k, x.stride(0), xq.stride(0), x_scale.stride(0), PERIOD=period, BLOCK_M=block_m,
-        STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, num_warps=4)
+        STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, num_warps=4, **pdl_launch(_dependent_launch(x)))
     return xq, x_scale
 
 
@@ -402,5 +409,5 @@ def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weig
         PTX=platform_of(x.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **({"launch_pdl": True} if pdl else {}))
+        **pdl_launch(pdl))
     return sum_splits(launch, pdl)

@@ -34,8 +34,8 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, _weight_rows, _weight_tile,
-                                                      gdc_launch_dependents, gdc_wait, split_launch, sum_splits,
-                                                      weight_loads)
+                                                      gdc_launch_dependents, gdc_wait, pdl_launch, split_launch,
+                                                      sum_splits, weight_loads)
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -178,6 +178,8 @@ def _quantize_kernel(x, xq, x_shift, M, K, stride_xm, stride_qm, stride_sm, BLOC
     64q + 8j + 4h + e of the step), zeros past K, into xq [M, K']; 2^(r - 6) into x_shift [M, K'/256]."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    if PDL:
+        gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
     q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
     r = tl.max(exponent, axis=1) - 13
@@ -233,7 +235,7 @@ def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool) -> tuple[tor
     x_shift = torch.empty((m, steps), dtype=torch.float32, device=x.device)
     run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), steps),
         x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=QUANTIZE_ROWS,
-        PDL=ptx and _dependent_launch(x), num_warps=4)
+        PDL=ptx and _dependent_launch(x), num_warps=4, **pdl_launch(ptx and _dependent_launch(x)))
     return xq, x_shift
 
 
@@ -262,5 +264,5 @@ def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, w
         launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
         weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
-        num_stages=config.num_stages, **({"launch_pdl": True} if pdl else {}))
+        num_stages=config.num_stages, **pdl_launch(pdl))
     return sum_splits(launch, pdl)
