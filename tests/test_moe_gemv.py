@@ -8,7 +8,7 @@ from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_referenc
 from atomlite.model_ops.triton import moe_gemm
 from atomlite.model_ops.triton.moe_common import ExpertWeights
 from atomlite.model_ops.triton.moe_gemv import MAX_PAIRS, GemvConfig, GemvTiles, gemv_experts
-from atomlite.model_ops.triton.moe_gemv_fp8 import gemv_experts_fp8
+from atomlite.model_ops.triton.moe_gemv_fp8 import Fp8GemvConfig, gemv_experts_fp8
 from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
 
 # several N tiles and K steps per projection at these shapes, partial last ones
@@ -49,14 +49,17 @@ def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts
     (4, 8, 8, 288, 80),    # experts repeat across tokens; two K steps of gate_up
 ])
 @pytest.mark.parametrize("wide", [False, True])
-def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, wide):
-    """The fp8-MMA kernels (sm_89+ on a GPU; here the interpreter) with dynamic MXFP4 activations."""
+@pytest.mark.parametrize("splits", [1, 2])
+def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, wide, splits):
+    """The fp8-MMA kernels (sm_89+ on a GPU; here the interpreter) with dynamic MXFP4 activations; gate_up's K
+    split in two where it has two steps (hidden 288), else one split."""
     (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
     weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
     x = torch.randn(tokens, hidden, device=DEVICE)
     want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
                            True)
-    got = gemv_experts_fp8(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids)
+    got = gemv_experts_fp8(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
+                           Fp8GemvConfig(64, 64, gate_up_splits=splits))
     if DEVICE == "cuda":  # the fp8 MMA's sums are not fp32's, and may move an inner activation across a rounding
         assert ((got - want).norm() / want.norm()).item() < 4e-3
     else:

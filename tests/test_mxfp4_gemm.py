@@ -284,6 +284,50 @@ def test_linear_triton_backend_matches_torch_backend(dynamic):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+@pytest.mark.parametrize("m, n, k, config", [
+    (1, 40, 96, Fp8Config(2, 64, 4, 2, period=8)),             # K tail
+    (3, 72, 544, Fp8Config(4, 64, 4, 2, split_k=2, period=8)),
+    (5, 72, 288, Fp8Config(8, 64, 4, 2, period=2)),
+    (5, 72, 544, LookupConfig(16, 64, 4, 2, split_k=2)),
+])
+def test_gated_paths_quantize_gelu_tanh_of_gate_times_up(m, n, k, config):
+    """x = [gate | up]: the activation quantization computes gelu_tanh(gate) * up (fp32) before rounding it."""
+    _, packed, scale = random_case(m, n, k, torch.float32, seed=m + n)
+    gate_up = torch.randn(m, 2 * k, generator=torch.Generator().manual_seed(k))
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    got = mxfp4_gemm(gate_up.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False, config,
+                     lookup_scales=isinstance(config, LookupConfig), gated=True)
+    assert_matches(got, reference(gelu_tanh_and_mul(gate_up), packed, scale, True), torch.float32, FP8_SUMS_RTOL)
+
+
+def test_gated_gemm_refuses_paths_without_a_gated_quantization():
+    _, packed, scale = random_case(1, 32, 64, torch.float32, seed=3)
+    weight, weight_scale = pad_to_k_align(packed, scale)
+    with pytest.raises(ValueError, match="check gated_path first"):
+        mxfp4_gemm(torch.randn(1, 128, device=DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, False,
+                   SMALL_DECODE, gated=True)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 100])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_linear_forward_gated_equals_forward_of_the_activation(rows, backend):
+    """Where the fp8 or lookup path runs (GPU, 1-64 rows) the activation is fused into the input quantization;
+    elsewhere forward_gated is forward(act(x)). Both give the same numbers."""
+    from atomlite.model_ops.activation import GeluTanhAndMul
+    layer = loaded_linear(96, 48, LinearQuantSpec(dynamic_fp4_input=True), backend)
+    gate_up = torch.randn(rows, 192, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+    act = GeluTanhAndMul(96)
+    expected = layer(act(gate_up))
+    got = layer.forward_gated(gate_up, act)
+    # gelu in fp32 and rounded once either way; on a GPU the fp8 MMA's sums
+    torch.testing.assert_close(got, expected, rtol=FP8_SUMS_RTOL, atol=FP8_SUMS_RTOL * expected.abs().max().item())
+
+
 def test_linear_torch_backend_quantizes_inputs_only_when_the_spec_says_so():
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(6))
     for dynamic in (True, False):

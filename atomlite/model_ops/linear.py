@@ -28,6 +28,10 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.weight)
 
+    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """self(act(gate_up)); linears that can fuse the activation into their input (MXFP4Linear) override it."""
+        return self(act(gate_up))
+
 
 class MergedLinear(Linear):
     """Several projections of the same input stored as one weight (e.g. gate and up): one GEMM instead of two.

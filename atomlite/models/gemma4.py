@@ -82,7 +82,7 @@ class Gemma4MLP(nn.Module):
         self.down_proj = lin.linear(f"{prefix}.down_proj", intermediate, hidden)
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        return self.down_proj.forward_gated(self.gate_up_proj(x), self.act)
 
 
 class Gemma4Router(nn.Module):

@@ -28,6 +28,7 @@ class Fp8GemvConfig:
     gate_up_block_n: int  # rows of [gate | up] per program
     down_block_n: int
     num_stages: int = 3
+    gate_up_splits: int = 1  # K ranges of gate_up in separate programs (the inner quantization sums them)
 
 
 # 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B; 64-row tiles take Hopper's warpgroup MMAs, where
@@ -73,32 +74,37 @@ def _row_total(acc):
 
 
 @triton.jit
-def _gate_up_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, gate_up_out, N, K_END, stride_xm, stride_sm,
-                        stride_we, stride_wn, stride_se, stride_sn, stride_gm, TOP_K: tl.constexpr,
+def _gate_up_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, gate_up_out, N, K_SPLIT, K_END, stride_xm, stride_sm,
+                        stride_we, stride_wn, stride_se, stride_sn, stride_gm, stride_gs, TOP_K: tl.constexpr,
                         PTX: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr):
-    """[gate | up] of pair's token for BLOCK_N of the N = 2I rows, in fp32 (the inner quantization applies the
-    activation: gate and up rows in separate programs give twice the programs of a gate-with-up tile)."""
+    """[gate | up] of pair's token for BLOCK_N of the N = 2I rows over split program_id(2)'s K range, in fp32 (the
+    inner quantization sums the splits and applies the activation: gate and up rows in separate programs give
+    twice the programs of a gate-with-up tile)."""
     pair = tl.program_id(0)
     expert = tl.load(topk_ids + pair).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_first = tl.program_id(2) * K_SPLIT
     w_at, s_at = _expert_rows(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn)
     x_rows, xs_rows = _row_pointers(xq, x_scale, pair // TOP_K, stride_xm, stride_sm)
-    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX, PDL, BLOCK_N)
-    tl.store(gate_up_out + pair.to(tl.int64) * stride_gm + rn, _row_total(acc), mask=rn < N)
+    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, k_first, tl.minimum(k_first + K_SPLIT, K_END), PTX, PDL,
+                         BLOCK_N)
+    out = gate_up_out + tl.program_id(2) * stride_gs + pair.to(tl.int64) * stride_gm
+    tl.store(out + rn, _row_total(acc), mask=rn < N)
 
 
 @triton.jit
-def _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX: tl.constexpr, PDL: tl.constexpr,
+def _streamed_sums(w_at, s_at, x_rows, xs_rows, k_first, k_end, PTX: tl.constexpr, PDL: tl.constexpr,
                    BLOCK_N: tl.constexpr):
-    """The scaled block sums [BLOCK_N, 16] of W's rows with x' over K: the next step's scale bytes in flight."""
-    w_bytes = tl.load(s_at)
+    """The scaled block sums [BLOCK_N, 16] of W's rows with x' over [k_first, k_end): the next step's scale bytes
+    in flight."""
+    w_bytes = tl.load(s_at + k_first // 32)
     if PDL:
         gdc_wait()  # for the quantization kernel launched just before
         gdc_launch_dependents()  # the next kernel's programs may start; they wait for this grid's outputs
-    x_factors = tl.load(xs_rows)
+    x_factors = tl.load(xs_rows + k_first // 32)
     acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    for k0 in range(0, K_END, 256):
-        k_next = tl.minimum(k0 + 256, K_END - 256)  # the last step re-reads its own scales
+    for k0 in range(k_first, k_end, 256):
+        k_next = tl.minimum(k0 + 256, k_end - 256)  # the last step re-reads its own scales
         # Kept as bytes until used: converted here, the load's latency would stall this step.
         w_next, x_factors_next = tl.load(s_at + k_next // 32), tl.load(xs_rows + k_next // 32)
         acc = _scaled_block_sums(acc, w_at, w_bytes, tl.load(x_rows + k0), x_factors, k0, PTX, BLOCK_N)
@@ -115,7 +121,7 @@ def _down_fp8_kernel(xq, x_scale, w, w_scale, topk_ids, topk_weights, pair_out, 
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_at, s_at = _expert_rows(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn)
     x_rows, xs_rows = _row_pointers(xq, x_scale, pair, stride_xm, stride_sm)
-    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, K_END, PTX, PDL, BLOCK_N)
+    acc = _streamed_sums(w_at, s_at, x_rows, xs_rows, 0, K_END, PTX, PDL, BLOCK_N)
     total = _row_total(acc) * tl.load(topk_weights + pair).to(tl.float32)
     tl.store(pair_out + pair.to(tl.int64) * stride_op + rn, total, mask=rn < N)
 
@@ -144,12 +150,16 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
     ptx = platform_of(x.device).kind == "cuda"
     k_gate_up, k_down = gate_up.weight.shape[2] * 2, down.weight.shape[2] * 2
     xq, x_scale = quantize_activations(x, k_gate_up, PERIOD)
-    gate_up_out = torch.empty((num_pairs, 2 * inner_size), dtype=torch.float32, device=x.device)
-    run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(2 * inner_size, config.gate_up_block_n)), xq, x_scale,
-               gate_up.weight, gate_up.scale, ids, gate_up_out, 2 * inner_size, k_gate_up, xq.stride(0),
-               x_scale.stride(0), *gate_up.strides(), gate_up_out.stride(0), TOP_K=top_k, PTX=ptx,
-               BLOCK_N=config.gate_up_block_n, num_warps=4, num_stages=config.num_stages, **_pdl(x))
-    inner_q, inner_scale = quantize_activations(gate_up_out, k_down, PERIOD, gated=True)
+    k_split = triton.cdiv(k_gate_up // STEP_K, config.gate_up_splits) * STEP_K
+    splits = triton.cdiv(k_gate_up, k_split)
+    gate_up_out = torch.empty((splits, num_pairs, 2 * inner_size), dtype=torch.float32, device=x.device)
+    run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(2 * inner_size, config.gate_up_block_n), splits), xq,
+               x_scale, gate_up.weight, gate_up.scale, ids, gate_up_out, 2 * inner_size, k_split, k_gate_up,
+               xq.stride(0), x_scale.stride(0), *gate_up.strides(), gate_up_out.stride(1), gate_up_out.stride(0),
+               TOP_K=top_k, PTX=ptx, BLOCK_N=config.gate_up_block_n, num_warps=4, num_stages=config.num_stages,
+               **_pdl(x))
+    inner_q, inner_scale = quantize_activations(gate_up_out if splits > 1 else gate_up_out[0], k_down, PERIOD,
+                                                gated=True)
     pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
     run_kernel(_down_fp8_kernel, (num_pairs, triton.cdiv(hidden, config.down_block_n)), inner_q, inner_scale,
                down.weight, down.scale, ids, weights, pair_out, hidden, k_down, inner_q.stride(0),

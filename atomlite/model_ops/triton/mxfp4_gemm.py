@@ -322,16 +322,25 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bo
     return pick_config(m, n)
 
 
+def gated_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, lookup_scales: bool = False) -> bool:
+    """Whether mxfp4_gemm(..., gated=True) runs for these rows: the paths whose activation quantization can apply
+    gelu_tanh(gate) * up as it reads x (fp8 and lookup tiles)."""
+    return isinstance(pick_path(m, n, x, quantize_x, lookup_scales=lookup_scales), (Fp8Config, LookupConfig))
+
+
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
-               wide_scales: bool = True, config: Config | None = None, lookup_scales: bool = False) -> torch.Tensor:
+               wide_scales: bool = True, config: Config | None = None, lookup_scales: bool = False,
+               gated: bool = False) -> torch.Tensor:
     """x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
 
     weight [N, K'/2] / weight_scale [N, K'/32] come from pad_to_k_align; wide_scales=needs_wide_scales(weight_scale)
     and lookup_scales=scale_bytes_fit(weight, weight_scale) (the defaults are always right, the other values
     faster). quantize_x applies dynamic MXFP4 activation quantization first. config (default pick_path) also picks
-    the kernel: Fp8Config and LookupConfig need quantize_x, LookupConfig also lookup_scales.
+    the kernel: Fp8Config and LookupConfig need quantize_x, LookupConfig also lookup_scales. gated: x is
+    [gate | up] [M, 2K] and the GEMM multiplies gelu_tanh(gate) * up, computed by those two paths' activation
+    quantization (gated_path says whether they run).
     """
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
     out_features = weight.shape[0]
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"mxfp4_gemm takes bf16 or fp32 activations, got {x.dtype}")
@@ -345,14 +354,17 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if isinstance(config, (Fp8Config, LookupConfig)) and not quantize_x:
         raise ValueError(f"{type(config).__name__} kernels multiply MXFP4-quantized activations: "
                          "quantize_x must be True")
+    if gated and not isinstance(config, (Fp8Config, LookupConfig)):
+        raise ValueError(f"gated MXFP4 GEMMs run on the fp8 and lookup paths only, not {type(config).__name__}: "
+                         "check gated_path first")
     if isinstance(config, Fp8Config):
-        return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config)
+        return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config, gated)
     if isinstance(config, LookupConfig):
         if not lookup_scales:
             fit = mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES
             raise ValueError(f"the lookup kernel takes weights whose nonzero blocks have scale bytes {fit.start} to "
                              f"{fit.stop - 1}: pass lookup_scales=scale_bytes_fit(weight, weight_scale)")
-        return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config)
+        return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config, gated)
     if isinstance(config, BlockwiseConfig):
         if not (quantize_x and mxfp4_gemm_blockwise.supported(x, out_features)) or config.rows % 16:
             raise ValueError("BlockwiseConfig multiplies MXFP4-quantized bf16 activations on an NVIDIA sm_90 GPU, in "

@@ -222,22 +222,31 @@ def _sum_splits_kernel(partials, out, M, N, stride_om, SPLIT_K: tl.constexpr, BL
 
 
 @triton.jit
-def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm,
+def _summed_parts(at, mask, stride_part, PARTS: tl.constexpr):
+    """The sum (fp32) of PARTS tiles stride_part apart, from at."""
+    tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    for part in tl.static_range(1, PARTS):
+        tile += tl.load(at + part * stride_part, mask=mask, other=0.0).to(tl.float32)
+    return tile
+
+
+@triton.jit
+def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_part,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
-                     GATED: tl.constexpr):
+                     GATED: tl.constexpr, PARTS: tl.constexpr):
     """x [M, K] -> e2m1 values as e4m3 in blockwise K order, zero-padded to xq's K, into xq [PERIOD M, K'] (row
     PERIOD m + j: row m's blocks b with b % PERIOD == j, zeros elsewhere; BLOCK_M 1 when PERIOD > 1), and
     2^exponent per block into x_scale [M, K'/32]. GATED: x is [gate | up] [M, 2K], quantized as gelu_tanh(gate) * up
-    (fp32)."""
+    (fp32). PARTS > 1: x is the sum of PARTS such arrays, stride_part apart (split-K partial sums)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     at = x + rm[:, None] * stride_xm + rk[None, :]
     mask = (rm < M)[:, None] & (rk < K)[None, :]
     if PDL:
         gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
-    tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    tile = _summed_parts(at, mask, stride_part, PARTS)
     if GATED:
-        tile = gelu_tanh(tile) * tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
+        tile = gelu_tanh(tile) * _summed_parts(at + K, mask, stride_part, PARTS)
     q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
     low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
                                (BLOCK_M, STEP)).to(tl.float8e4nv)
@@ -373,24 +382,29 @@ def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
 def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
                          gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (e4m3 values [period * M, K'], fp32 block scales [M, K'/32]) as _fp8_gemm_kernel reads them;
-    gated: x is [gate | up] [M, 2K] and gelu_tanh(gate) * up is quantized."""
-    m, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
+    gated: x is [gate | up] [M, 2K] and gelu_tanh(gate) * up is quantized. x may also be [parts, M, K or 2K]:
+    the quantization is of the parts' sum."""
+    parts = x.shape[0] if x.dim() == 3 else 1
+    rows = x if x.dim() == 2 else x[0]
+    m, k = rows.shape[0], rows.shape[1] // 2 if gated else rows.shape[1]
     steps = k_padded // STEP_K
     xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
     block_m = 16 if period == 1 else 1
     run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
-        x, xq, x_scale, m, k, x.stride(0), xq.stride(0), x_scale.stride(0), PERIOD=period, BLOCK_M=block_m,
-        STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, num_warps=4, **pdl_launch(_dependent_launch(x)))
+        x, xq, x_scale, m, k, rows.stride(0), xq.stride(0), x_scale.stride(0), x.stride(0) if parts > 1 else 0,
+        PERIOD=period, BLOCK_M=block_m, STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, PARTS=parts, num_warps=4,
+        **pdl_launch(_dependent_launch(x)))
     return xq, x_scale
 
 
 def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                   config: Fp8Config | None = None) -> torch.Tensor:
+                   config: Fp8Config | None = None, gated: bool = False) -> torch.Tensor:
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
-    weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align)."""
+    weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align).
+    gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up."""
     config = config or pick_config(x.shape[0], weight.shape[0])
-    quantized = quantize_activations(x, weight.shape[1] * 2, config.period)
+    quantized = quantize_activations(x, weight.shape[1] * 2, config.period, gated)
     return fp8_gemm(quantized, x, weight, weight_scale, config, pdl=_dependent_launch(x))
 
 

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, _weight_rows, _weight_tile,
@@ -172,16 +173,21 @@ def _expand_step(words, scale_words, PTX: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _quantize_kernel(x, xq, x_shift, M, K, stride_xm, stride_qm, stride_sm, BLOCK_M: tl.constexpr,
-                     PDL: tl.constexpr):
+                     PDL: tl.constexpr, GATED: tl.constexpr):
     """x [M, K] -> its MXFP4 quantization times 2^-r per 256-K step (r: the step's largest block exponent - 13), as
     e5m2 (rounded through e5m2 into xq's dtype), in lookup order (position 32j + 16h + 4q + e holds element
-    64q + 8j + 4h + e of the step), zeros past K, into xq [M, K']; 2^(r - 6) into x_shift [M, K'/256]."""
+    64q + 8j + 4h + e of the step), zeros past K, into xq [M, K']; 2^(r - 6) into x_shift [M, K'/256]. GATED: x is
+    [gate | up] [M, 2K], quantized as gelu_tanh(gate) * up (fp32)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     if PDL:
         gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
-    tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
-    q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
+    at = x + rm[:, None] * stride_xm + rk[None, :]
+    mask = (rm < M)[:, None] & (rk < K)[None, :]
+    tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
+    if GATED:
+        tile = gelu_tanh(tile) * tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
+    q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
     r = tl.max(exponent, axis=1) - 13
     factor = tl.exp2((exponent - r[:, None]).to(tl.float32))
     values = tl.reshape(tl.reshape(q, (BLOCK_M, STEP // 32, 32)) * factor[:, :, None], (BLOCK_M, 4, 8, 2, 4))
@@ -226,27 +232,29 @@ def _lookup_gemm_kernel(xq, x_shift, w, w_scale, out, partials, M, N, K_SPLIT, K
     _store(out, partials, acc, rm, rn, M, N, stride_om, SPLIT_K)
 
 
-def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool,
+                         gated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (values [M, K'] in lookup order, e5m2 with PTX else fp32; 2^(r - 6) per row and step, fp32
-    [M, K'/256]) as _lookup_gemm_kernel reads them."""
-    m, k = x.shape
+    [M, K'/256]) as _lookup_gemm_kernel reads them; gated: x is [gate | up] [M, 2K] and gelu_tanh(gate) * up is
+    quantized."""
+    m, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
     steps = k_padded // STEP_K
     xq = torch.empty((m, k_padded), dtype=torch.float8_e5m2 if ptx else torch.float32, device=x.device)
     x_shift = torch.empty((m, steps), dtype=torch.float32, device=x.device)
     run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), steps),
         x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=QUANTIZE_ROWS,
-        PDL=ptx and _dependent_launch(x), num_warps=4, **pdl_launch(ptx and _dependent_launch(x)))
+        PDL=ptx and _dependent_launch(x), GATED=gated, num_warps=4, **pdl_launch(ptx and _dependent_launch(x)))
     return xq, x_shift
 
 
 def mxfp4_gemm_lookup(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                      config: LookupConfig | None = None) -> torch.Tensor:
+                      config: LookupConfig | None = None, gated: bool = False) -> torch.Tensor:
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype. weight [N, K'/2] and
     weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align), rows contiguous, and
-    scale_bytes_fit(weight, weight_scale)."""
+    scale_bytes_fit(weight, weight_scale). gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up."""
     config = config or pick_config(x.shape[0], weight.shape[0])
     ptx = platform_of(x.device).kind == "cuda" and not interpreting()
-    quantized = quantize_activations(x, weight.shape[1] * 2, ptx)
+    quantized = quantize_activations(x, weight.shape[1] * 2, ptx, gated)
     return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x))
 
 
