@@ -46,7 +46,8 @@ GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4),
               GemvConfig(G(32, 256, 8), G(32, 128, 4)), GemvConfig(G(16, 256, 8), G(64, 128, 8)),
               GemvConfig(G(8, 256, 4), G(32, 256, 8)), GemvConfig(G(4, 256, 2), G(8, 128, 2))]
 F = moe_gemv_fp8.Fp8GemvConfig
-FP8_GEMV_SWEEP = [F(64, 64), F(64, 64, gate_up_splits=2), F(64, 64, gate_up_splits=3), F(64, 64, 4, 2),
+FP8_GEMV_SWEEP = [F(64, 64), F(64, 64, gate_up_splits=1), F(64, 64, gate_up_splits=2), F(64, 64, gate_up_splits=3),
+                  F(64, 64, 4, 2),
                   F(64, 128), F(128, 64), F(64, 64, 4), F(64, 64, 2), F(128, 64, gate_up_splits=2)]
 
 

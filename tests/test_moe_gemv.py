@@ -49,10 +49,10 @@ def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts
     (4, 8, 8, 288, 80),    # experts repeat across tokens; two K steps of gate_up
 ])
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("splits", [None, 1, 2])
 def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, wide, splits):
     """The fp8-MMA kernels (sm_89+ on a GPU; here the interpreter) with dynamic MXFP4 activations; gate_up's K
-    split in two where it has two steps (hidden 288), else one split."""
+    split in two where it has two steps (hidden 288), else one split; None: the launcher's choice."""
     (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
     weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
     x = torch.randn(tokens, hidden, device=DEVICE)

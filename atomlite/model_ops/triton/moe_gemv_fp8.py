@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import platform_of, run_kernel
+from atomlite.model_ops.triton.common import num_sms, platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, sum_slots
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
                                                       _expand_e4m3, gdc_launch_dependents, gdc_wait, pdl_launch,
@@ -28,7 +28,9 @@ class Fp8GemvConfig:
     gate_up_block_n: int  # rows of [gate | up] per program
     down_block_n: int
     num_stages: int = 3
-    gate_up_splits: int = 1  # K ranges of gate_up in separate programs (the inner quantization sums them)
+    # K ranges of gate_up in separate programs (the inner quantization sums them); None: the fewest that give
+    # every multiprocessor two programs (one token: 2 splits; measured 20.0 us against 21.8 for one, H100)
+    gate_up_splits: int | None = None
 
 
 # 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B; 64-row tiles take Hopper's warpgroup MMAs, where
@@ -132,6 +134,15 @@ def _pdl(x: torch.Tensor) -> dict:
     return dict(PDL=pdl, **pdl_launch(pdl))
 
 
+def _gate_up_splits(x: torch.Tensor, num_pairs: int, n: int, k: int, config: Fp8GemvConfig) -> int:
+    if config.gate_up_splits is not None:
+        return config.gate_up_splits
+    programs, splits = num_pairs * triton.cdiv(n, config.gate_up_block_n), 1
+    while programs * splits < 2 * num_sms(x.device) and splits < k // STEP_K:
+        splits += 1
+    return splits
+
+
 def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, config: Fp8GemvConfig = DEFAULT) -> torch.Tensor:
     """moe_gemv.gemv_experts for MXFP4 experts with dynamic MXFP4 activations (x and the inner activations are
@@ -150,7 +161,8 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
     ptx = platform_of(x.device).kind == "cuda"
     k_gate_up, k_down = gate_up.weight.shape[2] * 2, down.weight.shape[2] * 2
     xq, x_scale = quantize_activations(x, k_gate_up, PERIOD)
-    k_split = triton.cdiv(k_gate_up // STEP_K, config.gate_up_splits) * STEP_K
+    wanted = _gate_up_splits(x, num_pairs, 2 * inner_size, k_gate_up, config)
+    k_split = triton.cdiv(k_gate_up // STEP_K, wanted) * STEP_K
     splits = triton.cdiv(k_gate_up, k_split)
     gate_up_out = torch.empty((splits, num_pairs, 2 * inner_size), dtype=torch.float32, device=x.device)
     run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(2 * inner_size, config.gate_up_block_n), splits), xq,
