@@ -9,6 +9,17 @@ import triton
 
 from atomlite.model_ops.platform import Platform, detect_platform
 
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
+    gdc_launch_dependents = gdc_wait = None
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """run_kernel's option for a programmatic dependent launch (sm_90): the kernel's programs may start before the
+    kernel ahead of it ends, so it must gdc_wait before reading what that kernel wrote."""
+    return {"launch_pdl": True} if pdl else {}
+
 
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1, where bf16 arithmetic is wrong: kernels upcast right after loading."""

@@ -7,12 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
-
-try:
-    from triton.language.extra.cuda import gdc_wait
-except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
-    gdc_wait = None
+from atomlite.model_ops.triton.common import gdc_wait, pdl_launch, run_kernel
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 
@@ -79,5 +74,5 @@ def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtyp
     out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
     block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
     run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
-               BLOCK_N=block, PDL=dependent, num_warps=4, **({"launch_pdl": True} if dependent else {}))
+               BLOCK_N=block, PDL=dependent, num_warps=4, **pdl_launch(dependent))
     return out

@@ -28,16 +28,13 @@ import triton
 import triton.language as tl
 
 try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # a Triton without griddepcontrol: no dependent launch (called only with PDL)
-    gdc_launch_dependents = gdc_wait = None
-try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # a Triton without host tensor descriptors: pointer loads only
     TensorDescriptor = None
 
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import interpreting, nvidia_capability, platform_of, run_kernel
+from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, nvidia_capability,
+                                              pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
@@ -92,11 +89,6 @@ def supported(x: torch.Tensor) -> bool:
 def _dependent_launch(x: torch.Tensor) -> bool:
     """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
     return gdc_wait is not None and _nvidia_capability(x) >= (9, 0)
-
-
-def pdl_launch(pdl: bool) -> dict:
-    """run_kernel's option for a programmatic dependent launch (the kernel must gdc_wait before its inputs)."""
-    return {"launch_pdl": True} if pdl else {}
 
 
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:

@@ -32,10 +32,10 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, pdl_launch, platform_of,
+                                              run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
-                                                      _program_tile, _store, _weight_rows, _weight_tile,
-                                                      gdc_launch_dependents, gdc_wait, pdl_launch, split_launch,
+                                                      _program_tile, _store, _weight_rows, _weight_tile, split_launch,
                                                       sum_splits, weight_loads)
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
 

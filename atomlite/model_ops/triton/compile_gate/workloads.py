@@ -18,7 +18,7 @@ from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
 GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
@@ -106,10 +106,16 @@ def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:
     return KFromV(meta(layer.head_dim), table, table, rotary_pairs(inv_freq))
 
 
-def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int) -> None:
+def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int, gated: bool = False) -> None:
+    """gated: the MLP's down projection fed [gate | up] (MXFP4Linear.forward_gated), where its path takes that."""
     k_padded = -(-k // K_ALIGN) * K_ALIGN
     weight, scale = meta(n, k_padded // 2, dtype=torch.uint8), meta(n, k_padded // 32, dtype=torch.uint8)
-    r.call(op, dict(n=n, k=k, dynamic_input=True), meta(rows, k), weight, scale, True, False, lookup_scales=True)
+    x = meta(rows, 2 * k if gated else k)
+    if gated:
+        with recording(r.platform):  # the path as the target platform picks it
+            if not gated_path(rows, n, x, True, lookup_scales=True):
+                return
+    r.call(op, dict(n=n, k=k, dynamic_input=True), x, weight, scale, True, False, lookup_scales=True, gated=gated)
 
 
 def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int, int]]:
@@ -165,6 +171,8 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         r.call("linear", dict(n=n, k=k), meta(tokens, k), meta(n, k))  # bf16 weights (+ the tied lm_head)
     for n, k in sorted(_mxfp4_projections(hf, spec.layers)):
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
+    for width in inner:
+        _mxfp4_linear(r, "mxfp4_linear", tokens, hidden, width, gated=True)
     if hf.get("enable_moe_block"):
         r.call("rms_norm_pair_sum", dict(dim=hidden), x, x, weight, weight, 1e-6)  # the two feed-forward branches
         _moe_experts(r, hf)
