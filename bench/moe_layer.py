@@ -134,7 +134,7 @@ def main() -> int:
                                                         or fp4_down.wide_scales),
         }
         fp4_kinds = ["mxfp4"]
-        if moe_gemv.use_gemv(ids.numel()):  # the few-pairs kernels' fp32 multiply-adds, beside the fp8 MMAs the op takes
+        if moe_gemv.use_gemv(ids.numel()):  # the few-pairs fp32 multiply-adds, beside the fp8 MMAs the op takes
             paths["mxfp4-fma"] = lambda: moe_gemv.gemv_experts(x, fp4_gate_up, fp4_down, weights, ids, True)
             fp4_kinds.append("mxfp4-fma")
         want = {"bf16": torch_ref.moe_experts(x.float(), gate_up.float(), down.float(), weights, ids),

@@ -2,11 +2,12 @@
 activations): moe_gemv's program layout (one pair and block of features per program, straight from topk_ids), with
 mxfp4_gemm_fp8's products: each 32-block's dot product is an exact fp8 MMA over e2m1 codes moved into e4m3, scaled
 by the two blocks' e8m0 scales in fp32. gate_up writes [gate | up] in fp32, and the quantization of the inner
-activations computes gelu_tanh(gate) * up as it reads them. The activations are quantized by mxfp4_gemm_fp8's kernel into its
-block-diagonal form at period 8 (row 8r + j holds row r's blocks b with b % 8 == j), so one MMA per 256-K step
-yields a row's eight block sums. A dot needs 16 columns: the program's one row is taken twice and the two copies'
-sums halved at the end (exact). moe_gemv's fp32 multiply-adds expand every code to a float first and ran at 3.7x the
-bytes' time at one token (bench/moe_layer.py, H100); here that expansion is five bit operations per eight codes.
+activations computes gelu_tanh(gate) * up as it reads them. The activations are quantized by mxfp4_gemm_fp8's
+kernel into its block-diagonal form at period 8 (row 8r + j holds row r's blocks b with b % 8 == j), so one MMA per
+256-K step yields a row's eight block sums. A dot needs 16 columns: the program's one row is taken twice and the two
+copies' sums halved at the end (exact). moe_gemv's fp32 multiply-adds expand every code to a float first and ran at
+3.7x the bytes' time at one token (bench/moe_layer.py, H100); here that expansion is five bit operations per eight
+codes.
 """
 from dataclasses import dataclass
 
