@@ -47,8 +47,7 @@ GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4),
               GemvConfig(G(8, 256, 4), G(32, 256, 8)), GemvConfig(G(4, 256, 2), G(8, 128, 2))]
 F = moe_gemv_fp8.Fp8GemvConfig
 FP8_GEMV_SWEEP = [F(64, 64), F(64, 64, gate_up_splits=1), F(64, 64, gate_up_splits=2), F(64, 64, gate_up_splits=3),
-                  F(64, 64, 4, 2),
-                  F(64, 128), F(128, 64), F(64, 64, 4), F(64, 64, 2), F(128, 64, gate_up_splits=2)]
+                  F(64, 64, 4, 2), F(64, 128), F(128, 64), F(64, 64, 4), F(64, 64, 2), F(128, 64, gate_up_splits=2)]
 
 
 def shapes() -> dict:
@@ -184,15 +183,18 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
                     return moe_gemv.gemv_experts(x, gu, dn, weights, ids, quantize, config=config)
                 return moe_gemm.fused_experts(rows, gu, dn, weights, ids, quantize_inner=quantize, config=config)
             times[config] = graph_ms(call, flush)
-        best = min(times, key=times.get)
-        listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
-        print(f"  sweep {name} batch {tokens}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
+        print_sweep(f"{name} batch {tokens}", times)
     if gemv:
         times = {config: graph_ms(lambda config=config: moe_gemv_fp8.gemv_experts_fp8(
             x, fp4_gate_up, fp4_down, weights, ids, config), flush) for config in FP8_GEMV_SWEEP}
-        best = min(times, key=times.get)
-        listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
-        print(f"  sweep mxfp4 fp8 batch {tokens}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
+        print_sweep(f"mxfp4 fp8 batch {tokens}", times)
+
+
+def print_sweep(label: str, times: dict) -> None:
+    """Each config's graph time (ms in times) in order, and the best."""
+    best = min(times, key=times.get)
+    listing = " ".join(f"{t * 1e3:.1f}" for t in times.values())
+    print(f"  sweep {label}: {listing} us; best {times[best] * 1e3:.1f} us {best}", flush=True)
 
 
 if __name__ == "__main__":

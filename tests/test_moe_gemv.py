@@ -28,19 +28,23 @@ def test_gemv_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidd
     assert_close(got, reference(x, gate_up, down, weights, ids))
 
 
-@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [(1, 1, 4, 64, 32), (2, 8, 16, 96, 48)])
-@pytest.mark.parametrize("quantize_x", [True, False])
-@pytest.mark.parametrize("wide", [False, True])
-def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, quantize_x, wide):
-    """The gate_up kernel quantizes x itself; partial last 32-blocks along both K (96 and 48)."""
+def mxfp4_case(tokens, top_k, num_experts, hidden, inner, wide, quantize_x):
+    """(x, gate_up, down as the Triton kernels take them, routing weights, ids, the per-expert loop's result)."""
     (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
     weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
     x = torch.randn(tokens, hidden, device=DEVICE)
     want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
                            quantize_x)
-    got = gemv_experts(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
-                       quantize_x, config=SMALL)
-    assert_close(got, want)
+    return x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids, want
+
+
+@pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [(1, 1, 4, 64, 32), (2, 8, 16, 96, 48)])
+@pytest.mark.parametrize("quantize_x", [True, False])
+@pytest.mark.parametrize("wide", [False, True])
+def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, quantize_x, wide):
+    """The gate_up kernel quantizes x itself; partial last 32-blocks along both K (96 and 48)."""
+    x, gate_up, down, weights, ids, want = mxfp4_case(tokens, top_k, num_experts, hidden, inner, wide, quantize_x)
+    assert_close(gemv_experts(x, gate_up, down, weights, ids, quantize_x, config=SMALL), want)
 
 
 @pytest.mark.parametrize("tokens,top_k,num_experts,hidden,inner", [
@@ -53,13 +57,8 @@ def test_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts
 def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidden, inner, wide, splits):
     """The fp8-MMA kernels (sm_89+ on a GPU; here the interpreter) with dynamic MXFP4 activations; gate_up's K
     split in two where it has two steps (hidden 288), else one split; None: the launcher's choice."""
-    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(num_experts, hidden, inner, tokens, wide)
-    weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
-    x = torch.randn(tokens, hidden, device=DEVICE)
-    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids,
-                           True)
-    got = gemv_experts_fp8(x, padded(gate_up, gate_up_scale, wide), padded(down, down_scale, wide), weights, ids,
-                           Fp8GemvConfig(64, 64, gate_up_splits=splits))
+    x, gate_up, down, weights, ids, want = mxfp4_case(tokens, top_k, num_experts, hidden, inner, wide, True)
+    got = gemv_experts_fp8(x, gate_up, down, weights, ids, Fp8GemvConfig(64, 64, gate_up_splits=splits))
     if DEVICE == "cuda":  # the fp8 MMA's sums are not fp32's, and may move an inner activation across a rounding
         assert ((got - want).norm() / want.norm()).item() < 4e-3
     else:

@@ -223,6 +223,17 @@ def _summed_parts(at, mask, stride_part, PARTS: tl.constexpr):
 
 
 @triton.jit
+def activation_tile(at, mask, K, stride_part, GATED: tl.constexpr, PARTS: tl.constexpr):
+    """The fp32 tile an activation quantization rounds, from x's pointers at: x itself, or with GATED
+    gelu_tanh(gate) * up of x = [gate | up] (up K columns after gate); with PARTS > 1 each of those the sum of
+    PARTS arrays stride_part apart."""
+    tile = _summed_parts(at, mask, stride_part, PARTS)
+    if GATED:
+        tile = gelu_tanh(tile) * _summed_parts(at + K, mask, stride_part, PARTS)
+    return tile
+
+
+@triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_part,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
                      GATED: tl.constexpr, PARTS: tl.constexpr):
@@ -236,10 +247,7 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     mask = (rm < M)[:, None] & (rk < K)[None, :]
     if PDL:
         gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
-    tile = _summed_parts(at, mask, stride_part, PARTS)
-    if GATED:
-        tile = gelu_tanh(tile) * _summed_parts(at + K, mask, stride_part, PARTS)
-    q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
+    q, exponent = quantize_blocks(activation_tile(at, mask, K, stride_part, GATED, PARTS), BLOCK_M, STEP)
     low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
                                (BLOCK_M, STEP)).to(tl.float8e4nv)
     factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
@@ -383,10 +391,11 @@ def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
     xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
     block_m = 16 if period == 1 else 1
+    pdl = _dependent_launch(x)
     run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
         x, xq, x_scale, m, k, rows.stride(0), xq.stride(0), x_scale.stride(0), x.stride(0) if parts > 1 else 0,
-        PERIOD=period, BLOCK_M=block_m, STEP=STEP_K, PDL=_dependent_launch(x), GATED=gated, PARTS=parts, num_warps=4,
-        **pdl_launch(_dependent_launch(x)))
+        PERIOD=period, BLOCK_M=block_m, STEP=STEP_K, PDL=pdl, GATED=gated, PARTS=parts, num_warps=4,
+        **pdl_launch(pdl))
     return xq, x_scale
 
 

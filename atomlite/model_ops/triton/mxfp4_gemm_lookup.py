@@ -31,12 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, pdl_launch, platform_of,
                                               run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
-                                                      _program_tile, _store, _weight_rows, _weight_tile, split_launch,
-                                                      sum_splits, weight_loads)
+                                                      _program_tile, _store, _weight_rows, _weight_tile,
+                                                      activation_tile, split_launch, sum_splits, weight_loads)
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
@@ -184,10 +183,7 @@ def _quantize_kernel(x, xq, x_shift, M, K, stride_xm, stride_qm, stride_sm, BLOC
         gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
     at = x + rm[:, None] * stride_xm + rk[None, :]
     mask = (rm < M)[:, None] & (rk < K)[None, :]
-    tile = tl.load(at, mask=mask, other=0.0).to(tl.float32)
-    if GATED:
-        tile = gelu_tanh(tile) * tl.load(at + K, mask=mask, other=0.0).to(tl.float32)
-    q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
+    q, exponent = quantize_blocks(activation_tile(at, mask, K, 0, GATED, 1), BLOCK_M, STEP)
     r = tl.max(exponent, axis=1) - 13
     factor = tl.exp2((exponent - r[:, None]).to(tl.float32))
     values = tl.reshape(tl.reshape(q, (BLOCK_M, STEP // 32, 32)) * factor[:, :, None], (BLOCK_M, 4, 8, 2, 4))
@@ -241,9 +237,10 @@ def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool,
     steps = k_padded // STEP_K
     xq = torch.empty((m, k_padded), dtype=torch.float8_e5m2 if ptx else torch.float32, device=x.device)
     x_shift = torch.empty((m, steps), dtype=torch.float32, device=x.device)
+    pdl = ptx and _dependent_launch(x)
     run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), steps),
         x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=QUANTIZE_ROWS,
-        PDL=ptx and _dependent_launch(x), GATED=gated, num_warps=4, **pdl_launch(ptx and _dependent_launch(x)))
+        PDL=pdl, GATED=gated, num_warps=4, **pdl_launch(pdl))
     return xq, x_shift
 
 
