@@ -67,7 +67,7 @@ def gemm_alone(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     quantized = quantize_activations(x, weight.shape[1] * 2, path)
     if isinstance(path, lookup.LookupConfig):
         return lambda: lookup.lookup_gemm(quantized, x, weight, weight_scale, path, pdl=False)
-    return lambda: fp8.fp8_gemm(quantized, x, weight, weight_scale, path, pdl=False)
+    return lambda: fp8.fp8_gemm(quantized, x.shape[0], x.dtype, weight, weight_scale, path, pdl=False)
 
 
 def blockwise_parts(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:

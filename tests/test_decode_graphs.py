@@ -187,3 +187,36 @@ def test_moe_model_on_the_torch_experts_says_it_decodes_eager(checkpoints):
     llm = LLM(str(path), kernel_backend="torch", **_on_gpu())
     assert llm.engine.runner.graphs is None
     assert "cannot be captured" in llm.engine.graph_note
+
+
+@pytest.fixture(scope="module")
+def mxfp4_config(checkpoints, tmp_path_factory):
+    """The tiny dense model's config.json with Quark's MXFP4 W4A4 quantization_config (run with dummy weights)."""
+    import json
+
+    from test_quark_config import quark_config
+    path, _ = checkpoints.get("dense")
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"] = quark_config()["quantization_config"]
+    out = tmp_path_factory.mktemp("mxfp4-config")
+    (out / "config.json").write_text(json.dumps(raw))
+    return out
+
+
+@pytest.mark.gpu
+@gpu
+def test_mxfp4_model_replayed_from_graphs_decodes_like_the_torch_reference(mxfp4_config):
+    """Decoding 1-4 sequences, the MXFP4 projections run their fp8 tiles on rows the norms quantized, and the norms
+    add the projections' split-K slices. Replayed from graphs, tokens equal and logprobs match the torch reference
+    (weights dequantized, inputs quantize-dequantized, float32: only summation order differs)."""
+    args = _on_gpu(load_format="dummy")
+    expected = _eager_with_logprobs(LLM(str(mxfp4_config), kernel_backend="torch", enforce_eager=True, **args), 3)
+    llm = LLM(str(mxfp4_config), max_graph_batch=4, **args)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.graphs, llm.engine.graph_note
+    got = _eager_with_logprobs(llm, 3)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected], _divergence(
+        [o.token_ids for o in got], expected)
+    for ours, ref in zip(got, expected):
+        for step_ours, step_ref in zip(ours.logprobs, ref.logprobs):
+            for token in step_ref.keys() & step_ours.keys():
+                assert step_ours[token] == pytest.approx(step_ref[token], abs=1e-3)

@@ -93,6 +93,21 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
     assert_matches(got, reference(x, packed, scale, True), dtype)
 
 
+@pytest.mark.parametrize("config", [Fp8Config(2, 64, 4, 2, split_k=2, period=8), LookupConfig(16, 64, 4, 2, split_k=2)])
+def test_unsummed_split_k_output_adds_up_to_the_summed_one(config):
+    """summed=False: the fp8 and lookup paths hand back their split-K slices, which add up (in slice order, as
+    their summing kernel adds them) to exactly the summed output."""
+    from atomlite.model_ops.partial_sums import PartialSums, summed
+    from helpers import assert_same_rounded_sum
+    x, packed, scale = random_case(3, 72, 544, torch.bfloat16, seed=5)
+    weight, weight_scale = (t.to(DEVICE) for t in pad_to_k_align(packed, scale))
+    args = (x.to(DEVICE), weight, weight_scale, True, True, config)
+    lookup = dict(lookup_scales=isinstance(config, LookupConfig))
+    unsummed = mxfp4_gemm(*args, summed=False, **lookup)
+    assert isinstance(unsummed, PartialSums) and unsummed.parts.shape == (2, 3, 72)
+    assert_same_rounded_sum(summed(unsummed), mxfp4_gemm(*args, **lookup))
+
+
 @pytest.mark.parametrize("m, n, k, config", [
     (1, 40, 96, LookupConfig(16, 64, 4, 2)),              # K tail: one step, mostly padding
     (5, 72, 544, LookupConfig(32, 64, 4, 2, split_k=2)),  # 3 K steps in 2 splits, 27 rows past the end
@@ -354,3 +369,29 @@ def test_weight_loader_refuses_wrong_shape_or_dtype(param_name, tensor, expected
 def test_in_features_must_be_a_multiple_of_the_block():
     with pytest.raises(ValueError, match="divisible by 32, got 48"):
         MXFP4Linear(48, 32, LinearQuantSpec(dynamic_fp4_input=True))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gemm_on_rows_quantized_by_the_norm_equals_the_gemm_on_the_norms_output(rows):
+    """RMSNorm.add_to_residual's QuantizedRows through quantized_fp8_gemm give the fp8 path's result on the
+    unquantized norm output (summed and as PartialSums); rows quantized in another form are refused."""
+    from atomlite.model_ops.partial_sums import PartialSums
+    from atomlite.model_ops.triton import mxfp4_gemm_fp8 as fp8
+    from atomlite.model_ops.triton.norm_residual import rms_norm_residual
+    _, packed, scale = random_case(rows, 72, 544, torch.bfloat16, seed=rows)
+    weight, weight_scale = (t.to(DEVICE) for t in pad_to_k_align(packed, scale))
+    g = torch.Generator().manual_seed(rows)
+    x, residual, norm_w = (torch.randn(*shape, generator=g).to(DEVICE, torch.bfloat16)
+                           for shape in ((rows, 544), (rows, 544), (544,)))
+    _, out = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w)
+    form = fp8.InputQuantization(fp8.pick_config(rows, 72).period, weight.shape[1] * 2)
+    _, quantized = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w, quantize=form)
+    expected = fp8.mxfp4_gemm_fp8(out, weight, weight_scale)
+    assert torch.equal(fp8.quantized_fp8_gemm(quantized, weight, weight_scale), expected)
+    unsummed = fp8.quantized_fp8_gemm(quantized, weight, weight_scale, summed=False)
+    assert isinstance(unsummed, PartialSums)
+    assert torch.equal(unsummed.parts, fp8.mxfp4_gemm_fp8(out, weight, weight_scale, summed=False).parts)
+    other = fp8.InputQuantization(1 if form.period != 1 else 2, form.k_padded)
+    with pytest.raises(ValueError, match="ask input_quantization"):
+        fp8.quantized_fp8_gemm(rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w, quantize=other)[1],
+                               weight, weight_scale)

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from helpers import assert_same_rounded_sum
+
 from atomlite.model_ops.triton.skinny_gemm import SkinnyConfig, fits, linear, num_splits, skinny_gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -42,3 +44,16 @@ def test_more_rows_or_unaligned_shapes_go_to_torch():
     assert not fits(torch.randn(1, 256), torch.randn(64, 256))  # fp32 stays exact in torch
     x = torch.randn(40, 256, dtype=torch.bfloat16)
     assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))
+
+
+def test_unsummed_output_is_the_split_k_slices_that_add_up_to_the_summed_one():
+    from atomlite.model_ops.partial_sums import PartialSums, summed
+    config = SkinnyConfig(32, 64, 4, 2, programs_per_sm=3, min_k_tiles=4)
+    x = torch.randn(2, 14 * 64).to(DEVICE, torch.bfloat16)
+    w = torch.randn(32, 14 * 64).to(DEVICE, torch.bfloat16)
+    unsummed = skinny_gemm(x, w, config, summed=False)
+    assert isinstance(unsummed, PartialSums) and unsummed.parts.shape == (3, 2, 32) and unsummed.shape == (2, 32)
+    assert_same_rounded_sum(summed(unsummed), skinny_gemm(x, w, config))
+    one_split = SkinnyConfig(32, 64, 4, 2, programs_per_sm=1, min_k_tiles=64)
+    assert isinstance(skinny_gemm(x, w, one_split, summed=False), torch.Tensor)  # nothing to add: the output
+

@@ -209,3 +209,44 @@ def test_rms_norm_pair_sum_matches_the_separate_ops(dtype):
     torch.testing.assert_close(out.float(), separate.float(), **tol)
     torch.testing.assert_close(torch_ref.rms_norm_pair_sum(a, b, weight_a, weight_b, 1e-6), separate.to(dtype))
     assert tri.rms_norm_pair_sum(a[:0], b[:0], weight_a, weight_b, 1e-6).shape == (0, 2816)
+
+
+def partial_sums_of(y: torch.Tensor):
+    """y split into three fp32 slices (as a split-K GEMM leaves them) that add up to y exactly (so the kernels'
+    rounding of the sum is exact under the interpreter too), and the tensor they add up to."""
+    from atomlite.model_ops.partial_sums import PartialSums, summed
+    slices = torch.stack([y.float() * 0.25, y.float() * 0.25, y.float() * 0.5])
+    unsummed = PartialSums(slices, y.dtype)
+    return unsummed, summed(unsummed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_kernels_add_split_k_partial_sums_as_the_separate_sum_would(dtype):
+    """x as a split-K GEMM's PartialSums: the kernel adds the slices in order and rounds once, so its results equal
+    the same kernel's on the added-up tensor exactly; the torch reference takes PartialSums too."""
+    x, residual, b = randn(5, 320, dtype=dtype), randn(5, 320, dtype=dtype), randn(5, 320, dtype=dtype)
+    weight, next_weight = (randn(320, dtype=dtype) + 1.0 for _ in range(2))
+    unsummed, total = partial_sums_of(x)
+    for ops in (tri, torch_ref):
+        for got, want in zip(ops.rms_norm_residual(unsummed, residual, weight, 1e-6, None, next_weight),
+                             ops.rms_norm_residual(total, residual, weight, 1e-6, None, next_weight)):
+            assert torch.equal(got, want)
+        assert torch.equal(ops.rms_norm_pair_sum(unsummed, b, weight, next_weight, 1e-6),
+                           ops.rms_norm_pair_sum(total, b, weight, next_weight, 1e-6))
+
+
+@pytest.mark.parametrize("period,rows", [(8, 1), (8, 2), (2, 3), (1, 5)])
+def test_rms_norm_residual_writes_the_next_norm_quantized_as_the_fp8_gemm_reads_it(period, rows):
+    """With quantize the next norm's output comes as QuantizedRows: the same values and block scales as the fp8
+    GEMM's own quantization of the unquantized output, including K padded past dim (320 -> 512)."""
+    from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, quantize_activations
+    x, residual = randn(rows, 320, dtype=torch.bfloat16), randn(rows, 320, dtype=torch.bfloat16)
+    weight, next_weight = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(2))
+    summed, out = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)
+    got_summed, quantized = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight,
+                                                  quantize=InputQuantization(period, 512))
+    values, scales = quantize_activations(out, 512, period)
+    assert torch.equal(got_summed, summed)
+    assert (quantized.rows, quantized.period, quantized.dtype) == (rows, period, torch.bfloat16)
+    assert torch.equal(quantized.values.view(torch.uint8), values.view(torch.uint8))
+    assert torch.equal(quantized.scales, scales)

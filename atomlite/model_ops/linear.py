@@ -2,6 +2,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.partial_sums import PartialSums
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -25,12 +26,18 @@ class Linear(nn.Module):
         self.weight.weight_loader = copy_weight
         self._linear = dispatch.choose("linear", n=out_features, k=in_features).fn
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, self.weight)
+    def forward(self, x: torch.Tensor, summed: bool = True) -> "torch.Tensor | PartialSums":
+        """summed=False: the output may come back as PartialSums (a split-K GEMM's slices not yet added), for a
+        consumer that adds them as it reads them (the norm kernels)."""
+        return self._linear(x, self.weight, summed=summed)
 
-    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module, summed: bool = True) -> "torch.Tensor | PartialSums":
         """self(act(gate_up)); linears that can fuse the activation into their input (MXFP4Linear) override it."""
-        return self(act(gate_up))
+        return self(act(gate_up), summed=summed)
+
+    def input_quantization(self, x: torch.Tensor) -> None:
+        """bf16 weights take x as it is (MXFP4Linear may ask the kernel before it for quantized rows)."""
+        return None
 
 
 class MergedLinear(Linear):

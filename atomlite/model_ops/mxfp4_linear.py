@@ -2,7 +2,10 @@
 import torch
 from torch import nn
 
-from atomlite.model_ops.triton.mxfp4_gemm import gated_path, mxfp4_gemm, needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.triton.mxfp4_gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
+                                                  pad_to_k_align)
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, quantized_fp8_gemm
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
 from atomlite.quant import mxfp4
 from atomlite.quant.quark import LinearQuantSpec
@@ -53,22 +56,35 @@ class MXFP4Linear(nn.Module):
             self.wide_scales = needs_wide_scales(scale)
             self.lookup_scales = scale_bytes_fit(weight, scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def input_quantization(self, x: torch.Tensor) -> InputQuantization | None:
+        """For the kernel that computes this layer's input x (its rows, dtype and device as x's): the form in which
+        to write x quantized (QuantizedRows) where this call's GEMM runs the fp8 tiles; else None."""
+        if self.backend != "triton" or not self.spec.dynamic_fp4_input or x.dim() != 2:
+            return None
+        return input_quantization(x.shape[0], self.weight, x, True, self.lookup_scales)
+
+    def forward(self, x: torch.Tensor | QuantizedRows, summed: bool = True) -> torch.Tensor | PartialSums:
+        """summed=False (2-D x): the output may come back as PartialSums, as Linear.forward's. x may be the
+        QuantizedRows that input_quantization asked for."""
+        if isinstance(x, QuantizedRows):
+            return quantized_fp8_gemm(x, self.weight, self.weight_scale, summed)
+        if x.dim() == 2 and not summed and self.backend == "triton":
+            return self._triton(x, summed=False)
         rows = x.reshape(-1, self.in_features)
         y = self._matmul(rows)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module) -> torch.Tensor:
+    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module, summed: bool = True) -> torch.Tensor | PartialSums:
         """self(act(gate_up)) for act = gelu_tanh(gate) * up: on the fp8 and lookup paths the activation is computed
         by this layer's input quantization (one launch fewer)."""
         rows = gate_up.reshape(-1, 2 * self.in_features)
         if not (self.backend == "triton" and rows.stride(-1) == 1
                 and gated_path(rows.shape[0], self.out_features, rows, self.spec.dynamic_fp4_input,
                                self.lookup_scales)):
-            return self(act(gate_up))
+            return self(act(gate_up), summed=summed)
         y = mxfp4_gemm(rows, self.weight, self.weight_scale, True, self.wide_scales, lookup_scales=self.lookup_scales,
-                       gated=True)
-        return y.reshape(*gate_up.shape[:-1], self.out_features)
+                       gated=True, summed=summed or gate_up.dim() != 2)
+        return y if isinstance(y, PartialSums) else y.reshape(*gate_up.shape[:-1], self.out_features)
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:
         if self.spec.dynamic_fp4_input:
@@ -76,11 +92,11 @@ class MXFP4Linear(nn.Module):
         w = mxfp4.dequantize(self.weight, self.weight_scale)
         return (x.to(torch.float32) @ w.T).to(x.dtype)
 
-    def _triton(self, x: torch.Tensor) -> torch.Tensor:
+    def _triton(self, x: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
         if x.stride(-1) != 1:
             x = x.contiguous()
         return mxfp4_gemm(x, self.weight, self.weight_scale, self.spec.dynamic_fp4_input, self.wide_scales,
-                          lookup_scales=self.lookup_scales)
+                          lookup_scales=self.lookup_scales, summed=summed)
 
     def _aiter(self, x: torch.Tensor) -> torch.Tensor:
         from atomlite.model_ops import aiter

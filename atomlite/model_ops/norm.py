@@ -3,6 +3,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.linear import copy_weight
+from atomlite.model_ops.partial_sums import PartialSums
 
 
 class RMSNorm(nn.Module):
@@ -15,7 +16,9 @@ class RMSNorm(nn.Module):
         self.weight.weight_loader = copy_weight
         self._norm = dispatch.choose("rms_norm", dim=dim).fn
         self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn
-        self._into_residual = dispatch.choose("rms_norm_residual", dim=dim).fn
+        into_residual = dispatch.choose("rms_norm_residual", dim=dim)
+        self._into_residual = into_residual.fn
+        self._writes_quantized = into_residual.backend == "triton"  # the Triton kernel writes QuantizedRows
         self._pair_sum = dispatch.choose("rms_norm_pair_sum", dim=dim).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -25,10 +28,18 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual)."""
         return self._add_norm(x, residual, self.weight, self.eps)
 
-    def add_to_residual(self, x: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor | None = None,
-                        then: "RMSNorm | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass."""
-        return self._into_residual(x, residual, self.weight, self.eps, scale, None if then is None else then.weight)
+    def add_to_residual(self, x: "torch.Tensor | PartialSums", residual: torch.Tensor,
+                        scale: torch.Tensor | None = None, then: "RMSNorm | None" = None,
+                        feeding: nn.Module | None = None) -> tuple[torch.Tensor, object]:
+        """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass. x may be
+        a linear's PartialSums. feeding: the linear that reads `then`'s norm; where it asks for its input quantized
+        (input_quantization), that output comes in its form (QuantizedRows) and its quantization launch is saved."""
+        quantize = None
+        if then is not None and feeding is not None and self._writes_quantized:
+            quantize = feeding.input_quantization(residual)
+        extra = {} if quantize is None else {"quantize": quantize}
+        return self._into_residual(x, residual, self.weight, self.eps, scale, None if then is None else then.weight,
+                                   **extra)
 
     def plus(self, x: torch.Tensor, other: "RMSNorm", y: torch.Tensor) -> torch.Tensor:
         """self(x) + other(y), in one pass."""

@@ -61,17 +61,23 @@ class Gemma4Attention(nn.Module):
         self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
         self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
 
+    @property
+    def input_linear(self) -> nn.Module | None:
+        """The one linear that reads this sublayer's input (None with separate q/k/v projections)."""
+        return self.qkv_proj if self.fused_qkv else None
+
     def forward(self, x, cos, sin, ctx: ForwardContext):
-        shape = (x.shape[0], -1, self.head_dim)
+        """x: the normed input, or the QuantizedRows that input_linear asked for."""
         if self.fused_qkv:
             parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
         else:
             parts = [getattr(self, name)(x) for name in self.qkv_names]
+        shape = (parts[0].shape[0], -1, self.head_dim)
         q, k, v, k_weight = parts[0].view(shape), None, None, None
         if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
             k, v, k_weight = parts[1].view(shape), parts[-1].view(shape), self.k_norm.weight
         out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx)
-        return self.o_proj(out.flatten(1))
+        return self.o_proj(out.flatten(1), summed=False)  # the layer's norm kernel adds split-K slices
 
 
 class Gemma4MLP(nn.Module):
@@ -82,7 +88,8 @@ class Gemma4MLP(nn.Module):
         self.down_proj = lin.linear(f"{prefix}.down_proj", intermediate, hidden)
 
     def forward(self, x):
-        return self.down_proj.forward_gated(self.gate_up_proj(x), self.act)
+        """May return PartialSums: the layer's norm kernels add split-K slices."""
+        return self.down_proj.forward_gated(self.gate_up_proj(x), self.act, summed=False)
 
 
 class Gemma4Router(nn.Module):
@@ -137,20 +144,25 @@ class Gemma4DecoderLayer(nn.Module):
             self.per_layer_projection = lin.linear(f"{prefix}.per_layer_projection", self.ple_dim, hidden)
             self.post_per_layer_input_norm = RMSNorm(hidden, eps)
 
-    def forward(self, h, ple, cos, sin, ctx):
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm)
+    def forward(self, h, x, ple, cos, sin, ctx, next_norm: RMSNorm, next_linear: nn.Module | None):
+        """h: the residual stream; x: input_layernorm(h). Returns the new h and next_norm(h) (the next layer's
+        input norm, or the final norm), the latter computed with the residual update where it can be, and in the
+        form next_linear (the linear that reads it, if one alone does) asks for."""
+        attn = self.self_attn(x, cos, sin, ctx)
+        h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
+                                                             feeding=self.mlp.gate_up_proj)
         m = self.mlp(x)
         if self.moe:
             weights, ids = self.router(h)
             experts = self.experts(self.pre_feedforward_layernorm_2(h), weights, ids)
             m = self.post_feedforward_layernorm_1.plus(m, self.post_feedforward_layernorm_2, experts)
         if not self.ple_dim:
-            return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar)[0]
+            return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar, then=next_norm,
+                                                                   feeding=next_linear)
         h, _ = self.post_feedforward_layernorm.add_to_residual(m, h)
         gated = self.ple_act(self.per_layer_input_gate(h)) * ple
-        h = h + self.post_per_layer_input_norm(self.per_layer_projection(gated))
-        return h * self.layer_scalar
+        h = (h + self.post_per_layer_input_norm(self.per_layer_projection(gated))) * self.layer_scalar
+        return h, next_norm(h)
 
 
 class Gemma4Model(nn.Module):
@@ -212,10 +224,12 @@ class Gemma4Model(nn.Module):
         h = self.embed_tokens(ids)
         ple = self.per_layer_inputs(ids, h) if self.ple_dim else None
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
-        for i, layer in enumerate(self.layers):
-            kind = self.kinds[i]
-            h = layer(h, None if ple is None else ple[:, i], *cos_sin[kind], ctx)
-        return self.norm(h)
+        x = self.layers[0].input_layernorm(h)
+        following = [(layer.input_layernorm, layer.self_attn.input_linear) for layer in self.layers[1:]]
+        for i, (layer, (next_norm, next_linear)) in enumerate(zip(self.layers, following + [(self.norm, None)])):
+            h, x = layer(h, x, None if ple is None else ple[:, i], *cos_sin[self.kinds[i]], ctx, next_norm,
+                         next_linear)
+        return x
 
 
 class Gemma4ForCausalLM(nn.Module):

@@ -1,5 +1,7 @@
 import torch
 
+from atomlite.model_ops.partial_sums import PartialSums, summed as added_up
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm: fp32 math, plain weight (not 1 + w); weight None means no scale."""
@@ -17,19 +19,19 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     return rms_norm(summed, weight, eps), summed
 
 
-def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                       scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """summed = (residual + rms_norm(x, weight)) [* scale], rounded to the dtype after each step; returns
-    (summed, rms_norm(summed, next_weight) or None)."""
-    summed = (residual + rms_norm(x, weight, eps)).to(residual.dtype)
+    (summed, rms_norm(summed, next_weight) or None). x may be a split-K GEMM's PartialSums."""
+    summed = (residual + rms_norm(added_up(x), weight, eps)).to(residual.dtype)
     if scale is not None:
         summed = (summed * scale).to(residual.dtype)
     return summed, None if next_weight is None else rms_norm(summed, next_weight, eps)
 
 
-def rms_norm_pair_sum(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
+def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
                       eps: float) -> torch.Tensor:
-    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to a's dtype (two branches of a
-    layer, each with its own output norm, joined)."""
-    return (rms_norm(a, weight_a, eps) + rms_norm(b, weight_b, eps)).to(a.dtype)
+    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to b's dtype (two branches of a
+    layer, each with its own output norm, joined). a may be a split-K GEMM's PartialSums."""
+    return (rms_norm(added_up(a), weight_a, eps) + rms_norm(b, weight_b, eps)).to(b.dtype)

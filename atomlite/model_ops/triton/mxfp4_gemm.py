@@ -23,10 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4_gemm_blockwise import BlockwiseConfig
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config, InputQuantization
 from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
 from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_dequantize
 from atomlite.model_ops.triton.mxfp4_slabs import matmul_by_slabs
@@ -322,6 +323,14 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bo
     return pick_config(m, n)
 
 
+def input_quantization(m: int, weight: torch.Tensor, x: torch.Tensor, quantize_x: bool,
+                       lookup_scales: bool = False) -> InputQuantization | None:
+    """Where this call (m rows of x-like activations, a pad_to_k_align weight) runs the fp8 tiles: the form in which
+    the kernel computing x may write it quantized (QuantizedRows, for quantized_fp8_gemm); else None."""
+    config = pick_path(m, weight.shape[0], x, quantize_x, lookup_scales=lookup_scales)
+    return InputQuantization(config.period, weight.shape[1] * 2) if isinstance(config, Fp8Config) else None
+
+
 def gated_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, lookup_scales: bool = False) -> bool:
     """Whether mxfp4_gemm(..., gated=True) runs for these rows: the paths whose activation quantization can apply
     gelu_tanh(gate) * up as it reads x (fp8 and lookup tiles)."""
@@ -330,7 +339,7 @@ def gated_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, lookup_scales:
 
 def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, quantize_x: bool,
                wide_scales: bool = True, config: Config | None = None, lookup_scales: bool = False,
-               gated: bool = False) -> torch.Tensor:
+               gated: bool = False, summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
 
     weight [N, K'/2] / weight_scale [N, K'/32] come from pad_to_k_align; wide_scales=needs_wide_scales(weight_scale)
@@ -338,7 +347,8 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     faster). quantize_x applies dynamic MXFP4 activation quantization first. config (default pick_path) also picks
     the kernel: Fp8Config and LookupConfig need quantize_x, LookupConfig also lookup_scales. gated: x is
     [gate | up] [M, 2K] and the GEMM multiplies gelu_tanh(gate) * up, computed by those two paths' activation
-    quantization (gated_path says whether they run).
+    quantization (gated_path says whether they run). summed=False: on those two paths a split-K output may come
+    back as PartialSums, for a consumer that adds the slices.
     """
     m, k = x.shape[0], x.shape[1] // 2 if gated else x.shape[1]
     out_features = weight.shape[0]
@@ -358,13 +368,13 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         raise ValueError(f"gated MXFP4 GEMMs run on the fp8 and lookup paths only, not {type(config).__name__}: "
                          "check gated_path first")
     if isinstance(config, Fp8Config):
-        return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config, gated)
+        return mxfp4_gemm_fp8.mxfp4_gemm_fp8(x, weight, weight_scale, config, gated, summed)
     if isinstance(config, LookupConfig):
         if not lookup_scales:
             fit = mxfp4_gemm_lookup.LOOKUP_SCALE_BYTES
             raise ValueError(f"the lookup kernel takes weights whose nonzero blocks have scale bytes {fit.start} to "
                              f"{fit.stop - 1}: pass lookup_scales=scale_bytes_fit(weight, weight_scale)")
-        return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config, gated)
+        return mxfp4_gemm_lookup.mxfp4_gemm_lookup(x, weight, weight_scale, config, gated, summed)
     if isinstance(config, BlockwiseConfig):
         if not (quantize_x and mxfp4_gemm_blockwise.supported(x, out_features)) or config.rows % 16:
             raise ValueError("BlockwiseConfig multiplies MXFP4-quantized bf16 activations on an NVIDIA sm_90 GPU, in "

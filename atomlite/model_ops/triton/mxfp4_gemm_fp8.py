@@ -32,6 +32,7 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: pointer loads only
     TensorDescriptor = None
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, nvidia_capability,
                                               pdl_launch, platform_of, run_kernel)
@@ -234,6 +235,30 @@ def activation_tile(at, mask, K, stride_part, GATED: tl.constexpr, PARTS: tl.con
 
 
 @triton.jit
+def store_quantized(xq, x_scale, tile, rm, k0, M, K_PADDED, stride_qm, stride_sm, PERIOD: tl.constexpr,
+                    BLOCK_M: tl.constexpr, STEP: tl.constexpr):
+    """Quantizes the fp32 tile [BLOCK_M, STEP] of x (rows rm, columns from k0; those from K_PADDED on are not
+    stored) into xq and x_scale as _fp8_gemm_kernel reads them (see _quantize_kernel). BLOCK_M is 1 when PERIOD > 1.
+    """
+    q, exponent = quantize_blocks(tile, BLOCK_M, STEP)
+    low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
+                               (BLOCK_M, STEP)).to(tl.float8e4nv)
+    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
+    rk = k0 + tl.arange(0, STEP)
+    rb = k0 // 32 + tl.arange(0, STEP // 32)
+    if PERIOD == 1:
+        tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high,
+                 mask=(rm < M)[:, None] & (rk < K_PADDED)[None, :])
+    else:  # one row, rm; each of its PERIOD rows in xq holds every PERIOD-th block
+        for j in tl.static_range(PERIOD):
+            diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j, low_then_high, 0.0).to(tl.float8e4nv)
+            tl.store(xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :], diagonal,
+                     mask=(rk < K_PADDED)[None, :])
+    tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :], factor,
+             mask=(rm < M)[:, None] & (rb < K_PADDED // 32)[None, :])
+
+
+@triton.jit
 def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stride_part,
                      PERIOD: tl.constexpr, BLOCK_M: tl.constexpr, STEP: tl.constexpr, PDL: tl.constexpr,
                      GATED: tl.constexpr, PARTS: tl.constexpr):
@@ -242,23 +267,14 @@ def _quantize_kernel(x, xq, x_scale, M, K, stride_xm, stride_qm, stride_sm, stri
     2^exponent per block into x_scale [M, K'/32]. GATED: x is [gate | up] [M, 2K], quantized as gelu_tanh(gate) * up
     (fp32). PARTS > 1: x is the sum of PARTS such arrays, stride_part apart (split-K partial sums)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
+    k0 = tl.program_id(1) * STEP
+    rk = k0 + tl.arange(0, STEP)
     at = x + rm[:, None] * stride_xm + rk[None, :]
     mask = (rm < M)[:, None] & (rk < K)[None, :]
     if PDL:
         gdc_wait()  # a dependent launch too: for the kernel before, which wrote x
-    q, exponent = quantize_blocks(activation_tile(at, mask, K, stride_part, GATED, PARTS), BLOCK_M, STEP)
-    low_then_high = tl.reshape(tl.permute(tl.reshape(q, (BLOCK_M, STEP // 32, 16, 2)), (0, 1, 3, 2)),
-                               (BLOCK_M, STEP)).to(tl.float8e4nv)
-    factor = ((exponent + 127) << 23).to(tl.float32, bitcast=True)  # 0 below 2^-126, as quantize_dequantize
-    rb = tl.program_id(1) * (STEP // 32) + tl.arange(0, STEP // 32)
-    if PERIOD == 1:
-        tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high, mask=(rm < M)[:, None])
-    else:  # BLOCK_M == 1: rm is this program's one row
-        j = tl.arange(0, PERIOD)
-        diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j[:, None], low_then_high, 0.0)
-        tl.store(xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :], diagonal.to(tl.float8e4nv))
-    tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :], factor, mask=(rm < M)[:, None])
+    tile = activation_tile(at, mask, K, stride_part, GATED, PARTS)
+    store_quantized(xq, x_scale, tile, rm, k0, M, k0 + STEP, stride_qm, stride_sm, PERIOD, BLOCK_M, STEP)
     if PDL:
         gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading xq
 
@@ -345,6 +361,31 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_EN
 
 
 @dataclass(frozen=True, slots=True)
+class InputQuantization:
+    """How a GEMM of this module wants its x quantized, for a kernel before it that writes x in that form (a norm):
+    the block-diagonal period and the weight's padded K."""
+    period: int
+    k_padded: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedRows:
+    """x [rows, K] quantized as quantize_activations writes it (values [period * rows, K'] e4m3, block scales fp32
+    [rows, K'/32]), by the kernel that computed x; dtype is x's (the GEMM's output dtype)."""
+    values: torch.Tensor
+    scales: torch.Tensor
+    rows: int
+    period: int
+    dtype: torch.dtype
+
+    @staticmethod
+    def empty(rows: int, form: InputQuantization, dtype: torch.dtype, device: torch.device) -> "QuantizedRows":
+        values = torch.empty((form.period * rows, form.k_padded), dtype=torch.float8_e4m3fn, device=device)
+        scales = torch.empty((rows, form.k_padded // 32), dtype=torch.float32, device=device)
+        return QuantizedRows(values, scales, rows, form.period, dtype)
+
+
+@dataclass(frozen=True, slots=True)
 class SplitLaunch:
     """What a split-K launch of an [M, N] output needs besides its inputs (shared with mxfp4_gemm_lookup)."""
     grid: tuple[int, int]
@@ -354,23 +395,27 @@ class SplitLaunch:
     partials: torch.Tensor  # fp32 [split_k, M, N] when K is split
 
 
-def split_launch(x: torch.Tensor, n: int, k_padded: int, block_m: int, block_n: int, split_k: int) -> SplitLaunch:
-    m = x.shape[0]
+def split_launch(m: int, dtype: torch.dtype, device: torch.device, n: int, k_padded: int, block_m: int,
+                 block_n: int, split_k: int) -> SplitLaunch:
+    """The grid, K per split and output buffers of an [m, n] GEMM output in dtype."""
     k_split = triton.cdiv(k_padded // STEP_K, split_k) * STEP_K
     split_k = triton.cdiv(k_padded, k_split)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split_k)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=x.device)
+    out = torch.empty((m, n), dtype=dtype, device=device)
+    partials = torch.empty((split_k, m, n) if split_k > 1 else (0,), dtype=torch.float32, device=device)
     return SplitLaunch(grid, k_split, split_k, out, partials)
 
 
 SUM_BLOCK = 1024  # output elements per program of _sum_splits_kernel
 
 
-def sum_splits(launch: SplitLaunch, pdl: bool) -> torch.Tensor:
-    """launch.out, after the GEMM just launched: with K split, the sum of its partials. With pdl the GEMM let this
-    kernel launch early (griddepcontrol): its programs wait for the GEMM's partials while the GEMM finishes. This
-    measured 0.2-3.3 us faster than the split that arrived last summing the others behind an atomic counter (H100)."""
+def sum_splits(launch: SplitLaunch, pdl: bool, summed: bool = True) -> torch.Tensor | PartialSums:
+    """launch.out, after the GEMM just launched: with K split, the sum of its partials (or with summed=False the
+    partials themselves, for a consumer that adds them). With pdl the GEMM let this kernel launch early
+    (griddepcontrol): its programs wait for the GEMM's partials while the GEMM finishes. This measured 0.2-3.3 us
+    faster than the split that arrived last summing the others behind an atomic counter (H100)."""
+    if launch.split_k > 1 and not summed:
+        return PartialSums(launch.partials, launch.out.dtype)
     if launch.split_k > 1:
         m, n = launch.out.shape
         run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
@@ -400,29 +445,42 @@ def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
 
 
 def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                   config: Fp8Config | None = None, gated: bool = False) -> torch.Tensor:
+                   config: Fp8Config | None = None, gated: bool = False,
+                   summed: bool = True) -> torch.Tensor | PartialSums:
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
     weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align).
-    gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up."""
+    gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up. summed: as sum_splits."""
     config = config or pick_config(x.shape[0], weight.shape[0])
     quantized = quantize_activations(x, weight.shape[1] * 2, config.period, gated)
-    return fp8_gemm(quantized, x, weight, weight_scale, config, pdl=_dependent_launch(x))
+    return fp8_gemm(quantized, x.shape[0], x.dtype, weight, weight_scale, config, pdl=_dependent_launch(x),
+                    summed=summed)
 
 
-def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-             weight_scale: torch.Tensor, config: Fp8Config, pdl: bool) -> torch.Tensor:
-    """The GEMM on quantize_activations(x, ..., config.period) (x gives the output's rows, dtype and device); pdl:
-    launched dependent on the kernel just before (which must be that quantization)."""
+def quantized_fp8_gemm(x: QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       summed: bool = True) -> torch.Tensor | PartialSums:
+    """The GEMM on x quantized by the kernel just before it (which let it launch early where PDL exists)."""
+    config = pick_config(x.rows, weight.shape[0])
+    if config.period != x.period or x.values.shape[1] != weight.shape[1] * 2:
+        raise ValueError(f"x was quantized with period {x.period} and K {x.values.shape[1]}; this GEMM reads period "
+                         f"{config.period} and K {weight.shape[1] * 2}: ask input_quantization for the form")
+    return fp8_gemm((x.values, x.scales), x.rows, x.dtype, weight, weight_scale, config,
+                    pdl=_dependent_launch(weight), summed=summed)
+
+
+def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], m: int, dtype: torch.dtype, weight: torch.Tensor,
+             weight_scale: torch.Tensor, config: Fp8Config, pdl: bool, summed: bool = True) -> torch.Tensor | PartialSums:
+    """The GEMM on quantize_activations(x, ..., config.period) of an x of m rows, output in dtype; pdl: launched
+    dependent on the kernel just before (which must be that quantization, or a kernel that wrote it the same way:
+    RMSNorm.add_to_residual's)."""
     xq, x_scale = quantized
-    m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
-    launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
+    launch = split_launch(m, dtype, weight.device, n, k_padded, config.block_m, config.block_n, config.split_k)
     w, tma = weight_loads(weight, config.tma, [config.block_n, 16 * config.period])
     run_kernel(_fp8_gemm_kernel, launch.grid,
         xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
         k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
-        PTX=platform_of(x.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
+        PTX=platform_of(weight.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl_launch(pdl))
-    return sum_splits(launch, pdl)
+    return sum_splits(launch, pdl, summed)

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, pdl_launch, platform_of,
                                               run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
@@ -245,24 +246,26 @@ def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool,
 
 
 def mxfp4_gemm_lookup(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                      config: LookupConfig | None = None, gated: bool = False) -> torch.Tensor:
+                      config: LookupConfig | None = None, gated: bool = False,
+                      summed: bool = True) -> torch.Tensor | PartialSums:
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype. weight [N, K'/2] and
     weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align), rows contiguous, and
     scale_bytes_fit(weight, weight_scale). gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up."""
     config = config or pick_config(x.shape[0], weight.shape[0])
     ptx = platform_of(x.device).kind == "cuda" and not interpreting()
     quantized = quantize_activations(x, weight.shape[1] * 2, ptx, gated)
-    return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x))
+    return lookup_gemm(quantized, x, weight, weight_scale, config, pdl=ptx and _dependent_launch(x), summed=summed)
 
 
 def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-                weight_scale: torch.Tensor, config: LookupConfig, pdl: bool) -> torch.Tensor:
+                weight_scale: torch.Tensor, config: LookupConfig, pdl: bool,
+                summed: bool = True) -> torch.Tensor | PartialSums:
     """The GEMM on quantize_activations(x, ...) (x gives the output's rows, dtype and device); pdl: launched
     dependent on the kernel just before (which must be that quantization)."""
     xq, x_shift = quantized
     m = x.shape[0]
     n, k_padded = weight.shape[0], weight.shape[1] * 2
-    launch = split_launch(x, n, k_padded, config.block_m, config.block_n, config.split_k)
+    launch = split_launch(m, x.dtype, x.device, n, k_padded, config.block_m, config.block_n, config.split_k)
     w, tma = weight_loads(weight.view(torch.int32), config.tma, [config.block_n, STEP_K // 8])
     run_kernel(_lookup_gemm_kernel, launch.grid,
         xq, x_shift, w, weight_scale.view(torch.int32), launch.out, launch.partials, m, n,
@@ -270,4 +273,4 @@ def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, w
         weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_launch(pdl))
-    return sum_splits(launch, pdl)
+    return sum_splits(launch, pdl, summed)

@@ -1,23 +1,46 @@
 """The residual update around a sublayer in one pass: summed = (residual + rms_norm(x) * w) [* scale], and
 optionally the next norm of it, rms_norm(summed) * w_next; and two branches' output norms summed in one pass
 (rms_norm_pair_sum). Each step rounds to the activation dtype where the separate ops would, so the result equals
-theirs. One program per row."""
+theirs. x (a for the pair) may be a split-K GEMM's PartialSums: the kernel adds its K slices as it reads the row.
+The next norm's output may be written MXFP4-quantized for the fp8 GEMM that reads it (QuantizedRows): that GEMM's
+quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
+which may let it start early).
+"""
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.triton.common import gdc_launch_dependents, gdc_wait, nvidia_capability, pdl_launch, run_kernel
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, store_quantized
 
 
 @triton.jit
-def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, dim, eps,
-                          stride_x, stride_r, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+def _load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.constexpr):
+    """A row of x in fp32; with PARTS > 1 the sum of PARTS fp32 rows stride_part apart, rounded to dtype."""
+    row = tl.load(x + offsets, mask=mask, other=0.0).to(tl.float32)
+    if PARTS > 1:
+        for part in tl.static_range(1, PARTS):
+            row += tl.load(x + part * stride_part + offsets, mask=mask, other=0.0)
+        row = row.to(dtype).to(tl.float32)
+    return row
+
+
+@triton.jit
+def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, dim, eps,
+                          stride_x, stride_r, stride_part, stride_qm, stride_sm, K_PADDED,
+                          HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr, PDL: tl.constexpr,
+                          PERIOD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
     dtype = summed.dtype.element_ty
-    xf = tl.load(x + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()  # for the kernel before, which wrote x
+        if PERIOD > 0:
+            gdc_launch_dependents()  # the GEMM reading xq may start; it waits for this grid before reading
+    xf = _load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
     y = xf * tl.math.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
     y = (y * tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
     total = (tl.load(residual + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32) + y).to(dtype)
@@ -27,40 +50,67 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     if HAS_NEXT:
         tf = total.to(tl.float32)
         o = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
-        o = o * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out + row * dim + cols, o.to(dtype), mask=mask)
+        o = (o * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+        if PERIOD > 0:
+            store_quantized(xq, x_scale, tl.reshape(o.to(tl.float32), (1, BLOCK_D)), row + tl.arange(0, 1), 0, row + 1,
+                            K_PADDED, stride_qm, stride_sm, PERIOD, 1, BLOCK_D)
+        else:
+            tl.store(out + row * dim + cols, o, mask=mask)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """t as [rows, dim] with unit stride along dim (the kernels take one row stride)."""
+def _rows(t: torch.Tensor | PartialSums) -> tuple[torch.Tensor, int, int]:
+    """t as [rows, dim] with unit stride along dim (the kernels take one row stride), the stride between its K
+    slices and their count (a PartialSums: its first slice; a tensor: one slice)."""
+    if isinstance(t, PartialSums):
+        return t.parts[0], t.parts.stride(0), t.parts.shape[0]
     rows = t.reshape(-1, t.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
+    return (rows if rows.stride(-1) == 1 else rows.contiguous()), 0, 1
 
 
-def rms_norm_residual(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None):
-    """Same contract as torch_ref.rms_norm_residual."""
-    dim = x.shape[-1]
-    rows_x, rows_r = _rows(x), _rows(residual)
-    summed = torch.empty(residual.shape, dtype=residual.dtype, device=x.device)
-    out = torch.empty(residual.shape, dtype=residual.dtype, device=x.device) if next_weight is not None else None
-    if rows_x.shape[0]:
-        block_d = triton.next_power_of_2(dim)
-        run_kernel(_norm_residual_kernel, (rows_x.shape[0],), rows_x, rows_r, weight,
+def _launch_options(device: torch.device) -> tuple[bool, dict]:
+    """The PDL flag and launch options: a dependent launch where griddepcontrol exists (NVIDIA sm_90+)."""
+    pdl = gdc_wait is not None and nvidia_capability(device) >= (9, 0)
+    return pdl, pdl_launch(pdl)
+
+
+def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None,
+                      quantize: InputQuantization | None = None):
+    """Same contract as torch_ref.rms_norm_residual; with quantize (and next_weight) the next norm's output comes
+    back as QuantizedRows in that form (2-D residual)."""
+    dim = residual.shape[-1]
+    (rows_x, stride_part, parts), (rows_r, _, _) = _rows(x), _rows(residual)
+    rows = rows_r.shape[0]
+    summed = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    quantize = quantize if next_weight is not None else None
+    if quantize is not None:
+        out = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
+        values, scales, k_padded, period = out.values, out.scales, quantize.k_padded, quantize.period
+    else:
+        out = torch.empty_like(summed) if next_weight is not None else None
+        values, scales, k_padded, period = summed, summed, dim, 0
+    if rows:
+        block_d = triton.next_power_of_2(max(dim, k_padded))
+        pdl, options = _launch_options(residual.device)
+        run_kernel(_norm_residual_kernel, (rows,), rows_x, rows_r, weight,
                    scale if scale is not None else weight, next_weight if next_weight is not None else weight,
-                   summed, out if out is not None else summed, dim, eps, rows_x.stride(0), rows_r.stride(0),
-                   HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, BLOCK_D=block_d,
-                   num_warps=min(16, max(1, block_d // 512)))
+                   summed, out if isinstance(out, torch.Tensor) else summed, values, scales, dim, eps,
+                   rows_x.stride(0), rows_r.stride(0), stride_part, values.stride(0), scales.stride(0), k_padded,
+                   HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, PARTS=parts, PDL=pdl,
+                   PERIOD=period, BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)), **options)
     return summed, out
 
 
 @triton.jit
-def _norm_pair_sum_kernel(a, b, weight_a, weight_b, out, dim, eps, stride_a, stride_b, BLOCK_D: tl.constexpr):
+def _norm_pair_sum_kernel(a, b, weight_a, weight_b, out, dim, eps, stride_a, stride_b, stride_part,
+                          PARTS: tl.constexpr, PDL: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
     dtype = out.dtype.element_ty
-    af = tl.load(a + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()  # for the kernel before, which wrote b
+    af = _load_row(a, row * stride_a + cols, mask, stride_part, PARTS, dtype)
     bf = tl.load(b + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
     ya = af * tl.math.rsqrt(tl.sum(af * af, 0) / dim + eps)
     yb = bf * tl.math.rsqrt(tl.sum(bf * bf, 0) / dim + eps)
@@ -69,14 +119,16 @@ def _norm_pair_sum_kernel(a, b, weight_a, weight_b, out, dim, eps, stride_a, str
     tl.store(out + row * dim + cols, (ya + yb).to(dtype), mask=mask)
 
 
-def rms_norm_pair_sum(a: torch.Tensor, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
-                      eps: float) -> torch.Tensor:
+def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor, weight_a: torch.Tensor,
+                      weight_b: torch.Tensor, eps: float) -> torch.Tensor:
     """Same contract as torch_ref.rms_norm_pair_sum."""
-    dim = a.shape[-1]
-    rows_a, rows_b = _rows(a), _rows(b)
-    out = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    dim = b.shape[-1]
+    (rows_a, stride_part, parts), (rows_b, _, _) = _rows(a), _rows(b)
+    out = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     if rows_a.shape[0]:
         block_d = triton.next_power_of_2(dim)
+        pdl, options = _launch_options(b.device)
         run_kernel(_norm_pair_sum_kernel, (rows_a.shape[0],), rows_a, rows_b, weight_a, weight_b, out, dim, eps,
-                   rows_a.stride(0), rows_b.stride(0), BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)))
+                   rows_a.stride(0), rows_b.stride(0), stride_part, PARTS=parts, PDL=pdl, BLOCK_D=block_d,
+                   num_warps=min(16, max(1, block_d // 512)), **options)
     return out

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
 
 MAX_ROWS = 16
@@ -81,8 +82,10 @@ def num_splits(n: int, k: int, device: torch.device, config: SkinnyConfig) -> in
     return max(1, min(slots // tiles, k_tiles // config.min_k_tiles))
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T for up to MAX_ROWS rows of x (fits() must hold)."""
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DEFAULT_CONFIG,
+                summed: bool = True) -> torch.Tensor | PartialSums:
+    """x [..., K] @ weight [N, K]^T for up to MAX_ROWS rows of x (fits() must hold). summed=False: with K split,
+    the unsummed PartialSums of 2-D x (for a consumer that adds them)."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -96,6 +99,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
         _skinny_gemm_kernel, (n // config.block_n, splits), rows, weight, out, part, m, n, k, k_per_split, rows.stride(0), weight.stride(0), out.stride(0),
         part.stride(0) if splits > 1 else 0, BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=splits > 1, UPCAST=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1 and not summed and x.dim() == 2:
+        return PartialSums(part, x.dtype)
     if splits > 1:
         block = 1024
         run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, block)), part, out, m, n, splits, part.stride(0),
@@ -103,8 +108,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
     return out.reshape(*x.shape[:-1], n)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
     """Same contract as torch_ref.linear: the skinny kernel for decode-sized batches, torch's GEMM otherwise."""
     if fits(x, weight):
-        return skinny_gemm(x, weight)
+        return skinny_gemm(x, weight, summed=summed)
     return F.linear(x, weight)

@@ -18,12 +18,14 @@ from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path
+from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path, input_quantization
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
 GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
 BLOCK_SIZE = 16  # the engine's default --block-size
 NUM_BLOCKS = 4096
+SPLIT_K_SLICES = 4  # the most K splits a decode projection makes (pick_config's)
 
 # The sm_90 block-scaled path multiplies by cuBLAS (torch's scaled_mm), which has no meta kernel: the gate needs
 # only the Triton launches around it, so on meta the GEMM just hands back its output.
@@ -150,6 +152,28 @@ def _moe_experts(r: Recorder, hf: dict) -> None:
            meta(tokens, hidden), *packed, *routing, True, False)
 
 
+def _split_k_output(rows: int, n: int) -> PartialSums:
+    """A projection's output as split-K slices (Linear.forward(summed=False)); the norms read it so."""
+    return PartialSums(meta(SPLIT_K_SLICES, rows, n, dtype=torch.float32), torch.bfloat16)
+
+
+def _norms_of_projections(r: Recorder, spec: ModelSpec) -> None:
+    """The residual updates as the layers make them: reading a projection's split-K slices, and writing the next
+    norm quantized for an MXFP4 projection of the hidden state (qkv, gate_up) where its path asks for that."""
+    hidden, tokens = spec.hf["hidden_size"], r.step.tokens
+    x, weight, slices = meta(tokens, hidden), meta(hidden), _split_k_output(tokens, hidden)
+    r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, None, weight)
+    r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, meta(1), weight)
+    for n, k in sorted(_mxfp4_projections(spec.hf, spec.layers)):
+        if k != hidden:
+            continue
+        packed = meta(n, -(-k // K_ALIGN) * K_ALIGN // 2, dtype=torch.uint8)
+        with recording(r.platform):  # the path as the target platform picks it
+            form = input_quantization(tokens, packed, x, True, lookup_scales=True)
+        if form is not None:
+            r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, None, weight, quantize=form)
+
+
 def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hf, tokens = spec.hf, r.step.tokens
     hidden = hf["hidden_size"]
@@ -157,7 +181,8 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
     r.call("add_rms_norm", dict(dim=hidden), x, x, weight, 1e-6)
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, None, weight)  # after attention
-    r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), None)  # after the MLP
+    r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), weight)  # after the MLP
+    _norms_of_projections(r, spec)
     window = hf.get("sliding_window")
     for layer in sorted(set(spec.layers), key=lambda layer: (layer.kind, layer.head_dim, layer.num_kv_heads)):
         _attention_layer(r, spec, layer, window if layer.kind == "sliding" else None)
@@ -175,6 +200,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         _mxfp4_linear(r, "mxfp4_linear", tokens, hidden, width, gated=True)
     if hf.get("enable_moe_block"):
         r.call("rms_norm_pair_sum", dict(dim=hidden), x, x, weight, weight, 1e-6)  # the two feed-forward branches
+        r.call("rms_norm_pair_sum", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, weight, 1e-6)
         _moe_experts(r, hf)
 
 
