@@ -250,3 +250,22 @@ def test_rms_norm_residual_writes_the_next_norm_quantized_as_the_fp8_gemm_reads_
     assert (quantized.rows, quantized.period, quantized.dtype) == (rows, period, torch.bfloat16)
     assert torch.equal(quantized.values.view(torch.uint8), values.view(torch.uint8))
     assert torch.equal(quantized.scales, scales)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_residual_gives_several_next_norms_of_the_sum(dtype):
+    """A tuple of next weights (a MoE layer's three feed-forward inputs): one norm of the sum under each, as the
+    separate norms give them, from a split-K output."""
+    x, residual = randn(4, 320, dtype=dtype), randn(4, 320, dtype=dtype)
+    weight, *nexts = (randn(320, dtype=dtype) + 1.0 for _ in range(4))
+    unsummed, _ = partial_sums_of(x)
+    summed, outs = tri.rms_norm_residual(unsummed, residual, weight, 1e-6, None, tuple(nexts))
+    ref_summed, ref_outs = torch_ref.rms_norm_residual(unsummed, residual, weight, 1e-6, None, tuple(nexts))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=2 ** -6)
+    torch.testing.assert_close(summed.float(), ref_summed.float(), **tol)
+    assert len(outs) == len(ref_outs) == 3
+    for got, want, w in zip(outs, ref_outs, nexts):
+        torch.testing.assert_close(got.float(), want.float(), **tol)
+        torch.testing.assert_close(want, torch_ref.rms_norm(ref_summed, w, 1e-6))
+    two = tri.rms_norm_residual(unsummed, residual, weight, 1e-6, None, tuple(nexts[:2]))[1]
+    assert len(two) == 2 and torch.equal(two[1], outs[1])

@@ -29,17 +29,22 @@ class RMSNorm(nn.Module):
         return self._add_norm(x, residual, self.weight, self.eps)
 
     def add_to_residual(self, x: "torch.Tensor | PartialSums", residual: torch.Tensor,
-                        scale: torch.Tensor | None = None, then: "RMSNorm | None" = None,
+                        scale: torch.Tensor | None = None, then: "RMSNorm | tuple | None" = None,
                         feeding: nn.Module | None = None) -> tuple[torch.Tensor, object]:
         """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass. x may be
-        a linear's PartialSums. feeding: the linear that reads `then`'s norm; where it asks for its input quantized
-        (input_quantization), that output comes in its form (QuantizedRows) and its quantization launch is saved."""
+        a linear's PartialSums. `then` may be a tuple of up to 3 norms (RMSNorms or plain weights, same eps) of
+        the sum, for the branches that read it: their outputs come as a tuple. feeding: the linear that reads
+        (the first of) `then`'s norms; where it asks for its input quantized (input_quantization), that output
+        comes in its form (QuantizedRows) and its quantization launch is saved."""
         quantize = None
         if then is not None and feeding is not None and self._writes_quantized:
             quantize = feeding.input_quantization(residual)
         extra = {} if quantize is None else {"quantize": quantize}
-        return self._into_residual(x, residual, self.weight, self.eps, scale, None if then is None else then.weight,
-                                   **extra)
+        if isinstance(then, tuple):
+            next_weight = tuple(n if isinstance(n, torch.Tensor) else n.weight for n in then)
+        else:
+            next_weight = None if then is None else then.weight
+        return self._into_residual(x, residual, self.weight, self.eps, scale, next_weight, **extra)
 
     def plus(self, x: torch.Tensor, other: "RMSNorm", y: torch.Tensor) -> torch.Tensor:
         """self(x) + other(y), in one pass."""

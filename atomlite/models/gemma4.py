@@ -94,12 +94,11 @@ class Gemma4MLP(nn.Module):
 
 class Gemma4Router(nn.Module):
     """norm(x) * scale * hidden^-0.5 -> proj -> the top-k experts (router_topk). The weightless norm and the two
-    scalings run as one norm whose weight is scale * hidden^-0.5 (norm_weight, made after loading)."""
+    scalings are one norm whose weight is scale * hidden^-0.5 (norm_weight, made after loading), which the layer
+    computes with its residual update: forward takes the normed x."""
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float, lin: LinearBuilder, prefix: str):
         super().__init__()
-        self.eps = eps
-        self._norm = dispatch.choose("rms_norm", dim=hidden).fn
         self.proj = lin.linear(f"{prefix}.proj", hidden, num_experts)
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
@@ -111,9 +110,9 @@ class Gemma4Router(nn.Module):
     def process_after_loading(self) -> None:
         self.norm_weight = (self.scale.float() * self.root_size).to(self.scale.dtype)
 
-    def forward(self, x):
-        scores = self.proj(self._norm(x, self.norm_weight, self.eps))
-        return self._topk(scores, self.per_expert_scale, self.top_k)
+    def forward(self, normed):
+        """normed: rms_norm(x, norm_weight)."""
+        return self._topk(self.proj(normed), self.per_expert_scale, self.top_k)
 
 
 class Gemma4DecoderLayer(nn.Module):
@@ -149,12 +148,17 @@ class Gemma4DecoderLayer(nn.Module):
         input norm, or the final norm), the latter computed with the residual update where it can be, and in the
         form next_linear (the linear that reads it, if one alone does) asks for."""
         attn = self.self_attn(x, cos, sin, ctx)
-        h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
-                                                             feeding=self.mlp.gate_up_proj)
+        if self.moe:  # the three feed-forward inputs are norms of the same sum: one pass computes them all
+            then = (self.pre_feedforward_layernorm, self.router.norm_weight, self.pre_feedforward_layernorm_2)
+            h, (x, routed, experts_in) = self.post_attention_layernorm.add_to_residual(
+                attn, h, then=then, feeding=self.mlp.gate_up_proj)
+        else:
+            h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
+                                                                 feeding=self.mlp.gate_up_proj)
         m = self.mlp(x)
         if self.moe:
-            weights, ids = self.router(h)
-            experts = self.experts(self.pre_feedforward_layernorm_2(h), weights, ids)
+            weights, ids = self.router(routed)
+            experts = self.experts(experts_in, weights, ids)
             m = self.post_feedforward_layernorm_1.plus(m, self.post_feedforward_layernorm_2, experts)
         if not self.ple_dim:
             return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar, then=next_norm,

@@ -21,12 +21,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
 
 def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                       scale: torch.Tensor | None = None,
-                      next_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None):
     """summed = (residual + rms_norm(x, weight)) [* scale], rounded to the dtype after each step; returns
-    (summed, rms_norm(summed, next_weight) or None). x may be a split-K GEMM's PartialSums."""
+    (summed, rms_norm(summed, next_weight) or None), or with a tuple of next weights a tuple of those norms (the
+    branches that read summed, each with its own weight). x may be a split-K GEMM's PartialSums."""
     summed = (residual + rms_norm(added_up(x), weight, eps)).to(residual.dtype)
     if scale is not None:
         summed = (summed * scale).to(residual.dtype)
+    if isinstance(next_weight, tuple):
+        return summed, tuple(rms_norm(summed, w, eps) for w in next_weight)
     return summed, None if next_weight is None else rms_norm(summed, next_weight, eps)
 
 

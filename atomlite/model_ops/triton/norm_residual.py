@@ -27,11 +27,12 @@ def _load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.cons
 
 
 @triton.jit
-def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, dim, eps,
-                          stride_x, stride_r, stride_part, stride_qm, stride_sm, K_PADDED,
+def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, weight_1, out_1,
+                          weight_2, out_2, dim, eps, stride_x, stride_r, stride_part, stride_qm, stride_sm, K_PADDED,
                           HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr, PDL: tl.constexpr,
-                          PERIOD: tl.constexpr, BLOCK_D: tl.constexpr):
-    """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out."""
+                          PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out.
+    MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2)."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
@@ -49,8 +50,12 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     tl.store(summed + row * dim + cols, total, mask=mask)
     if HAS_NEXT:
         tf = total.to(tl.float32)
-        o = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
-        o = (o * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+        normed = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
+        for i in tl.static_range(MORE_NORMS):
+            w_i, out_i = (weight_1, out_1) if i == 0 else (weight_2, out_2)
+            o_i = normed * tl.load(w_i + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(out_i + row * dim + cols, o_i.to(dtype), mask=mask)
+        o = (normed * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
         if PERIOD > 0:
             store_quantized(xq, x_scale, tl.reshape(o.to(tl.float32), (1, BLOCK_D)), row + tl.arange(0, 1), 0, row + 1,
                             K_PADDED, stride_qm, stride_sm, PERIOD, 1, BLOCK_D)
@@ -74,31 +79,38 @@ def _launch_options(device: torch.device) -> tuple[bool, dict]:
 
 
 def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None,
+                      scale: torch.Tensor | None = None,
+                      next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
                       quantize: InputQuantization | None = None):
-    """Same contract as torch_ref.rms_norm_residual; with quantize (and next_weight) the next norm's output comes
-    back as QuantizedRows in that form (2-D residual)."""
+    """Same contract as torch_ref.rms_norm_residual (up to 3 next weights); with quantize the (first) next norm's
+    output comes back as QuantizedRows in that form (2-D residual)."""
     dim = residual.shape[-1]
+    weights = next_weight if isinstance(next_weight, tuple) else () if next_weight is None else (next_weight,)
+    if len(weights) > 3:
+        raise ValueError(f"rms_norm_residual takes up to 3 next weights, got {len(weights)}")
     (rows_x, stride_part, parts), (rows_r, _, _) = _rows(x), _rows(residual)
     rows = rows_r.shape[0]
     summed = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    quantize = quantize if next_weight is not None else None
-    if quantize is not None:
-        out = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
-        values, scales, k_padded, period = out.values, out.scales, quantize.k_padded, quantize.period
-    else:
-        out = torch.empty_like(summed) if next_weight is not None else None
-        values, scales, k_padded, period = summed, summed, dim, 0
+    outs = [torch.empty_like(summed) for _ in weights]
+    values, scales, k_padded, period = summed, summed, dim, 0
+    if quantize is not None and weights:
+        outs[0] = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
+        values, scales, k_padded, period = outs[0].values, outs[0].scales, quantize.k_padded, quantize.period
     if rows:
         block_d = triton.next_power_of_2(max(dim, k_padded))
         pdl, options = _launch_options(residual.device)
+        tensors = [out if isinstance(out, torch.Tensor) else summed for out in outs] + [summed] * (3 - len(outs))
+        more = list(weights[1:]) + [weight] * (3 - len(weights))
         run_kernel(_norm_residual_kernel, (rows,), rows_x, rows_r, weight,
-                   scale if scale is not None else weight, next_weight if next_weight is not None else weight,
-                   summed, out if isinstance(out, torch.Tensor) else summed, values, scales, dim, eps,
+                   scale if scale is not None else weight, weights[0] if weights else weight, summed, tensors[0],
+                   values, scales, more[0], tensors[1], more[1], tensors[2], dim, eps,
                    rows_x.stride(0), rows_r.stride(0), stride_part, values.stride(0), scales.stride(0), k_padded,
-                   HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, PARTS=parts, PDL=pdl,
-                   PERIOD=period, BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)), **options)
-    return summed, out
+                   HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period,
+                   MORE_NORMS=max(0, len(weights) - 1), BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)),
+                   **options)
+    if isinstance(next_weight, tuple):
+        return summed, tuple(outs)
+    return summed, outs[0] if outs else None
 
 
 @triton.jit

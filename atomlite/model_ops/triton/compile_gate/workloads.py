@@ -201,6 +201,9 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     if hf.get("enable_moe_block"):
         r.call("rms_norm_pair_sum", dict(dim=hidden), x, x, weight, weight, 1e-6)  # the two feed-forward branches
         r.call("rms_norm_pair_sum", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, weight, 1e-6)
+        # the sum after attention and its three norms: dense MLP, router and experts inputs
+        r.call("rms_norm_residual", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, 1e-6, None,
+               (weight, weight, weight))
         _moe_experts(r, hf)
 
 
