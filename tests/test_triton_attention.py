@@ -124,3 +124,21 @@ def test_attention_without_queries_returns_empty():
     args = paged_batch([0, 0], [3, 9], 2, 1, 64, 16, torch.float32, None, DEVICE)
     out, lse = tri.paged_attention(*args, 0.1, None, True)
     assert out.shape == (0, 2, 64) and lse.shape == (0, 2)
+
+
+@pytest.mark.parametrize("period,head_dim", [(8, 64), (8, 256), (2, 64)])
+def test_split_kv_merge_writes_the_output_quantized_as_the_fp8_gemm_reads_it(period, head_dim):
+    """With quantize (K = H * D) the split-KV merge writes the [T, H * D] output as QuantizedRows: the fp8 GEMM's
+    own quantization of the unquantized output, block for block; a K other than H * D leaves the output as is."""
+    from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, quantize_activations
+    args = paged_batch([1, 1], [130, 9], 4, 2, head_dim, 16, torch.bfloat16, None, DEVICE, seed=period)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, num_splits=3)
+    out = tri.launch(*args, 0.125, None, False, config)
+    form = InputQuantization(period, 4 * head_dim)
+    quantized = tri.launch(*args, 0.125, None, False, config, quantize=form)
+    values, scales = quantize_activations(out.flatten(1), form.k_padded, period)
+    assert isinstance(quantized, QuantizedRows) and (quantized.rows, quantized.period) == (2, period)
+    assert torch.equal(quantized.values.view(torch.uint8), values.view(torch.uint8))
+    assert torch.equal(quantized.scales, scales)
+    padded = InputQuantization(period, 4 * head_dim + 256)
+    assert torch.equal(tri.launch(*args, 0.125, None, False, config, quantize=padded), out)

@@ -30,7 +30,9 @@ class Attention(nn.Module):
         if key_rope is not None:
             shape["k_from_v"] = True
             self.rotary_pairs = rotary_pairs(key_rope.inv_freq)
-        self._attend = dispatch.choose("attention", **shape).fn
+        attend = dispatch.choose("attention", **shape)
+        self._attend = attend.fn
+        self._writes_quantized = attend.backend == "triton"  # its split-KV merge can write QuantizedRows
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
         self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
         self.k_cache = self.v_cache = None
@@ -56,16 +58,25 @@ class Attention(nn.Module):
 
     def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                    sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention."""
+                    sin: torch.Tensor, ctx: ForwardContext, feeding: nn.Module | None = None):
+        """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention.
+        feeding: the linear that reads the output; then the output comes as its input, [T, H * D], or in the
+        quantized form that linear asks for (input_quantization), where the kernels can write that."""
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales)
-        return self._attention(q, ctx, group, k_weight)
+        if feeding is None:
+            return self._attention(q, ctx, group, k_weight)
+        rows = q.flatten(1)
+        quantize = feeding.input_quantization(rows) if self._writes_quantized else None
+        out = self._attention(q, ctx, group, k_weight, quantize)
+        return out.flatten(1) if isinstance(out, torch.Tensor) else out
 
     def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch,
-                   k_weight: torch.Tensor | None = None) -> torch.Tensor:
+                   k_weight: torch.Tensor | None = None, quantize=None):
         extra = dict(host=ctx.host, derived=group.derived, kv_scales=self.kv_scales)
+        if quantize is not None:
+            extra["quantize"] = quantize
         if self.key_rope is not None:
             rope = self.key_rope  # its tables are read here, so they follow the module wherever it moves
             extra["k_from_v"] = KFromV(k_weight, rope.cos_table, rope.sin_table, self.rotary_pairs)

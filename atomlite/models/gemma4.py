@@ -76,8 +76,9 @@ class Gemma4Attention(nn.Module):
         q, k, v, k_weight = parts[0].view(shape), None, None, None
         if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
             k, v, k_weight = parts[1].view(shape), parts[-1].view(shape), self.k_norm.weight
-        out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx)
-        return self.o_proj(out.flatten(1), summed=False)  # the layer's norm kernel adds split-K slices
+        out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx,
+                                    feeding=self.o_proj)
+        return self.o_proj(out, summed=False)  # the layer's norm kernel adds split-K slices
 
 
 class Gemma4MLP(nn.Module):

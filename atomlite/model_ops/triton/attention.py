@@ -19,6 +19,7 @@ from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
 from atomlite.model_ops.triton import split_kv
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -337,9 +338,12 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
-           config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None, v_scale: float = 1.0):
+           config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None, v_scale: float = 1.0,
+           quantize: InputQuantization | None = None):
     """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them).
-    scale: the softmax scale times the K cache's scale; v_scale: the V cache's (outputs are multiplied by it)."""
+    scale: the softmax scale times the K cache's scale; v_scale: the V cache's (outputs are multiplied by it).
+    quantize: where the split-KV merge writes the output, it writes it as [T, H * D] QuantizedRows of that form
+    (returned instead of out) when the form's K is H * D and D a multiple of 32 (whole blocks per head)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -382,7 +386,11 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
-        split_kv.combine(part_out, part_lse, out, lse)
+        quantized = None
+        if quantize is not None and quantize.k_padded == num_heads * head_dim and head_dim % 32 == 0:
+            quantized = QuantizedRows.empty(num_tokens, quantize, q.dtype, q.device)
+        split_kv.combine(part_out, part_lse, out, lse, quantized)
+        out = out if quantized is None else quantized
     return (out, lse) if return_lse else out
 
 
@@ -433,9 +441,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
                     host: HostBatch | None = None, derived: dict | None = None,
-                    kv_scales: tuple[float, float] = UNIT_SCALES):
+                    kv_scales: tuple[float, float] = UNIT_SCALES, quantize: InputQuantization | None = None):
     """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, the group's
-    per-step cache) let a prefill on V-only layers build its keys once (_keys_for_prefill)."""
+    per-step cache) let a prefill on V-only layers build its keys once (_keys_for_prefill). quantize: see launch
+    (the output may come as QuantizedRows)."""
     group = q.shape[1] // v_cache.shape[2]
     built = None
     if k_from_v is not None and window is None:
@@ -444,4 +453,4 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     k_scale, v_scale = cache_scales(v_cache, kv_scales)
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,
-                  config, k_from_v, built, v_scale)
+                  config, k_from_v, built, v_scale, quantize)

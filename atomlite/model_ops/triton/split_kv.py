@@ -5,6 +5,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import num_sms, run_kernel
+from atomlite.model_ops.triton.mxfp4_gemm_fp8 import QuantizedRows, store_quantized
 
 MAX_SPLITS = 16
 MIN_TILES_PER_SPLIT = 4
@@ -21,10 +22,11 @@ def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int
 
 
 @triton.jit
-def _combine_kernel(part_out, part_lse, out, lse, num_splits, num_heads,
-                    stride_ps, stride_ls, stride_ot, stride_oh,
+def _combine_kernel(part_out, part_lse, out, lse, xq, x_scale, num_splits, num_heads,
+                    stride_ps, stride_ls, stride_ot, stride_oh, stride_qm, stride_sm,
                     SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    STORE_LSE: tl.constexpr):
+                    STORE_LSE: tl.constexpr, PERIOD: tl.constexpr):
+    """PERIOD > 0: the output row [T, H * D] goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
@@ -37,17 +39,25 @@ def _combine_kernel(part_out, part_lse, out, lse, num_splits, num_heads,
     total = tl.sum(weight, 0)
     parts = tl.load(part_out + splits[:, None] * stride_ps + row * HEAD_DIM + dims[None, :],
                     mask=(splits < num_splits)[:, None], other=0.0)
-    merged = tl.sum(parts * (weight / total)[:, None], 0)
-    tl.store(out + token * stride_ot + head * stride_oh + dims, merged.to(out.dtype.element_ty))
+    merged = tl.sum(parts * (weight / total)[:, None], 0).to(out.dtype.element_ty)
+    if PERIOD > 0:  # this head's columns of the row, rounded as the output would be
+        tile = tl.reshape(merged.to(tl.float32), (1, HEAD_DIM))
+        store_quantized(xq, x_scale, tile, token + tl.arange(0, 1), head * HEAD_DIM, token + 1,
+                        num_heads * HEAD_DIM, stride_qm, stride_sm, PERIOD, 1, HEAD_DIM)
+    else:
+        tl.store(out + token * stride_ot + head * stride_oh + dims, merged)
     if STORE_LSE:
         tl.store(lse + row, top + tl.log(total))
 
 
-def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-    """part_out [S, T, H, D] fp32 (each split normalised), part_lse [S, T, H] -> out [T, H, D], lse [T, H]."""
+def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+            quantized: QuantizedRows | None = None) -> None:
+    """part_out [S, T, H, D] fp32 (each split normalised), part_lse [S, T, H] -> out [T, H, D], lse [T, H]; with
+    quantized (its K = H * D, D a multiple of 32) the output goes there instead of out."""
     splits, num_tokens, num_heads, head_dim = part_out.shape
+    values, scales = (quantized.values, quantized.scales) if quantized is not None else (out, out)
     run_kernel(_combine_kernel, (num_tokens, num_heads),
-        part_out, part_lse, out, lse if lse is not None else part_lse, splits, num_heads,
-        part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1),
+        part_out, part_lse, out, lse if lse is not None else part_lse, values, scales, splits, num_heads,
+        part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1), values.stride(0), scales.stride(0),
         SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,
-        STORE_LSE=lse is not None, num_warps=4)
+        STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, num_warps=4)

@@ -38,10 +38,13 @@ class VllmPagedAttention(nn.Module):
                 ctx: ForwardContext) -> torch.Tensor:
         return self.vllm_attn(q, k, v).view(q.shape[0], self.num_heads, self.head_dim)
 
-    def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext) -> torch.Tensor:
-        """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself."""
+    def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext,
+                    feeding: nn.Module | None = None) -> torch.Tensor:
+        """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself. With
+        feeding (the linear reading the output) the output comes as its input, [T, H * D]."""
         q, k, v = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin)
-        return self.forward(q, k, v, ctx)
+        out = self.forward(q, k, v, ctx)
+        return out if feeding is None else out.flatten(1)
 
 
 def _checkpoint_dir(vllm_config: VllmConfig) -> Path:

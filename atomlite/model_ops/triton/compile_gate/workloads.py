@@ -90,6 +90,10 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
     r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
            meta(step.num_seqs + 1, **int32), 1.0, window)
+    form = _o_proj_input_form(r, heads * dim, spec.hf["hidden_size"])
+    if form is not None:  # the split-KV merge writes the output quantized for an MXFP4 o_proj
+        r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
+               meta(step.num_seqs + 1, **int32), 1.0, window, quantize=form)
     fp8_cache = meta(NUM_BLOCKS, BLOCK_SIZE, kv_heads, dim, dtype=r.platform.fp8_dtype)  # --kv-cache-dtype fp8
     r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, fp8_cache, fp8_cache, slots)
     r.call("attention", shape, q, fp8_cache, fp8_cache, table, meta(step.num_seqs, **int32),
@@ -100,6 +104,13 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
             r.call("attention", {**shape, "k_from_v": True}, q, None, v_cache, table, meta(step.num_seqs, **int32),
                    meta(step.num_seqs + 1, **int32), 1.0, window, k_from_v=_key_rule(spec, layer),
                    host=step.host(), derived={})
+
+
+def _o_proj_input_form(r: Recorder, k: int, n: int):
+    """The quantized input an MXFP4 o_proj asks of the attention before it at this step, on the target (or None)."""
+    packed = meta(n, -(-k // K_ALIGN) * K_ALIGN // 2, dtype=torch.uint8)
+    with recording(r.platform):
+        return input_quantization(r.step.tokens, packed, meta(r.step.tokens, k), True, lookup_scales=True)
 
 
 def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:
