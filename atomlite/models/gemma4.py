@@ -98,7 +98,7 @@ class Gemma4Router(nn.Module):
     scalings are one norm whose weight is scale * hidden^-0.5 (norm_weight, made after loading), which the layer
     computes with its residual update: forward takes the normed x."""
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float, lin: LinearBuilder, prefix: str):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, lin: LinearBuilder, prefix: str):
         super().__init__()
         self.proj = lin.linear(f"{prefix}.proj", hidden, num_experts)
         self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
@@ -131,7 +131,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.layer_scalar.weight_loader = copy_weight
         self.moe = bool(cfg.get("enable_moe_block"))
         if self.moe:
-            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
+            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], lin, f"{prefix}.router")
             self.experts = lin.experts(f"{prefix}.experts", cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
             self.experts.top_k = cfg["top_k_experts"]
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
