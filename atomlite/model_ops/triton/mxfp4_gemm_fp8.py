@@ -468,7 +468,8 @@ def quantized_fp8_gemm(x: QuantizedRows, weight: torch.Tensor, weight_scale: tor
 
 
 def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], m: int, dtype: torch.dtype, weight: torch.Tensor,
-             weight_scale: torch.Tensor, config: Fp8Config, pdl: bool, summed: bool = True) -> torch.Tensor | PartialSums:
+             weight_scale: torch.Tensor, config: Fp8Config, pdl: bool,
+             summed: bool = True) -> torch.Tensor | PartialSums:
     """The GEMM on quantize_activations(x, ..., config.period) of an x of m rows, output in dtype; pdl: launched
     dependent on the kernel just before (which must be that quantization, or a kernel that wrote it the same way:
     RMSNorm.add_to_residual's)."""
