@@ -15,10 +15,10 @@ from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
-from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path, input_quantization
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
@@ -90,7 +90,7 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
     r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
            meta(step.num_seqs + 1, **int32), 1.0, window)
-    form = _o_proj_input_form(r, heads * dim, spec.hf["hidden_size"])
+    form = _input_form(r, spec.hf["hidden_size"], heads * dim)  # o_proj's
     if form is not None:  # the split-KV merge writes the output quantized for an MXFP4 o_proj
         r.call("attention", shape, q, cache, cache, table, meta(step.num_seqs, **int32),
                meta(step.num_seqs + 1, **int32), 1.0, window, quantize=form)
@@ -106,8 +106,9 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
                    host=step.host(), derived={})
 
 
-def _o_proj_input_form(r: Recorder, k: int, n: int):
-    """The quantized input an MXFP4 o_proj asks of the attention before it at this step, on the target (or None)."""
+def _input_form(r: Recorder, n: int, k: int):
+    """The quantized input an MXFP4 projection [N, K] asks of the kernel before it at this step, as the target
+    platform picks its path (None: it quantizes its input itself)."""
     packed = meta(n, -(-k // K_ALIGN) * K_ALIGN // 2, dtype=torch.uint8)
     with recording(r.platform):
         return input_quantization(r.step.tokens, packed, meta(r.step.tokens, k), True, lookup_scales=True)
@@ -176,11 +177,7 @@ def _norms_of_projections(r: Recorder, spec: ModelSpec) -> None:
     r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, None, weight)
     r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, meta(1), weight)
     for n, k in sorted(_mxfp4_projections(spec.hf, spec.layers)):
-        if k != hidden:
-            continue
-        packed = meta(n, -(-k // K_ALIGN) * K_ALIGN // 2, dtype=torch.uint8)
-        with recording(r.platform):  # the path as the target platform picks it
-            form = input_quantization(tokens, packed, x, True, lookup_scales=True)
+        form = _input_form(r, n, k) if k == hidden else None
         if form is not None:
             r.call("rms_norm_residual", dict(dim=hidden), slices, x, weight, 1e-6, None, weight, quantize=form)
 
