@@ -15,6 +15,11 @@ except ImportError:  # a Triton without griddepcontrol: no dependent launch (cal
     gdc_launch_dependents = gdc_wait = None
 
 
+def dependent_launches(device: torch.device) -> bool:
+    """Whether kernels on device may be programmatic dependent launches: griddepcontrol, NVIDIA sm_90+."""
+    return gdc_wait is not None and nvidia_capability(device) >= (9, 0)
+
+
 def pdl_launch(pdl: bool) -> dict:
     """run_kernel's option for a programmatic dependent launch (sm_90): the kernel's programs may start before the
     kernel ahead of it ends, so it must gdc_wait before reading what that kernel wrote."""

@@ -34,8 +34,8 @@ except ImportError:  # a Triton without host tensor descriptors: pointer loads o
 
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, nvidia_capability,
-                                              pdl_launch, platform_of, run_kernel)
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
+                                              nvidia_capability, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
@@ -89,7 +89,7 @@ def supported(x: torch.Tensor) -> bool:
 
 def _dependent_launch(x: torch.Tensor) -> bool:
     """Programmatic dependent launch (NVIDIA sm_90+): the GEMM's programs start as the quantization kernel ends."""
-    return gdc_wait is not None and _nvidia_capability(x) >= (9, 0)
+    return dependent_launches(x.device)
 
 
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:

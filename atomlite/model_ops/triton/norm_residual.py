@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton.common import gdc_launch_dependents, gdc_wait, nvidia_capability, pdl_launch, run_kernel
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
+                                              run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, store_quantized
 
 
@@ -74,7 +75,7 @@ def _rows(t: torch.Tensor | PartialSums) -> tuple[torch.Tensor, int, int]:
 
 def _launch_options(device: torch.device) -> tuple[bool, dict]:
     """The PDL flag and launch options: a dependent launch where griddepcontrol exists (NVIDIA sm_90+)."""
-    pdl = gdc_wait is not None and nvidia_capability(device) >= (9, 0)
+    pdl = dependent_launches(device)
     return pdl, pdl_launch(pdl)
 
 

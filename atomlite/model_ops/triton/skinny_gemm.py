@@ -97,7 +97,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
     run_kernel(
         _skinny_gemm_kernel, (n // config.block_n, splits), rows, weight, out, part, m, n, k, k_per_split,
-        rows.stride(0), weight.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, BLOCK_M=16, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        rows.stride(0), weight.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, BLOCK_M=16,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=splits > 1, UPCAST=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1 and not summed and x.dim() == 2:
         return PartialSums(part, x.dtype)
