@@ -15,6 +15,7 @@ from atomlite.engine.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
+from atomlite.model_ops.branches import side_by_side
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.linear import copy_weight
@@ -156,11 +157,12 @@ class Gemma4DecoderLayer(nn.Module):
         else:
             h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
                                                                  feeding=self.mlp.gate_up_proj)
-        m = self.mlp(x)
-        if self.moe:
-            weights, ids = self.router(routed)
-            experts = self.experts(experts_in, weights, ids)
+        if self.moe:  # the routing chain is latency-bound, the dense MLP bandwidth-bound: they overlap
+            experts, m = side_by_side(lambda: self.experts(experts_in, *self.router(routed)), lambda: self.mlp(x),
+                                      h.device)
             m = self.post_feedforward_layernorm_1.plus(m, self.post_feedforward_layernorm_2, experts)
+        else:
+            m = self.mlp(x)
         if not self.ple_dim:
             return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar, then=next_norm,
                                                                    feeding=next_linear)
