@@ -1,7 +1,7 @@
 """Where a decode step's time goes, on a GPU: the step's wall time against one graph replay's GPU time (the rest is
 host work), how busy the GPU is across whole steps in a torch profile, and the kernels that take the time.
 
-    PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16]
+    PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16] [--timeline K]
 
 Random weights (--load-format dummy), bf16. Also profiles one prefill of --input-len tokens (eager).
 """
@@ -65,7 +65,24 @@ def submit(engine, batch: int, input_len: int, max_tokens: int, seed: int):
     return [engine.add_request(f"p{seed}-{i}", p, params) for i, p in enumerate(prompts)]
 
 
-def profile_decode(engine, batch: int, input_len: int, steps: int) -> list[str]:
+def timeline(kernels, steps: int, count: int) -> list[str]:
+    """count kernels from the middle of the last profiled step, in start order: when each starts (us after the
+    first), how long it runs, and the gap since the latest end before it (negative: it overlaps one)."""
+    ordered = sorted(kernels, key=lambda e: e.time_range.start)
+    per_step = len(ordered) // steps
+    first = len(ordered) - per_step // 2 - count // 2
+    shown = ordered[first:first + count]
+    lines = ["  timeline (us: start, duration, gap; stream):"]
+    t0, latest_end = shown[0].time_range.start, shown[0].time_range.start
+    for e in shown:
+        start, end = e.time_range.start, e.time_range.end
+        lines.append(f"    {start - t0:8.1f} {end - start:7.1f} {start - latest_end:7.1f}  "
+                     f"{getattr(e, 'device_resource_id', '?'):>3}  {e.name[:70]}")
+        latest_end = max(latest_end, end)
+    return lines
+
+
+def profile_decode(engine, batch: int, input_len: int, steps: int, timeline_kernels: int = 0) -> list[str]:
     seqs = submit(engine, batch, input_len, 2 * steps + 8, seed=1)  # decoding through the timed and profiled steps
     while not all(s.output_token_ids for s in seqs):
         engine.step()
@@ -103,6 +120,8 @@ def profile_decode(engine, batch: int, input_len: int, steps: int) -> list[str]:
     lines.append(f"  profiled {steps} steps: {wall_us / steps / 1e3:.2f} ms per step, GPU busy "
                  f"{busy_fraction(kernels, wall_us):.1%}")
     lines += summarize(kernels, steps)
+    if timeline_kernels:
+        lines += timeline(kernels, steps, timeline_kernels)
     while engine.has_unfinished():
         engine.step()
     return lines
@@ -141,12 +160,14 @@ def main():
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--timeline", type=int, default=0, metavar="K",
+                   help="also print K kernels of one step in start order, with the gaps between them")
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
                                     max_num_seqs=max(args.batch, 16), max_model_len=2048,
                                     enforce_eager=args.enforce_eager))
     print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}")
-    print("\n".join(profile_decode(engine, args.batch, args.input_len, args.steps)), flush=True)
+    print("\n".join(profile_decode(engine, args.batch, args.input_len, args.steps, args.timeline)), flush=True)
     print("\n".join(profile_prefill(engine, args.input_len)), flush=True)
 
 

@@ -37,3 +37,41 @@ def test_equal_logits_go_to_the_lowest_expert_first():
 def test_no_tokens_gives_empty_routing():
     weights, ids = tri.router_topk(torch.empty(0, 128, device=DEVICE), torch.ones(128, device=DEVICE), 8)
     assert weights.shape == ids.shape == (0, 8)
+
+
+def exact_router_inputs(tokens: int, experts: int, hidden: int, seed: int):
+    """x in {-1, 0, 1} (half of it 0) and weights in {-2, ..., 2} / 8: every logit is a multiple of 1/8 well inside (-32, 32), exact
+    in fp32 whatever order its terms are added in and exact in bf16, so the fused kernel and the reference pick from
+    the same logits, ties included (the interpreter truncates where a GPU rounds)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-1, 2, (tokens, hidden), generator=gen) * (torch.rand(tokens, hidden, generator=gen) < 0.5)
+    x = x.to(torch.bfloat16)
+    weight = (torch.randint(-2, 3, (experts, hidden), generator=gen) / 8).to(torch.bfloat16)
+    scale = (torch.rand(experts, generator=gen) + 0.5).to(torch.bfloat16)
+    return x.to(DEVICE), weight.to(DEVICE), scale.to(DEVICE)
+
+
+def lowest_index_first_routing(x, weight, scale, top_k):
+    """The reference router on the exactly computed logits, equal logits taken lowest expert first."""
+    logits = (x.float() @ weight.float().T).to(x.dtype)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    chosen = probs.gather(1, ids)
+    return chosen / chosen.sum(dim=-1, keepdim=True) * scale[ids], ids
+
+
+@pytest.mark.parametrize("tokens,experts,hidden,top_k", [
+    (1, 128, 2816, 8),  # 26B-A4B at batch 1: 22 K slices
+    (16, 128, 2816, 8),
+    (3, 64, 4352, 2),  # more K tiles than slices: each slice walks several
+    (4, 100, 256, 6),  # experts no multiple of 64, and 17 tokens: the GEMM and router_topk run apart
+    (17, 128, 256, 1)])
+def test_one_launch_router_matches_the_reference(tokens, experts, hidden, top_k):
+    x, weight, scale = exact_router_inputs(tokens, experts, hidden, seed=tokens + hidden)
+    want_weights, want_ids = lowest_index_first_routing(x, weight, scale, top_k)
+    assert (x.float() @ weight.float().T).abs().max() < 32
+    for _ in range(2):  # the second launch finds the arrival counter the first one left at zero
+        weights, ids = tri.router(x, weight, scale, top_k)
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(weights, want_weights, rtol=1e-6, atol=1e-7)
+

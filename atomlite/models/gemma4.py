@@ -18,7 +18,7 @@ from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.branches import side_by_side
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
-from atomlite.model_ops.linear import copy_weight
+from atomlite.model_ops.linear import Linear, copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
@@ -107,6 +107,8 @@ class Gemma4Router(nn.Module):
         self.scale.weight_loader = self.per_expert_scale.weight_loader = copy_weight
         self.top_k, self.root_size = top_k, hidden ** -0.5
         self._topk = dispatch.choose("router_topk", experts=num_experts).fn
+        # a plain bf16/fp16 projection goes into the one-launch router with the top-k; a quantized one runs apart
+        self._route = dispatch.choose("router", experts=num_experts).fn if type(self.proj) is Linear else None
         self.register_buffer("norm_weight", None, persistent=False)
 
     def process_after_loading(self) -> None:
@@ -114,6 +116,8 @@ class Gemma4Router(nn.Module):
 
     def forward(self, normed):
         """normed: rms_norm(x, norm_weight)."""
+        if self._route is not None:
+            return self._route(normed, self.proj.weight, self.per_expert_scale, self.top_k)
         return self._topk(self.proj(normed), self.per_expert_scale, self.top_k)
 
 

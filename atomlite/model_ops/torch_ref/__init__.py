@@ -8,11 +8,11 @@ from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
 from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_pair_sum, rms_norm_residual
 from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
-from atomlite.model_ops.torch_ref.router import router_topk
+from atomlite.model_ops.torch_ref.router import router, router_topk
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
            "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_pair_sum", "rms_norm_residual",
-           "router_topk", "write_kv"]
+           "router", "router_topk", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
@@ -29,6 +29,7 @@ OPS = {
     "mxfp4_linear": mxfp4_gemm,
     "mxfp4_moe_experts": mxfp4_moe_experts,
     "router_topk": router_topk,
+    "router": router,
 }
 
 # Per-expert loops: which experts run is read back to the host (unique().tolist()).

@@ -8,3 +8,9 @@ def router_topk(scores: torch.Tensor, expert_scale: torch.Tensor, top_k: int) ->
     weights, ids = torch.topk(probs, top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * expert_scale[ids], ids
+
+
+def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
+           top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] and the router's weight [E, H] -> router_topk of the logits x W^T (rounded to x's dtype)."""
+    return router_topk(torch.nn.functional.linear(x, weight), expert_scale, top_k)

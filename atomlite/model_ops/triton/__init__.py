@@ -11,7 +11,7 @@ from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
 from atomlite.model_ops.triton.norm_residual import rms_norm_pair_sum, rms_norm_residual
 from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.triton.rope import apply_rope
-from atomlite.model_ops.triton.router import router_topk
+from atomlite.model_ops.triton.router import router, router_topk
 from atomlite.model_ops.triton.skinny_gemm import linear
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
@@ -31,6 +31,7 @@ OPS = {
     "mxfp4_linear": mxfp4_gemm,
     "mxfp4_moe_experts": mxfp4_moe_experts,  # the same kernels on packed FP4 weights
     "router_topk": router_topk,
+    "router": router,  # the logits GEMM and router_topk in one launch at decode
 }
 
 MAX_HEAD_DIM = 512
@@ -65,7 +66,7 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     if op in MOE_DTYPES:
         return _moe_refusal(op, shape)
-    if op == "router_topk" and shape.get("experts", 0) > MAX_EXPERTS:
+    if op in ("router_topk", "router") and shape.get("experts", 0) > MAX_EXPERTS:
         return f"{shape['experts']} experts exceed the router kernel's {MAX_EXPERTS} (one program holds a row)"
     return None
 

@@ -1,20 +1,23 @@
-"""The MoE router's top-k in one launch per step: softmax, top k, renormalization and per-expert scales, which
-torch runs as about seven launches (softmax, two for top-k, sum, division, gather, product)."""
+"""The MoE router at decode in one launch: the logits GEMM split over K, and the program that finishes last adds
+the slices and picks each token's experts (softmax, top k, renormalization, per-expert scales). Unfused, that is a
+GEMM, a sum of its slices and a top-k launch, each waiting on the one before."""
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.common import interpreting, run_kernel
+from atomlite.model_ops.triton.skinny_gemm import linear
+
+MAX_ROWS = 16
+BLOCK_N, BLOCK_K = 64, 128
+MAX_SPLITS = 32
 
 
 @triton.jit
-def _router_topk_kernel(scores, expert_scale, weights, ids, num_experts, stride_s,
-                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
-    """One program per token. Renormalized over the chosen k, the softmax over all experts is the softmax over
-    the k alone: exp(s - max) / sum over the k."""
-    row = tl.program_id(0)
-    experts = tl.arange(0, BLOCK_E)
-    s = tl.load(scores + row * stride_s + experts, mask=experts < num_experts, other=float("-inf")).to(tl.float32)
+def _store_top_k(s, experts, expert_scale, weights, ids, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+                 BLOCK_E: tl.constexpr):
+    """One token's logits s [BLOCK_E] fp32 (-inf past the experts) -> its TOP_K weights and ids. Renormalized
+    over the chosen k, the softmax over all experts is the softmax over the k alone: exp(s - max) / sum over k."""
     slots = tl.arange(0, BLOCK_K)
     chosen = tl.full([BLOCK_K], float("-inf"), dtype=tl.float32)
     chosen_ids = tl.zeros([BLOCK_K], dtype=tl.int32)
@@ -27,19 +30,109 @@ def _router_topk_kernel(scores, expert_scale, weights, ids, num_experts, stride_
     used = slots < TOP_K
     e = tl.where(used, tl.exp(chosen - tl.max(chosen, 0)), 0.0)
     scale = tl.load(expert_scale + chosen_ids, mask=used, other=0.0).to(tl.float32)
-    tl.store(weights + row * TOP_K + slots, e / tl.sum(e, 0) * scale, mask=used)
-    tl.store(ids + row * TOP_K + slots, chosen_ids.to(tl.int64), mask=used)
+    tl.store(weights + slots, e / tl.sum(e, 0) * scale, mask=used)
+    tl.store(ids + slots, chosen_ids.to(tl.int64), mask=used)
+
+
+@triton.jit
+def _router_topk_kernel(scores, expert_scale, weights, ids, num_experts, stride_s,
+                        TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr):
+    row = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    s = tl.load(scores + row * stride_s + experts, mask=experts < num_experts, other=float("-inf")).to(tl.float32)
+    _store_top_k(s, experts, expert_scale, weights + row * TOP_K, ids + row * TOP_K, TOP_K, BLOCK_K, BLOCK_E)
+
+
+@triton.jit
+def _router_kernel(x, w, expert_scale, part, arrivals, weights, ids, M, K, k_per_split, stride_xm, stride_wn,
+                   NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_E: tl.constexpr,
+                   SPLITS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   UPCAST: tl.constexpr):
+    """part [splits, M, NUM_EXPERTS] fp32: each program's slice of the logits. arrivals: a zero int32 the programs
+    count themselves on; the last one resets it for the next launch."""
+    n_tile = tl.program_id(0)
+    split = tl.program_id(1)
+    rows_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_m = tl.arange(0, BLOCK_M)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        cols = k + tl.arange(0, BLOCK_K)
+        w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :])
+        x_tile = tl.load(x + rows_m[:, None] * stride_xm + cols[None, :], mask=rows_m[:, None] < M, other=0.0)
+        if UPCAST:
+            w_tile = w_tile.to(tl.float32)
+            x_tile = x_tile.to(tl.float32)
+        acc = tl.dot(x_tile, tl.trans(w_tile), acc)
+    tl.store(part + (split * M + rows_m[:, None]) * NUM_EXPERTS + rows_n[None, :], acc, mask=rows_m[:, None] < M)
+    programs = tl.num_programs(0) * tl.num_programs(1)
+    # acq_rel: this program's slice is visible before it counts, and the last one sees every slice it counted
+    if tl.atomic_add(arrivals, 1, sem="acq_rel") == programs - 1:
+        tl.store(arrivals, 0)
+        splits = tl.arange(0, SPLITS_P2)
+        experts = tl.arange(0, BLOCK_E)
+        live = (splits[:, None] < tl.num_programs(1)) & (experts[None, :] < NUM_EXPERTS)
+        for m in range(M):
+            slices = tl.load(part + (splits[:, None] * M + m) * NUM_EXPERTS + experts[None, :], mask=live,
+                             other=0.0)
+            logits = tl.sum(slices, 0).to(x.dtype.element_ty).to(tl.float32)  # rounded as the GEMM's output
+            logits = tl.where(experts < NUM_EXPERTS, logits, float("-inf"))
+            _store_top_k(logits, experts, expert_scale, weights + m * TOP_K, ids + m * TOP_K, TOP_K, BLOCK_TOP,
+                         BLOCK_E)
 
 
 def router_topk(scores: torch.Tensor, expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as torch_ref.router_topk."""
     num_tokens, num_experts = scores.shape
-    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=scores.device)
-    ids = torch.empty((num_tokens, top_k), dtype=torch.int64, device=scores.device)
+    weights, ids = _empty_routing(num_tokens, top_k, scores.device)
     if num_tokens:
         if scores.stride(1) != 1:
             scores = scores.contiguous()
         run_kernel(_router_topk_kernel, (num_tokens,), scores, expert_scale, weights, ids, num_experts,
                    scores.stride(0), TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
                    BLOCK_E=triton.next_power_of_2(num_experts), num_warps=4)
+    return weights, ids
+
+
+def _empty_routing(num_tokens: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty((num_tokens, top_k), dtype=torch.float32, device=device),
+            torch.empty((num_tokens, top_k), dtype=torch.int64, device=device))
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the one-launch router takes this call (else the GEMM and router_topk run apart)."""
+    n, k = weight.shape
+    return (0 < x.shape[0] <= MAX_ROWS and n % BLOCK_N == 0 and k % BLOCK_K == 0 and weight.stride(1) == 1
+            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16))
+
+
+_arrivals: dict[torch.device, torch.Tensor] = {}
+
+
+def _arrival_counter(device: torch.device) -> torch.Tensor:
+    """One zeroed counter per device, left at zero by every launch: launches run one after another on a stream."""
+    if device not in _arrivals:
+        _arrivals[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _arrivals[device]
+
+
+def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
+           top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as torch_ref.router: one launch for up to MAX_ROWS tokens, else linear + router_topk."""
+    if not fits(x, weight):
+        return router_topk(linear(x, weight), expert_scale, top_k)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    (m, k), num_experts = x.shape, weight.shape[0]
+    k_tiles = k // BLOCK_K
+    k_per_split = triton.cdiv(k_tiles, MAX_SPLITS) * BLOCK_K
+    splits = triton.cdiv(k, k_per_split)
+    part = torch.empty((splits, m, num_experts), dtype=torch.float32, device=x.device)
+    weights, ids = _empty_routing(m, top_k, x.device)
+    run_kernel(_router_kernel, (num_experts // BLOCK_N, splits), x, weight, expert_scale, part,
+               _arrival_counter(x.device), weights, ids, m, k, k_per_split, x.stride(0), weight.stride(0),
+               NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k),
+               BLOCK_E=triton.next_power_of_2(num_experts), SPLITS_P2=triton.next_power_of_2(splits), BLOCK_M=16,
+               BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), num_warps=4)
     return weights, ids

@@ -153,6 +153,7 @@ def _moe_experts(r: Recorder, hf: dict) -> None:
     hidden, inner = hf["hidden_size"], hf["moe_intermediate_size"]
     routing = (meta(tokens, top_k, dtype=torch.float32), meta(tokens, top_k, dtype=torch.int64))
     r.call("router_topk", dict(experts=experts), meta(tokens, experts), meta(experts), top_k)
+    r.call("router", dict(experts=experts), meta(tokens, hidden), meta(experts, hidden), meta(experts), top_k)
     r.call("moe_experts", dict(experts=experts, dtype=torch.bfloat16), meta(tokens, hidden),
            meta(experts, 2 * inner, hidden), meta(experts, hidden, inner), *routing)
     packed = []
