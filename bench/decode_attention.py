@@ -1,6 +1,6 @@
 """Batch-1 decode attention at real layer shapes, as a graph replays it: per-layer GPU time against the KV bytes.
 
-    PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192]
+    PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192] [--cold]
 
 Issues 18 and 19 measured 19-25 us per attention layer at batch 1 and 544 tokens of context, where the KV bytes
 take under 3 us. This times each layer shape of 31B and 26B-A4B (sliding: K+V over the window; global: V alone,
@@ -21,18 +21,21 @@ from atomlite.model_ops.triton import attention as tri
 from kernels import check, copy_bandwidth, paged_cache
 
 CALLS = 20
+FLUSH_BYTES = 256 << 20  # several times any GPU's L2
 # (model, layer, query heads, KV heads, head_dim, window or None for a V-only global layer)
 SHAPES = [("31B", "sliding", 32, 16, 256, 1024), ("31B", "global", 32, 4, 512, None),
           ("26B-A4B", "sliding", 16, 8, 256, 1024), ("26B-A4B", "global", 16, 2, 512, None)]
 
 
-def graph_us(fn) -> float:
-    """GPU microseconds per call of fn, from a CUDA graph of CALLS calls."""
+def graph_us(fn, before=None) -> float:
+    """GPU microseconds per call of fn, from a CUDA graph of CALLS calls, each after before() where given."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(CALLS):
+            if before is not None:
+                before()
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
@@ -61,7 +64,13 @@ def batch(heads: int, kv_heads: int, head_dim: int, context: int, table_tokens: 
     return q, k_cache, v_cache, table, seq_lens, starts
 
 
-def measure(shape, context: int, table_tokens: int, bandwidth: float) -> None:
+def cold_us(fn, flush) -> float:
+    """graph_us with L2 emptied before each call (as in a decode step, where the layers between evict this one's
+    KV), less the flush's own time."""
+    return graph_us(fn, flush) - graph_us(flush)
+
+
+def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None) -> None:
     model, layer, heads, kv_heads, head_dim, window = shape
     q, k_cache, v_cache, table, seq_lens, starts = batch(heads, kv_heads, head_dim, context, table_tokens)
     scale = head_dim ** -0.5
@@ -80,8 +89,9 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float) -> None:
             return tri.launch(q, k_cache, v_cache, table, seq_lens, starts, scale, window, False, config, rule)
         ok = check(f"{model} {layer} ctx={context} splits={splits}", call(), ref)
         label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
-        results.append(f"{label}: {graph_us(call):.1f} us" + ("" if ok else " (CHECK FAILED)"))
-    print(f"{model} {layer} layer, batch 1, context {context} ({read / 1e6:.2f} MB of KV, "
+        took = graph_us(call) if flush is None else cold_us(call, flush)
+        results.append(f"{label}: {took:.1f} us" + ("" if ok else " (CHECK FAILED)"))
+    print(f"{model} {layer} layer, batch 1, context {context}{', cold L2' if flush else ''} ({read / 1e6:.2f} MB of KV, "
           f"{read / bandwidth * 1e6:.1f} us at the copy bandwidth): splits " + ", ".join(results), flush=True)
 
 
@@ -89,15 +99,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--contexts", default="544,4096,32768")
     parser.add_argument("--table-tokens", type=int, default=8192)
+    parser.add_argument("--cold", action="store_true", help="empty the L2 cache before each call")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
     bandwidth = copy_bandwidth() / 2  # bytes read per second (the probe counts read + write)
     empty = torch.empty(1, device="cuda")
     print(f"floor: an empty kernel takes {graph_us(lambda: empty.zero_()):.1f} us per launch in a graph", flush=True)
+    flush = None
+    if args.cold:
+        scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        flush = scratch.zero_
     for context in (int(c) for c in args.contexts.split(",")):
         for shape in SHAPES:
-            measure(shape, context, args.table_tokens, bandwidth)
+            measure(shape, context, args.table_tokens, bandwidth, flush)
 
 
 if __name__ == "__main__":
