@@ -13,30 +13,53 @@ from atomlite.model_ops.triton.compile_gate import failures, run_gate
 from atomlite.model_ops.triton.prefetch import BLOCK, NEVER, _prefetch_kernel, l2_prefetch
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _fold(words: torch.Tensor) -> int:
+    folded = 0
+    for w in words.tolist():
+        folded ^= w
+    return folded
+
+
 def _words_folding_to(value: int, count: int) -> torch.Tensor:
     words = torch.randint(-2**31, 2**31 - 1, (count,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-    rest = 0
-    for w in words[:-1].tolist():
-        rest ^= w
-    words[-1] = torch.tensor(rest ^ value, dtype=torch.int64).to(torch.int32)
+    words[-1] = torch.tensor(_fold(words[:-1]) ^ value, dtype=torch.int64).to(torch.int32)
     return words
 
 
 @pytest.mark.parametrize("count", [BLOCK, 3 * BLOCK + 5])
-def test_kernel_reads_every_word(count):
-    words, sink = _words_folding_to(NEVER, count), torch.zeros(1, dtype=torch.int32)
-    programs = -(-count // BLOCK)
-    _prefetch_kernel[(programs,)](words, count, sink, BLOCK=BLOCK)
-    # each program folds its own words: only a program whose words fold to NEVER writes the sink
-    folds = [0] * programs
-    for i, w in enumerate(words.tolist()):
-        folds[i // BLOCK] ^= w
-    assert (sink.item() == NEVER) == (NEVER in [f if f < 2**31 else f - 2**32 for f in folds])
+def test_one_program_reads_every_word(count):
+    sink = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _prefetch_kernel[(1,)](_words_folding_to(NEVER, count).to(DEVICE), count, sink, BLOCK=BLOCK)
+    assert sink.item() == NEVER
+
+
+def _share(words: torch.Tensor, program: int, programs: int) -> torch.Tensor:
+    """The words program reads: every programs-th BLOCK from its own."""
+    return torch.cat(list(words.split(BLOCK))[program::programs])
+
+
+@pytest.mark.parametrize("folding_program", [None, 0, 1])
+def test_programs_stride_over_the_blocks(folding_program):
+    """Two programs over 5 blocks: program 0 reads blocks 0, 2, 4, program 1 blocks 1, 3. The words are set so that
+    only folding_program's share folds to NEVER (None: only all the words together do); the sink shows which."""
+    words = _words_folding_to(NEVER, 5 * BLOCK)
+    if folding_program is not None:
+        fix = _fold(_share(words, folding_program, 2)) ^ NEVER
+        last = words.split(BLOCK)[folding_program]  # a view: its last word moves that program's fold to NEVER
+        last[-1] ^= torch.tensor(fix, dtype=torch.int64).to(torch.int32)
+    folds = [_fold(_share(words, p, 2)) for p in range(2)]
+    assert (NEVER in folds) == (folding_program is not None)
+    sink = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    _prefetch_kernel[(2,)](words.to(DEVICE), words.numel(), sink, BLOCK=BLOCK)
+    assert sink.item() == (0 if folding_program is None else NEVER)
 
 
 def test_kernel_leaves_the_sink_alone_for_ordinary_words():
-    words = torch.arange(2 * BLOCK, dtype=torch.int32)
-    sink = torch.zeros(1, dtype=torch.int32)
+    words = torch.arange(3 * BLOCK, dtype=torch.int32, device=DEVICE)
+    sink = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     _prefetch_kernel[(2,)](words, words.numel(), sink, BLOCK=BLOCK)
     assert sink.item() == 0
 
