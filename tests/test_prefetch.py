@@ -29,32 +29,19 @@ def _words_folding_to(value: int, count: int) -> torch.Tensor:
     return words
 
 
-@pytest.mark.parametrize("count", [BLOCK, 3 * BLOCK + 5])
-def test_one_program_reads_every_word(count):
+@pytest.mark.parametrize("folding_block", [None, 0, 3])
+def test_each_program_reads_its_whole_block(folding_block):
+    """Four programs over 3 blocks and 5 words. The words are set so that only folding_block's words fold to NEVER
+    (None: only all of them together do); the sink shows whether a program saw that."""
+    words = _words_folding_to(NEVER, 3 * BLOCK + 5)
+    blocks = words.split(BLOCK)  # views
+    if folding_block is not None:
+        blocks[folding_block][-1] ^= torch.tensor(_fold(blocks[folding_block]) ^ NEVER, dtype=torch.int64).to(
+            torch.int32)
+    assert [_fold(b) == NEVER for b in blocks] == [i == folding_block for i in range(4)]
     sink = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    _prefetch_kernel[(1,)](_words_folding_to(NEVER, count).to(DEVICE), count, sink, BLOCK=BLOCK)
-    assert sink.item() == NEVER
-
-
-def _share(words: torch.Tensor, program: int, programs: int) -> torch.Tensor:
-    """The words program reads: every programs-th BLOCK from its own."""
-    return torch.cat(list(words.split(BLOCK))[program::programs])
-
-
-@pytest.mark.parametrize("folding_program", [None, 0, 1])
-def test_programs_stride_over_the_blocks(folding_program):
-    """Two programs over 5 blocks: program 0 reads blocks 0, 2, 4, program 1 blocks 1, 3. The words are set so that
-    only folding_program's share folds to NEVER (None: only all the words together do); the sink shows which."""
-    words = _words_folding_to(NEVER, 5 * BLOCK)
-    if folding_program is not None:
-        fix = _fold(_share(words, folding_program, 2)) ^ NEVER
-        last = words.split(BLOCK)[folding_program]  # a view: its last word moves that program's fold to NEVER
-        last[-1] ^= torch.tensor(fix, dtype=torch.int64).to(torch.int32)
-    folds = [_fold(_share(words, p, 2)) for p in range(2)]
-    assert (NEVER in folds) == (folding_program is not None)
-    sink = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    _prefetch_kernel[(2,)](words.to(DEVICE), words.numel(), sink, BLOCK=BLOCK)
-    assert sink.item() == (0 if folding_program is None else NEVER)
+    _prefetch_kernel[(4,)](words.to(DEVICE), words.numel(), sink, BLOCK=BLOCK)
+    assert sink.item() == (0 if folding_block is None else NEVER)
 
 
 def test_kernel_leaves_the_sink_alone_for_ordinary_words():

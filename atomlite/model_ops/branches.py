@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-HIGH_PRIORITY, LOW_PRIORITY = -1, 0  # CUDA/HIP: the lower number runs first where both want the SMs
+HIGH_PRIORITY = -1  # CUDA/HIP: the lower number runs first where both want the SMs; streams default to 0
 _side_streams: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
 
@@ -40,15 +40,10 @@ def side_by_side(side: Callable[[], object], main: Callable[[], object], device:
 
 
 def while_prefetching(prefetch: Callable[[], None], work: Callable[[], object], device: torch.device) -> object:
-    """work(), while prefetch() (an L2 prefetch of the weight the next GEMM reads) runs on a second stream, of no
-    higher priority than work's launches; returns once both are done. Off the GPU, work() alone."""
+    """work(), while prefetch() (an L2 prefetch of the weight the next GEMM reads) fills the multiprocessors work's
+    launches leave: work runs on a second stream of higher priority. Returns once both are done. Off the GPU, work()
+    alone."""
     if not _on_gpu(device):
         return work()
-    current = torch.cuda.current_stream(device)
-    stream = _side_stream(device, LOW_PRIORITY)
-    stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        prefetch()
-    result = work()
-    current.wait_stream(stream)
+    result, _ = side_by_side(work, prefetch, device)
     return result

@@ -8,23 +8,20 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import num_sms, run_kernel
+from atomlite.model_ops.triton.common import run_kernel
 
 MAX_ROWS = 16  # GEMMs of more rows reuse each weight tile across rows: not bound by the first read
 L2_SHARE = 2  # a weight up to 1/L2_SHARE of the L2 is prefetched whole; larger ones would evict themselves
-BLOCK = 16384  # int32 words a program has in flight (64 KB)
-SM_SHARE = 2  # programs: 1/SM_SHARE of the multiprocessors, the rest left to the kernels it runs beside
+BLOCK = 8192  # int32 words a program reads (32 KB): short programs, so that higher-priority kernels get SMs soon
 NEVER = 0x5A5A5A5A
 _NEVER = tl.constexpr(NEVER)
 
 
 @triton.jit
 def _prefetch_kernel(words, n, sink, BLOCK: tl.constexpr):
-    folded = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        offsets = start + tl.arange(0, BLOCK)
-        folded ^= tl.load(words + offsets, mask=offsets < n, other=0, eviction_policy="evict_last")
-    folded = tl.xor_sum(folded, 0)
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tile = tl.load(words + offsets, mask=offsets < n, other=0, eviction_policy="evict_last")
+    folded = tl.xor_sum(tile, 0)
     # a store the compiler cannot prove dead keeps the load; it writes (a scratch word) about never
     if folded == _NEVER:
         tl.store(sink, folded)
@@ -51,5 +48,5 @@ def l2_prefetch(weight: torch.Tensor, rows: int) -> None:
     if device not in _sinks:
         _sinks[device] = torch.zeros(1, dtype=torch.int32, device=device)
     words = weight.view(-1).view(torch.uint8).view(torch.int32)
-    programs = min(triton.cdiv(words.numel(), BLOCK), num_sms(device) // SM_SHARE)
-    run_kernel(_prefetch_kernel, (programs,), words, words.numel(), _sinks[device], BLOCK=BLOCK, num_warps=8)
+    run_kernel(_prefetch_kernel, (triton.cdiv(words.numel(), BLOCK),), words, words.numel(), _sinks[device],
+               BLOCK=BLOCK, num_warps=4)
