@@ -15,7 +15,7 @@ from atomlite.engine.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
-from atomlite.model_ops.branches import side_by_side, while_prefetching
+from atomlite.model_ops.branches import side_by_side
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.linear import Linear, copy_weight
@@ -61,7 +61,6 @@ class Gemma4Attention(nn.Module):
         self.shares_kv = shares_kv
         self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
         self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
-        self._prefetch = dispatch.choose("l2_prefetch").fn
 
     @property
     def input_linear(self) -> nn.Module | None:
@@ -78,11 +77,8 @@ class Gemma4Attention(nn.Module):
         q, k, v, k_weight = parts[0].view(shape), None, None, None
         if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
             k, v, k_weight = parts[1].view(shape), parts[-1].view(shape), self.k_norm.weight
-        # at batch 1 attention leaves memory idle: o_proj's weight is read into L2 meanwhile
-        out = while_prefetching(
-            lambda: self._prefetch(self.o_proj.weight, q.shape[0]),
-            lambda: self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx,
-                                          feeding=self.o_proj), q.device)
+        out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx,
+                                    feeding=self.o_proj)
         return self.o_proj(out, summed=False)  # the layer's norm kernel adds split-K slices
 
 
