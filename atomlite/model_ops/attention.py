@@ -4,7 +4,6 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.branches import while_prefetching
 from atomlite.model_ops.context import ForwardContext, GroupBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding
@@ -36,7 +35,6 @@ class Attention(nn.Module):
         self._writes_quantized = attend.backend == "triton"  # its split-KV merge can write QuantizedRows
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
         self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
-        self._prefetch = dispatch.choose("l2_prefetch").fn
         self.k_cache = self.v_cache = None
         self.group_id: int | None = None
         self.kv_scales = UNIT_SCALES
@@ -63,8 +61,7 @@ class Attention(nn.Module):
                     sin: torch.Tensor, ctx: ForwardContext, feeding: nn.Module | None = None):
         """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention.
         feeding: the linear that reads the output; then the output comes as its input, [T, H * D], or in the
-        quantized form that linear asks for (input_quantization), where the kernels can write that. Attention at
-        batch 1 leaves memory idle: feeding's weight is read into L2 meanwhile."""
+        quantized form that linear asks for (input_quantization), where the kernels can write that."""
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales)
@@ -72,8 +69,7 @@ class Attention(nn.Module):
             return self._attention(q, ctx, group, k_weight)
         rows = q.flatten(1)
         quantize = feeding.input_quantization(rows) if self._writes_quantized else None
-        out = while_prefetching(lambda: self._prefetch(feeding.weight, rows.shape[0]),
-                                lambda: self._attention(q, ctx, group, k_weight, quantize), q.device)
+        out = self._attention(q, ctx, group, k_weight, quantize)
         return out.flatten(1) if isinstance(out, torch.Tensor) else out
 
     def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch,

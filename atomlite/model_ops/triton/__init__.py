@@ -8,7 +8,6 @@ from atomlite.model_ops.triton.kv_write import write_kv
 from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
-from atomlite.model_ops.triton.prefetch import l2_prefetch
 from atomlite.model_ops.triton.norm_residual import rms_norm_pair_sum, rms_norm_residual
 from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.triton.rope import apply_rope
@@ -33,7 +32,6 @@ OPS = {
     "mxfp4_moe_experts": mxfp4_moe_experts,  # the same kernels on packed FP4 weights
     "router_topk": router_topk,
     "router": router,  # the logits GEMM and router_topk in one launch at decode
-    "l2_prefetch": l2_prefetch,
 }
 
 MAX_HEAD_DIM = 512
@@ -60,8 +58,6 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
         if shape.get("k_from_v") and head_dim is not None and head_dim < MIN_K_FROM_V_HEAD_DIM:
             return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
-    if op == "l2_prefetch" and platform.kind == "rocm":
-        return "the L2 prefetch is measured on H100 only (MI300X's L2 is 4 MB per XCD; its Infinity Cache untested)"
     if op == "linear" and platform.kind == "rocm":
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
     if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:
