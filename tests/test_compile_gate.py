@@ -16,7 +16,7 @@ GEMMA4_KERNELS = {
     "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel",
     "moe_routing._count_kernel", "moe_routing._place_kernel", "moe_gemm._gate_up_kernel", "moe_gemm._down_kernel",
     "moe_gemv._gate_up_gemv_kernel", "moe_gemv._down_gemv_kernel", "moe_common._sum_slots_kernel",
-    "attention._build_keys_kernel", "router._router_topk_kernel", "router._router_kernel", "norm_residual._norm_pair_sum_kernel"}
+    "attention._build_keys_kernel", "router._router_topk_kernel", "router._router_kernel"}
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ import torch
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri
+from atomlite.model_ops.partial_sums import NormedPair, summed as summed_up
 from atomlite.model_ops.platform import Platform
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,17 +199,32 @@ def test_rms_norm_residual_matches_the_separate_ops(dtype, with_scale, with_next
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm_pair_sum_matches_the_separate_ops(dtype):
-    """Two branches' output norms and their sum in one pass, b read through a strided view."""
+def test_residual_update_of_two_joined_branches_matches_the_separate_ops(dtype):
+    """A NormedPair in: two branches' output norms summed, then the residual update and the next norm, in one pass
+    (b read through a strided view)."""
     a, wide = randn(5, 2816, dtype=dtype) * 3, randn(5, 2 * 2816, dtype=dtype)
-    b = wide[:, ::2]
-    weight_a, weight_b = (randn(2816, dtype=dtype) + 1.0 for _ in range(2))
-    out = tri.rms_norm_pair_sum(a, b, weight_a, weight_b, 1e-6)
-    separate = torch_ref.rms_norm(a, weight_a, 1e-6) + torch_ref.rms_norm(b, weight_b, 1e-6)
-    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=2 ** -6)
-    torch.testing.assert_close(out.float(), separate.float(), **tol)
-    torch.testing.assert_close(torch_ref.rms_norm_pair_sum(a, b, weight_a, weight_b, 1e-6), separate.to(dtype))
-    assert tri.rms_norm_pair_sum(a[:0], b[:0], weight_a, weight_b, 1e-6).shape == (0, 2816)
+    b, residual, scale = wide[:, ::2], randn(5, 2816, dtype=dtype), torch.tensor([0.7], dtype=dtype, device=DEVICE)
+    weight_a, weight_b, weight, next_weight = (randn(2816, dtype=dtype) + 1.0 for _ in range(4))
+    pair = NormedPair(a, b, weight_a, weight_b)
+    joined = (torch_ref.rms_norm(a, weight_a, 1e-6) + torch_ref.rms_norm(b, weight_b, 1e-6)).to(dtype)
+    want = torch_ref.rms_norm_residual(joined, residual, weight, 1e-6, scale, next_weight)
+    # bf16 rounds at five steps here (the interpreter truncates where torch rounds): a few ulps apart at most
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.05, rtol=2 ** -4)
+    for got, expected in zip(tri.rms_norm_residual(pair, residual, weight, 1e-6, scale, next_weight), want):
+        torch.testing.assert_close(got.float(), expected.float(), **tol)
+    for got, expected in zip(torch_ref.rms_norm_residual(pair, residual, weight, 1e-6, scale, next_weight), want):
+        assert torch.equal(got, expected)
+    empty = NormedPair(a[:0], b[:0], weight_a, weight_b)
+    assert tri.rms_norm_residual(empty, residual[:0], weight, 1e-6)[0].shape == (0, 2816)
+
+
+def slot_sums_of(y: torch.Tensor):
+    """y as the routed experts leave it unsummed (sum_slots(summed=False)): one fp32 row per (token, slot), token
+    major, read as PartialSums through a transposed view; and the tensor the slots add up to."""
+    from atomlite.model_ops.triton.moe_common import sum_slots
+    pair_out = torch.stack([y.float() * 0.5, y.float() * 0.25, y.float() * 0.25], dim=1).reshape(-1, y.shape[-1])
+    unsummed = sum_slots(pair_out, y.shape[0], 3, y.dtype, summed=False)
+    return unsummed, summed_up(unsummed)
 
 
 def partial_sums_of(y: torch.Tensor):
@@ -231,8 +247,10 @@ def test_norm_kernels_add_split_k_partial_sums_as_the_separate_sum_would(dtype):
         for got, want in zip(ops.rms_norm_residual(unsummed, residual, weight, 1e-6, None, next_weight),
                              ops.rms_norm_residual(total, residual, weight, 1e-6, None, next_weight)):
             assert torch.equal(got, want)
-        assert torch.equal(ops.rms_norm_pair_sum(unsummed, b, weight, next_weight, 1e-6),
-                           ops.rms_norm_pair_sum(total, b, weight, next_weight, 1e-6))
+        unsummed_b, total_b = slot_sums_of(b)
+        got = ops.rms_norm_residual(NormedPair(unsummed, unsummed_b, weight, next_weight), residual, weight, 1e-6)
+        want = ops.rms_norm_residual(NormedPair(total, total_b, weight, next_weight), residual, weight, 1e-6)
+        assert torch.equal(got[0], want[0])
 
 
 @pytest.mark.parametrize("period,rows", [(8, 1), (8, 2), (2, 3), (1, 5)])

@@ -22,8 +22,9 @@ class Experts(nn.Module):
         self._fn, self.backend = choice.fn, choice.backend
         self.graph_safe, self.graph_unsafe_reason = choice.graph_safe, choice.graph_unsafe_reason or ""
 
-    def forward(self, x, topk_weights, topk_ids):
-        return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+    def forward(self, x, topk_weights, topk_ids, summed: bool = True):
+        """summed=False: the output may come back as PartialSums (each slot's term), for a norm kernel to add."""
+        return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, summed=summed)
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, backend={self.backend}"

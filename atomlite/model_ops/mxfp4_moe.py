@@ -5,6 +5,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.mxfp4_linear import load_exact
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant.quark import LinearQuantSpec
 
@@ -60,9 +61,11 @@ class MXFP4Experts(nn.Module):
             scale.data = torch.stack([s for _, s in padded])
         self.wide_scales = needs_wide_scales(self.gate_up_proj_scale) or needs_wide_scales(self.down_proj_scale)
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                summed: bool = True) -> torch.Tensor | PartialSums:
+        """summed=False: as Experts.forward's."""
         return self._fn(x, self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale,
-                        topk_weights, topk_ids, self.spec.dynamic_fp4_input, self.wide_scales)
+                        topk_weights, topk_ids, self.spec.dynamic_fp4_input, self.wide_scales, summed=summed)
 
     def extra_repr(self) -> str:
         return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"

@@ -3,7 +3,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.linear import copy_weight
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.partial_sums import NormedPair, PartialSums
 
 
 class RMSNorm(nn.Module):
@@ -19,7 +19,6 @@ class RMSNorm(nn.Module):
         into_residual = dispatch.choose("rms_norm_residual", dim=dim)
         self._into_residual = into_residual.fn
         self._writes_quantized = into_residual.backend == "triton"  # the Triton kernel writes QuantizedRows
-        self._pair_sum = dispatch.choose("rms_norm_pair_sum", dim=dim).fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)
@@ -28,12 +27,13 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual)."""
         return self._add_norm(x, residual, self.weight, self.eps)
 
-    def add_to_residual(self, x: "torch.Tensor | PartialSums", residual: torch.Tensor,
+    def add_to_residual(self, x: "torch.Tensor | PartialSums | NormedPair", residual: torch.Tensor,
                         scale: torch.Tensor | None = None, then: "RMSNorm | tuple | None" = None,
                         feeding: nn.Module | None = None) -> tuple[torch.Tensor, object]:
         """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass. x may be
-        a linear's PartialSums. `then` may be a tuple of up to 3 norms (RMSNorms or plain weights, same eps) of
-        the sum, for the branches that read it: their outputs come as a tuple. feeding: the linear that reads
+        a linear's PartialSums, or two branches' NormedPair (joined). `then` may be a tuple of up to 3 norms
+        (RMSNorms or plain weights, same eps) of the sum, for the branches that read it: their outputs come as a
+        tuple. feeding: the linear that reads
         (the first of) `then`'s norms; where it asks for its input quantized (input_quantization), that output
         comes in its form (QuantizedRows) and its quantization launch is saved."""
         quantize = None
@@ -46,6 +46,6 @@ class RMSNorm(nn.Module):
             next_weight = None if then is None else then.weight
         return self._into_residual(x, residual, self.weight, self.eps, scale, next_weight, **extra)
 
-    def plus(self, x: torch.Tensor, other: "RMSNorm", y: torch.Tensor) -> torch.Tensor:
-        """self(x) + other(y), in one pass."""
-        return self._pair_sum(x, y, self.weight, other.weight, self.eps)
+    def joined(self, x: "torch.Tensor | PartialSums", other: "RMSNorm", y: "torch.Tensor | PartialSums") -> NormedPair:
+        """self(x) + other(y), for the residual update that reads it to compute (add_to_residual)."""
+        return NormedPair(x, y, self.weight, other.weight)

@@ -1,4 +1,5 @@
-"""A split-K GEMM's output before its K slices are added up, for a consumer that adds them as it reads them."""
+"""Inputs a norm kernel finishes as it reads them: a split-K GEMM's output before its K slices are added up, and two
+branches' output norms before they are joined."""
 from dataclasses import dataclass
 
 import torch
@@ -25,3 +26,18 @@ def summed(y: "torch.Tensor | PartialSums") -> torch.Tensor:
     for part in y.parts[1:]:
         total += part
     return total.to(y.dtype)
+
+
+@dataclass(frozen=True)
+class NormedPair:
+    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to the activation dtype: two
+    branches of a layer joined, each through its own output norm (a and b may be PartialSums). The residual update
+    that reads it computes it as it reads the row, which saves a launch."""
+    a: "torch.Tensor | PartialSums"
+    b: "torch.Tensor | PartialSums"
+    weight_a: torch.Tensor
+    weight_b: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.b.shape

@@ -162,9 +162,9 @@ class Gemma4DecoderLayer(nn.Module):
             h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
                                                                  feeding=self.mlp.gate_up_proj)
         if self.moe:  # the routing chain is latency-bound, the dense MLP bandwidth-bound: they overlap
-            experts, m = side_by_side(lambda: self.experts(experts_in, *self.router(routed)), lambda: self.mlp(x),
-                                      h.device)
-            m = self.post_feedforward_layernorm_1.plus(m, self.post_feedforward_layernorm_2, experts)
+            experts, m = side_by_side(lambda: self.experts(experts_in, *self.router(routed), summed=False),
+                                      lambda: self.mlp(x), h.device)
+            m = self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
         else:
             m = self.mlp(x)
         if not self.ple_dim:

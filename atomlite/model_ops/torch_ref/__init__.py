@@ -5,13 +5,13 @@ from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
-from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_pair_sum, rms_norm_residual
+from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_residual
 from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 from atomlite.model_ops.torch_ref.router import router, router_topk
 
 __all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
-           "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_pair_sum", "rms_norm_residual",
+           "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
            "router", "router_topk", "write_kv"]
 
 OPS = {
@@ -21,7 +21,6 @@ OPS = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "rms_norm_residual": rms_norm_residual,
-    "rms_norm_pair_sum": rms_norm_pair_sum,
     "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,

@@ -5,10 +5,11 @@ from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
 
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+                topk_ids: torch.Tensor, summed: bool = True) -> torch.Tensor:
     """sum_k w_k * down_e(gelu_tanh(gate_e x) * up_e x) for e = topk_ids[:, k].
 
-    x [T, H]; gate_up [E, 2I, H] (gate rows first); down [E, H, I]; topk_* [T, K].
+    x [T, H]; gate_up [E, 2I, H] (gate rows first); down [E, H, I]; topk_* [T, K]. summed=False lets a kernel
+    return the k terms unsummed (PartialSums); the reference always sums.
     """
     weights = {"gate_up_proj": gate_up, "down_proj": down}
     return route_to_experts(x, topk_weights, topk_ids, lambda rows, name, e: F.linear(rows, weights[name][e]))
@@ -16,10 +17,10 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
 
 def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                       down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, quantize_x: bool,
-                      wide_scales: bool = True) -> torch.Tensor:
+                      wide_scales: bool = True, summed: bool = True) -> torch.Tensor:
     """moe_experts with MXFP4 weights: gate_up [E, 2I, H/2] + e8m0 [E, 2I, ceil(H/32)], down [E, H, I/2] +
     [E, H, ceil(I/32)] (packed as mxfp4.quantize does). quantize_x: each projection's input is MXFP4
-    quantize-dequantized first. wide_scales is a hint for the Triton kernels, unused here."""
+    quantize-dequantized first. wide_scales and summed are for the Triton kernels, unused here."""
     weights = {"gate_up_proj": (gate_up, gate_up_scale), "down_proj": (down, down_scale)}
 
     def project(rows: torch.Tensor, name: str, expert: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 import torch
 
-from atomlite.model_ops.partial_sums import PartialSums, summed as added_up
+from atomlite.model_ops.partial_sums import NormedPair, PartialSums, summed as added_up
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -19,12 +19,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     return rms_norm(summed, weight, eps), summed
 
 
-def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      scale: torch.Tensor | None = None,
+def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float, scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None):
     """summed = (residual + rms_norm(x, weight)) [* scale], rounded to the dtype after each step; returns
     (summed, rms_norm(summed, next_weight) or None), or with a tuple of next weights a tuple of those norms (the
-    branches that read summed, each with its own weight). x may be a split-K GEMM's PartialSums."""
+    branches that read summed, each with its own weight). x may be a split-K GEMM's PartialSums, or a NormedPair
+    (computed with the same eps)."""
+    if isinstance(x, NormedPair):
+        x = rms_norm_pair_sum(x.a, x.b, x.weight_a, x.weight_b, eps)
     summed = (residual + rms_norm(added_up(x), weight, eps)).to(residual.dtype)
     if scale is not None:
         summed = (summed * scale).to(residual.dtype)
@@ -33,8 +36,9 @@ def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, wei
     return summed, None if next_weight is None else rms_norm(summed, next_weight, eps)
 
 
-def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor, weight_a: torch.Tensor, weight_b: torch.Tensor,
-                      eps: float) -> torch.Tensor:
-    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to b's dtype (two branches of a
-    layer, each with its own output norm, joined). a may be a split-K GEMM's PartialSums."""
+def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor | PartialSums, weight_a: torch.Tensor,
+                      weight_b: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm(a, weight_a) + rms_norm(b, weight_b), each norm and the sum rounded to b's dtype: a NormedPair's
+    value."""
+    b = added_up(b)
     return (rms_norm(added_up(a), weight_a, eps) + rms_norm(b, weight_b, eps)).to(b.dtype)

@@ -8,7 +8,7 @@ from atomlite.model_ops.triton.kv_write import write_kv
 from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
 from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
-from atomlite.model_ops.triton.norm_residual import rms_norm_pair_sum, rms_norm_residual
+from atomlite.model_ops.triton.norm_residual import rms_norm_residual
 from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.triton.rope import apply_rope
 from atomlite.model_ops.triton.router import router, router_topk
@@ -23,7 +23,6 @@ OPS = {
     "rms_norm": rms_norm,
     "add_rms_norm": add_rms_norm,
     "rms_norm_residual": rms_norm_residual,
-    "rms_norm_pair_sum": rms_norm_pair_sum,
     "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
@@ -62,7 +61,7 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
     if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:
         return f"head_dim {head_dim} is odd"
-    if op in ("rms_norm", "add_rms_norm", "rms_norm_residual", "rms_norm_pair_sum") and shape.get("dim", 0) > MAX_DIM:
+    if op in ("rms_norm", "add_rms_norm", "rms_norm_residual") and shape.get("dim", 0) > MAX_DIM:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     if op in MOE_DTYPES:
         return _moe_refusal(op, shape)

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import gdc_wait, pdl_launch, run_kernel
 from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
 
@@ -66,11 +67,14 @@ def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constex
 SUM_BLOCK = 1024
 
 
-def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype,
-              dependent: bool = False) -> torch.Tensor:
+def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype, dependent: bool = False,
+              summed: bool = True) -> torch.Tensor | PartialSums:
     """out [tokens, hidden] = each token's top_k rows of pair_out summed in slot order; dependent: a programmatic
-    dependent launch on the kernel before (sm_90)."""
+    dependent launch on the kernel before (sm_90). summed=False: the rows unsummed, as PartialSums (one slice per
+    slot) for a norm kernel that adds them as it reads them."""
     hidden = pair_out.shape[1]
+    if not summed:
+        return PartialSums(pair_out.view(tokens, top_k, hidden).transpose(0, 1), dtype)
     out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
     block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
     run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,

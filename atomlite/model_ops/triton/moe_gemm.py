@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
@@ -212,10 +213,11 @@ def _check_config(config: MoeConfig, gate_up: ExpertWeights, down: ExpertWeights
 
 
 def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, quantize_inner: bool = False, config: MoeConfig | None = None
-                  ) -> torch.Tensor:
+                  topk_ids: torch.Tensor, quantize_inner: bool = False, config: MoeConfig | None = None,
+                  summed: bool = True) -> torch.Tensor | PartialSums:
     """x [T, H] (unit last stride) through the routed experts -> [T, H] in x's dtype. quantize_inner: the down
-    projection's input is MXFP4 quantize-dequantized (dynamic MXFP4 activations)."""
+    projection's input is MXFP4 quantize-dequantized (dynamic MXFP4 activations). summed=False: the slots
+    unsummed (sum_slots)."""
     tokens, top_k = topk_ids.shape
     num_experts = gate_up.weight.shape[0]
     if tokens == 0:
@@ -227,23 +229,23 @@ def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, 
     weights = topk_weights.reshape(-1)
     if weights.stride(0) != 1:
         weights = weights.contiguous()
-    return sum_slots(_down(inner, down, tiles, weights, config), tokens, top_k, x.dtype)
+    return sum_slots(_down(inner, down, tiles, weights, config), tokens, top_k, x.dtype, summed=summed)
 
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+                topk_ids: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
     """Same contract as torch_ref.moe_experts: gate_up [E, 2I, H] (gate rows first), down [E, H, I]."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     gate_up, down = ExpertWeights(gate_up), ExpertWeights(down)
     if use_gemv(topk_ids.numel()):
-        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x=False)
-    return fused_experts(x, gate_up, down, topk_weights, topk_ids)
+        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x=False, summed=summed)
+    return fused_experts(x, gate_up, down, topk_weights, topk_ids, summed=summed)
 
 
 def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                       down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, quantize_x: bool,
-                      wide_scales: bool = True) -> torch.Tensor:
+                      wide_scales: bool = True, summed: bool = True) -> torch.Tensor | PartialSums:
     """Same contract as torch_ref.mxfp4_moe_experts, on weights padded along K by mxfp4_gemm.pad_to_k_align (per
     expert); wide_scales=needs_wide_scales of either projection's scales (the default is always right)."""
     if x.stride(-1) != 1:
@@ -251,8 +253,8 @@ def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: tor
     gate_up, down = ExpertWeights(gate_up, gate_up_scale, wide_scales), ExpertWeights(down, down_scale, wide_scales)
     if use_gemv(topk_ids.numel()):
         if moe_gemv_fp8.usable(x, gate_up, quantize_x):
-            return moe_gemv_fp8.gemv_experts_fp8(x, gate_up, down, topk_weights, topk_ids)
-        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x)
+            return moe_gemv_fp8.gemv_experts_fp8(x, gate_up, down, topk_weights, topk_ids, summed=summed)
+        return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x, summed=summed)
     if quantize_x:
         x = quantize_dequantize(x)
-    return fused_experts(x, gate_up, down, topk_weights, topk_ids, quantize_inner=quantize_x)
+    return fused_experts(x, gate_up, down, topk_weights, topk_ids, quantize_inner=quantize_x, summed=summed)

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
@@ -143,9 +144,11 @@ def _modes(x: torch.Tensor, weights: ExpertWeights) -> dict:
 
 
 def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, quantize_x: bool, config: GemvConfig | None = None) -> torch.Tensor:
+                 topk_ids: torch.Tensor, quantize_x: bool, config: GemvConfig | None = None,
+                 summed: bool = True) -> torch.Tensor | PartialSums:
     """moe_gemm.fused_experts for few pairs; quantize_x: x and the inner activations are MXFP4
-    quantize-dequantized (dynamic MXFP4 activations) as the kernels read them."""
+    quantize-dequantized (dynamic MXFP4 activations) as the kernels read them. summed=False: the slots unsummed
+    (sum_slots)."""
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     if num_pairs == 0:
@@ -170,4 +173,4 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
                weights, pair_out, inner_size, hidden, inner.stride(0), *down.strides(), pair_out.stride(0),
                QUANTIZE_IN=quantize_x, EVEN_K=inner_size % t.block_k == 0, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                num_warps=t.num_warps, **_modes(x, down))
-    return sum_slots(pair_out, tokens, top_k, x.dtype)
+    return sum_slots(pair_out, tokens, top_k, x.dtype, summed=summed)

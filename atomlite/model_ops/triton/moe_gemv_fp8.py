@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, num_sms, pdl_launch, platform_of,
                                               run_kernel)
 from atomlite.model_ops.triton.moe_common import ExpertWeights, sum_slots
@@ -145,7 +146,8 @@ def _gate_up_splits(x: torch.Tensor, num_pairs: int, n: int, k: int, config: Fp8
 
 
 def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, config: Fp8GemvConfig = DEFAULT) -> torch.Tensor:
+                     topk_ids: torch.Tensor, config: Fp8GemvConfig = DEFAULT,
+                     summed: bool = True) -> torch.Tensor | PartialSums:
     """moe_gemv.gemv_experts for MXFP4 experts with dynamic MXFP4 activations (x and the inner activations are
     quantized as the reference does), on weights padded along K to a multiple of 256 (pad_to_k_align)."""
     tokens, top_k = topk_ids.shape
@@ -178,4 +180,4 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
                down.weight, down.scale, ids, weights, pair_out, hidden, k_down, inner_q.stride(0),
                inner_scale.stride(0), *down.strides(), pair_out.stride(0), PTX=ptx, BLOCK_N=config.down_block_n,
                num_warps=4, num_stages=config.num_stages, **_pdl(x))
-    return sum_slots(pair_out, tokens, top_k, x.dtype, dependent=_dependent_launch(x))
+    return sum_slots(pair_out, tokens, top_k, x.dtype, dependent=_dependent_launch(x), summed=summed)

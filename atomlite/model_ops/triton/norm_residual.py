@@ -1,7 +1,7 @@
 """The residual update around a sublayer in one pass: summed = (residual + rms_norm(x) * w) [* scale], and
-optionally the next norm of it, rms_norm(summed) * w_next; and two branches' output norms summed in one pass
-(rms_norm_pair_sum). Each step rounds to the activation dtype where the separate ops would, so the result equals
-theirs. x (a for the pair) may be a split-K GEMM's PartialSums: the kernel adds its K slices as it reads the row.
+optionally the next norm of it, rms_norm(summed) * w_next. Each step rounds to the activation dtype where the
+separate ops would, so the result equals theirs. x may be a split-K GEMM's PartialSums (the kernel adds its K
+slices as it reads the row), or a NormedPair: two branches' output norms summed, each side plain or PartialSums.
 The next norm's output may be written MXFP4-quantized for the fp8 GEMM that reads it (QuantizedRows): that GEMM's
 quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
 which may let it start early).
@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.partial_sums import NormedPair, PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
                                               run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, store_quantized
@@ -28,12 +28,22 @@ def _load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.cons
 
 
 @triton.jit
+def _normed(xf, weight, cols, mask, dim, eps, dtype: tl.constexpr):
+    """rms_norm(x) * weight of a row in fp32, rounded to dtype."""
+    y = xf * tl.math.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
+    return (y * tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, weight_1, out_1,
-                          weight_2, out_2, dim, eps, stride_x, stride_r, stride_part, stride_qm, stride_sm, K_PADDED,
+                          weight_2, out_2, x_b, weight_a, weight_b, dim, eps, stride_x, stride_r, stride_part,
+                          stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
                           HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr, PDL: tl.constexpr,
-                          PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, BLOCK_D: tl.constexpr):
+                          PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr, PARTS_B: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
     """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out.
-    MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2)."""
+    MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
+    row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
@@ -43,8 +53,11 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         if PERIOD > 0:
             gdc_launch_dependents()  # the GEMM reading xq may start; it waits for this grid before reading
     xf = _load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
-    y = xf * tl.math.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
-    y = (y * tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    if PAIR:
+        xf_b = _load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
+        xf = _normed(xf, weight_a, cols, mask, dim, eps, dtype) + _normed(xf_b, weight_b, cols, mask, dim, eps, dtype)
+        xf = xf.to(dtype).to(tl.float32)
+    y = _normed(xf, weight, cols, mask, dim, eps, dtype)
     total = (tl.load(residual + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32) + y).to(dtype)
     if HAS_SCALE:
         total = (total.to(tl.float32) * tl.load(scale).to(tl.float32)).to(dtype)
@@ -79,7 +92,8 @@ def _launch_options(device: torch.device) -> tuple[bool, dict]:
     return pdl, pdl_launch(pdl)
 
 
-def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float,
                       scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
                       quantize: InputQuantization | None = None):
@@ -89,7 +103,10 @@ def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, wei
     weights = next_weight if isinstance(next_weight, tuple) else () if next_weight is None else (next_weight,)
     if len(weights) > 3:
         raise ValueError(f"rms_norm_residual takes up to 3 next weights, got {len(weights)}")
-    (rows_x, stride_part, parts), (rows_r, _, _) = _rows(x), _rows(residual)
+    pair = isinstance(x, NormedPair)
+    (rows_x, stride_part, parts), (rows_r, _, _) = _rows(x.a if pair else x), _rows(residual)
+    rows_b, stride_part_b, parts_b = _rows(x.b) if pair else (rows_x, 0, 1)
+    weight_a, weight_b = (x.weight_a, x.weight_b) if pair else (weight, weight)
     rows = rows_r.shape[0]
     summed = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
     outs = [torch.empty_like(summed) for _ in weights]
@@ -104,44 +121,11 @@ def rms_norm_residual(x: torch.Tensor | PartialSums, residual: torch.Tensor, wei
         more = list(weights[1:]) + [weight] * (3 - len(weights))
         run_kernel(_norm_residual_kernel, (rows,), rows_x, rows_r, weight,
                    scale if scale is not None else weight, weights[0] if weights else weight, summed, tensors[0],
-                   values, scales, more[0], tensors[1], more[1], tensors[2], dim, eps,
-                   rows_x.stride(0), rows_r.stride(0), stride_part, values.stride(0), scales.stride(0), k_padded,
-                   HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period,
-                   MORE_NORMS=max(0, len(weights) - 1), BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)),
-                   **options)
+                   values, scales, more[0], tensors[1], more[1], tensors[2], rows_b, weight_a, weight_b, dim, eps,
+                   rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b, values.stride(0),
+                   scales.stride(0), k_padded, HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts,
+                   PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1), PAIR=pair, PARTS_B=parts_b,
+                   BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None
-
-
-@triton.jit
-def _norm_pair_sum_kernel(a, b, weight_a, weight_b, out, dim, eps, stride_a, stride_b, stride_part,
-                          PARTS: tl.constexpr, PDL: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_D)
-    mask = cols < dim
-    dtype = out.dtype.element_ty
-    if PDL:
-        gdc_wait()  # for the kernel before, which wrote b
-    af = _load_row(a, row * stride_a + cols, mask, stride_part, PARTS, dtype)
-    bf = tl.load(b + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    ya = af * tl.math.rsqrt(tl.sum(af * af, 0) / dim + eps)
-    yb = bf * tl.math.rsqrt(tl.sum(bf * bf, 0) / dim + eps)
-    ya = (ya * tl.load(weight_a + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    yb = (yb * tl.load(weight_b + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    tl.store(out + row * dim + cols, (ya + yb).to(dtype), mask=mask)
-
-
-def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor, weight_a: torch.Tensor,
-                      weight_b: torch.Tensor, eps: float) -> torch.Tensor:
-    """Same contract as torch_ref.rms_norm_pair_sum."""
-    dim = b.shape[-1]
-    (rows_a, stride_part, parts), (rows_b, _, _) = _rows(a), _rows(b)
-    out = torch.empty(b.shape, dtype=b.dtype, device=b.device)
-    if rows_a.shape[0]:
-        block_d = triton.next_power_of_2(dim)
-        pdl, options = _launch_options(b.device)
-        run_kernel(_norm_pair_sum_kernel, (rows_a.shape[0],), rows_a, rows_b, weight_a, weight_b, out, dim, eps,
-                   rows_a.stride(0), rows_b.stride(0), stride_part, PARTS=parts, PDL=pdl, BLOCK_D=block_d,
-                   num_warps=min(16, max(1, block_d // 512)), **options)
-    return out

@@ -15,7 +15,7 @@ from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.partial_sums import NormedPair, PartialSums
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
@@ -208,8 +208,12 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     for width in inner:
         _mxfp4_linear(r, "mxfp4_linear", tokens, hidden, width, gated=True)
     if hf.get("enable_moe_block"):
-        r.call("rms_norm_pair_sum", dict(dim=hidden), x, x, weight, weight, 1e-6)  # the two feed-forward branches
-        r.call("rms_norm_pair_sum", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, weight, 1e-6)
+        # the two feed-forward branches joined in the residual update: the dense MLP's output (or its split-K
+        # slices) and the routed experts' unsummed slots
+        slots = PartialSums(meta(hf["top_k_experts"], tokens, hidden, dtype=torch.float32), torch.bfloat16)
+        for dense in (x, _split_k_output(tokens, hidden)):
+            r.call("rms_norm_residual", dict(dim=hidden), NormedPair(dense, slots, weight, weight), x, weight, 1e-6,
+                   meta(1), weight)
         # the sum after attention and its three norms: dense MLP, router and experts inputs
         r.call("rms_norm_residual", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, 1e-6, None,
                (weight, weight, weight))
