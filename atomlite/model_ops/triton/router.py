@@ -1,6 +1,7 @@
-"""The MoE router at decode in one launch: the logits GEMM split over K, and the program that finishes last adds
-the slices and picks each token's experts (softmax, top k, renormalization, per-expert scales). Unfused, that is a
-GEMM, a sum of its slices and a top-k launch, each waiting on the one before."""
+"""The MoE router for one or two tokens (decode at batch 1-2) in one launch: the logits GEMM split over K, and the
+program that finishes last adds the slices and picks each token's experts (softmax, top k, renormalization,
+per-expert scales). Apart, that is a GEMM, a sum of its slices and a top-k launch, each waiting on the one before
+(bench/router.py: 5.0 against 7.8 us at batch 1 on an H100)."""
 import torch
 import triton
 import triton.language as tl
@@ -8,7 +9,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import interpreting, run_kernel
 from atomlite.model_ops.triton.skinny_gemm import linear
 
-MAX_ROWS = 16
+MAX_ROWS = 2  # the last program picks each row's experts in turn: apart, 3 launches beat it from 4 rows (H100)
 BLOCK_N, BLOCK_K = 64, 128
 MAX_SPLITS = 32
 
@@ -119,7 +120,8 @@ def _arrival_counter(device: torch.device) -> torch.Tensor:
 
 def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
            top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as torch_ref.router: one launch for up to MAX_ROWS tokens, else linear + router_topk."""
+    """Same contract as torch_ref.router: one launch for up to MAX_ROWS tokens, else linear + router_topk (one
+    program per token)."""
     if not fits(x, weight):
         return router_topk(linear(x, weight), expert_scale, top_k)
     if x.stride(-1) != 1:
