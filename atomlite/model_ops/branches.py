@@ -1,9 +1,10 @@
 """Two independent branches of a layer run side by side on a GPU.
 
-A MoE layer's routed experts wait on a chain of small latency-bound launches (router, top-k, pair sorting) while
-its dense MLP only streams weights: on a second stream the chain overlaps the MLP instead of adding to it. A
-captured graph records the fork and the join as edges, so replays overlap the same way. Off the GPU, or while
-torch.compile traces, the branches simply run one after the other.
+At decode a MoE layer's routed experts wait on a chain of small latency-bound launches (the router, then the
+experts' dependent kernels) while its dense MLP only streams weights: on a second stream the chain overlaps the
+MLP instead of adding to it. A captured graph records the fork and the join as edges, so replays overlap the same
+way. Off the GPU, while torch.compile traces, or where the caller says not to overlap, the branches simply run
+one after the other.
 """
 from typing import Callable
 
@@ -19,10 +20,12 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _side_streams[device]
 
 
-def side_by_side(side: Callable[[], object], main: Callable[[], object], device: torch.device) -> tuple:
-    """(side(), main()), side() launched on a second stream of device. Every tensor either branch reads must stay
-    referenced by the caller until this returns: the join is what makes freeing it safe."""
-    if device.type != "cuda" or torch.compiler.is_compiling():
+def side_by_side(side: Callable[[], object], main: Callable[[], object], device: torch.device,
+                 overlap: bool = True) -> tuple:
+    """(side(), main()), side() launched on a second stream of device where overlap holds (the caller's call: for
+    a decode-sized batch). Every tensor either branch reads must stay referenced by the caller until this returns:
+    the join is what makes freeing it safe."""
+    if not overlap or device.type != "cuda" or torch.compiler.is_compiling():
         return side(), main()
     current = torch.cuda.current_stream(device)
     stream = _side_stream(device)

@@ -24,6 +24,9 @@ from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 
 
+OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branches fill the GPU by themselves
+
+
 def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
     """Shared layer -> the last earlier non-shared layer of its kind, whose K/V it reuses."""
     first_shared = len(layer_kinds) - num_shared
@@ -161,9 +164,9 @@ class Gemma4DecoderLayer(nn.Module):
         else:
             h, x = self.post_attention_layernorm.add_to_residual(attn, h, then=self.pre_feedforward_layernorm,
                                                                  feeding=self.mlp.gate_up_proj)
-        if self.moe:  # the routing chain is latency-bound, the dense MLP bandwidth-bound: they overlap
+        if self.moe:  # at decode the routing chain is latency-bound, the dense MLP bandwidth-bound: they overlap
             experts, m = side_by_side(lambda: self.experts(experts_in, *self.router(routed), summed=False),
-                                      lambda: self.mlp(x), h.device)
+                                      lambda: self.mlp(x), h.device, overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
             m = self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
         else:
             m = self.mlp(x)
