@@ -91,7 +91,8 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
         label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
         took = graph_us(call) if flush is None else cold_us(call, flush)
         results.append(f"{label}: {took:.1f} us" + ("" if ok else " (CHECK FAILED)"))
-    print(f"{model} {layer} layer, batch 1, context {context}{', cold L2' if flush else ''} ({read / 1e6:.2f} MB of KV, "
+    cold = ", cold L2" if flush else ""
+    print(f"{model} {layer} layer, batch 1, context {context}{cold} ({read / 1e6:.2f} MB of KV, "
           f"{read / bandwidth * 1e6:.1f} us at the copy bandwidth): splits " + ", ".join(results), flush=True)
 
 

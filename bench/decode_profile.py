@@ -1,7 +1,8 @@
 """Where a decode step's time goes, on a GPU: the step's wall time against one graph replay's GPU time (the rest is
 host work), how busy the GPU is across whole steps in a torch profile, and the kernels that take the time.
 
-    PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16] [--timeline K]
+    PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16] \
+        [--timeline K]
 
 Random weights (--load-format dummy), bf16. Also profiles one prefill of --input-len tokens (eager).
 """

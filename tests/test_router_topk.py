@@ -40,9 +40,9 @@ def test_no_tokens_gives_empty_routing():
 
 
 def exact_router_inputs(tokens: int, experts: int, hidden: int, seed: int):
-    """x in {-1, 0, 1} (half of it 0) and weights in {-2, ..., 2} / 8: every logit is a multiple of 1/8 well inside (-32, 32), exact
-    in fp32 whatever order its terms are added in and exact in bf16, so the fused kernel and the reference pick from
-    the same logits, ties included (the interpreter truncates where a GPU rounds)."""
+    """x in {-1, 0, 1} (half of it 0) and weights in {-2, ..., 2} / 8: every logit is a multiple of 1/8 well inside
+    (-32, 32), exact in fp32 whatever order its terms are added in and exact in bf16, so the fused kernel and the
+    reference pick from the same logits, ties included (the interpreter truncates where a GPU rounds)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(-1, 2, (tokens, hidden), generator=gen) * (torch.rand(tokens, hidden, generator=gen) < 0.5)
     x = x.to(torch.bfloat16)

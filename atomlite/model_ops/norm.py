@@ -33,9 +33,8 @@ class RMSNorm(nn.Module):
         """(residual + norm(x)) [* scale], and `then`'s norm of that (None without `then`), in one pass. x may be
         a linear's PartialSums, or two branches' NormedPair (joined). `then` may be a tuple of up to 3 norms
         (RMSNorms or plain weights, same eps) of the sum, for the branches that read it: their outputs come as a
-        tuple. feeding: the linear that reads
-        (the first of) `then`'s norms; where it asks for its input quantized (input_quantization), that output
-        comes in its form (QuantizedRows) and its quantization launch is saved."""
+        tuple. feeding: the linear that reads (the first of) `then`'s norms; where it asks for its input quantized
+        (input_quantization), that output comes in its form (QuantizedRows) and its quantization launch is saved."""
         quantize = None
         if then is not None and feeding is not None and self._writes_quantized:
             quantize = feeding.input_quantization(residual)
