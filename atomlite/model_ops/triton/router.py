@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, run_kernel
-from atomlite.model_ops.triton.skinny_gemm import linear
+from atomlite.model_ops.triton.skinny_gemm import linear, split_k_tile
 
 MAX_ROWS = 2  # the last program picks each row's experts in turn: apart, 3 launches beat it from 4 rows (H100)
 BLOCK_N, BLOCK_K = 64, 128
@@ -51,21 +51,9 @@ def _router_kernel(x, w, expert_scale, part, arrivals, weights, ids, M, K, k_per
                    UPCAST: tl.constexpr):
     """part [splits, M, NUM_EXPERTS] fp32: each program's slice of the logits. arrivals: a zero int32 the programs
     count themselves on; the last one resets it for the next launch."""
-    n_tile = tl.program_id(0)
     split = tl.program_id(1)
-    rows_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_m = tl.arange(0, BLOCK_M)
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
-        cols = k + tl.arange(0, BLOCK_K)
-        w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :])
-        x_tile = tl.load(x + rows_m[:, None] * stride_xm + cols[None, :], mask=rows_m[:, None] < M, other=0.0)
-        if UPCAST:
-            w_tile = w_tile.to(tl.float32)
-            x_tile = x_tile.to(tl.float32)
-        acc = tl.dot(x_tile, tl.trans(w_tile), acc)
+    acc, rows_m, rows_n = split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                       UPCAST)
     tl.store(part + (split * M + rows_m[:, None]) * NUM_EXPERTS + rows_n[None, :], acc, mask=rows_m[:, None] < M)
     programs = tl.num_programs(0) * tl.num_programs(1)
     # acq_rel: this program's slice is visible before it counts, and the last one sees every slice it counted

@@ -29,17 +29,16 @@ DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
 
 
 @triton.jit
-def _skinny_gemm_kernel(x, w, out, part, M, N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_ps,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                        UPCAST: tl.constexpr):
-    n_tile = tl.program_id(0)
-    split = tl.program_id(1)
-    rows_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+def split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    """This program's tile of x W^T: rows BLOCK_N * program_id(0) + [0, BLOCK_N) of W over K slice program_id(1),
+    fp32 [BLOCK_M, BLOCK_N]; returned with its row indices into x and W."""
+    rows_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_m = tl.arange(0, BLOCK_M)
-    k_lo = split * k_per_split
+    k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # N % BLOCK_N == 0 and K % BLOCK_K == 0 (the launcher checks): only x's rows need a mask.
+    # N % BLOCK_N == 0 and K % BLOCK_K == 0 (the launchers check): only x's rows need a mask.
     for k in range(k_lo, k_hi, BLOCK_K):
         cols = k + tl.arange(0, BLOCK_K)
         w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :])
@@ -48,6 +47,16 @@ def _skinny_gemm_kernel(x, w, out, part, M, N, K, k_per_split, stride_xm, stride
             w_tile = w_tile.to(tl.float32)
             x_tile = x_tile.to(tl.float32)
         acc = tl.dot(x_tile, tl.trans(w_tile), acc)
+    return acc, rows_m, rows_n
+
+
+@triton.jit
+def _skinny_gemm_kernel(x, w, out, part, M, N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_ps,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    split = tl.program_id(1)
+    acc, rows_m, rows_n = split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                       UPCAST)
     mask = (rows_m[:, None] < M)
     if SPLIT:
         tl.store(part + split * stride_ps + rows_m[:, None] * N + rows_n[None, :], acc, mask=mask)
