@@ -7,10 +7,11 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, run_kernel
+from atomlite.model_ops.triton import skinny_gemm
 from atomlite.model_ops.triton.skinny_gemm import linear, split_k_tile
 
 MAX_ROWS = 2  # the last program picks each row's experts in turn: apart, 3 launches beat it from 4 rows (H100)
-BLOCK_N, BLOCK_K = 64, 128
+BLOCK_N, BLOCK_K = skinny_gemm.DEFAULT_CONFIG.block_n, skinny_gemm.DEFAULT_CONFIG.block_k  # its tiles: split_k_tile
 MAX_SPLITS = 32
 
 
@@ -90,10 +91,9 @@ def _empty_routing(num_tokens: int, top_k: int, device: torch.device) -> tuple[t
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the one-launch router takes this call (else the GEMM and router_topk run apart)."""
-    n, k = weight.shape
-    return (0 < x.shape[0] <= MAX_ROWS and n % BLOCK_N == 0 and k % BLOCK_K == 0 and weight.stride(1) == 1
-            and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16))
+    """Whether the one-launch router takes this call (else the GEMM and router_topk run apart): the skinny GEMM's
+    shapes, up to MAX_ROWS tokens."""
+    return x.shape[0] <= MAX_ROWS and skinny_gemm.fits(x, weight)
 
 
 _arrivals: dict[torch.device, torch.Tensor] = {}
