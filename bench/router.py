@@ -5,6 +5,7 @@ in a CUDA graph (no host launch cost, as decode graphs run it) with L2 emptied b
     PYTHONPATH=. python bench/router.py [--batches 1,2,4,8,16]
 """
 import argparse
+import importlib
 
 import torch
 
@@ -19,6 +20,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,2,4,8,16")
     args = parser.parse_args()
+    # router() runs one launch up to MAX_ROWS tokens only (the limit these numbers set): lift it to time the kernel
+    router_module = importlib.import_module("atomlite.model_ops.triton.router")
+    router_module.MAX_ROWS = max(int(b) for b in args.batches.split(","))
     print(f"device: {torch.cuda.get_device_name()}; router {EXPERTS} x {HIDDEN}, top {TOP_K}")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda").zero_
     weight = torch.randn(EXPERTS, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
