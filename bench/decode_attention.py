@@ -80,7 +80,7 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
     rule32 = None if rule is None else KFromV(rule.weight.float(), rule.cos, rule.sin, rule.rotary_pairs)
     ref = torch_ref.paged_attention(upcast[0], upcast[1], upcast[2], table, seq_lens, starts, scale, window,
                                     k_from_v=rule32)
-    chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=rule is not None)
+    chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=rule is not None, window=window)
     read = min(context, window or context) * kv_heads * head_dim * 2 * (1 if rule is not None else 2)
     results = []
     for splits in sorted({chosen.num_splits, 1, 2, 4, 8, 16}):

@@ -120,6 +120,18 @@ def test_decode_batch_picks_split_kv_and_matches_reference():
     assert_close_to_reference(out, lse, args, 0.0625, None)
 
 
+def test_decode_config_walks_few_tiles_unpipelined():
+    q = torch.empty(1, 16, 256, dtype=torch.bfloat16)
+    cache = torch.empty(1, 16, 8, 256, dtype=torch.bfloat16)
+    short_table, long_table = torch.empty(1, 64, dtype=torch.int32), torch.empty(1, 2048, dtype=torch.int32)
+    short = tri.pick_config(q, cache, short_table, group=2)  # 1024 keys
+    long = tri.pick_config(q, cache, long_table, group=2)  # 32768 keys
+    windowed = tri.pick_config(q, cache, long_table, group=2, window=1024)
+    assert short.num_splits == long.num_splits == 16
+    assert (short.num_stages, long.num_stages, windowed.num_stages) == (1, 2, 1)
+    assert windowed.num_splits == 16  # a 1024-key window still fills the splits
+
+
 def test_attention_without_queries_returns_empty():
     args = paged_batch([0, 0], [3, 9], 2, 1, 64, 16, torch.float32, None, DEVICE)
     out, lse = tri.paged_attention(*args, 0.1, None, True)

@@ -312,7 +312,7 @@ def rotated_width(rotary_pairs: int) -> int:
 
 
 def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int,
-                derive_k: bool = False) -> AttnConfig:
+                derive_k: bool = False, window: int | None = None) -> AttnConfig:
     """Tile shapes by head_dim and batch shape; decode-like batches (about one query per sequence) get split-KV."""
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
@@ -321,10 +321,11 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
     # VGPRs there (compile gate); 32 x 16 prefill tiles on 4 warps, and 16-key decode tiles on gfx942, fit.
     heavy = platform.kind == "rocm" and (derive_k or cache.element_size() == 1)
     if num_tokens <= 2 * num_seqs:
-        block_n = 16 if heavy and platform.arch == "gfx942" else 32 if head_dim >= 512 or wide else 64
-        max_keys = block_table.shape[1] * cache.shape[1]
-        splits = split_kv.num_splits(q.device, num_seqs * cache.shape[2], max_keys, block_n)
-        return AttnConfig(16, block_n, 4, 3, splits)
+        num_pairs, max_keys = num_seqs * cache.shape[2], block_table.shape[1] * cache.shape[1]
+        if platform.kind == "rocm":
+            block_n = 16 if heavy and platform.arch == "gfx942" else 32 if head_dim >= 512 or wide else 64
+            return AttnConfig(16, block_n, 4, 3, split_kv.num_splits(q.device, num_pairs, max_keys, block_n))
+        return _decode_config(q.device, head_dim, wide, num_pairs, min(max_keys, window or max_keys))
     # AMD's MFMA layouts hold more of a tile per lane: the bf16 tiles below spilled 98-379 VGPRs on gfx942 and
     # gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
     small = wide or platform.kind == "rocm"
@@ -335,6 +336,20 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
     if head_dim >= 256:
         return AttnConfig(64 if small else 128, 32 if small else 64, 8, 2)
     return AttnConfig(128, 64, 8 if head_dim >= 128 else 4, 3)
+
+
+SHORT_WALK = 2  # key tiles per split up to which an unpipelined loop wins
+
+
+def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: int, keys: int) -> AttnConfig:
+    """Split-KV decode tiles, measured on an H100 and an H200 (bench/decode_attention.py): with few tiles per split
+    the loop's software pipeline costs more than it hides (26B-A4B sliding layer at 544 keys: 7.9 us unpipelined
+    against 13.5 with 3 stages), so a split walks one or two tiles unpipelined, or more with 2 stages. keys: the
+    most keys a query sees (the table's width, or the window)."""
+    block_n = 32 if wide else 64
+    splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=1)
+    walk = triton.cdiv(keys, block_n * splits)
+    return AttnConfig(16, block_n, 8 if head_dim >= 512 else 4, 1 if walk <= SHORT_WALK else 2, splits)
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
@@ -449,7 +464,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     built = None
     if k_from_v is not None and window is None:
         built = _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
-    config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None)
+    config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None,
+                         window=window)
     k_scale, v_scale = cache_scales(v_cache, kv_scales)
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,

@@ -11,11 +11,12 @@ MAX_SPLITS = 16
 MIN_TILES_PER_SPLIT = 4
 
 
-def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int) -> int:
+def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int,
+               min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
     """The most splits (a power of two) that keep all programs in one wave of about two per multiprocessor, each
-    still walking several key tiles: a partly filled second wave costs more than the splits gain."""
+    still walking min_tiles key tiles: a partly filled second wave costs more than the splits gain."""
     splits = 1
-    affordable = max_keys // (block_n * MIN_TILES_PER_SPLIT)
+    affordable = max_keys // (block_n * min_tiles)
     while splits * 2 <= min(affordable, MAX_SPLITS) and num_pairs * splits * 2 <= 2 * num_sms(device):
         splits *= 2
     return splits
