@@ -1,8 +1,8 @@
 """Two independent branches of a layer run side by side on a GPU.
 
-At decode a MoE layer's routed experts wait on a chain of small latency-bound launches (the router, then the
-experts' dependent kernels) while its dense MLP only streams weights: on a second stream the chain overlaps the
-MLP instead of adding to it. A captured graph records the fork and the join as edges, so replays overlap the same
+At decode a MoE layer's routed experts are a chain of dependent launches (gate_up, then down, each waiting on the
+one before) while its dense MLP only streams weights: on a second stream the chain overlaps the MLP instead of
+adding to it. A captured graph records the fork and the join as edges, so replays overlap the same
 way. Off the GPU, while torch.compile traces, or where the caller says not to overlap, the branches simply run
 one after the other.
 """

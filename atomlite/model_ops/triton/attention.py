@@ -18,7 +18,8 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
 from atomlite.model_ops.triton import split_kv
-from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
+from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting, pdl_launch,
+                                              platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows
 
 LOG2E = 1.4426950408889634
@@ -206,7 +207,9 @@ def _attention_kernel(
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
-        ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr):
+        ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr, PDL: tl.constexpr):
+    """PDL: a dependent launch, which reads the batch's bounds (written before the step, by no kernel) while the
+    kernel ahead (that wrote q and the new keys and values) finishes, and waits for it before q."""
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -215,9 +218,11 @@ def _attention_kernel(
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
     q_tile = tile - (q_start // BLOCK_Q + seq)
+    k_len = tl.load(seq_lens + seq)
+    if PDL:
+        gdc_wait()  # every program, the idle ones too: this grid ends after the kernel ahead
     if q_tile * BLOCK_Q >= q_len:
         return
-    k_len = tl.load(seq_lens + seq)
 
     rows = tl.arange(0, BLOCK_M)
     q_local = q_tile * BLOCK_Q + rows // GROUP
@@ -387,6 +392,7 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         rot = 0
     k_cache = v_cache if k_cache is None else k_cache  # never read without a K cache
     built_keys, built_row_starts = (built.keys, built.row_starts) if built is not None else (q, seq_lens)
+    pdl = dependent_launches(q.device)
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
         query_start_loc, k_weight, cos, sin, built_keys, built_row_starts, scale * LOG2E, v_scale, window or 0,
@@ -398,8 +404,8 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
-        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits > 1:
         quantized = None
         if quantize is not None and quantize.k_padded == num_heads * head_dim and head_dim % 32 == 0:

@@ -49,9 +49,9 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     mask = cols < dim
     dtype = summed.dtype.element_ty
     if PDL:
+        # the kernel after (a GEMM) may start: it reads its first weights, then waits for this grid
+        gdc_launch_dependents()
         gdc_wait()  # for the kernel before, which wrote x
-        if PERIOD > 0:
-            gdc_launch_dependents()  # the GEMM reading xq may start; it waits for this grid before reading
     xf = _load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
     if PAIR:
         xf_b = _load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
-from atomlite.model_ops.triton.common import cache_max, run_kernel
+from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
+                                              pdl_launch, run_kernel)
 
 
 @triton.jit
@@ -17,7 +18,11 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
                     HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr,
-                    CACHE_MAX: tl.constexpr):
+                    CACHE_MAX: tl.constexpr, PDL: tl.constexpr):
+    """PDL: a dependent launch; it lets the attention kernel after it start (and read the batch's bounds), and
+    reads its slot and weights while the kernel ahead, which wrote q, k and v, finishes."""
+    if PDL:
+        gdc_launch_dependents()
     token = tl.program_id(0)
     row = tl.program_id(1)  # q heads, then k heads, then v heads
     cols = tl.arange(0, BLOCK_HALF)
@@ -51,6 +56,8 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
             kv_dst = k_dst + offset
         else:
             kv_dst = v_dst + offset
+    if PDL:
+        gdc_wait()
     x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + cols, mask=mask, other=0.0).to(tl.float32)
     inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
@@ -116,6 +123,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         dst_strides = ((k_dst.stride(0), k_dst.stride(1), k_dst.stride(2)) if to_cache
                        else (k_dst.stride(0), 0, k_dst.stride(1)))
         half = head_dim // 2
+        pdl = dependent_launches(q.device)
         run_kernel(_prepare_kernel, (num_tokens, num_q_heads + 2 * num_kv_heads),
                    q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,
                    q if k_weight is None else k_weight, cos, sin,
@@ -126,5 +134,5 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
                    STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
-                   num_warps=4 if head_dim >= 512 else 2)
+                   PDL=pdl, num_warps=4 if head_dim >= 512 else 2, **pdl_launch(pdl))
     return q_out, k_out, v_out

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting, run_kernel
+from atomlite.model_ops.triton.common import dependent_launches, interpreting, pdl_launch, run_kernel
 from atomlite.model_ops.triton import skinny_gemm
 from atomlite.model_ops.triton.skinny_gemm import linear, split_k_tile
 
@@ -49,12 +49,13 @@ def _router_topk_kernel(scores, expert_scale, weights, ids, num_experts, stride_
 def _router_kernel(x, w, expert_scale, part, arrivals, weights, ids, M, K, k_per_split, stride_xm, stride_wn,
                    NUM_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TOP: tl.constexpr, BLOCK_E: tl.constexpr,
                    SPLITS_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   UPCAST: tl.constexpr):
+                   UPCAST: tl.constexpr, PDL: tl.constexpr):
     """part [splits, M, NUM_EXPERTS] fp32: each program's slice of the logits. arrivals: a zero int32 the programs
-    count themselves on; the last one resets it for the next launch."""
+    count themselves on; the last one resets it for the next launch. PDL: see split_k_tile (each program's one W
+    tile loads while the norm ahead finishes)."""
     split = tl.program_id(1)
     acc, rows_m, rows_n = split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                       UPCAST)
+                                       UPCAST, PDL)
     tl.store(part + (split * M + rows_m[:, None]) * NUM_EXPERTS + rows_n[None, :], acc, mask=rows_m[:, None] < M)
     programs = tl.num_programs(0) * tl.num_programs(1)
     # acq_rel: this program's slice is visible before it counts, and the last one sees every slice it counted
@@ -120,9 +121,10 @@ def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
     splits = triton.cdiv(k, k_per_split)
     part = torch.empty((splits, m, num_experts), dtype=torch.float32, device=x.device)
     weights, ids = _empty_routing(m, top_k, x.device)
+    pdl = dependent_launches(x.device)
     run_kernel(_router_kernel, (num_experts // BLOCK_N, splits), x, weight, expert_scale, part,
                _arrival_counter(x.device), weights, ids, m, k, k_per_split, x.stride(0), weight.stride(0),
                NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k),
                BLOCK_E=triton.next_power_of_2(num_experts), SPLITS_P2=triton.next_power_of_2(splits), BLOCK_M=16,
-               BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), num_warps=4)
+               BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return weights, ids

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
+                                              run_kernel)
 
 MAX_ROWS = 16
 
@@ -30,15 +31,26 @@ DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
 
 @triton.jit
 def split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     """This program's tile of x W^T: rows BLOCK_N * program_id(0) + [0, BLOCK_N) of W over K slice program_id(1),
-    fp32 [BLOCK_M, BLOCK_N]; returned with its row indices into x and W."""
+    fp32 [BLOCK_M, BLOCK_N]; returned with its row indices into x and W. PDL: a dependent launch, which reads its
+    first W tile before it waits for the kernel ahead (that wrote x; no kernel writes W), so the tile streams in
+    while that kernel finishes."""
     rows_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_m = tl.arange(0, BLOCK_M)
     k_lo = tl.program_id(1) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # N % BLOCK_N == 0 and K % BLOCK_K == 0 (the launchers check): only x's rows need a mask.
+    if PDL:
+        cols = k_lo + tl.arange(0, BLOCK_K)
+        live = (cols < k_hi)[None, :]  # a split past K has no tile
+        w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :], mask=live, other=0.0)
+        gdc_wait()
+        x_tile = tl.load(x + rows_m[:, None] * stride_xm + cols[None, :], mask=(rows_m[:, None] < M) & live,
+                         other=0.0)
+        acc = tl.dot(x_tile, tl.trans(w_tile), acc)
+        k_lo += BLOCK_K
     for k in range(k_lo, k_hi, BLOCK_K):
         cols = k + tl.arange(0, BLOCK_K)
         w_tile = tl.load(w + rows_n[:, None] * stride_wn + cols[None, :])
@@ -53,10 +65,10 @@ def split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M: tl.cons
 @triton.jit
 def _skinny_gemm_kernel(x, w, out, part, M, N, K, k_per_split, stride_xm, stride_wn, stride_om, stride_ps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                        UPCAST: tl.constexpr):
+                        UPCAST: tl.constexpr, PDL: tl.constexpr):
     split = tl.program_id(1)
     acc, rows_m, rows_n = split_k_tile(x, w, M, K, k_per_split, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                       UPCAST)
+                                       UPCAST, PDL)
     mask = (rows_m[:, None] < M)
     if SPLIT:
         tl.store(part + split * stride_ps + rows_m[:, None] * N + rows_n[None, :], acc, mask=mask)
@@ -104,11 +116,13 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
     splits = num_splits(n, k, x.device, config)
     k_per_split = triton.cdiv(k // config.block_k, splits) * config.block_k
     part = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if splits > 1 else out
+    pdl = dependent_launches(x.device)
     run_kernel(
         _skinny_gemm_kernel, (n // config.block_n, splits), rows, weight, out, part, m, n, k, k_per_split,
         rows.stride(0), weight.stride(0), out.stride(0), part.stride(0) if splits > 1 else 0, BLOCK_M=16,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT=splits > 1, UPCAST=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages)
+        SPLIT=splits > 1, UPCAST=interpreting(), PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl_launch(pdl))
     if splits > 1 and not summed and x.dim() == 2:
         return PartialSums(part, x.dtype)
     if splits > 1:

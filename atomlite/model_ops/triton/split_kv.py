@@ -4,7 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import num_sms, run_kernel
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
+                                              run_kernel)
 from atomlite.model_ops.triton.mxfp4_gemm_fp8 import QuantizedRows, store_quantized
 
 MAX_SPLITS = 16
@@ -26,8 +27,12 @@ def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int
 def _combine_kernel(part_out, part_lse, out, lse, xq, x_scale, num_splits, num_heads,
                     stride_ps, stride_ls, stride_ot, stride_oh, stride_qm, stride_sm,
                     SPLITS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    STORE_LSE: tl.constexpr, PERIOD: tl.constexpr):
-    """PERIOD > 0: the output row [T, H * D] goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it."""
+                    STORE_LSE: tl.constexpr, PERIOD: tl.constexpr, PDL: tl.constexpr):
+    """PERIOD > 0: the output row [T, H * D] goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it. PDL: a
+    dependent launch that lets the kernel after it (the output projection) start and read its weights."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()  # for the attention kernel's partials
     token = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_P2)
@@ -57,8 +62,10 @@ def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, l
     quantized (its K = H * D, D a multiple of 32) the output goes there instead of out."""
     splits, num_tokens, num_heads, head_dim = part_out.shape
     values, scales = (quantized.values, quantized.scales) if quantized is not None else (out, out)
+    pdl = dependent_launches(part_out.device)
     run_kernel(_combine_kernel, (num_tokens, num_heads),
         part_out, part_lse, out, lse if lse is not None else part_lse, values, scales, splits, num_heads,
         part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1), values.stride(0), scales.stride(0),
         SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,
-        STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, num_warps=4)
+        STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, PDL=pdl, num_warps=4,
+        **pdl_launch(pdl))
