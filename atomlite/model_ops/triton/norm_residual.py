@@ -28,10 +28,15 @@ def _load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.cons
 
 
 @triton.jit
-def _normed(xf, weight, cols, mask, dim, eps, dtype: tl.constexpr):
-    """rms_norm(x) * weight of a row in fp32, rounded to dtype."""
+def _normed(xf, w, dim, eps, dtype: tl.constexpr):
+    """rms_norm(x) * w of a row in fp32 (w: the weight row, loaded), rounded to dtype."""
     y = xf * tl.math.rsqrt(tl.sum(xf * xf, 0) / dim + eps)
-    return (y * tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    return (y * w).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _weight_row(weight, cols, mask):
+    return tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -43,7 +48,8 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
                           BLOCK_D: tl.constexpr):
     """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out.
     MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
-    row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b."""
+    row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. The weights (no kernel writes them) load before a
+    dependent launch waits: at decode they come from memory, while the kernel ahead finishes."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < dim
@@ -51,13 +57,29 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     if PDL:
         # the kernel after (a GEMM) may start: it reads its first weights, then waits for this grid
         gdc_launch_dependents()
+    w = _weight_row(weight, cols, mask)
+    w_a = w
+    w_b = w
+    if PAIR:
+        w_a = _weight_row(weight_a, cols, mask)
+        w_b = _weight_row(weight_b, cols, mask)
+    w_next = w
+    w_1 = w
+    w_2 = w
+    if HAS_NEXT:
+        w_next = _weight_row(next_weight, cols, mask)
+        if MORE_NORMS > 0:
+            w_1 = _weight_row(weight_1, cols, mask)
+        if MORE_NORMS > 1:
+            w_2 = _weight_row(weight_2, cols, mask)
+    if PDL:
         gdc_wait()  # for the kernel before, which wrote x
     xf = _load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
     if PAIR:
         xf_b = _load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
-        xf = _normed(xf, weight_a, cols, mask, dim, eps, dtype) + _normed(xf_b, weight_b, cols, mask, dim, eps, dtype)
+        xf = _normed(xf, w_a, dim, eps, dtype) + _normed(xf_b, w_b, dim, eps, dtype)
         xf = xf.to(dtype).to(tl.float32)
-    y = _normed(xf, weight, cols, mask, dim, eps, dtype)
+    y = _normed(xf, w, dim, eps, dtype)
     total = (tl.load(residual + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32) + y).to(dtype)
     if HAS_SCALE:
         total = (total.to(tl.float32) * tl.load(scale).to(tl.float32)).to(dtype)
@@ -66,10 +88,9 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         tf = total.to(tl.float32)
         normed = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
         for i in tl.static_range(MORE_NORMS):
-            w_i, out_i = (weight_1, out_1) if i == 0 else (weight_2, out_2)
-            o_i = normed * tl.load(w_i + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(out_i + row * dim + cols, o_i.to(dtype), mask=mask)
-        o = (normed * tl.load(next_weight + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+            w_i, out_i = (w_1, out_1) if i == 0 else (w_2, out_2)
+            tl.store(out_i + row * dim + cols, (normed * w_i).to(dtype), mask=mask)
+        o = (normed * w_next).to(dtype)
         if PERIOD > 0:
             store_quantized(xq, x_scale, tl.reshape(o.to(tl.float32), (1, BLOCK_D)), row + tl.arange(0, 1), 0, row + 1,
                             K_PADDED, stride_qm, stride_sm, PERIOD, 1, BLOCK_D)
@@ -125,7 +146,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b, values.stride(0),
                    scales.stride(0), k_padded, HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts,
                    PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1), PAIR=pair, PARTS_B=parts_b,
-                   BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 512)), **options)
+                   BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 256)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None

@@ -58,6 +58,7 @@ def _router_kernel(x, w, expert_scale, part, arrivals, weights, ids, M, K, k_per
                                        UPCAST, PDL)
     tl.store(part + (split * M + rows_m[:, None]) * NUM_EXPERTS + rows_n[None, :], acc, mask=rows_m[:, None] < M)
     programs = tl.num_programs(0) * tl.num_programs(1)
+    tl.debug_barrier()  # every lane's slice stored before the count below releases them
     # acq_rel: this program's slice is visible before it counts, and the last one sees every slice it counted
     if tl.atomic_add(arrivals, 1, sem="acq_rel") == programs - 1:
         tl.store(arrivals, 0)
