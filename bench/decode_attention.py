@@ -1,6 +1,6 @@
 """Batch-1 decode attention at real layer shapes, as a graph replays it: per-layer GPU time against the KV bytes.
 
-    PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192] [--cold]
+    PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192] [--cold] [--tiles]
 
 Issues 18 and 19 measured 19-25 us per attention layer at batch 1 and 544 tokens of context, where the KV bytes
 take under 3 us. This times each layer shape of 31B and 26B-A4B (sliding: K+V over the window; global: V alone,
@@ -21,6 +21,8 @@ from atomlite.model_ops.triton import attention as tri
 from kernels import check, copy_bandwidth, paged_cache
 
 CALLS = 20
+# --tiles: (keys per tile, warps, stages) timed at the launcher's split count
+TILES = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (64, 8, 1), (64, 8, 2)]
 FLUSH_BYTES = 256 << 20  # several times any GPU's L2
 # (model, layer, query heads, KV heads, head_dim, window or None for a V-only global layer)
 SHAPES = [("31B", "sliding", 32, 16, 256, 1024), ("31B", "global", 32, 4, 512, None),
@@ -70,7 +72,7 @@ def cold_us(fn, flush) -> float:
     return graph_us(fn, flush) - graph_us(flush)
 
 
-def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None) -> None:
+def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None, tiles: bool = False) -> None:
     model, layer, heads, kv_heads, head_dim, window = shape
     q, k_cache, v_cache, table, seq_lens, starts = batch(heads, kv_heads, head_dim, context, table_tokens)
     scale = head_dim ** -0.5
@@ -82,18 +84,28 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
                                     k_from_v=rule32)
     chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=rule is not None, window=window)
     read = min(context, window or context) * kv_heads * head_dim * 2 * (1 if rule is not None else 2)
-    results = []
-    for splits in sorted({chosen.num_splits, 1, 2, 4, 8, 16}):
-        config = dataclasses.replace(chosen, num_splits=splits)
+
+    def timed(name: str, config: tri.AttnConfig) -> str:
+        """us per call of config, checked against the reference first."""
         def call():
             return tri.launch(q, k_cache, v_cache, table, seq_lens, starts, scale, window, False, config, rule)
-        ok = check(f"{model} {layer} ctx={context} splits={splits}", call(), ref)
-        label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
+        ok = check(f"{model} {layer} ctx={context} {name}", call(), ref)
         took = graph_us(call) if flush is None else cold_us(call, flush)
-        results.append(f"{label}: {took:.1f} us" + ("" if ok else " (CHECK FAILED)"))
+        return f"{took:.1f} us" + ("" if ok else " (CHECK FAILED)")
+
+    results = []
+    for splits in sorted({chosen.num_splits, 1, 2, 4, 8, 16}):
+        label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
+        results.append(f"{label}: {timed(f'splits={splits}', dataclasses.replace(chosen, num_splits=splits))}")
     cold = ", cold L2" if flush else ""
     print(f"{model} {layer} layer, batch 1, context {context}{cold} ({read / 1e6:.2f} MB of KV, "
           f"{read / bandwidth * 1e6:.1f} us at the copy bandwidth): splits " + ", ".join(results), flush=True)
+    if tiles:
+        tiled = [f"{n}/{w}/{st}: " + timed(f"{n}/{w}/{st}", dataclasses.replace(chosen, block_n=n, num_warps=w,
+                                                                                 num_stages=st))
+                 for n, w, st in TILES]
+        print(f"  tiles at {chosen.num_splits} splits (keys per tile / warps / stages): " + ", ".join(tiled),
+              flush=True)
 
 
 def main():
@@ -101,6 +113,7 @@ def main():
     parser.add_argument("--contexts", default="544,4096,32768")
     parser.add_argument("--table-tokens", type=int, default=8192)
     parser.add_argument("--cold", action="store_true", help="empty the L2 cache before each call")
+    parser.add_argument("--tiles", action="store_true", help="also time other tiles, warps and pipeline stages")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -113,7 +126,7 @@ def main():
         flush = scratch.zero_
     for context in (int(c) for c in args.contexts.split(",")):
         for shape in SHAPES:
-            measure(shape, context, args.table_tokens, bandwidth, flush)
+            measure(shape, context, args.table_tokens, bandwidth, flush, args.tiles)
 
 
 if __name__ == "__main__":

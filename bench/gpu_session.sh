@@ -2,6 +2,7 @@
 # One device call: run each named stage in order over the machine's torch/triton (atomlite from PYTHONPATH), each
 # one's output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
 #   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
+#   bash bench/gpu_session.sh tests-gpu tests-memory   (every GPU test; the memory test must run alone)
 # On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
 #   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
@@ -36,7 +37,11 @@ stage() {
         tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
         tests-moe) python -m pytest -q -m "gpu or not gpu" tests/test_moe_gemv.py tests/test_moe_gpu.py \
                        tests/test_mxfp4_moe.py ;;
-        tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;
+        tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;  # alone: it fills 90% of the GPU
+        tests-gpu) python -m pytest -q -n 4 -m "gpu or not gpu" tests/test_triton_attention.py tests/test_skinny_gemm.py \
+                       tests/test_router_topk.py tests/test_triton_ops.py tests/test_k_from_v.py tests/test_kv_fp8.py \
+                       tests/test_decode_graphs.py tests/test_branches.py tests/test_moe_gpu.py tests/test_mxfp4_gemm.py \
+                       tests/test_moe_gemv.py ;;  # the kernels and graphs on the GPU; then tests-memory on its own
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
                            tests/test_skinny_gemm.py ;;
         31b) latency gemma-4-31B-it ;;
