@@ -5,6 +5,8 @@ import torch
 
 from helpers import assert_same_rounded_sum
 
+from atomlite.model_ops.platform import parse_platform
+from atomlite.model_ops.triton.common import recording
 from atomlite.model_ops.triton.skinny_gemm import SkinnyConfig, fits, linear, num_splits, skinny_gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,3 +59,20 @@ def test_unsummed_output_is_the_split_k_slices_that_add_up_to_the_summed_one():
     one_split = SkinnyConfig(32, 64, 4, 2, programs_per_sm=1, min_k_tiles=64)
     assert isinstance(skinny_gemm(x, w, one_split, summed=False), torch.Tensor)  # nothing to add: the output
 
+
+
+@pytest.mark.parametrize("setting,dependent", [(None, True), ("0", False)])
+def test_dependent_launch_on_sm90_unless_turned_off(setting, dependent, monkeypatch):
+    """As launched for an H100 (recorded, not run): a dependent launch that waits in the kernel, or with
+    ATOMLITE_PDL=0 a plain one."""
+    if setting is None:
+        monkeypatch.delenv("ATOMLITE_PDL", raising=False)
+    else:
+        monkeypatch.setenv("ATOMLITE_PDL", setting)
+    x = torch.empty(1, 256, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(64, 256, dtype=torch.bfloat16, device="meta")
+    with recording(parse_platform("sm_90")) as launches:
+        skinny_gemm(x, w, SMALL)
+    [launch] = launches
+    assert launch.kwargs["PDL"] is dependent
+    assert launch.kwargs.get("launch_pdl", False) is dependent

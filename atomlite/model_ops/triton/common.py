@@ -2,6 +2,7 @@
 are built for, and the one place where kernels are launched (which the compile gate records instead)."""
 import contextlib
 import functools
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -16,8 +17,9 @@ except ImportError:  # a Triton without griddepcontrol: no dependent launch (cal
 
 
 def dependent_launches(device: torch.device) -> bool:
-    """Whether kernels on device may be programmatic dependent launches: griddepcontrol, NVIDIA sm_90+."""
-    return gdc_wait is not None and nvidia_capability(device) >= (9, 0)
+    """Whether kernels on device may be programmatic dependent launches: griddepcontrol, NVIDIA sm_90+, unless
+    ATOMLITE_PDL=0 (every kernel then waits for the one ahead to end before it starts)."""
+    return gdc_wait is not None and os.environ.get("ATOMLITE_PDL", "1") != "0" and nvidia_capability(device) >= (9, 0)
 
 
 def pdl_launch(pdl: bool) -> dict:
@@ -31,7 +33,6 @@ def interpreting() -> bool:
     knobs = getattr(triton, "knobs", None)
     if knobs is not None:
         return bool(knobs.runtime.interpret)
-    import os
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
