@@ -167,7 +167,7 @@ class Gemma4DecoderLayer(nn.Module):
         if self.moe:
             # At decode the router is latency-bound: beside the MLP's weight stream its loads queue behind the
             # MLP's (measured 11.8 against 5 us alone), and the experts wait for it; so it runs first, alone. The
-            # experts' dependent launches then overlap the MLP, which only streams weights.
+            # experts' chain of launches (gate_up, then down) then overlaps the MLP, which only streams weights.
             route = self.router(routed)
             experts, m = side_by_side(lambda: self.experts(experts_in, *route, summed=False),
                                       lambda: self.mlp(x), h.device, overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
