@@ -33,6 +33,10 @@ ENGINE_OPTIONS = [
                       "the KV cache gets what a profiling run leaves. --kv-cache-memory overrides it."),
     click.option("--max-graph-batch", type=int, default=None,
                  help="Largest decode batch captured in a graph (default: --max-num-seqs)."),
+    click.option("--no-overlap-decode", is_flag=True,
+                 help="Read each decode step's tokens before launching the next. By default, when the next step "
+                      "can only be the same sequences decoding, it is launched first, its input ids taken on the "
+                      "GPU, so the host's per-step work runs beside it (graph-replayed steps only)."),
     click.option("--kv-cache-dtype", default="auto", type=click.Choice(["auto", "bfloat16", "float16", "fp8"]),
                  show_default=True, help="What the KV cache stores: auto = --dtype, or fp8 for a checkpoint "
                                          "quantized for an fp8 KV cache (Quark); fp8 = e4m3 (e4m3fnuz on gfx942), "
@@ -57,6 +61,7 @@ def engine_args(kw: dict) -> dict:
             "kv_cache_dtype")
     args = {k: kw[k] for k in keys}
     args["enable_prefix_caching"] = not kw["no_prefix_caching"]
+    args["overlap_decode"] = not kw["no_overlap_decode"]
     return args
 
 

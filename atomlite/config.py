@@ -154,6 +154,7 @@ class EngineConfig:
     load_format: str = "auto"
     enforce_eager: bool = False
     max_graph_batch: int | None = None
+    overlap_decode: bool = True  # launch the next decode step before reading this one's tokens
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
     model_spec: ModelSpec = field(init=False, repr=False)

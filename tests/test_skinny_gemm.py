@@ -7,7 +7,9 @@ from helpers import assert_same_rounded_sum
 
 from atomlite.model_ops.platform import parse_platform
 from atomlite.model_ops.triton.common import recording
-from atomlite.model_ops.triton.skinny_gemm import SkinnyConfig, fits, linear, num_splits, skinny_gemm
+from atomlite.model_ops.partial_sums import PartialSums, summed
+from atomlite.model_ops.triton.skinny_gemm import (DEFAULT_CONFIG, NARROW_K_CONFIG, SkinnyConfig, config_for, fits, linear,
+                                                   num_splits, skinny_gemm)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = SkinnyConfig(32, 64, 4, 2, programs_per_sm=1)
@@ -48,8 +50,18 @@ def test_more_rows_or_unaligned_shapes_go_to_torch():
     assert torch.equal(linear(x, w), torch.nn.functional.linear(x, w))
 
 
+def test_k_a_multiple_of_64_alone_takes_64_wide_k_tiles():
+    """Gemma-4-26B-A4B's MLP down reads K = 2112 = 33 x 64: the skinny kernel, not torch's GEMM."""
+    assert config_for(2112) == NARROW_K_CONFIG and config_for(2816) == DEFAULT_CONFIG
+    x = torch.randn(1, 2112).to(DEVICE, torch.bfloat16)
+    w = torch.randn(128, 2112).to(DEVICE, torch.bfloat16)
+    assert fits(x, w, NARROW_K_CONFIG) and not fits(x, w)
+    unsummed = linear(x, w, summed=False)
+    assert isinstance(unsummed, PartialSums)  # split over K, as torch's GEMM would not be
+    assert rel_err(summed(unsummed), x, w) < 1e-2
+
+
 def test_unsummed_output_is_the_split_k_slices_that_add_up_to_the_summed_one():
-    from atomlite.model_ops.partial_sums import PartialSums, summed
     config = SkinnyConfig(32, 64, 4, 2, programs_per_sm=3, min_k_tiles=4)
     x = torch.randn(2, 14 * 64).to(DEVICE, torch.bfloat16)
     w = torch.randn(32, 14 * 64).to(DEVICE, torch.bfloat16)

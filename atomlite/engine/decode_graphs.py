@@ -73,6 +73,8 @@ class StaticDecodeInputs:
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.group_ids = [g.id for g in kv.groups]
         self._contexts: dict[int, ForwardContext] = {}
+        # a step launched ahead fills the host mirrors while the step before may not have copied them yet
+        self._copied = torch.cuda.Event() if pin else None
 
     def context(self, bucket: int) -> ForwardContext:
         """Views of the first `bucket` rows; the same tensors every step, as a graph needs. What the host knows is
@@ -89,6 +91,8 @@ class StaticDecodeInputs:
     def fill(self, batch: list[tuple[Sequence, int]], bucket: int) -> None:
         """Rows of the batch, then padding rows up to bucket; one host-to-device copy per buffer."""
         n = len(batch)
+        if self._copied is not None:
+            self._copied.synchronize()
         ids, positions, seq_lens = (b[1].numpy() for b in (self.ids, self.positions, self.seq_lens))
         for i, (seq, _) in enumerate(batch):
             positions[i] = seq.num_computed_tokens
@@ -101,6 +105,8 @@ class StaticDecodeInputs:
             device.copy_(host, non_blocking=True)
         for device, host in self.tables:
             device[:bucket].copy_(host[:bucket], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
 
     def _fill_group(self, batch, bucket: int, g: int, positions: np.ndarray, slots: np.ndarray,
                     table: np.ndarray) -> None:
@@ -139,7 +145,10 @@ class DecodeGraphs:
         self.report: CaptureReport | None = None
 
     def supports(self, batch: list[tuple[Sequence, int]]) -> bool:
-        return len(batch) <= self.sizes[-1] and is_decode_only(batch)
+        return self.fits(len(batch)) and is_decode_only(batch)
+
+    def fits(self, num_seqs: int) -> bool:
+        return num_seqs <= self.sizes[-1]
 
     def _forward(self, bucket: int) -> torch.Tensor:
         ctx = self.inputs.context(bucket)
@@ -175,10 +184,14 @@ class DecodeGraphs:
                                     torch.cuda.memory_reserved(self.device) - reserved_before)
         return self.report
 
-    def run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """-> fp32 logits [len(batch), vocab] of a decode-only batch."""
+    def run(self, batch: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> fp32 logits [len(batch), vocab] of a decode-only batch. ids: the input token ids on the device, one
+        per sequence, for a step launched before the host has them (each sequence's position is then its
+        num_computed_tokens, its last host token not yet appended)."""
         bucket = bucket_for(len(batch), self.sizes)
         self.inputs.fill(batch, bucket)
+        if ids is not None:
+            self.inputs.ids[0][:len(batch)].copy_(ids)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.logits[:len(batch)]

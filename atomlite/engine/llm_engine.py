@@ -11,10 +11,11 @@ from atomlite.engine.decode_graphs import uncapturable_modules
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
+from atomlite.engine.launched import LaunchedStep
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
-from atomlite.engine.sampler import sample, token_logprobs
+from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.hub import fetch_weights
@@ -116,6 +117,7 @@ class LLMEngine:
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self._generators: dict[int, torch.Generator] = {}
         self.requests: dict[str, Sequence] = {}
+        self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
 
     def _plan_from_profile(self, specs) -> KVPlan:
         config = self.config
@@ -185,10 +187,24 @@ class LLMEngine:
 
     # -- stepping -------------------------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Runs one forward pass; returns the sequences that got a token or finished."""
+        """Runs one forward pass; returns the sequences that got a token or finished. With overlap_decode, a decode
+        step of the same sequences is launched before this step's tokens are read (its input ids stay on the
+        device), so the GPU runs it while the host does this step's work; the next call returns its tokens."""
+        launched, self._ahead = self._ahead or self._run_scheduled(), None
+        if launched is None:
+            return []
+        if self._can_run_ahead(launched.seqs):
+            self._ahead = self._run_ahead(launched)
+        done = self._take_tokens(launched)
+        if self._ahead is not None:
+            self._settle_ahead()
+        return done
+
+    def _run_scheduled(self) -> LaunchedStep | None:
+        """The scheduler's next batch, launched; None when no sequence samples from it."""
         batch = self.scheduler.schedule()
         if not batch:
-            return []
+            return None
         logits, rows = self.runner.execute(batch)
         self._record_prompt_logprobs(logits, rows.prompt)
         for seq, num_new in batch:
@@ -196,22 +212,67 @@ class LLMEngine:
             self.kv.update_block_hashes(seq)
             self.kv.release_out_of_window(seq)
         if not rows.sample:
-            return []
-        seqs = [seq for seq, _ in rows.sample]
+            return None
         sample_rows = [row for _, row in rows.sample]
         # decode steps sample every row in order: a slice, not a gather (which would copy indices to the GPU)
         in_order = sample_rows == list(range(len(sample_rows)))
-        sample_logits = logits[:len(sample_rows)] if in_order else logits[sample_rows]
-        tokens = sample(sample_logits, [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
-                        self.generator)
+        return self._sample(logits[:len(sample_rows)] if in_order else logits[sample_rows],
+                            [seq for seq, _ in rows.sample])
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> LaunchedStep:
+        ids = sample_ids(logits, [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
+                         self.generator)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
-        logprobs = torch.log_softmax(sample_logits, dim=-1) if want_logprobs else None
-        for i, (seq, token) in enumerate(zip(seqs, tokens)):
+        return LaunchedStep.start(seqs, ids, torch.log_softmax(logits, dim=-1) if want_logprobs else None)
+
+    def _can_run_ahead(self, seqs: list[Sequence]) -> bool:
+        """Whether the next step is sure to be these sequences decoding one token each, as the scheduler would
+        pick it: nothing waits to be admitted, every running sequence sampled, none can only finish, and a graph
+        bucket holds them."""
+        scheduler = self.scheduler
+        return (self.config.overlap_decode and not scheduler.waiting and scheduler.running == seqs
+                and len(seqs) <= scheduler.max_num_batched_tokens and self.runner.can_run_ahead(len(seqs))
+                and not any(self._last_token_pending(seq) for seq in seqs))
+
+    def _last_token_pending(self, seq: Sequence) -> bool:
+        """Whether the token on its way is seq's last whatever it is (max_tokens or the context length)."""
+        return (seq.num_output_tokens + 1 >= seq.params.max_tokens
+                or len(seq.token_ids) + 1 >= self.config.max_model_len)
+
+    def _run_ahead(self, launched: LaunchedStep) -> LaunchedStep | None:
+        """The decode step after `launched`, its input ids the ones launched sampled; None if KV blocks for it
+        would need a preemption (the scheduler decides that once the tokens are in)."""
+        seqs = launched.seqs
+        if not all(self.kv.allocate(seq, 1) for seq in seqs):
+            return None
+        logits = self.runner.execute_ahead(seqs, launched.ids)
+        for seq in seqs:
+            seq.num_computed_tokens += 1  # hashes of the new full blocks wait for the token (_settle_ahead)
+            self.kv.release_out_of_window(seq)
+        return self._sample(logits, seqs)
+
+    def _take_tokens(self, launched: LaunchedStep) -> list[Sequence]:
+        """Appends each sequence's sampled token (skipping sequences aborted since the launch) and checks whether
+        it finished; returns the sequences that got one."""
+        done = []
+        for i, (seq, token) in enumerate(zip(launched.seqs, launched.tokens())):
+            if seq.is_finished:
+                continue
             seq.token_ids.append(token)
             if seq.params.logprobs is not None:
-                seq.logprobs.append(token_logprobs(logprobs[i], token, seq.params.logprobs))
+                seq.logprobs.append(token_logprobs(launched.logprobs[i], token, seq.params.logprobs))
             self._check_finished(seq, token)
-        return seqs
+            done.append(seq)
+        return done
+
+    def _settle_ahead(self) -> None:
+        """After the tokens the step ahead read are appended: its sequences' full blocks get their prefix-cache
+        hashes; a step ahead whose sequences all finished is dropped (its tokens are never read)."""
+        running = [seq for seq in self._ahead.seqs if not seq.is_finished]
+        for seq in running:
+            self.kv.update_block_hashes(seq)
+        if not running:
+            self._ahead = None
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, prompt_rows) -> None:
         for seq, first_row, first_pos, count in prompt_rows:

@@ -79,6 +79,16 @@ class ModelRunner:
     def _i32(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int32, device=self.device)
 
+    def can_run_ahead(self, num_seqs: int) -> bool:
+        """Whether a decode step of num_seqs sequences can run before the host has its input ids."""
+        return self.graphs is not None and self.graphs.fits(num_seqs)
+
+    @torch.inference_mode()
+    def execute_ahead(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
+        """-> fp32 logits [len(seqs), vocab] of a decode step whose input ids (one per sequence, on the device) the
+        step before sampled and the host has not read: each sequence's token at position num_computed_tokens."""
+        return self.graphs.run([(seq, 1) for seq in seqs], ids)
+
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
         """-> fp32 logits of the needed rows, and which rows they are."""

@@ -46,6 +46,12 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
            shared: torch.Generator) -> list[int]:
     """logits [N, V] fp32 -> one token per row. generators[i]: row i's own (seeded) generator or None, which draws
     from `shared`."""
+    return sample_ids(logits, params, generators, shared).tolist()
+
+
+def sample_ids(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+               shared: torch.Generator) -> torch.Tensor:
+    """sample() without the copy to the host: the ids [N] (int64) on the logits' device, launched, not waited for."""
     tokens = torch.argmax(logits, dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
@@ -55,7 +61,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         noise = _race_noise(probs.shape, logits.device, [generators[i] for i in sampled], shared)
         pick = torch.argmax(probs / noise, dim=-1, keepdim=True)
         tokens[rows] = order.gather(1, pick)[:, 0]
-    return tokens.tolist()
+    return tokens
 
 
 def token_logprobs(logprobs: torch.Tensor, token: int, top_n: int) -> dict[int, float]:

@@ -95,7 +95,7 @@ def _empty_routing(num_tokens: int, top_k: int, device: torch.device) -> tuple[t
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the one-launch router takes this call (else the GEMM and router_topk run apart): the skinny GEMM's
     shapes, up to MAX_ROWS tokens."""
-    return x.shape[0] <= MAX_ROWS and skinny_gemm.fits(x, weight)
+    return x.shape[0] <= MAX_ROWS and skinny_gemm.fits(x, weight, skinny_gemm.DEFAULT_CONFIG)
 
 
 _arrivals: dict[torch.device, torch.Tensor] = {}

@@ -27,6 +27,11 @@ class SkinnyConfig:
 
 
 DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
+NARROW_K_CONFIG = SkinnyConfig(64, 64, 4, 4)  # K a multiple of 64 but not 128 (Gemma-4-26B-A4B's MLP down: 2112)
+
+
+def config_for(k: int) -> SkinnyConfig:
+    return DEFAULT_CONFIG if k % DEFAULT_CONFIG.block_k == 0 else NARROW_K_CONFIG
 
 
 @triton.jit
@@ -134,6 +139,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
 
 def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
     """Same contract as torch_ref.linear: the skinny kernel for decode-sized batches, torch's GEMM otherwise."""
-    if fits(x, weight):
-        return skinny_gemm(x, weight, summed=summed)
+    config = config_for(weight.shape[1])
+    if fits(x, weight, config):
+        return skinny_gemm(x, weight, config, summed=summed)
     return F.linear(x, weight)

@@ -1,0 +1,35 @@
+"""A step whose sampled token ids are on their way to the host.
+
+The ids are copied from the device without waiting; the host reads them only when it needs them, so it can launch
+the next decode step first (the engine's overlap: the GPU never waits for the host's per-step work).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from atomlite.engine.sequence import Sequence
+
+
+@dataclass
+class LaunchedStep:
+    seqs: list[Sequence]  # one per sampled row, in row order
+    ids: torch.Tensor  # [len(seqs)] int64 on the device: a step launched ahead reads them as its input
+    logprobs: torch.Tensor | None  # [len(seqs), vocab] log_softmax of the logits, where a sequence asked for them
+    _host_ids: torch.Tensor
+    _copied: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, seqs: list[Sequence], ids: torch.Tensor, logprobs: torch.Tensor | None) -> "LaunchedStep":
+        if ids.device.type != "cuda":
+            return cls(seqs, ids, logprobs, ids, None)
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(seqs, ids, logprobs, host, copied)
+
+    def tokens(self) -> list[int]:
+        """The sampled ids, once the copy has landed (waits for the step's GPU work)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._host_ids.tolist()
