@@ -287,3 +287,26 @@ def test_rms_norm_residual_gives_several_next_norms_of_the_sum(dtype):
         torch.testing.assert_close(want, torch_ref.rms_norm(ref_summed, w, 1e-6))
     two = tri.rms_norm_residual(unsummed, residual, weight, 1e-6, None, tuple(nexts[:2]))[1]
     assert len(two) == 2 and torch.equal(two[1], outs[1])
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_qk_norm_rope_adds_a_split_k_projections_slices_as_it_reads_them(splits):
+    """q, k, v as PartialSums of one QKV projection: the result of summing the slices first (rounded to bf16),
+    written to the cache alike; v the raw k's columns, as on a k_eq_v layer."""
+    from atomlite.model_ops.partial_sums import PartialSums, as_heads, split_columns, summed
+    tokens, heads, kv_heads, head_dim = 3, 4, 2, 64
+    slices = randn(splits, tokens, (heads + kv_heads) * head_dim, dtype=torch.float32)
+    q, k = (as_heads(p, head_dim) for p in split_columns(PartialSums(slices, torch.bfloat16),
+                                                           [heads * head_dim, kv_heads * head_dim]))
+    q_w, k_w = (randn(head_dim, dtype=torch.bfloat16) + 1.0 for _ in range(2))
+    cos, sin = _rotation(tokens, head_dim, torch.bfloat16)
+    slots = torch.tensor([3, -1, 7], device=DEVICE)
+    caches = [torch.full((4, 4, kv_heads, head_dim), 7.0, device=DEVICE, dtype=torch.bfloat16) for _ in range(4)]
+    got_q, _, _ = tri.qk_norm_rope(q, k, k, q_w, k_w, 1e-6, cos, sin, caches[0], caches[1], slots)
+    want_q, _, _ = tri.qk_norm_rope(summed(q), summed(k), summed(k), q_w, k_w, 1e-6, cos, sin, caches[2], caches[3],
+                                    slots)
+    assert got_q.dtype == torch.bfloat16
+    for got, want in ((got_q, want_q), (caches[0], caches[2]), (caches[1], caches[3])):
+        assert_prepared(got, want.float())
+    ref_q, _, _ = torch_ref.qk_norm_rope(q, k, k, q_w.float(), k_w.float(), 1e-6, cos.float(), sin.float())
+    assert_prepared(got_q, ref_q.float())

@@ -1,5 +1,5 @@
-"""Inputs a norm kernel finishes as it reads them: a split-K GEMM's output before its K slices are added up, and two
-branches' output norms before they are joined."""
+"""Inputs a kernel finishes as it reads them (the norm kernels, the q/k/v prepare): a split-K GEMM's output before
+its K slices are added up, and two branches' output norms before they are joined."""
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +16,20 @@ class PartialSums:
     @property
     def shape(self) -> torch.Size:
         return self.parts.shape[1:]
+
+
+def split_columns(y: "torch.Tensor | PartialSums", sizes: list[int]) -> list:
+    """y's last dimension in pieces of sizes (views; a PartialSums gives PartialSums of its slices' columns)."""
+    if not isinstance(y, PartialSums):
+        return list(y.split(sizes, dim=-1))
+    return [PartialSums(part, y.dtype) for part in y.parts.split(sizes, dim=-1)]
+
+
+def as_heads(y: "torch.Tensor | PartialSums", head_dim: int) -> "torch.Tensor | PartialSums":
+    """[T, H * head_dim] -> [T, H, head_dim] (a view)."""
+    if not isinstance(y, PartialSums):
+        return y.view(y.shape[0], -1, head_dim)
+    return PartialSums(y.parts.view(*y.parts.shape[:2], -1, head_dim), y.dtype)
 
 
 def summed(y: "torch.Tensor | PartialSums") -> torch.Tensor:

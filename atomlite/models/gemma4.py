@@ -21,6 +21,7 @@ from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.linear import Linear, copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.partial_sums import as_heads, split_columns
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 
 
@@ -72,14 +73,14 @@ class Gemma4Attention(nn.Module):
 
     def forward(self, x, cos, sin, ctx: ForwardContext):
         """x: the normed input, or the QuantizedRows that input_linear asked for."""
-        if self.fused_qkv:
-            parts = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        if self.fused_qkv:  # the q/k/v prepare adds split-K slices as it reads them
+            parts = split_columns(self.qkv_proj(x, summed=False), self.qkv_sizes)
         else:
             parts = [getattr(self, name)(x) for name in self.qkv_names]
-        shape = (parts[0].shape[0], -1, self.head_dim)
-        q, k, v, k_weight = parts[0].view(shape), None, None, None
+        q, k, v, k_weight = as_heads(parts[0], self.head_dim), None, None, None
         if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
-            k, v, k_weight = parts[1].view(shape), parts[-1].view(shape), self.k_norm.weight
+            k, v, k_weight = (as_heads(parts[1], self.head_dim), as_heads(parts[-1], self.head_dim),
+                              self.k_norm.weight)
         out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx,
                                     feeding=self.o_proj)
         return self.o_proj(out, summed=False)  # the layer's norm kernel adds split-K slices

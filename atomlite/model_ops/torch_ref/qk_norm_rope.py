@@ -1,5 +1,6 @@
 import torch
 
+from atomlite.model_ops.partial_sums import summed
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, write_kv
 from atomlite.model_ops.torch_ref.norm import rms_norm
 from atomlite.model_ops.torch_ref.rope import apply_rope
@@ -11,7 +12,9 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                  slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
     """q, k, v [T, H, D] raw projections -> (rope(norm(q) w_q), rope(norm(k) w_k), norm(v)). With caches, k and v
     are stored at slot_mapping (slots < 0 skipped) and returned as None (v alone when k_cache is None: a layer that
-    derives K from V); k = v = None (a KV-sharing layer) gives q alone. kv_scales: as write_kv's."""
+    derives K from V); k = v = None (a KV-sharing layer) gives q alone. kv_scales: as write_kv's. q, k and v may
+    be PartialSums (a split-K QKV projection's slices), added up first."""
+    q, k, v = summed(q), summed(k), summed(v)
     q = apply_rope(rms_norm(q, q_weight, eps), cos, sin)
     if k is None:
         return q, None, None

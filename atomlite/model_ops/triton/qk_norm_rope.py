@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
                                               pdl_launch, run_kernel)
@@ -15,12 +16,14 @@ from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc
 def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, slot_mapping, eps,
                     num_q_heads, num_kv_heads, head_dim, k_inv_scale, v_inv_scale,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-                    stride_d0, stride_d1, stride_dh, stride_ct, stride_st,
-                    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
+                    stride_d0, stride_d1, stride_dh, stride_ct, stride_st, stride_split,
+                    SPLITS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr,
                     CACHE_MAX: tl.constexpr, PDL: tl.constexpr):
     """PDL: a dependent launch; it lets the attention kernel after it start (and read the batch's bounds), and
-    reads its slot and weights while the kernel ahead, which wrote q, k and v, finishes."""
+    reads its slot and weights while the kernel ahead, which wrote q, k and v, finishes. SPLITS > 1: q, k and v
+    are a split-K projection's fp32 slices, stride_split apart, added in slice order and rounded to the output
+    dtype as the projection's own summing kernel would."""
     if PDL:
         gdc_launch_dependents()
     token = tl.program_id(0)
@@ -60,6 +63,12 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         gdc_wait()
     x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+    if SPLITS > 1:
+        for split in tl.static_range(1, SPLITS):
+            x1 += tl.load(src + split * stride_split + cols, mask=mask, other=0.0)
+            x2 += tl.load(src + split * stride_split + HALF + cols, mask=mask, other=0.0)
+        x1 = x1.to(q_out.dtype.element_ty).to(tl.float32)
+        x2 = x2.to(q_out.dtype.element_ty).to(tl.float32)
     inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
     x1 = x1 * inv
     x2 = x2 * inv
@@ -104,11 +113,17 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                  k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                  slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
-    """Same contract as torch_ref.qk_norm_rope."""
+    """Same contract as torch_ref.qk_norm_rope; q, k and v may be PartialSums slices of one split-K projection."""
+    dtype, splits, stride_split = q.dtype, 1, 0
+    if isinstance(q, PartialSums):
+        splits, stride_split = q.parts.shape[0], q.parts.stride(0)
+        if any(t is not None and t.parts.stride(0) != stride_split for t in (k, v)):
+            raise ValueError("q, k and v must be slices of the same PartialSums")
+        q, k, v = (None if t is None else t.parts[0] for t in (q, k, v))
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = 0 if k is None else k.shape[1]
     to_cache = k is not None and v_cache is not None
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_out = torch.empty(q.shape, dtype=dtype, device=q.device)
     if k is None:
         k = v = k_dst = v_dst = q  # unused: no program reaches a K or V row
         k_out = v_out = None
@@ -116,8 +131,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         k_dst = v_cache if k_cache is None else k_cache  # without a K cache no K row is stored
         v_dst, k_out, v_out = v_cache, None, None
     else:
-        k_dst = k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        v_dst = v_out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        k_dst = k_out = torch.empty(k.shape, dtype=dtype, device=k.device)
+        v_dst = v_out = torch.empty(v.shape, dtype=dtype, device=v.device)
     if num_tokens:
         cos, sin = cos.contiguous(), sin.contiguous()
         dst_strides = ((k_dst.stride(0), k_dst.stride(1), k_dst.stride(2)) if to_cache
@@ -130,8 +145,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    slot_mapping if to_cache else q, eps, num_q_heads, num_kv_heads, head_dim,
                    1.0 / kv_scales[0], 1.0 / kv_scales[1],
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                   q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0),
-                   HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
+                   q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0), stride_split,
+                   SPLITS=splits, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
                    STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
                    PDL=pdl, num_warps=4 if head_dim >= 512 else 2, **pdl_launch(pdl))

@@ -15,11 +15,12 @@ from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
-from atomlite.model_ops.partial_sums import NormedPair, PartialSums
+from atomlite.model_ops.partial_sums import NormedPair, PartialSums, as_heads, split_columns
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path, input_quantization
+from atomlite.model_ops.triton.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
 GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
@@ -85,6 +86,12 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
     # q/k norms, RoPE, v norm and the KV write of a layer (one launch), and of a KV-sharing layer (q alone)
     r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, cache, cache, slots)
     r.call("qk_norm_rope", dict(head_dim=dim), q, None, None, weight, None, 1e-6, cos, cos)
+    if step.tokens <= SKINNY_MAX_ROWS:  # a decode step's QKV projection hands its split-K slices to the prepare
+        slices = PartialSums(meta(SPLIT_K_SLICES, step.tokens, (heads + 2 * kv_heads) * dim, dtype=torch.float32),
+                             torch.bfloat16)
+        sizes = [heads * dim, kv_heads * dim, kv_heads * dim]
+        q_s, k_s, v_s = (as_heads(p, dim) for p in split_columns(slices, sizes))
+        r.call("qk_norm_rope", dict(head_dim=dim), q_s, k_s, v_s, weight, weight, 1e-6, cos, cos, cache, cache, slots)
     int32 = dict(dtype=torch.int32)
     table = meta(step.num_seqs, -(-step.context // BLOCK_SIZE), **int32)
     shape = dict(head_dim=dim, window=window is not None, gqa=heads // kv_heads)
