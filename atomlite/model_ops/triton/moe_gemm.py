@@ -19,7 +19,7 @@ from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
-from atomlite.model_ops.triton import moe_gemv_fp8, moe_skinny
+from atomlite.model_ops.triton import moe_gemv_fp8
 from atomlite.model_ops.triton.moe_gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
 from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
@@ -239,8 +239,6 @@ def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk
         x = x.contiguous()
     gate_up, down = ExpertWeights(gate_up), ExpertWeights(down)
     if use_gemv(topk_ids.numel()):
-        if moe_skinny.fits(x, gate_up, down):
-            return moe_skinny.skinny_experts(x, gate_up, down, topk_weights, topk_ids, summed=summed)
         return gemv_experts(x, gate_up, down, topk_weights, topk_ids, quantize_x=False, summed=summed)
     return fused_experts(x, gate_up, down, topk_weights, topk_ids, summed=summed)
 
