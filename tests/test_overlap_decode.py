@@ -4,8 +4,6 @@ the device) must give exactly the tokens, logprobs and KV bookkeeping of reading
 On CPU the steps run from the static decode buffers (what a graph replays) without capture, so the launch-ahead
 path runs here as it does on a GPU, only without the overlap in time.
 """
-import pytest
-
 from atomlite import LLM, SamplingParams
 from helpers import greedy, random_prompt
 
@@ -90,14 +88,13 @@ def test_abort_while_a_step_runs_ahead(checkpoints):
     assert all(used == 0 for _, used, _ in engine.kv.usage())
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_no_step_runs_ahead_without_static_decode_or_when_turned_off(checkpoints, overlap):
-    path, _ = checkpoints.get("dense")
-    if overlap:  # no decode graphs (CPU): nothing to launch ahead from
-        llm = LLM(str(path), **ARGS)
-        llm.generate(_prompts(2), [greedy(5)] * 2)
-        assert llm.engine.runner.graphs is None and llm.engine._ahead is None
-    else:
-        llm, ahead = _static_llm(path, overlap=False)
-        llm.generate(_prompts(2), [greedy(5)] * 2)
-        assert not ahead
+def test_no_step_runs_ahead_without_decode_graphs(checkpoints):
+    llm = LLM(str(checkpoints.get("dense")[0]), **ARGS)  # CPU: no graphs, no static buffers
+    llm.generate(_prompts(2), [greedy(5)] * 2)
+    assert llm.engine.runner.graphs is None and llm.engine._ahead is None
+
+
+def test_no_step_runs_ahead_when_turned_off(checkpoints):
+    llm, ahead = _static_llm(checkpoints.get("dense")[0], overlap=False)
+    llm.generate(_prompts(2), [greedy(5)] * 2)
+    assert not ahead

@@ -11,8 +11,8 @@ from atomlite.engine.decode_graphs import uncapturable_modules
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
-from atomlite.engine.launched import LaunchedStep
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.engine.launched import LaunchedStep
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sampler import sample_ids, token_logprobs
