@@ -3,6 +3,7 @@
 # one's output to $OUT/<stage>.log (and the terminal); a failing stage does not stop the next.
 #   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
 #   bash bench/gpu_session.sh tests-gpu tests-memory   (every GPU test; the memory test must run alone)
+#   bash bench/gpu_session.sh ab-26b-b1   (batch-1 TPOT of baseline_code/, carried, then of this tree)
 # On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
 #   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
@@ -16,6 +17,16 @@ latency() {  # MODEL [extra flags]: the bench/README "Decode from graphs" row
     local model=$1; shift
     python -m atomlite.cli bench latency --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
         --input-len 512 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 2048 --repeats 5 "$@"
+}
+
+latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats): the quick A/B row
+    python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
+        --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
+}
+
+from_baseline() {  # COMMAND...: run it in baseline_code/ (git archive REV atomlite | tar -x -C baseline_code)
+    if [ ! -d baseline_code/atomlite ]; then echo "no baseline_code/ (carry it)"; return 2; fi
+    (cd baseline_code && ln -sfn ../examples examples && PYTHONPATH=. "$@")
 }
 
 stage() {
@@ -48,6 +59,9 @@ stage() {
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
         26b) latency gemma-4-26B-A4B-it ;;
+        26b-b1) latency_b1 gemma-4-26B-A4B-it ;;
+        ab-26b-b1) from_baseline bash -c "$(declare -f latency_b1); latency_b1 gemma-4-26B-A4B-it" \
+                       && latency_b1 gemma-4-26B-A4B-it ;;  # the baseline copy, then this tree, one machine
         train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" ${TRAIN_ARGS:-} --out /tmp/demo \
                         && tar -C /tmp -cf "$OUT/demo.tar" demo ;;  # one file back instead of six
         26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;

@@ -1,7 +1,8 @@
 """A step whose sampled token ids are on their way to the host.
 
 The ids are copied from the device without waiting; the host reads them only when it needs them, so it can launch
-the next decode step first (the engine's overlap: the GPU never waits for the host's per-step work).
+the next decode step first (the engine's overlapped decode: the GPU computes that step during the host's work on
+this one).
 """
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ from atomlite.engine.sequence import Sequence
 @dataclass
 class LaunchedStep:
     seqs: list[Sequence]  # one per sampled row, in row order
-    ids: torch.Tensor  # [len(seqs)] int64 on the device: a step launched ahead reads them as its input
+    ids: torch.Tensor  # [len(seqs)] int64 on the logits' device: a step launched ahead reads them as its input
     logprobs: torch.Tensor | None  # [len(seqs), vocab] log_softmax of the logits, where a sequence asked for them
     _host_ids: torch.Tensor
     _copied: torch.cuda.Event | None
