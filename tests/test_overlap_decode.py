@@ -4,6 +4,8 @@ the device) must give exactly the tokens, logprobs and KV bookkeeping of reading
 On CPU the steps run from the static decode buffers (what a graph replays) without capture, so the launch-ahead
 path runs here as it does on a GPU, only without the overlap in time.
 """
+import pytest
+
 from atomlite import LLM, SamplingParams
 from helpers import greedy, random_prompt
 
@@ -98,3 +100,23 @@ def test_no_step_runs_ahead_when_turned_off(checkpoints):
     llm, ahead = _static_llm(checkpoints.get("dense")[0], overlap=False)
     llm.generate(_prompts(2), [greedy(5)] * 2)
     assert not ahead
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_request_added_while_a_step_runs_ahead(checkpoints, overlap):
+    """As the server adds requests between steps: the step ahead is taken first, then the newcomer is scheduled
+    (no step runs ahead while it waits); both get the tokens they get when submitted together."""
+    path, _ = checkpoints.get("dense")
+    together = [o.outputs[0].token_ids for o in LLM(str(path), **ARGS).generate(_prompts(2), [greedy(12)] * 2)]
+    llm, ahead = _static_llm(path, overlap=overlap)
+    engine = llm.engine
+    first = engine.add_request("0", _prompts(2)[0], greedy(12))
+    for _ in range(4):
+        engine.step()
+    assert (engine._ahead is not None) == overlap
+    second = engine.add_request("1", _prompts(2)[1], greedy(12))
+    while engine.has_unfinished():
+        engine.step()
+    assert [first.output_token_ids, second.output_token_ids] == together
+    assert bool(ahead) == overlap
+    assert all(used == 0 for _, used, _ in engine.kv.usage())
