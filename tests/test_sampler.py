@@ -3,7 +3,7 @@ the batch, and copies the chosen ids to the host once."""
 import pytest
 import torch
 
-from atomlite.engine.sampler import filtered_probs, sample
+from atomlite.engine.sampler import filtered_probs, sample_ids
 from atomlite.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
@@ -39,7 +39,7 @@ def test_sampled_frequencies_follow_each_rows_distribution():
     shared = torch.Generator().manual_seed(0)
     for _ in range(draws // 100):
         logits = LOGITS.repeat(len(params) * 100, 1)
-        tokens = torch.tensor(sample(logits, params * 100, [None] * len(params) * 100, shared)).view(100, -1)
+        tokens = sample_ids(logits, params * 100, [None] * len(params) * 100, shared).view(100, -1)
         for row in range(len(params)):
             counts[row] += torch.bincount(tokens[:, row], minlength=5)
     for row, (t, k, p) in enumerate(settings):
@@ -55,7 +55,7 @@ def test_seeded_rows_do_not_depend_on_the_batch():
     def draw(rows: int) -> int:
         generators = [torch.Generator().manual_seed(7)] + [None] * (rows - 1)
         batch = torch.cat([logits[:1], torch.randn(rows - 1, 50)])
-        return sample(batch, [params] * rows, generators, torch.Generator().manual_seed(rows))[0]
+        return sample_ids(batch, [params] * rows, generators, torch.Generator().manual_seed(rows)).tolist()[0]
 
     assert draw(1) == draw(3) == draw(6)
 
@@ -65,5 +65,6 @@ def test_one_host_copy_for_the_whole_batch(monkeypatch):
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or original(self))
     params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_p=0.9, seed=1)]
-    tokens = sample(torch.randn(2, 30), params, [None, torch.Generator().manual_seed(1)], torch.Generator())
+    ids = sample_ids(torch.randn(2, 30), params, [None, torch.Generator().manual_seed(1)], torch.Generator())
+    tokens = ids.tolist()
     assert len(tokens) == 2 and len(calls) == 1

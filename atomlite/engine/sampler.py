@@ -42,16 +42,10 @@ def _settings(params: list[SamplingParams], vocab: int, device) -> tuple[torch.T
             torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device, non_blocking=True))
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           shared: torch.Generator) -> list[int]:
-    """logits [N, V] fp32 -> one token per row. generators[i]: row i's own (seeded) generator or None, which draws
-    from `shared`."""
-    return sample_ids(logits, params, generators, shared).tolist()
-
-
 def sample_ids(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
                shared: torch.Generator) -> torch.Tensor:
-    """sample() without the copy to the host: the ids [N] (int64) on the logits' device, launched, not waited for."""
+    """logits [N, V] fp32 -> one token id per row, [N] int64 on the logits' device (launched, not waited for).
+    generators[i]: row i's own (seeded) generator or None, which draws from `shared`."""
     tokens = torch.argmax(logits, dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:

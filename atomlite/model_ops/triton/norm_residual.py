@@ -17,8 +17,9 @@ from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, Quantize
 
 
 @triton.jit
-def _load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.constexpr):
-    """A row of x in fp32; with PARTS > 1 the sum of PARTS fp32 rows stride_part apart, rounded to dtype."""
+def load_row(x, offsets, mask, stride_part, PARTS: tl.constexpr, dtype: tl.constexpr):
+    """A row of x in fp32; with PARTS > 1 the sum of PARTS fp32 rows stride_part apart (a PartialSums' slices,
+    added in slice order), rounded to dtype."""
     row = tl.load(x + offsets, mask=mask, other=0.0).to(tl.float32)
     if PARTS > 1:
         for part in tl.static_range(1, PARTS):
@@ -74,9 +75,9 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
             w_2 = _weight_row(weight_2, cols, mask)
     if PDL:
         gdc_wait()  # for the kernel before, which wrote x
-    xf = _load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
+    xf = load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
     if PAIR:
-        xf_b = _load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
+        xf_b = load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
         xf = _normed(xf, w_a, dim, eps, dtype) + _normed(xf_b, w_b, dim, eps, dtype)
         xf = xf.to(dtype).to(tl.float32)
     y = _normed(xf, w, dim, eps, dtype)

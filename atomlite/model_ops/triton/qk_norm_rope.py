@@ -10,6 +10,7 @@ from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
                                               pdl_launch, run_kernel)
+from atomlite.model_ops.triton.norm_residual import load_row
 
 
 @triton.jit
@@ -61,14 +62,8 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
             kv_dst = v_dst + offset
     if PDL:
         gdc_wait()
-    x1 = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + cols, mask=mask, other=0.0).to(tl.float32)
-    if SPLITS > 1:
-        for split in tl.static_range(1, SPLITS):
-            x1 += tl.load(src + split * stride_split + cols, mask=mask, other=0.0)
-            x2 += tl.load(src + split * stride_split + HALF + cols, mask=mask, other=0.0)
-        x1 = x1.to(q_out.dtype.element_ty).to(tl.float32)
-        x2 = x2.to(q_out.dtype.element_ty).to(tl.float32)
+    x1 = load_row(src, cols, mask, stride_split, SPLITS, q_out.dtype.element_ty)
+    x2 = load_row(src, HALF + cols, mask, stride_split, SPLITS, q_out.dtype.element_ty)
     inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
     x1 = x1 * inv
     x2 = x2 * inv
