@@ -9,7 +9,7 @@ CUDA graph; then each is timed at every batch size:
 Ratios are the loop's eager time over each fused time; "roofline" is the expert weight bytes the batch must read
 (its distinct experts) over the measured copy bandwidth.
 
-    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep]
+    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep] [--kernels]
 """
 import argparse
 import statistics
@@ -111,6 +111,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,4,32,512")
     parser.add_argument("--sweep", action="store_true", help="also time each SWEEP config of the fused kernels")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also time the few-pairs bf16 kernels one by one at batch 1 against the copy bandwidth")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     s = shapes()
@@ -160,6 +162,8 @@ def main() -> int:
         print(f"{tokens:>5}   bf16/mxfp4 graph time: {graph['bf16'] / graph['mxfp4']:.2f}x", flush=True)
         if args.sweep:
             sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush)
+    if args.kernels:
+        kernels_alone(s, gate_up, down, bandwidth, flush)
     print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s")
     print(f"{'batch':>5} {'path':>9} {'loop us':>9} {'eager us':>9} {'graph us':>9} {'loop/eager':>16} "
           f"{'loop/graph':>16} {'roofline us':>12} {'graph/roof':>11}  experts touched")
@@ -188,6 +192,28 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
         times = {config: graph_ms(lambda config=config: moe_gemv_fp8.gemv_experts_fp8(
             x, fp4_gate_up, fp4_down, weights, ids, config), flush) for config in FP8_GEMV_SWEEP}
         print_sweep(f"mxfp4 fp8 batch {tokens}", times)
+
+
+def kernels_alone(s: dict, gate_up: torch.Tensor, down: torch.Tensor, bandwidth: float, flush) -> None:
+    """Graph times of the few-pairs bf16 op at one token and of each of its kernels alone, each against the time
+    its weight bytes take at the copy bandwidth (what a kernel's start and tail cost at these sizes)."""
+    x, weights, ids = routing(1, s, seed=1)
+    flat_ids, flat_weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+    gu, dn, tiles = ExpertWeights(gate_up), ExpertWeights(down), moe_gemv.BF16
+    inner = moe_gemv.gate_up_gemv(x, gu, flat_ids, s["top_k"], False, tiles.gate_up)
+    projection_bytes = s["top_k"] * s["hidden"] * s["inner"] * 2
+    calls = {
+        "op (gate_up, down, slot sum)": (lambda: moe_gemv.gemv_experts(x, gu, dn, weights, ids, False),
+                                         3 * projection_bytes),
+        "gate_up kernel": (lambda: moe_gemv.gate_up_gemv(x, gu, flat_ids, s["top_k"], False, tiles.gate_up),
+                           2 * projection_bytes),
+        "down kernel": (lambda: moe_gemv.down_gemv(inner, dn, flat_ids, flat_weights, False, tiles.down, x),
+                        projection_bytes),
+    }
+    for name, (fn, nbytes) in calls.items():
+        ms = graph_ms(fn, flush)
+        print(f"  batch 1 bf16 {name}: {ms * 1e3:.1f} us for {nbytes / 1e6:.1f} MB, {nbytes / ms / 1e9:.2f} TB/s, "
+              f"{ms / (nbytes / bandwidth * 1e3):.2f}x its bytes at the copy bandwidth", flush=True)
 
 
 def print_sweep(label: str, times: dict) -> None:

@@ -159,18 +159,31 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
             raise ValueError(f"MXFP4 expert weights (padded along K to a multiple of {K_ALIGN}) are read in K tiles "
                              f"of a multiple of {mxfp4.BLOCK} dividing {K_ALIGN}, not block_k {tiles.block_k}")
     ids = topk_ids.reshape(-1).contiguous()
-    weights = topk_weights.reshape(-1).contiguous()
-    inner_size, hidden = gate_up.weight.shape[1] // 2, down.weight.shape[1]
-    inner = torch.empty((num_pairs, inner_size), dtype=torch.float32, device=x.device)
-    t = config.gate_up
-    run_kernel(_gate_up_gemv_kernel, (num_pairs, triton.cdiv(inner_size, t.block_n)), x, gate_up.weight,
-               gate_up.scale, ids, inner, x.shape[1], inner_size, x.stride(0), *gate_up.strides(), inner.stride(0),
-               TOP_K=top_k, QUANTIZE_X=quantize_x, EVEN_K=x.shape[1] % t.block_k == 0,
-               BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, **_modes(x, gate_up))
-    pair_out = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)
-    t = config.down
-    run_kernel(_down_gemv_kernel, (num_pairs, triton.cdiv(hidden, t.block_n)), inner, down.weight, down.scale, ids,
-               weights, pair_out, inner_size, hidden, inner.stride(0), *down.strides(), pair_out.stride(0),
-               QUANTIZE_IN=quantize_x, EVEN_K=inner_size % t.block_k == 0, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-               num_warps=t.num_warps, **_modes(x, down))
+    inner = gate_up_gemv(x, gate_up, ids, top_k, quantize_x, config.gate_up)
+    pair_out = down_gemv(inner, down, ids, topk_weights.reshape(-1).contiguous(), quantize_x, config.down, x)
     return sum_slots(pair_out, tokens, top_k, x.dtype, summed=summed)
+
+
+def gate_up_gemv(x: torch.Tensor, gate_up: ExpertWeights, ids: torch.Tensor, top_k: int, quantize_x: bool,
+                 tiles: GemvTiles) -> torch.Tensor:
+    """The first kernel of gemv_experts: gelu_tanh(gate) * up of each pair (ids: [pairs]), fp32 [pairs, inner]."""
+    inner_size = gate_up.weight.shape[1] // 2
+    inner = torch.empty((ids.numel(), inner_size), dtype=torch.float32, device=x.device)
+    run_kernel(_gate_up_gemv_kernel, (ids.numel(), triton.cdiv(inner_size, tiles.block_n)), x, gate_up.weight,
+               gate_up.scale, ids, inner, x.shape[1], inner_size, x.stride(0), *gate_up.strides(), inner.stride(0),
+               TOP_K=top_k, QUANTIZE_X=quantize_x, EVEN_K=x.shape[1] % tiles.block_k == 0,
+               BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, **_modes(x, gate_up))
+    return inner
+
+
+def down_gemv(inner: torch.Tensor, down: ExpertWeights, ids: torch.Tensor, weights: torch.Tensor, quantize: bool,
+              tiles: GemvTiles, x: torch.Tensor) -> torch.Tensor:
+    """The second: each pair's routing weight times its down projection, fp32 [pairs, hidden] (x: the layer's
+    input, whose dtype picks the weights' expansion)."""
+    inner_size, hidden = inner.shape[1], down.weight.shape[1]
+    pair_out = torch.empty((ids.numel(), hidden), dtype=torch.float32, device=inner.device)
+    run_kernel(_down_gemv_kernel, (ids.numel(), triton.cdiv(hidden, tiles.block_n)), inner, down.weight,
+               down.scale, ids, weights, pair_out, inner_size, hidden, inner.stride(0), *down.strides(),
+               pair_out.stride(0), QUANTIZE_IN=quantize, EVEN_K=inner_size % tiles.block_k == 0,
+               BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, num_warps=tiles.num_warps, **_modes(x, down))
+    return pair_out
