@@ -7,7 +7,7 @@ from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
 from atomlite.model_ops.triton import moe_gemm
 from atomlite.model_ops.triton.moe_common import ExpertWeights
-from atomlite.model_ops.triton.moe_gemv import MAX_PAIRS, GemvConfig, GemvTiles, gemv_experts
+from atomlite.model_ops.triton.moe_gemv import BF16, MAX_PAIRS, GemvConfig, GemvTiles, bf16_config, gemv_experts
 from atomlite.model_ops.triton.moe_gemv_fp8 import Fp8GemvConfig, gemv_experts_fp8
 from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
 
@@ -25,6 +25,18 @@ def test_gemv_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidd
     weights, ids = random_routing(tokens, top_k, num_experts, seed=tokens + 1)
     x = torch.randn(tokens, hidden, device=DEVICE)
     got = gemv_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, quantize_x=False, config=SMALL)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+@pytest.mark.parametrize("tokens,inner", [(1, 40), (3, 704)])
+def test_bf16_down_reads_an_inner_row_that_fits_one_tile_in_one_load(tokens, inner):
+    """The default bf16 tiles: an inner size up to a tile's width (26B-A4B's 704) is one masked down tile per row,
+    with no tile loaded ahead; wider ones keep the K loop."""
+    assert bf16_config(inner).down.block_k >= inner and bf16_config(4 * 1024) == BF16
+    gate_up, down = random_experts(8, 64, inner, seed=inner)
+    weights, ids = random_routing(tokens, 4, 8, seed=inner + 1)
+    x = torch.randn(tokens, 64, device=DEVICE)
+    got = gemv_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, quantize_x=False)
     assert_close(got, reference(x, gate_up, down, weights, ids))
 
 
