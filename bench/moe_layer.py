@@ -199,7 +199,7 @@ def kernels_alone(s: dict, gate_up: torch.Tensor, down: torch.Tensor, bandwidth:
     its weight bytes take at the copy bandwidth (what a kernel's start and tail cost at these sizes)."""
     x, weights, ids = routing(1, s, seed=1)
     flat_ids, flat_weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-    gu, dn, tiles = ExpertWeights(gate_up), ExpertWeights(down), moe_gemv.BF16
+    gu, dn, tiles = ExpertWeights(gate_up), ExpertWeights(down), moe_gemv.bf16_config(s["inner"])
     inner = moe_gemv.gate_up_gemv(x, gu, flat_ids, s["top_k"], False, tiles.gate_up)
     projection_bytes = s["top_k"] * s["hidden"] * s["inner"] * 2
     calls = {
