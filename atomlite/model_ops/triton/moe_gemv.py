@@ -39,8 +39,8 @@ class GemvConfig:
 # Gemma-4-26B-A4B. bench/moe_layer.py --sweep times others.
 BF16 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 64, 4))
 MXFP4 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 128, 4))
-# bf16 down whose K (the experts' inner size) fits one tile: the whole row in one load, nothing to load ahead (26B-A4B,
-# K = 704 in 1024-wide tiles: 13.6-13.9 against 14.9-15.4 us alone; bench/moe_layer.py --kernels)
+# A float down whose K (the experts' inner size) fits one tile: each row in one load, nothing loaded ahead (26B-A4B's
+# K = 704 in 1024-wide tiles: 13.7 against 15.4 us alone, bench/moe_layer.py --kernels on an H100)
 ONE_TILE_DOWN = GemvTiles(8, 1024, 4)
 MAX_PAIRS = 32  # beyond, experts repeat often enough that reading each once (moe_gemm's tiles) wins
 
@@ -145,7 +145,7 @@ def _down_gemv_kernel(inner, w, w_scale, topk_ids, topk_weights, pair_out, K, N,
 
 
 def bf16_config(inner_size: int) -> GemvConfig:
-    """The few-pairs tiles for bf16/fp16 experts of this inner size."""
+    """The few-pairs tiles for float (not MXFP4) experts of this inner size."""
     if inner_size <= ONE_TILE_DOWN.block_k:
         return GemvConfig(BF16.gate_up, ONE_TILE_DOWN)
     return BF16
