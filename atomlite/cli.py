@@ -102,21 +102,6 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
         click.echo(prompt + completion.text)
 
 
-def _startup_report(engine) -> list[str]:
-    spec = engine.config.model_spec
-    lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
-             f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, device {engine.device})"]
-    if engine.memory is not None:
-        lines.append(engine.memory.describe())
-    lines += engine.kv_plan.describe()
-    if engine.kv_scales_note:
-        lines.append(engine.kv_scales_note)
-    lines.append(engine.graph_note)
-    lines.append("kernels:")
-    lines += [f"  {line}" for line in engine.kernels.describe()]
-    return lines
-
-
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 to listen on all).")
 @click.option("--port", type=int, default=8000, show_default=True)
@@ -133,30 +118,35 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     try:
         import uvicorn
 
-        from atomlite.server.app import make_app
+        from atomlite.server.app import build_app, engine_client
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig
-    from atomlite.engine.llm_engine import LLMEngine
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
     model = model_dir(kw)
     try:
         sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
-        engine = LLMEngine(EngineConfig(model=model, **engine_args(kw)))
+        engine = engine_client(EngineConfig(model=model, **engine_args(kw)), max_waiting)
+        engine.start()  # the engine core process builds the model; its errors come back here
     except (ConfigError, ValueError) as e:
         fail(str(e))
     name = served_model_name or default_served_name(kw["model"], model)
-    app = make_app(engine, name, api_key, max_waiting)
+    app = build_app(engine, name, api_key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout))
+    engine.on_death = lambda: setattr(server, "should_exit", True)
     # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
     # make that handler a clean exit, since a drained shutdown is a success.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: sys.exit(0))
-    click.echo("\n".join(_startup_report(engine)))
+        signal.signal(sig, lambda *_: sys.exit(1 if engine.dead else 0))
+    click.echo("\n".join(engine.startup_report))
+    click.echo(f"engine core: process {engine.core_pid}")
     sock.listen(server.config.backlog)  # connections from here on wait for uvicorn to accept them
     click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
     server.run(sockets=[sock])
+    if engine.dead:
+        click.echo(f"error: {engine.dead}", err=True)
+        sys.exit(1)
     if not server.started:
         fail("the server failed to start (see the log above)")
     click.echo("server stopped")
@@ -165,7 +155,10 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
 def bound_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (not listening yet), or a ConfigError saying why it cannot be."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on connections of sockets that name it, and with it
+    # on, each small write of a stream (an SSE event, a response body after its headers) waits for the client's
+    # delayed ACK, about 40 ms
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -301,10 +294,10 @@ def bench_serve(base_url, model, served_model_name, num_prompts, input_len, outp
     prompts = torch.randint(3, config.model_spec.hf["vocab_size"], (num_prompts, input_len), generator=g).tolist()
     with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
         summary = run_serving(base_url, name, prompts, output_len, request_rate, max_concurrency, seed, bar.update)
-    concurrency = min(num_prompts, max_concurrency or num_prompts)
+    concurrency = max(1, round(summary["mean_concurrency"]))  # what ran, not what was allowed
     summary["roofline_tpot_ms"] = _serve_roofline_ms(config, concurrency, input_len + output_len // 2)
     click.echo("\n".join(format_summary(summary)))
-    click.echo(f"roofline TPOT at concurrency {concurrency}: {summary['roofline_tpot_ms']:.2f} ms (weights + KV "
+    click.echo(f"roofline TPOT at concurrency {concurrency} (the mean in flight): {summary['roofline_tpot_ms']:.2f} ms (weights + KV "
                f"per decode step of --model over this machine's probed copy bandwidth); mean TPOT is "
                f"{summary['mean_tpot_ms'] / summary['roofline_tpot_ms']:.2f}x that")
     write_json(json_path, {"benchmark": "serve", "base_url": base_url, "model": name,

@@ -5,6 +5,7 @@ from tqdm import tqdm
 
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
+from atomlite.engine.output_processor import RequestState
 from atomlite.outputs import RequestOutput
 from atomlite.sampling_params import SamplingParams
 
@@ -36,15 +37,29 @@ class LLM:
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        seqs = []
+        states: dict[str, RequestState] = {}
         try:
             for prompt, p in zip(prompts, params):
-                seqs.append(self.engine.add_request(f"offline-{next(self._ids)}", prompt, p))
-            with tqdm(total=len(seqs), desc="Generating", disable=not use_tqdm) as bar:
+                seq = self.engine.add_request(f"offline-{next(self._ids)}", prompt, p)
+                states[seq.request_id] = RequestState(seq.request_id, seq.prompt_token_ids, p, self.tokenizer)
+            with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
-                    bar.update(sum(s.is_finished for s in self.engine.step()))
+                    bar.update(self._apply(self.engine.step(), states))
         except BaseException:
-            for seq in seqs:
-                self.engine.abort(seq.request_id)
+            for request_id in states:
+                self.engine.abort(request_id)
             raise
-        return [self.engine.output(seq, p if isinstance(p, str) else None) for seq, p in zip(seqs, prompts)]
+        return [state.output(p if isinstance(p, str) else None) for state, p in zip(states.values(), prompts)]
+
+    def _apply(self, updates, states: dict[str, RequestState]) -> int:
+        """The step's updates into their requests; returns how many finished."""
+        finished = 0
+        for u in updates:
+            state = states[u.request_id]
+            if state.finished:
+                continue  # stopped on a stop string while a step ahead was already launched
+            state.update(u)
+            if state.stopped:
+                self.engine.abort(u.request_id)
+            finished += state.finished
+        return finished

@@ -4,6 +4,8 @@
 #   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
 #   bash bench/gpu_session.sh tests-gpu tests-memory   (every GPU test; the memory test must run alone)
 #   bash bench/gpu_session.sh ab-26b-b1   (batch-1 TPOT of baseline_code/, carried, then of this tree)
+#   bash bench/gpu_session.sh serve-26b   (the server's load in process, then over HTTP; needs the serve extra: carry
+#                                          .whl/ and install it as the device README says)
 # On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
 #   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
@@ -22,6 +24,25 @@ latency() {  # MODEL [extra flags]: the bench/README "Decode from graphs" row
 latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats): the quick A/B row
     python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
         --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
+}
+
+serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in process, then over HTTP; then 1 at once
+    local model="examples/configs/$1" port=8011 pid
+    local flags=(--model "$model" --load-format dummy --dtype bfloat16 --max-num-seqs 64 --max-model-len 2048)
+    local load=(--num-prompts 256 --input-len 512 --output-len 128)
+    python -m atomlite.cli bench throughput "${flags[@]}" "${load[@]}" --json "$OUT/throughput-$1.json"
+    python -m atomlite.cli bench latency "${flags[@]}" --input-len 512 --output-len 128 --batch-size 1 --repeats 3
+    python -m atomlite.cli serve "${flags[@]}" --port $port > "$OUT/serve-$1.log" 2>&1 &
+    pid=$!
+    until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
+        kill -0 $pid 2> /dev/null || { cat "$OUT/serve-$1.log"; return 1; }; sleep 2
+    done
+    local client=(--base-url "http://127.0.0.1:$port" --model "$model" --input-len 512 --output-len 128)
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 256 --max-concurrency 64 --json "$OUT/serve64-$1.json"
+    curl -s "http://127.0.0.1:$port/metrics" > "$OUT/metrics64-$1.txt"
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 8 --max-concurrency 1 --json "$OUT/serve1-$1.json"
+    kill -TERM $pid; wait $pid; echo "server exit $?"
+    tail -3 "$OUT/serve-$1.log"
 }
 
 from_baseline() {  # COMMAND...: run it in baseline_code/ (git archive REV atomlite | tar -x -C baseline_code)
@@ -55,6 +76,8 @@ stage() {
                        tests/test_moe_gemv.py ;;  # the kernels and graphs on the GPU; then tests-memory on its own
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
                            tests/test_skinny_gemm.py ;;
+        serve-26b) serve_vs_engine gemma-4-26B-A4B-it ;;
+        serve-31b) serve_vs_engine gemma-4-31B-it ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;

@@ -3,8 +3,8 @@
     PYTHONPATH=. python bench/host_steps.py [--tokens 4096 --batches 1 32 --window 256 --forward stub|model]
 
 Streams --tokens tokens per request (ignore_eos, a stop string that never matches) through the AsyncEngine, as
-the server does, with the bundled demo model (char tokenizer: every token is text) on the CPU. Each engine-thread
-step (schedule, runner input preparation, forward, sampling, stop checks, detokenizing and publishing the deltas)
+the server does, with the bundled demo model (char tokenizer: every token is text) on the CPU, its engine core on a
+thread. Each engine step (schedule, runner input preparation, forward, sampling, token stop checks, the updates)
 is timed, and so are the runner's execute() and, inside it, the model's forward. Prints milliseconds per step
 (first quartile) over the first and the last --window decode steps: host = step - forward (everything but the
 model's compute), the runner's input preparation (execute - forward), and step - execute.
@@ -113,8 +113,8 @@ async def stream_all(engine: AsyncEngine, batch: int, tokens: int) -> list[str]:
 def measure(path: Path, batch: int, tokens: int, stub: bool) -> tuple[list[dict], list[str]]:
     config = EngineConfig(model=str(path), dtype="float32", device="cpu", max_model_len=tokens + 64,
                           max_num_seqs=batch, enable_prefix_caching=False, kv_cache_memory=2**30)
-    engine = AsyncEngine(LLMEngine(config))
-    steps = instrument(engine, stub)
+    engine = AsyncEngine.over(LLMEngine(config))
+    steps = instrument(engine.core.engine, stub)
     engine.start()
     try:
         texts = asyncio.run(stream_all(engine, batch, tokens))

@@ -132,7 +132,7 @@ def test_admission_counts_sequences_admitted_a_moment_ago(model_dir):
     from atomlite.engine.async_engine import AsyncEngine, QueueFull
     from atomlite.sampling_params import SamplingParams
     llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
-    engine = AsyncEngine(llm.engine, max_waiting=2)
+    engine = AsyncEngine.over(llm.engine, max_waiting=2)
     engine.start()
 
     async def burst():
@@ -204,7 +204,7 @@ def test_stream_whose_client_left_before_the_headers_aborts_its_sequences(model_
     from atomlite.server.metrics import ServerMetrics
     llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
     metrics = ServerMetrics()
-    engine = AsyncEngine(llm.engine, metrics=metrics)
+    engine = AsyncEngine.over(llm.engine, metrics=metrics)
     engine.start()
 
     async def events():

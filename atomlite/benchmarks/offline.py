@@ -90,7 +90,7 @@ def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_le
     seqs = _submit(engine, prompts, output_len)
     with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
         while engine.has_unfinished():
-            bar.update(sum(s.is_finished for s in engine.step()))
+            bar.update(sum(u.finished for u in engine.step()))
     seconds = time.perf_counter() - start
     tokens = sum(len(s.output_token_ids) for s in seqs)
     batch = min(num_prompts, engine.config.max_num_seqs)

@@ -1,5 +1,8 @@
 """`atomlite bench serve`: random token prompts streamed from a running OpenAI-compatible server (atomlite serve or
-any other), at a request rate and a concurrency cap. Metric names are those of vLLM's `bench serve`."""
+any other), at a request rate and a concurrency cap. Metric names are those of vLLM's `bench serve`.
+
+Time to first token and inter-token latency count the chunks that carry a token: text, or token ids (requested with
+vLLM's `return_token_ids`), so a server without a tokenizer is timed too."""
 import asyncio
 import json
 import random
@@ -25,7 +28,7 @@ class RequestResult:
 async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
                        output_len: int) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
     start = last = time.perf_counter()
     result = RequestResult(ok=False)
     try:
@@ -39,7 +42,7 @@ async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
-                if not chunk.get("choices") or not chunk["choices"][0].get("text"):
+                if not any(c.get("text") or c.get("token_ids") for c in chunk.get("choices") or ()):
                     continue
                 now = time.perf_counter()
                 if result.ttft == 0.0:
@@ -61,10 +64,15 @@ async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: 
     gate = asyncio.Semaphore(max_concurrency or len(prompts))
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=max_concurrency or len(prompts))
+    in_flight = Concurrency()
 
     async def limited(client, prompt):
         async with gate:
-            result = await _one_request(client, url, model, prompt, output_len)
+            in_flight.change(+1)
+            try:
+                result = await _one_request(client, url, model, prompt, output_len)
+            finally:
+                in_flight.change(-1)
             progress()
             return result
 
@@ -76,14 +84,34 @@ async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: 
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))  # Poisson arrivals
         results = await asyncio.gather(*tasks)
-    return results, time.perf_counter() - start
+    return results, time.perf_counter() - start, in_flight
+
+
+class Concurrency:
+    """Requests in flight over time: the most at once, and the time-weighted mean."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+        self.start = self.last = time.perf_counter()
+        self.area = 0.0
+
+    def change(self, by: int) -> None:
+        t = time.perf_counter()
+        self.area += self.now * (t - self.last)
+        self.last, self.now = t, self.now + by
+        self.peak = max(self.peak, self.now)
+
+    def mean(self) -> float:
+        return self.area / max(self.last - self.start, 1e-9)
 
 
 def run_serving(base_url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
                 max_concurrency: int | None, seed: int, progress=lambda: None) -> dict:
-    results, duration = asyncio.run(_run(base_url, model, prompts, output_len, request_rate, max_concurrency,
-                                         seed, progress))
-    return summarize(results, duration)
+    results, duration, in_flight = asyncio.run(_run(base_url, model, prompts, output_len, request_rate,
+                                                    max_concurrency, seed, progress))
+    summary = summarize(results, duration)
+    summary["peak_concurrency"], summary["mean_concurrency"] = in_flight.peak, in_flight.mean()
+    return summary
 
 
 def _stats(name: str, values: list[float]) -> dict:
@@ -118,6 +146,9 @@ def format_summary(s: dict) -> list[str]:
              f"{'Total generated tokens:':<40}{s['total_output_tokens']:>12}",
              f"{'Request throughput (req/s):':<40}{s['request_throughput']:>12.2f}",
              f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:>12.2f}"]
+    if "peak_concurrency" in s:
+        lines += [f"{'Peak concurrent requests:':<40}{s['peak_concurrency']:>12}",
+                  f"{'Mean concurrent requests:':<40}{s['mean_concurrency']:>12.2f}"]
     for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
                         ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
         lines.append(f"---{title}---")

@@ -1,21 +1,38 @@
-"""The engine on its own thread, fed by asyncio handlers.
+"""The engine core's client in the API process, fed by asyncio handlers.
 
-HTTP handlers validate a request, then `generate()` hands it to the engine thread and yields deltas (new tokens,
-new text, finish) as they come. A handler that stops listening (client gone, task cancelled) aborts its request,
-which returns its KV blocks at once. `shutdown()` aborts whatever is left and stops the thread.
+HTTP handlers validate a request, then `generate()` sends it to the engine core (core.py: its own process under
+`atomlite serve`, or a thread for an engine built in this process) and yields deltas (new tokens, new text,
+finish) as they come. A receiver thread takes the core's one message per step, detokenizes, finds stop strings
+(aborting those requests in the core), records metrics and hands each event loop its deltas in one call. A handler
+that stops listening (client gone, task cancelled) aborts its request, which returns its KV blocks at once. A core
+that dies fails every open request and marks the engine stopped; `shutdown()` stops the core and fails whatever
+is left.
 """
 import asyncio
 import logging
-import queue
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
-from atomlite.engine.llm_engine import LLMEngine
-from atomlite.engine.sequence import Sequence
+import zmq
+
+from atomlite.engine.core import core_process_main, serve_engine
+from atomlite.engine.llm_engine import check_prompt
+from atomlite.engine.output_processor import Delta, RequestState
+from atomlite.engine.updates import EngineStats, SeqUpdate
+from atomlite.errors import ConfigError
 from atomlite.sampling_params import SamplingParams
 
 logger = logging.getLogger("atomlite.async_engine")
+POLL_MS = 100  # how often the receiver, with nothing to read, checks that the core lives
+
+__all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineStopped", "Generation", "QueueFull"]
 
 
 class QueueFull(RuntimeError):
@@ -26,24 +43,17 @@ class EngineStopped(RuntimeError):
     pass
 
 
-@dataclass
-class Delta:
-    token_ids: list[int]
-    text: str
-    logprobs: list[dict[int, float]]
-    finished: bool = False
-    finish_reason: str | None = None
-    prompt_logprobs: list | None = None
-    num_prompt_tokens: int = 0
+class EngineDead(EngineStopped):
+    pass
 
 
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
+    state: RequestState
     arrival: float = field(default_factory=time.monotonic)
-    sent_tokens: int = 0
-    sent_text: int = 0
+    first_token_time: float | None = None
     last_token_time: float | None = None
     finished: bool = False
 
@@ -55,14 +65,25 @@ class Generation:
     def __init__(self, engine: "AsyncEngine", request_id: str, stream: _Stream):
         self._engine, self.request_id, self._stream = engine, request_id, stream
         self._done = self._closed = False
+        self._held = None  # an error that came behind the deltas just merged
 
     def __aiter__(self) -> "Generation":
         return self
 
     async def __anext__(self) -> Delta:
+        """The next delta; deltas that queued up while the caller was busy come merged into one (a loaded server
+        then sends fewer, larger chunks instead of falling further behind)."""
         if self._done:
             raise StopAsyncIteration
-        item = await self._stream.queue.get()
+        queue = self._stream.queue
+        item = self._held or await queue.get()
+        self._held = None
+        while not isinstance(item, Exception) and not item.finished and not queue.empty():
+            following = queue.get_nowait()
+            if isinstance(following, Exception):
+                self._held = following
+                break
+            item = item.merged(following)
         if isinstance(item, Exception):
             self._done = True
             raise item
@@ -70,200 +91,297 @@ class Generation:
         return item
 
     async def aclose(self) -> None:
-        """Idempotent; never waits (it only queues the abort), so it runs to its end inside a cancelled task."""
+        """Idempotent; never waits (it only sends the abort), so it runs to its end inside a cancelled task."""
         if self._closed:
             return
         self._done = self._closed = True
-        if not self._stream.finished:
-            self._engine._send(("abort", self.request_id))
+        self._engine._abort(self.request_id)
+
+
+class CoreThread:
+    """The core over an engine built in this process, on a thread (tests, and servers made from an LLMEngine)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._thread: threading.Thread | None = None
+
+    def start(self, commands_addr: str, outputs_addr: str) -> None:
+        self._thread = threading.Thread(target=serve_engine, args=(self.engine, commands_addr, outputs_addr),
+                                        name="atomlite-engine-core", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def exit_note(self) -> str:
+        return "the engine core thread ended"
+
+
+class CoreProcess:
+    """The core in a process of its own, which builds the engine from the config (spawned: no CUDA state is
+    inherited)."""
+
+    def __init__(self, config):
+        self.config = config
+        self._process = None
+
+    def start(self, commands_addr: str, outputs_addr: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._process = context.Process(
+            target=core_process_main, name="atomlite-engine-core", daemon=True,
+            args=(self.config, commands_addr, outputs_addr, os.getpid(), logging.getLogger().level))
+        self._process.start()
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+    def exit_note(self) -> str:
+        return f"the engine core process exited (exit code {self._process.exitcode})"
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, max_waiting: int = 1024, metrics=None):
-        self.engine = engine
+    def __init__(self, core, config, tokenizer, max_waiting: int = 1024, metrics=None):
+        self.core, self.config, self.tokenizer = core, config, tokenizer
+        self.max_model_len = config.max_model_len
+        self.vocab_size = config.model_spec.hf["vocab_size"]
         self.max_waiting = max_waiting
         self.metrics = metrics
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wakeup = threading.Event()
+        self.startup_report: list[str] = []
+        self.core_pid: int | None = None
+        self.on_death = None  # called (receiver thread) once the core dies
         self._streams: dict[str, _Stream] = {}
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="atomlite-engine", daemon=True)
+        self._stats: EngineStats | None = None
+        self._num_added = 0
+        self._started = self._stopping = False
+        self._dead: str | None = None
+        self._send_lock = threading.Lock()
+        self._streams_lock = threading.Lock()  # a stream finishes once: by its last update or by its abort
+        self._receiver = threading.Thread(target=self._receive, name="atomlite-engine-client", daemon=True)
+
+    @classmethod
+    def launch(cls, config, **kw) -> "AsyncEngine":
+        """A client whose core runs in its own process, built from config by start()."""
+        from atomlite.tokenizer import load_tokenizer
+        return cls(CoreProcess(config), config, load_tokenizer(config.model_spec.path), **kw)
+
+    @classmethod
+    def over(cls, engine, **kw) -> "AsyncEngine":
+        """A client whose core runs engine (an LLMEngine of this process) on a thread."""
+        return cls(CoreThread(engine), engine.config, engine.tokenizer, **kw)
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Start the core and wait until it serves; a core that cannot start is a ConfigError saying why."""
+        self._dir = tempfile.mkdtemp(prefix="atomlite-")
+        self._context = zmq.Context()
+        self._commands = self._context.socket(zmq.PUSH)
+        self._commands.setsockopt(zmq.SNDHWM, 0)  # a burst during a long step queues; it never blocks the loop
+        self._commands.bind(f"ipc://{self._dir}/commands")
+        self._outputs = self._context.socket(zmq.PULL)
+        self._outputs.bind(f"ipc://{self._dir}/outputs")
+        self.core.start(f"ipc://{self._dir}/commands", f"ipc://{self._dir}/outputs")
+        self._wait_until_ready()
+        self._started = True
+        self._receiver.start()
+
+    def _wait_until_ready(self) -> None:
+        while not self._outputs.poll(POLL_MS):
+            if not self.core.alive():
+                self._close_sockets()
+                raise ConfigError(f"{self.core.exit_note()} before it was ready; see the log above")
+        message = pickle.loads(self._outputs.recv())
+        if message[0] == "failed":
+            self.core.join(10)
+            self._close_sockets()
+            raise ConfigError(message[1])
+        _, self.startup_report, self.core_pid = message
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def dead(self) -> str | None:
+        """Why the core died, once it has."""
+        return self._dead
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return self._started and not self._stopping and self._dead is None
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        if not self._started or self._stopping:
+            return
         self._stopping = True
-        self._wakeup.set()
-        self._thread.join(timeout)
+        if self.core.alive():
+            self._send(("stop",))
+        self.core.join(timeout)
+        self._receiver.join(timeout)
+        self._fail_all(EngineStopped("the server shut down before this request finished"))
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._commands.close(0)
+        self._outputs.close(0)
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.engine.scheduler.waiting) + self._commands.qsize()
+        """Sequences waiting in the core, and those sent that the core has not taken in yet."""
+        if self._stats is None:
+            return self._num_added
+        return self._stats.num_waiting + self._num_added - self._stats.num_added
 
     @property
     def num_running(self) -> int:
-        return len(self.engine.scheduler.running)
+        return self._stats.num_running if self._stats is not None else 0
+
+    def validate_prompt(self, token_ids: list[int]) -> None:
+        check_prompt(token_ids, self.vocab_size, self.max_model_len)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def admit(self, count: int) -> None:
         """Raise unless `count` more sequences may wait: checked once per HTTP request, for all its sequences,
         so a request is either admitted whole or refused whole."""
         if not self.is_running:
-            raise EngineStopped("the server is shutting down")
+            raise EngineDead(self._dead) if self._dead else EngineStopped("the server is shutting down")
         if self.num_waiting + count > self.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
 
-    def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> "Generation":
-        """Call admit() first. Queues the sequence now, so that the next admit() counts it (a burst of requests
+    def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> Generation:
+        """Call admit() first. Sends the sequence now, so that the next admit() counts it (a burst of requests
         cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
         Generation early (aclose) aborts it."""
-        if not self.is_running:  # its commands would never be read: fail now rather than hang
-            raise EngineStopped("the server is shutting down")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        self._streams[request_id] = stream
+        params.validate()
+        state = RequestState(request_id, token_ids, params, self.tokenizer)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), state)
+        with self._streams_lock:  # registered before a dying core's _fail_all, or refused after it
+            if not self.is_running:  # its deltas would never come: fail now rather than hang
+                raise EngineDead(self._dead) if self._dead else EngineStopped("the server is shutting down")
+            self._streams[request_id] = stream
+        self._num_added += 1
         self._send(("add", request_id, token_ids, params))
-        return Generation(self, request_id, stream)
-
-    def _send(self, command: tuple) -> None:
-        self._commands.put(command)
-        self._wakeup.set()
-
-    # -- engine thread ----------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stopping:
-                self._apply_commands()
-                if not self.engine.has_unfinished():
-                    self._update_gauges()
-                    self._wakeup.wait(0.5)
-                    self._wakeup.clear()
-                    continue
-                self._step()
-        finally:
-            self._stopping = True
-            self._abort_all()
-
-    def _step(self) -> None:
-        try:
-            self._publish(self.engine.step())
-        except Exception as e:  # a bug, not user input: fail the open requests, keep serving new ones
-            logger.exception("engine step failed; aborting the requests in flight")
-            for request_id in list(self.engine.requests):
-                self._deliver(request_id, RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
-                self._abort(request_id)
-        self._update_gauges()
-
-    def _apply_commands(self) -> None:
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if command[0] == "add":
-                self._add(*command[1:])
-            else:
-                self._abort(command[1])
-
-    def _add(self, request_id: str, token_ids: list[int], params: SamplingParams) -> None:
-        if request_id not in self._streams:
-            return  # its client left before the engine saw it
-        try:
-            self.engine.add_request(request_id, token_ids, params)
-        except ValueError as e:
-            self._deliver(request_id, e)
-            return
-        except Exception as e:  # a bug, not user input: this request fails, the engine keeps serving
-            logger.exception("could not add request %s", request_id)
-            self._deliver(request_id, RuntimeError(f"engine failure: {type(e).__name__}: {e}"))
-            return
         if self.metrics:
             self.metrics.prompt_tokens.inc(len(token_ids))
+        return Generation(self, request_id, stream)
 
     def _abort(self, request_id: str) -> None:
-        self._finish_stream(request_id)
-        if request_id in self.engine.requests:
-            self.engine.abort(request_id)
-            if self.metrics:
-                self.metrics.finished.labels(reason="abort").inc()
+        with self._streams_lock:
+            stream = self._streams.pop(request_id, None)
+            if stream is None or stream.finished:
+                return
+            stream.finished = True
+        if self.metrics:
+            self.metrics.finished.labels(reason="abort").inc()
+        if self.is_running:
+            self._send(("abort", [request_id]))
 
-    def _abort_all(self) -> None:
-        while True:
+    def _send(self, command: tuple) -> None:
+        """Never blocks: with no core connected (it died) a command has nowhere to go and is dropped."""
+        with self._send_lock:
             try:
-                self._commands.get_nowait()
-            except queue.Empty:
-                break
-        for request_id in list(self.engine.requests):
-            self._abort(request_id)
-        for request_id in list(self._streams):
-            self._deliver(request_id, EngineStopped("the server shut down before this request finished"))
+                self._commands.send(pickle.dumps(command, protocol=5), zmq.NOBLOCK)
+            except zmq.Again:
+                pass
 
-    def _publish(self, seqs: list[Sequence]) -> None:
+    # -- receiver thread --------------------------------------------------------------------------------------
+    def _receive(self) -> None:
+        while True:
+            if self._outputs.poll(POLL_MS):
+                message = pickle.loads(self._outputs.recv())
+                if message[0] == "step":
+                    self._on_step(message[1], message[2])
+            elif self._stopping:
+                return
+            elif not self.core.alive():
+                return self._core_died()
+
+    def _on_step(self, updates: list[SeqUpdate], stats: EngineStats | None) -> None:
         now = time.monotonic()
-        for seq in seqs:
-            stream = self._streams.get(seq.request_id)
-            if stream is None:
-                continue
-            delta = self._delta(seq, stream)
-            self._observe_latency(stream, now, len(delta.token_ids), delta)
-            self._deliver(seq.request_id, delta)
+        by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        stopped = []
+        with self._streams_lock:
+            for u in updates:
+                stream = self._streams.get(u.request_id)
+                if stream is None or stream.finished:
+                    continue  # aborted, or finished on a stop string before the core heard of it
+                if u.error is not None:
+                    item = (ValueError if u.invalid else RuntimeError)(u.error)
+                else:
+                    item = stream.state.update(u)
+                    if stream.state.stopped:
+                        stopped.append(u.request_id)
+                    self._observe(stream, u, item, now)
+                if isinstance(item, Exception) or item.finished:
+                    stream.finished = True
+                    del self._streams[u.request_id]
+                by_loop[stream.loop].append((stream.queue, item))
+        if stopped:
+            self._send(("abort", stopped))
+        for loop, items in by_loop.items():
+            _deliver(loop, items)
+        if stats is not None:
+            if self.metrics:
+                self.metrics.update_engine(stats, self._stats)
+            self._stats = stats
 
-    def _delta(self, seq: Sequence, stream: _Stream) -> Delta:
-        new_tokens = seq.output_token_ids_from(stream.sent_tokens)
-        logprobs = seq.logprobs[stream.sent_tokens:] if seq.params.logprobs is not None else []
-        first = stream.sent_tokens == 0
-        stream.sent_tokens += len(new_tokens)
-        text, safe = self._text_so_far(seq)
-        new_text = text[stream.sent_text:max(safe, stream.sent_text)]
-        stream.sent_text = max(safe, stream.sent_text)
-        return Delta(new_tokens, new_text, logprobs, seq.is_finished, seq.finish_reason,
-                     seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
-                     seq.num_prompt_tokens)
-
-    @staticmethod
-    def _text_so_far(seq: Sequence) -> tuple[str, int]:
-        """seq's text, and how much of it may be sent: while it runs, a stop string may still complete in the
-        tail (the engine would then cut it), so that tail waits."""
-        if seq.is_finished:
-            return seq.text, len(seq.text)
-        seq.detokenize()
-        text = seq.detokenizer.text
-        held = max(map(len, seq.params.stop)) - 1 if seq.params.stop else 0
-        return text, len(text) - held
-
-    def _observe_latency(self, stream: _Stream, now: float, num_tokens: int, delta: Delta) -> None:
-        if not self.metrics:
+    def _observe(self, stream: _Stream, u: SeqUpdate, delta: Delta, now: float) -> None:
+        m = self.metrics
+        if not m:
             return
-        self.metrics.generation_tokens.inc(num_tokens)
-        if stream.last_token_time is None:
-            self.metrics.ttft.observe(now - stream.arrival)
+        m.generation_tokens.inc(len(u.token_ids))
+        if stream.first_token_time is None:
+            stream.first_token_time = now
+            m.ttft.observe(now - stream.arrival)
+            m.queue_time.observe(u.queue_s)
+            m.prefill_time.observe(u.prefill_s)
         else:
-            self.metrics.itl.observe(now - stream.last_token_time)
+            m.itl.observe(now - stream.last_token_time)
         stream.last_token_time = now
         if delta.finished:
-            self.metrics.finished.labels(reason=delta.finish_reason).inc()
+            m.finished.labels(reason=delta.finish_reason).inc()
+            m.e2e_latency.observe(now - stream.arrival)
+            m.decode_time.observe(now - stream.first_token_time)
 
-    def _deliver(self, request_id: str, item) -> None:
-        stream = self._streams.get(request_id)
-        if stream is None:
-            return
-        if isinstance(item, Exception) or item.finished:
-            self._finish_stream(request_id)
-        try:
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-        except RuntimeError:
-            pass  # its event loop is closed: nobody is listening any more
+    def _core_died(self) -> None:
+        self._dead = f"{self.core.exit_note()} unexpectedly; the server cannot serve"
+        logger.error("%s: failing %d open requests", self._dead, len(self._streams))
+        self._fail_all(EngineDead(self._dead))
+        if self.on_death is not None:
+            self.on_death()
 
-    def _finish_stream(self, request_id: str) -> None:
-        stream = self._streams.pop(request_id, None)
-        if stream is not None:
-            stream.finished = True
+    def _fail_all(self, error: Exception) -> None:
+        by_loop = defaultdict(list)
+        with self._streams_lock:
+            for stream in self._streams.values():
+                stream.finished = True
+                by_loop[stream.loop].append((stream.queue, error))
+            if self.metrics and self._streams:
+                self.metrics.finished.labels(reason="abort").inc(len(self._streams))
+            self._streams.clear()
+        for loop, items in by_loop.items():
+            _deliver(loop, items)
 
-    def _update_gauges(self) -> None:
-        if self.metrics:
-            self.metrics.update_engine(self.num_running, self.num_waiting, self.engine.kv.usage())
+
+def _deliver(loop: asyncio.AbstractEventLoop, items: list) -> None:
+    """Hand an event loop its items in one wake-up (not one per request per token)."""
+    def put_all():
+        for queue, item in items:
+            queue.put_nowait(item)
+    try:
+        loop.call_soon_threadsafe(put_all)
+    except RuntimeError:
+        pass  # its event loop is closed: nobody is listening any more

@@ -2,13 +2,13 @@
 import contextlib
 import math
 import logging
+import time
 
 import torch
 
 from atomlite.config import EngineConfig
 from atomlite.errors import ConfigError
 from atomlite.engine.decode_graphs import uncapturable_modules
-from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
@@ -18,13 +18,13 @@ from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
+from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.registry import model_class
-from atomlite.outputs import CompletionOutput, RequestOutput
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
 
@@ -87,6 +87,16 @@ def plan_for(config: EngineConfig, specs) -> KVPlan:
     return plan_kv_cache(specs, default_kv_budget(config, one, minimum), config.block_size, config.max_model_len)
 
 
+def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    if not token_ids:
+        raise ValueError("the prompt is empty")
+    if not all(isinstance(t, int) and 0 <= t < vocab_size for t in token_ids):
+        raise ValueError(f"prompt token ids must be integers in [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:
+        raise ValueError(f"the prompt has {len(token_ids)} tokens; the context length (--max-model-len) is "
+                         f"{max_model_len}, which must leave room for at least one new token")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -118,6 +128,7 @@ class LLMEngine:
         self._generators: dict[int, torch.Generator] = {}
         self.requests: dict[str, Sequence] = {}
         self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
+        self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
 
     def _plan_from_profile(self, specs) -> KVPlan:
         config = self.config
@@ -145,6 +156,21 @@ class LLMEngine:
             return f"decode graphs: off, decode runs eager: {', '.join(blockers)} cannot be captured"
         return self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
 
+    def describe(self) -> list[str]:
+        """The startup report: the model, memory split, KV plan, decode graphs and each op's kernel."""
+        spec = self.config.model_spec
+        lines = [f"model: {spec.path} ({spec.architecture}, {len(spec.layers)} layers, "
+                 f"dtype {str(self.config.torch_dtype).removeprefix('torch.')}, device {self.device})"]
+        if self.memory is not None:
+            lines.append(self.memory.describe())
+        lines += self.kv_plan.describe()
+        if self.kv_scales_note:
+            lines.append(self.kv_scales_note)
+        lines.append(self.graph_note)
+        lines.append("kernels:")
+        lines += [f"  {line}" for line in self.kernels.describe()]
+        return lines
+
     # -- requests -------------------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -154,13 +180,7 @@ class LLMEngine:
         return list(prompt)
 
     def validate_prompt(self, token_ids: list[int]) -> None:
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in token_ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if len(token_ids) >= self.config.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens; the context length (--max-model-len) is "
-                             f"{self.config.max_model_len}, which must leave room for at least one new token")
+        check_prompt(token_ids, self.vocab_size, self.config.max_model_len)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Sequence:
         if request_id in self.requests:
@@ -168,7 +188,7 @@ class LLMEngine:
         params.validate()
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
-        seq = Sequence(token_ids, params, request_id, detokenizer=IncrementalDetokenizer(self.tokenizer))
+        seq = Sequence(token_ids, params, request_id)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None] * len(token_ids)
         if params.seed is not None:
@@ -186,10 +206,12 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # -- stepping -------------------------------------------------------------------------------------------
-    def step(self) -> list[Sequence]:
-        """Runs one forward pass; returns the sequences that got a token or finished. With overlap_decode, a decode
-        step of the same sequences is launched before this step's tokens are read (its input ids stay on the
-        device), so the GPU runs it while the host does this step's work; the next call returns its tokens."""
+    def step(self) -> list[SeqUpdate]:
+        """Runs one forward pass; returns an update for each sequence that got a token or finished. With
+        overlap_decode, a decode step of the same sequences is launched before this step's tokens are read (its
+        input ids stay on the device), so the GPU runs it while the host does this step's work; the next call
+        returns its tokens."""
+        self.iteration_tokens = []
         launched, self._ahead = self._ahead or self._run_scheduled(), None
         if launched is None:
             return []
@@ -198,7 +220,28 @@ class LLMEngine:
         done = self._take_tokens(launched)
         if self._ahead is not None:
             self._settle_ahead()
-        return done
+        now = time.monotonic()
+        return [self._update(seq, now) for seq in done]
+
+    def _update(self, seq: Sequence, now: float) -> SeqUpdate:
+        sent = seq.num_sent_tokens
+        new = seq.output_token_ids_from(sent)
+        seq.num_sent_tokens += len(new)
+        update = SeqUpdate(seq.request_id, new, seq.logprobs[sent:] if seq.params.logprobs is not None else None,
+                           seq.finish_reason, num_cached_tokens=seq.num_cached_tokens)
+        if sent == 0:
+            if seq.params.prompt_logprobs is not None:
+                update.prompt_logprobs = seq.prompt_logprobs
+            update.queue_s = seq.first_scheduled_time - seq.arrival_time
+            update.prefill_s = now - seq.first_scheduled_time
+        return update
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        return EngineStats(len(scheduler.running), len(scheduler.waiting),
+                           [(spec.kind, used, total) for spec, used, total in self.kv.usage()],
+                           scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits,
+                           self.iteration_tokens)
 
     def _run_scheduled(self) -> LaunchedStep | None:
         """The scheduler's next batch, launched; None when no sequence samples from it."""
@@ -206,6 +249,7 @@ class LLMEngine:
         if not batch:
             return None
         logits, rows = self.runner.execute(batch)
+        self.iteration_tokens.append(sum(num_new for _, num_new in batch))
         self._record_prompt_logprobs(logits, rows.prompt)
         for seq, num_new in batch:
             seq.num_computed_tokens += num_new
@@ -246,6 +290,7 @@ class LLMEngine:
         if not all(self.kv.allocate(seq, 1) for seq in seqs):
             return None
         logits = self.runner.execute_ahead(seqs, launched.ids)
+        self.iteration_tokens.append(len(seqs))
         for seq in seqs:
             seq.num_computed_tokens += 1  # hashes of the new full blocks wait for the token (_settle_ahead)
             self.kv.release_out_of_window(seq)
@@ -283,36 +328,17 @@ class LLMEngine:
                     logprobs[r], next_token, seq.params.prompt_logprobs)
 
     def _check_finished(self, seq: Sequence, token: int) -> None:
+        """Token-level stops only: stop strings are found where the text is made (OutputProcessor), which then
+        aborts the sequence."""
         params = seq.params
-        if params.stop and self._cut_at_stop_string(seq):
-            return self._finish(seq, "stop")
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return self._finish(seq, "stop")
         if seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
             return self._finish(seq, "length")
 
-    @staticmethod
-    def _cut_at_stop_string(seq: Sequence) -> bool:
-        """Search the text the new tokens completed for a stop string; on a match keep only the text before it.
-        Earlier text was searched at earlier steps, so a match can start no sooner than the longest stop string
-        (less one character) before the new text."""
-        text_before = len(seq.detokenizer.text)
-        if not seq.detokenize():
-            return False
-        start = max(0, text_before - max(map(len, seq.params.stop)) + 1)
-        text = seq.detokenizer.text
-        cut = min((i for i in (text.find(s, start) for s in seq.params.stop) if i >= 0), default=-1)
-        if cut < 0:
-            return False
-        seq.text, seq.stop_text_len = text[:cut], cut
-        return True
-
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
-        if seq.stop_text_len is None:
-            seq.detokenize()
-            seq.text = seq.detokenizer.finish()
         self.scheduler.remove(seq)
         self._generators.pop(seq.seq_id, None)
         self.requests.pop(seq.request_id, None)
@@ -321,11 +347,3 @@ class LLMEngine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def output(self, seq: Sequence, prompt: str | None = None) -> RequestOutput:
-        completion = CompletionOutput(0, seq.text, seq.output_token_ids,
-                                      seq.logprobs if seq.params.logprobs is not None else None,
-                                      seq.finish_reason)
-        prompt_logprobs = seq.prompt_logprobs if seq.params.prompt_logprobs is not None else None
-        return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), prompt_logprobs, [completion],
-                             seq.is_finished, seq.num_cached_tokens)

@@ -1,6 +1,7 @@
 """Continuous batching under a token budget: running sequences first (decode or their next prefill chunk),
 then waiting ones. When KV blocks run out, the most recently admitted sequence is preempted and later
 recomputed (its prefix may come back from the prefix cache)."""
+import time
 from collections import deque
 
 from atomlite.engine.kv_cache import KVCacheManager
@@ -15,6 +16,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefix_cache_queries = self.prefix_cache_hits = 0  # tokens looked up and found, at admission
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -75,10 +77,18 @@ class Scheduler:
                 seq.reset_for_recompute()
                 return
             self.waiting.popleft()
-            seq.status = Status.RUNNING
-            self.running.append(seq)
+            self._admitted(seq)
             scheduled.append((seq, num_new))
             budget -= num_new
+
+    def _admitted(self, seq: Sequence) -> None:
+        if self.kv.enable_prefix_caching and seq.params.prompt_logprobs is None:
+            self.prefix_cache_queries += len(seq.token_ids)
+            self.prefix_cache_hits += seq.num_cached_tokens
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        seq.status = Status.RUNNING
+        self.running.append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -1,7 +1,7 @@
 import enum
 import itertools
+import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from atomlite.engine.block_table import BlockTable
 from atomlite.sampling_params import SamplingParams
@@ -32,9 +32,9 @@ class Sequence:
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     finish_reason: str | None = None
-    text: str = ""
-    stop_text_len: int | None = None
-    detokenizer: Any = None  # an IncrementalDetokenizer of the output tokens (the engine gives each one)
+    num_sent_tokens: int = 0  # output tokens already handed out in an update
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
@@ -54,10 +54,6 @@ class Sequence:
     def output_token_ids_from(self, start: int) -> list[int]:
         """Output tokens start.. on, without copying the ones before (per-step work must not grow with length)."""
         return self.token_ids[self.num_prompt_tokens + start:]
-
-    def detokenize(self) -> str:
-        """Feed the detokenizer the output tokens it has not seen; returns the text they completed."""
-        return self.detokenizer.add(self.output_token_ids_from(self.detokenizer.num_tokens))
 
     @property
     def num_uncomputed(self) -> int:

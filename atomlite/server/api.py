@@ -27,9 +27,8 @@ class Server:
 
     def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
-        self.core = engine.engine
-        self.tokenizer = self.core.tokenizer
-        self.max_model_len = self.core.config.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
         self.fmt = Formatter(self.tokenizer, model_name)
 
     # -- checks ---------------------------------------------------------------------------------------------
@@ -44,7 +43,7 @@ class Server:
         return self.tokenizer
 
     def check_lengths(self, ids: list[int], max_tokens: int) -> None:
-        self.core.validate_prompt(ids)
+        self.engine.validate_prompt(ids)
         if len(ids) + max_tokens > self.max_model_len:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; the request "
                                 f"has {len(ids)} prompt tokens and asks for {max_tokens} more. Lower max_tokens "
@@ -68,8 +67,8 @@ class Server:
             if isinstance(p, str):
                 out.append((self.need_tokenizer("a text prompt").encode(p), p))
             else:
-                self.core.validate_prompt(list(p))  # before decoding: ids beyond the vocabulary are an error
-                out.append((list(p), self.core.decode(p) if self.tokenizer is not None else None))
+                self.engine.validate_prompt(list(p))  # before decoding: ids beyond the vocabulary are an error
+                out.append((list(p), self.engine.decode(p) if self.tokenizer is not None else None))
         return out
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:

@@ -1,30 +1,38 @@
-"""Wires an engine, its async loop, metrics and the HTTP app together."""
+"""Wires an engine client, metrics and the HTTP app together."""
 import asyncio
 import contextlib
 
 from fastapi import Depends, FastAPI, Request
 
+from atomlite.config import EngineConfig
 from atomlite.engine.async_engine import AsyncEngine
-from atomlite.engine.llm_engine import LLMEngine
 from atomlite.server.api import Server
 from atomlite.server.errors import APIError, install_error_handlers
 from atomlite.server.metrics import ServerMetrics
 from atomlite.server.routes import add_routes
 
 
-def make_app(engine: LLMEngine, model_name: str, api_key: str | None = None, max_waiting: int = 1024):
+def engine_client(engine, max_waiting: int = 1024) -> AsyncEngine:
+    """The client of an engine core: for an EngineConfig, a core process of its own (what `atomlite serve` runs);
+    for an LLMEngine already built in this process, a core thread over it."""
     metrics = ServerMetrics()
-    async_engine = AsyncEngine(engine, max_waiting=max_waiting, metrics=metrics)
-    return build_app(async_engine, model_name, api_key, metrics)
+    if isinstance(engine, EngineConfig):
+        return AsyncEngine.launch(engine, max_waiting=max_waiting, metrics=metrics)
+    return AsyncEngine.over(engine, max_waiting=max_waiting, metrics=metrics)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, metrics=None) -> FastAPI:
+def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: int = 1024) -> FastAPI:
+    return build_app(engine_client(engine, max_waiting), model_name, api_key)
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The app over an engine client, started with the app unless already started."""
     server = Server(engine, model_name, api_key)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if not engine.is_running:
-            engine.start()
+        if not engine.started:
+            await asyncio.to_thread(engine.start)
         yield
         await asyncio.to_thread(engine.shutdown)
 
@@ -36,5 +44,5 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None, 
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
-    add_routes(app, server, Depends(authorized), metrics)
+    add_routes(app, server, Depends(authorized), engine.metrics)
     return app

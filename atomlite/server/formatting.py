@@ -2,7 +2,7 @@
 import time
 from dataclasses import dataclass, field
 
-from atomlite.engine.async_engine import Delta
+from atomlite.engine.output_processor import Delta
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Formatter:
                 out["top_logprobs"].append({self.token_text(t): lp for t, lp in entry.items()})
         return out
 
-    def completion_choice(self, choice: Choice, echo: bool, want_logprobs: bool) -> dict:
+    def completion_choice(self, choice: Choice, echo: bool, want_logprobs: bool, token_ids: bool = False) -> dict:
         text = (choice.prompt_text or "") + choice.text if echo else choice.text
         logprobs = None
         if want_logprobs:
@@ -64,18 +64,24 @@ class Formatter:
                 tokens = choice.prompt_ids + tokens
                 entries = (choice.prompt_logprobs or [None] * len(choice.prompt_ids)) + entries
             logprobs = self.completion_logprobs(tokens, entries)
-        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+        body = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+        if token_ids:
+            body.update(prompt_token_ids=choice.prompt_ids, token_ids=choice.token_ids)
+        return body
 
-    def completion(self, request_id: str, choices: list[Choice], echo: bool, want_logprobs: bool) -> dict:
+    def completion(self, request_id: str, choices: list[Choice], echo: bool, want_logprobs: bool,
+                   token_ids: bool = False) -> dict:
         body = self.header(request_id, "text_completion")
-        body["choices"] = [self.completion_choice(c, echo, want_logprobs) for c in choices]
+        body["choices"] = [self.completion_choice(c, echo, want_logprobs, token_ids) for c in choices]
         body["usage"] = usage(choices)
         return body
 
     def completion_chunk(self, request_id: str, index: int, text: str, logprobs: dict | None,
-                         finish_reason: str | None) -> dict:
+                         finish_reason: str | None, token_ids: list[int] | None = None) -> dict:
         body = self.header(request_id, "text_completion")
         body["choices"] = [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]
+        if token_ids is not None:
+            body["choices"][0]["token_ids"] = token_ids
         return body
 
     # -- chat ------------------------------------------------------------------------------------------------
@@ -91,20 +97,24 @@ class Formatter:
         text = self.token_text(token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None) -> dict:
+    def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None, token_ids: bool = False) -> dict:
         body = self.header(request_id, "chat.completion")
         body["choices"] = [{
             "index": c.index, "message": {"role": "assistant", "content": c.text},
             "logprobs": self.chat_logprobs(c.token_ids, c.logprobs, top_logprobs) if top_logprobs is not None
             else None,
-            "finish_reason": c.finish_reason} for c in choices]
+            "finish_reason": c.finish_reason, **({"token_ids": c.token_ids} if token_ids else {})} for c in choices]
+        if token_ids:
+            body["prompt_token_ids"] = choices[0].prompt_ids
         body["usage"] = usage(choices)
         return body
 
     def chat_chunk(self, request_id: str, index: int, delta: dict, logprobs: dict | None,
-                   finish_reason: str | None) -> dict:
+                   finish_reason: str | None, token_ids: list[int] | None = None) -> dict:
         body = self.header(request_id, "chat.completion.chunk")
         body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        if token_ids is not None:
+            body["choices"][0]["token_ids"] = token_ids
         return body
 
 

@@ -35,6 +35,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: Annotated[StrictFloat, Field(ge=0.0, le=0.0)] | None = None
     presence_penalty: Annotated[StrictFloat, Field(ge=0.0, le=0.0)] | None = None
     user: StrictStr | None = None
+    return_token_ids: StrictBool = False  # vLLM's: each choice (and stream chunk) carries its token ids
 
     @model_validator(mode="after")
     def _top_k_range(self):

@@ -54,7 +54,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
             await collect(request, choices, gens)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        return fmt.completion(request_id, choices, req.echo, want_logprobs)
+        return fmt.completion(request_id, choices, req.echo, want_logprobs, req.return_token_ids)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
     async def chat(req: ChatCompletionRequest, request: Request):
@@ -73,7 +73,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
             await collect(request, choices, gens)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        return fmt.chat(request_id, choices, top)
+        return fmt.chat(request_id, choices, top, req.return_token_ids)
 
     @app.get("/tokenizer_info", dependencies=[auth])
     async def tokenizer_info():
@@ -98,7 +98,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
     async def detokenize(req: DetokenizeRequest):
         server.check_model(req.model)
         server.need_tokenizer("detokenize")
-        vocab = server.core.vocab_size
+        vocab = server.engine.vocab_size
         if any(t >= vocab for t in req.tokens):
             raise APIError(400, f"token ids must be below the vocabulary size {vocab}", "tokens")
         return {"prompt": server.tokenizer.decode(req.tokens)}
@@ -118,7 +118,8 @@ async def completion_events(server: Server, request_id, choices, gens, req: Comp
             started.add(i)
             logprobs = fmt.completion_logprobs(tokens, entries) if want_logprobs else None
             yield sse(fmt.completion_chunk(request_id, i, text, logprobs,
-                                           delta.finish_reason if delta.finished else None))
+                                           delta.finish_reason if delta.finished else None,
+                                           delta.token_ids if req.return_token_ids else None))
     if req.stream_options and req.stream_options.include_usage:
         yield sse({**fmt.header(request_id, "text_completion"), "choices": [], "usage": usage(choices)})
 
@@ -133,7 +134,8 @@ async def chat_events(server: Server, request_id, choices, gens, req: ChatComple
             logprobs = fmt.chat_logprobs(delta.token_ids, delta.logprobs, top) if top is not None else None
             content = {"content": delta.text} if delta.text else {}
             yield sse(fmt.chat_chunk(request_id, i, content, logprobs,
-                                     delta.finish_reason if delta.finished else None))
+                                     delta.finish_reason if delta.finished else None,
+                                     delta.token_ids if req.return_token_ids else None))
     if req.stream_options and req.stream_options.include_usage:
         yield sse({**fmt.header(request_id, "chat.completion.chunk"), "choices": [], "usage": usage(choices)})
 

@@ -1,0 +1,135 @@
+"""The engine core: the loop that owns an LLMEngine (scheduler, forward passes, sampling, KV cache) and talks to
+its client over two ZeroMQ sockets. Commands come in (add, abort, stop); one message goes out per step, carrying
+every sequence's new tokens and the engine's stats. It runs in a process of its own under `atomlite serve`, so
+the API process's HTTP, tokenizing and streaming never hold the engine's interpreter; tests may run it in a
+thread. Messages are pickled Python data (updates.py)."""
+import logging
+import os
+import pickle
+import signal
+import traceback
+
+import zmq
+
+from atomlite.engine.updates import SeqUpdate
+
+logger = logging.getLogger("atomlite.core")
+IDLE_POLL_MS = 500  # how often an idle core checks that its parent still lives
+
+
+def send(socket: zmq.Socket, message) -> None:
+    socket.send(pickle.dumps(message, protocol=5), copy=False)
+
+
+class EngineCore:
+    def __init__(self, engine, commands: zmq.Socket, outputs: zmq.Socket, parent_pid: int | None = None):
+        self.engine, self.commands, self.outputs = engine, commands, outputs
+        self.parent_pid = parent_pid
+        self.num_added = 0
+        self._stopping = False
+
+    def run(self) -> None:
+        while not self._stopping:
+            busy = self.engine.has_unfinished()
+            took = self.commands.poll(0 if busy else IDLE_POLL_MS) and self._apply_commands()
+            if self._stopping or (not busy and not took and self._orphaned()):
+                break
+            updates = self._step() if self.engine.has_unfinished() else []
+            if took or updates or busy:
+                stats = self.engine.stats()
+                stats.num_added = self.num_added
+                send(self.outputs, ("step", updates, stats))
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+
+    def _orphaned(self) -> bool:
+        """A core whose API process is gone (killed without a word) stops instead of holding the GPU forever."""
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
+
+    def _apply_commands(self) -> bool:
+        while True:
+            try:
+                command = pickle.loads(self.commands.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return True
+            kind = command[0]
+            if kind == "add":
+                self._add(*command[1:])
+            elif kind == "abort":
+                for request_id in command[1]:
+                    self.engine.abort(request_id)
+            elif kind == "stop":
+                self._stopping = True
+                return True
+
+    def _add(self, request_id: str, token_ids: list[int], params) -> None:
+        self.num_added += 1
+        try:
+            self.engine.add_request(request_id, token_ids, params)
+        except ValueError as e:
+            send(self.outputs, ("step", [SeqUpdate(request_id, [], error=str(e), invalid=True)], None))
+        except Exception as e:  # a bug, not user input: this request fails, the engine keeps serving
+            logger.exception("could not add request %s", request_id)
+            send(self.outputs, ("step", [SeqUpdate(request_id, [], error=f"engine failure: {type(e).__name__}: "
+                                                                          f"{e}")], None))
+
+    def _step(self) -> list[SeqUpdate]:
+        try:
+            return self.engine.step()
+        except Exception as e:  # a bug, not user input: fail the requests in flight, keep serving new ones
+            logger.exception("engine step failed; aborting the requests in flight")
+            failed = list(self.engine.requests)
+            for request_id in failed:
+                self.engine.abort(request_id)
+            return [SeqUpdate(r, [], error=f"engine failure: {type(e).__name__}: {e}") for r in failed]
+
+
+def connect(context: zmq.Context, commands_addr: str, outputs_addr: str) -> tuple[zmq.Socket, zmq.Socket]:
+    commands = context.socket(zmq.PULL)
+    commands.connect(commands_addr)
+    outputs = context.socket(zmq.PUSH)
+    outputs.setsockopt(zmq.LINGER, 2000)
+    outputs.connect(outputs_addr)
+    return commands, outputs
+
+
+def serve_engine(engine, commands_addr: str, outputs_addr: str) -> None:
+    """A thread's core over an engine already built (tests; the offline engine of a test process)."""
+    context = zmq.Context()
+    commands, outputs = connect(context, commands_addr, outputs_addr)
+    try:
+        send(outputs, ("ready", [], os.getpid()))
+        EngineCore(engine, commands, outputs).run()
+    finally:
+        commands.close(0)
+        outputs.close()
+        context.term()
+
+
+def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid: int, log_level: int) -> None:
+    """The core process: build the engine from config, say ready (with the startup report) or why not, then run.
+    Signals are the API process's to handle: Ctrl-C reaches the whole process group, and the API process drains
+    its requests first, then stops the core with a command."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(name)s: %(message)s")
+    from atomlite.engine.llm_engine import LLMEngine
+    from atomlite.errors import ConfigError
+    context = zmq.Context()
+    commands, outputs = connect(context, commands_addr, outputs_addr)
+    try:
+        try:
+            engine = LLMEngine(config)
+        except (ConfigError, ValueError) as e:
+            send(outputs, ("failed", str(e)))
+            return
+        except BaseException as e:
+            send(outputs, ("failed", f"the engine could not start: {type(e).__name__}: {e}\n"
+                                     f"{traceback.format_exc()}"))
+            raise
+        send(outputs, ("ready", engine.describe(), os.getpid()))
+        EngineCore(engine, commands, outputs, parent_pid).run()
+    finally:
+        commands.close(0)
+        outputs.close()
+        context.term()

@@ -1,0 +1,98 @@
+"""The engine's token updates turned into what a client sees: text detokenized as tokens arrive, stop strings, and
+the part of each that is new. One place for both the offline `LLM` and the server (which runs it in the API
+process, away from the engine)."""
+from dataclasses import dataclass, field
+
+from atomlite.engine.detokenizer import IncrementalDetokenizer
+from atomlite.engine.updates import SeqUpdate
+from atomlite.outputs import CompletionOutput, RequestOutput
+from atomlite.sampling_params import SamplingParams
+
+
+@dataclass
+class Delta:
+    """What is new for one sequence: tokens, the text that may be sent, their logprobs; and how it finished."""
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict[int, float]]
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_logprobs: list | None = None
+
+    def merged(self, later: "Delta") -> "Delta":
+        return Delta(self.token_ids + later.token_ids, self.text + later.text, self.logprobs + later.logprobs,
+                     later.finished, later.finish_reason,
+                     self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs)
+
+
+@dataclass
+class RequestState:
+    """One sequence's output so far. `update()` takes the engine's next update and returns the delta to send; a
+    stop string found in the text finishes the request here (`stopped`), and its caller then aborts it in the
+    engine, which has not seen the text."""
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tokenizer: object = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list | None = None
+    text: str = ""
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+    stopped: bool = False  # finished on a stop string, which the engine does not know of
+
+    def __post_init__(self):
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self._held = max(map(len, self.params.stop)) - 1 if self.params.stop else 0
+        self._sent_text = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, u: SeqUpdate) -> Delta:
+        first = not self.token_ids and self.finish_reason is None
+        self.token_ids += u.token_ids
+        if u.logprobs is not None:
+            self.logprobs += u.logprobs
+        if u.prompt_logprobs is not None:
+            self.prompt_logprobs = u.prompt_logprobs
+        self.num_cached_tokens = u.num_cached_tokens
+        text_before = len(self.detokenizer.text)
+        if self.detokenizer.add(u.token_ids) and self.params.stop and self._cut_at_stop_string(text_before):
+            self.finish_reason, self.stopped = "stop", True
+        elif u.finish_reason is not None:
+            self.finish_reason, self.text = u.finish_reason, self.detokenizer.finish()
+        return self._delta(u, first)
+
+    def _cut_at_stop_string(self, text_before: int) -> bool:
+        """Search the text the new tokens completed for a stop string; on a match keep only the text before it.
+        Earlier text was searched before, so a match can start no sooner than the longest stop string (less one
+        character) before the new text."""
+        text = self.detokenizer.text
+        start = max(0, text_before - max(map(len, self.params.stop)) + 1)
+        cut = min((i for i in (text.find(s, start) for s in self.params.stop) if i >= 0), default=-1)
+        if cut < 0:
+            return False
+        self.text = text[:cut]
+        return True
+
+    def _delta(self, u: SeqUpdate, first: bool) -> Delta:
+        if self.finished:
+            sendable, text = len(self.text), self.text
+        else:  # a stop string may still complete in the tail, which would then be cut: the tail waits
+            text = self.detokenizer.text
+            sendable = max(len(text) - self._held, self._sent_text)
+        new_text = text[self._sent_text:sendable]
+        self._sent_text = sendable
+        return Delta(u.token_ids, new_text, u.logprobs or [], self.finished, self.finish_reason,
+                     self.prompt_logprobs if first and self.params.prompt_logprobs is not None else None)
+
+    def output(self, prompt: str | None = None) -> RequestOutput:
+        completion = CompletionOutput(0, self.text, list(self.token_ids),
+                                      self.logprobs if self.params.logprobs is not None else None,
+                                      self.finish_reason)
+        prompt_logprobs = self.prompt_logprobs if self.params.prompt_logprobs is not None else None
+        return RequestOutput(self.request_id, prompt, list(self.prompt_token_ids), prompt_logprobs, [completion],
+                             self.finished, self.num_cached_tokens)
