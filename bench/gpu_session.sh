@@ -31,7 +31,6 @@ serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in p
     local flags=(--model "$model" --load-format dummy --dtype bfloat16 --max-num-seqs 64 --max-model-len 2048)
     local load=(--num-prompts 256 --input-len 512 --output-len 128)
     python -m atomlite.cli bench throughput "${flags[@]}" "${load[@]}" --json "$OUT/throughput-$1.json"
-    python -m atomlite.cli bench latency "${flags[@]}" --input-len 512 --output-len 128 --batch-size 1 --repeats 3
     python -m atomlite.cli serve "${flags[@]}" --port $port > "$OUT/serve-$1.log" 2>&1 &
     pid=$!
     until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
@@ -43,6 +42,7 @@ serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in p
     python -m atomlite.cli bench serve "${client[@]}" --num-prompts 8 --max-concurrency 1 --json "$OUT/serve1-$1.json"
     kill -TERM $pid; wait $pid; echo "server exit $?"
     tail -3 "$OUT/serve-$1.log"
+    python -m atomlite.cli bench latency "${flags[@]}" --input-len 512 --output-len 128 --batch-size 1 --repeats 3
 }
 
 from_baseline() {  # COMMAND...: run it in baseline_code/ (git archive REV atomlite | tar -x -C baseline_code)
