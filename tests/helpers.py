@@ -45,3 +45,12 @@ def assert_same_rounded_sum(got: torch.Tensor, want: torch.Tensor) -> None:
         assert torch.equal(got, want)
     else:
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=0)
+
+
+def admit_optimistically(llm):
+    """Admission that expects every request to stop at its first token, so that sequences outgrow a small KV cache
+    and are preempted: what the preemption tests exercise (admission otherwise keeps room for them to grow)."""
+    share = llm.engine.scheduler.output_share
+    for _ in range(share.recent.maxlen):
+        share.record(0.0)
+    return llm

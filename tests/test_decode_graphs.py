@@ -8,7 +8,7 @@ import torch
 
 from atomlite import LLM
 from atomlite.engine.decode_graphs import bucket_for, graph_batch_sizes
-from helpers import greedy, random_prompt
+from helpers import admit_optimistically, greedy, random_prompt
 
 # batch sizes that pad: 3 -> 4, 5 -> 8, 17 -> 24
 BATCH_SIZES = (3, 5, 17)
@@ -78,6 +78,8 @@ def test_static_decode_buffers_give_normal_path_tokens(checkpoints, setting, cou
     args = dict(dtype="float32", device="cpu", **ENGINE_SETTINGS[setting])
     expected = _generate(LLM(str(path), **args), count)
     llm = LLM(str(path), **args)
+    if setting == "preemption":
+        admit_optimistically(llm)
     calls = _with_static_decode(llm, 4 if setting == "max_graph_batch_4" else 24, capture=False)
     assert _generate(llm, count) == expected
     assert calls, "no decode step ran from the static buffers"
@@ -121,6 +123,8 @@ def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
     args = _on_gpu(**ENGINE_SETTINGS[setting])
     eager = _eager_with_logprobs(LLM(str(path), enforce_eager=True, **args), count)
     llm = LLM(str(path), max_graph_batch=24, **args)
+    if setting == "preemption":
+        admit_optimistically(llm)
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.graphs, llm.engine.graph_note
     replays, run = [], graphs.run

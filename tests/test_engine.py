@@ -4,7 +4,7 @@ import math
 import pytest
 
 from atomlite import LLM, SamplingParams
-from helpers import DEVICES, greedy, hf_greedy, random_prompt
+from helpers import DEVICES, admit_optimistically, greedy, hf_greedy, random_prompt
 
 PROMPT_LENGTHS = (3, 8, 17, 30, 41)
 
@@ -20,8 +20,10 @@ def expected(dense):
     return {n: hf_greedy(ref, random_prompt(n, seed=n), 10) for n in PROMPT_LENGTHS}
 
 
-def run(path, prompts, device="cpu", **engine_args):
+def run(path, prompts, device="cpu", optimistic=False, **engine_args):
     llm = LLM(str(path), dtype="float32", device=device, **engine_args)
+    if optimistic:
+        admit_optimistically(llm)
     return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(10))]
 
 
@@ -40,7 +42,7 @@ ENGINE_SETTINGS = {
 def test_batched_scheduling_gives_transformers_tokens(dense, expected, setting, device):
     path, _ = dense
     prompts = [random_prompt(n, seed=n) for n in PROMPT_LENGTHS]
-    llm, tokens = run(path, prompts, device, **ENGINE_SETTINGS[setting])
+    llm, tokens = run(path, prompts, device, optimistic=setting == "preemption", **ENGINE_SETTINGS[setting])
     assert tokens == [expected[n] for n in PROMPT_LENGTHS]
     if setting == "preemption":
         assert llm.engine.scheduler.num_preemptions > 0

@@ -7,7 +7,7 @@ path runs here as it does on a GPU, only without the overlap in time.
 import pytest
 
 from atomlite import LLM, SamplingParams
-from helpers import greedy, random_prompt
+from helpers import admit_optimistically, greedy, random_prompt
 
 ARGS = dict(dtype="float32", device="cpu")
 
@@ -16,9 +16,11 @@ def _prompts(count: int) -> list[list[int]]:
     return [random_prompt(3 + (7 * i) % 19, seed=300 + i) for i in range(count)]
 
 
-def _static_llm(path, overlap: bool, **settings) -> tuple[LLM, list[int]]:
+def _static_llm(path, overlap: bool, optimistic: bool = False, **settings) -> tuple[LLM, list[int]]:
     """An engine whose decode steps run from the static buffers; the list counts the steps launched ahead."""
     llm = LLM(str(path), overlap_decode=overlap, **ARGS, **settings)
+    if optimistic:
+        admit_optimistically(llm)
     runner = llm.engine.runner
     runner.use_decode_graphs(8, llm.engine.config.max_model_len, capture=False)
     ahead, run_ahead = [], runner.execute_ahead
@@ -31,11 +33,13 @@ def _outputs(llm: LLM, params: list[SamplingParams]) -> list[tuple]:
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.outputs[0].finish_reason) for o in outs]
 
 
-def _compare(path, params: list[SamplingParams], **settings) -> list[int]:
+def _compare(path, params: list[SamplingParams], preempting: bool = False, **settings) -> list[int]:
     """Asserts both settings give the same outputs and free every block; returns the steps launched ahead."""
-    reading_first, _ = _static_llm(path, overlap=False, **settings)
-    overlapped, ahead = _static_llm(path, overlap=True, **settings)
+    reading_first, _ = _static_llm(path, overlap=False, optimistic=preempting, **settings)
+    overlapped, ahead = _static_llm(path, overlap=True, optimistic=preempting, **settings)
     assert _outputs(overlapped, params) == _outputs(reading_first, params)
+    if preempting:
+        assert overlapped.engine.scheduler.num_preemptions > 0
     assert all(used == 0 for _, used, _ in overlapped.engine.kv.usage())
     assert overlapped.engine._ahead is None
     return ahead
@@ -71,7 +75,7 @@ def test_overlapped_decode_on_the_ple_kv_sharing_model(checkpoints):
 def test_overlapped_decode_under_preemption(checkpoints):
     path, _ = checkpoints.get("dense")
     settings = dict(kv_cache_memory=2 * 72 * 1024, block_size=4, max_model_len=64)
-    _compare(path, [greedy(20 + i) for i in range(5)], **settings)
+    _compare(path, [greedy(20 + i) for i in range(5)], preempting=True, **settings)
 
 
 def test_abort_while_a_step_runs_ahead(checkpoints):

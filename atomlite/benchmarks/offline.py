@@ -85,24 +85,38 @@ def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_le
     model, specs = engine.model, engine.kv_specs
     decode_step_times(engine, random_prompts(engine, min(num_prompts, 4), input_len, seed + 1), 4, None)
     prompts = random_prompts(engine, num_prompts, input_len, seed)
+    preemptions_before = engine.scheduler.num_preemptions
     _sync(engine)
     start = time.perf_counter()
     seqs = _submit(engine, prompts, output_len)
+    prefill_seconds = 0.0
     with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
         while engine.has_unfinished():
+            step_start = time.perf_counter()
             bar.update(sum(u.finished for u in engine.step()))
+            if engine.step_prefilled:
+                prefill_seconds += time.perf_counter() - step_start
     seconds = time.perf_counter() - start
     tokens = sum(len(s.output_token_ids) for s in seqs)
-    batch = min(num_prompts, engine.config.max_num_seqs)
+    batch = throughput_batch(engine, num_prompts, input_len + output_len)
     waves = -(-num_prompts // batch)
     step_bytes = decode_step_bytes(model, specs, batch, input_len + output_len // 2)["total"]
     roofline = (num_prompts * prefill_flops(model, input_len) / probes.gemm_flops_per_s
                 + waves * (output_len - 1) * step_bytes / probes.copy_bytes_per_s)
     row = _row(f"{num_prompts} requests, {input_len} in / {output_len} out", seconds, roofline,
-               f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch {batch}")
+               f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch {batch} "
+               f"(the sequences the KV cache and --max-num-seqs hold)")
     row["output_tok_per_s"] = tokens / seconds
     row["roofline_tok_per_s"] = tokens / roofline
+    row["preemptions"] = engine.scheduler.num_preemptions - preemptions_before
+    row["prefill_step_share"] = prefill_seconds / seconds
     return [row]
+
+
+def throughput_batch(engine: LLMEngine, num_prompts: int, seq_len: int) -> int:
+    """The decode batch a throughput run can hold at once: its prompts, --max-num-seqs, or the sequences of seq_len
+    tokens the KV cache fits, whichever is fewest."""
+    return max(1, min(num_prompts, engine.config.max_num_seqs, engine.kv_plan.seqs_that_fit(seq_len)))
 
 
 def format_table(rows: list[dict]) -> list[str]:
@@ -111,5 +125,6 @@ def format_table(rows: list[dict]) -> list[str]:
         lines.append(f"{r['metric']:<40} {r['ms']:10.2f} {r['roofline_ms']:12.2f} {r['ratio']:6.2f}x  {r['roofline']}")
         if "output_tok_per_s" in r:
             lines.append(f"{'':<40} output {r['output_tok_per_s']:.1f} tok/s "
-                         f"(roofline {r['roofline_tok_per_s']:.1f} tok/s)")
+                         f"(roofline {r['roofline_tok_per_s']:.1f} tok/s), {r['preemptions']} preemptions, "
+                         f"{100 * r['prefill_step_share']:.0f}% of the time in steps with prompt tokens")
     return lines

@@ -115,6 +115,19 @@ class KVCacheManager:
             table.extend([group.pool.allocate() for _ in range(self._new_blocks_needed(seq, group, num_new_tokens))])
         return True
 
+    def blocks_held(self, num_tokens: int) -> list[int]:
+        """Per group, the most blocks a sequence of num_tokens tokens holds."""
+        return [g.spec.blocks_held(num_tokens, self.block_size) for g in self.groups]
+
+    def blocks_allocated(self, seq: Sequence) -> list[int]:
+        """Per group, the blocks seq holds now (its table less the out-of-window entries released)."""
+        if not seq.block_tables:
+            return [0] * len(self.groups)
+        return [len(table) - released for table, released in zip(seq.block_tables, seq.released_until)]
+
+    def free_blocks(self) -> list[int]:
+        return [g.pool.num_free for g in self.groups]
+
     def free(self, seq: Sequence) -> None:
         for group, table in zip(self.groups, seq.block_tables):
             for block in reversed(table):

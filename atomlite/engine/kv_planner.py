@@ -38,6 +38,10 @@ class KVPlan:
     def max_seqs_at_full_length(self) -> int:
         return min((g.num_blocks - 1) // g.blocks_per_seq for g in self.groups)
 
+    def seqs_that_fit(self, seq_len: int) -> int:
+        """How many sequences of seq_len tokens the pools hold at once."""
+        return min((g.num_blocks - 1) // g.spec.blocks_held(seq_len, self.block_size) for g in self.groups)
+
     def describe(self) -> list[str]:
         lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, block size {self.block_size}, "
                  f"{self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]

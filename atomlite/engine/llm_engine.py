@@ -118,7 +118,7 @@ class LLMEngine:
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self.graph_note = self._set_up_decode_graphs()
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len)
         self.tokenizer = load_tokenizer(config.model_spec.path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -129,6 +129,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
         self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
+        self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
 
     def _plan_from_profile(self, specs) -> KVPlan:
         config = self.config
@@ -211,7 +212,7 @@ class LLMEngine:
         overlap_decode, a decode step of the same sequences is launched before this step's tokens are read (its
         input ids stay on the device), so the GPU runs it while the host does this step's work; the next call
         returns its tokens."""
-        self.iteration_tokens = []
+        self.iteration_tokens, self.step_prefilled = [], False
         launched, self._ahead = self._ahead or self._run_scheduled(), None
         if launched is None:
             return []
@@ -248,6 +249,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return None
+        self.step_prefilled = any(num_new > 1 or seq.num_uncomputed > 1 for seq, num_new in batch)
         logits, rows = self.runner.execute(batch)
         self.iteration_tokens.append(sum(num_new for _, num_new in batch))
         self._record_prompt_logprobs(logits, rows.prompt)

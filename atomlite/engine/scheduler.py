@@ -1,6 +1,12 @@
 """Continuous batching under a token budget: running sequences first (decode or their next prefill chunk),
-then waiting ones. When KV blocks run out, the most recently admitted sequence is preempted and later
-recomputed (its prefix may come back from the prefix cache)."""
+then waiting ones.
+
+A waiting sequence is admitted only while the KV cache keeps room for every running sequence (and itself) to grow
+to its expected length: its prompt plus the share of max_tokens that finished sequences have used so far (all of
+it until one finishes). When blocks still run out, the most recently admitted sequence is preempted and later
+recomputed (its prefix may come back from the prefix cache); each preemption counts as a sequence that used all
+of its max_tokens, so admission grows more careful instead of preempting the same prompts again and again."""
+import math
 import time
 from collections import deque
 
@@ -8,11 +14,27 @@ from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence, Status
 
 
+class OutputShare:
+    """The mean share of max_tokens that recent sequences used (1.0 until one finishes)."""
+
+    def __init__(self, window: int = 128):
+        self.recent: deque[float] = deque(maxlen=window)
+
+    def record(self, share: float) -> None:
+        self.recent.append(min(1.0, share))
+
+    @property
+    def mean(self) -> float:
+        return sum(self.recent) / len(self.recent) if self.recent else 1.0
+
+
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.output_share = OutputShare()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -26,6 +48,8 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out and give its blocks back."""
+        if seq.finish_reason in ("stop", "length"):
+            self.output_share.record(seq.num_output_tokens / max(1, self._output_limit(seq)))
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -62,7 +86,26 @@ class Scheduler:
                 return 0
         return num_new
 
+    def _output_limit(self, seq: Sequence) -> int:
+        """The most output tokens seq may have: its max_tokens, or fewer where the context length ends first."""
+        return min(seq.params.max_tokens, self.max_model_len - seq.num_prompt_tokens)
+
+    def _growth(self, seq: Sequence, share: float) -> list[int]:
+        """Per KV group, the blocks seq is expected to add to those it holds: for the rest of its prompt, and for
+        `share` of the output tokens it may still have."""
+        remaining = self._output_limit(seq) - seq.num_output_tokens
+        expected = len(seq.token_ids) + math.ceil(share * max(0, remaining))
+        return [max(0, e - n) for e, n in zip(self.kv.blocks_held(expected), self.kv.blocks_allocated(seq))]
+
+    def _reserved(self, share: float) -> list[int]:
+        total = [0] * len(self.kv.groups)
+        for seq in self.running:
+            total = [t + g for t, g in zip(total, self._growth(seq, share))]
+        return total
+
     def _admit_waiting(self, scheduled: list, budget: int) -> None:
+        share = self.output_share.mean
+        reserved = self._reserved(share) if self.waiting else []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.params.prompt_logprobs is None:
@@ -72,10 +115,13 @@ class Scheduler:
             while not allocated and not self.running and num_new > 1:
                 num_new //= 2  # alone, a smaller first chunk must fit (the planner sized the cache for one)
                 allocated = self.kv.allocate(seq, num_new)
-            if not allocated:
-                self.kv.free(seq)
+            growth = self._growth(seq, share) if allocated else []
+            if not allocated or (self.running and any(r + g > free for r, g, free in
+                                                      zip(reserved, growth, self.kv.free_blocks()))):
+                self.kv.free(seq)  # it waits, holding nothing: the running sequences need the room to grow
                 seq.reset_for_recompute()
                 return
+            reserved = [r + g for r, g in zip(reserved, growth)]
             self.waiting.popleft()
             self._admitted(seq)
             scheduled.append((seq, num_new))
@@ -96,3 +142,4 @@ class Scheduler:
         seq.reset_for_recompute()
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.output_share.record(1.0)

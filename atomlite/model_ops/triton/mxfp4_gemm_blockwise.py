@@ -64,9 +64,9 @@ def _store_factors(factors, group_top_biased, step, rows, row_mask, count):
 
 
 @triton.jit
-def _quantize_kernel(x, xq, factors, M, K, stride_xm, stride_qm, BLOCK_M: tl.constexpr):
-    """x [M, K] -> its MXFP4 quantization folded per 128-K group into e4m3 xq [M, K'] (zeros past K) and the
-    groups' factors into factors [K'/128, M]."""
+def _quantize_kernel(x, xq, factors, M, M_OUT, K, stride_xm, stride_qm, BLOCK_M: tl.constexpr):
+    """x [M, K] -> its MXFP4 quantization folded per 128-K group into e4m3 xq [M_OUT, K'] (zeros past M and K)
+    and the groups' factors into factors [K'/128, M_OUT]."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.program_id(1) * STEP + tl.arange(0, STEP)
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
@@ -74,8 +74,8 @@ def _quantize_kernel(x, xq, factors, M, K, stride_xm, stride_qm, BLOCK_M: tl.con
     blocks, top = _group_top(exponent, BLOCK_M)
     fold = _pow2(blocks - top[:, :, None] + 127 + FOLD_SHIFT)
     folded = tl.reshape(tl.reshape(q, (BLOCK_M, 2, 4, 32)) * fold[:, :, :, None], (BLOCK_M, STEP))
-    tl.store(xq + rm[:, None] * stride_qm + rk[None, :], folded.to(tl.float8e4nv), mask=(rm < M)[:, None])
-    _store_factors(factors, top + 127, tl.program_id(1), rm, rm < M, M)
+    tl.store(xq + rm[:, None] * stride_qm + rk[None, :], folded.to(tl.float8e4nv), mask=(rm < M_OUT)[:, None])
+    _store_factors(factors, top + 127, tl.program_id(1), rm, rm < M_OUT, M_OUT)
 
 
 # One word of codes (elements 2i in the low nibble, 2i + 1 in the high nibble of byte i) and a block factor
@@ -150,15 +150,20 @@ def _expand_kernel(w, w_scale, wq, factors, N, stride_wn, stride_sn, stride_qn, 
 
 # 32 rows and 8 warps per program quantized at copy speed, 16 rows x 4 warps 11% slower (H100).
 QUANTIZE_ROWS, QUANTIZE_WARPS, EXPAND_ROWS = 32, 8, 64
+# cuBLAS's block-scaled fp8 GEMM refuses some row counts (CUBLAS_STATUS_NOT_SUPPORTED in mixed steps of 31B MXFP4):
+# the activations are quantized into rows padded to a multiple of 16, the padding's results dropped
+ROWS_ALIGN = 16
 
 
-def quantize_activations(x: torch.Tensor, k_padded: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (e4m3 [M, K'], fp32 factors [M, K'/128] with unit stride along M), as scaled_mm takes them."""
+def quantize_activations(x: torch.Tensor, k_padded: int, m_out: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (e4m3 [M', K'], fp32 factors [M', K'/128] with unit stride along M'), as scaled_mm takes them;
+    rows M..M' (m_out, default M) are zeros."""
     m, k = x.shape
-    xq = torch.empty((m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
-    factors = torch.empty((k_padded // GROUP, m), dtype=torch.float32, device=x.device)
-    run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), k_padded // STEP_K),
-        x, xq, factors, m, k, x.stride(0), xq.stride(0), BLOCK_M=QUANTIZE_ROWS, num_warps=QUANTIZE_WARPS)
+    m_out = m if m_out is None else m_out
+    xq = torch.empty((m_out, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
+    factors = torch.empty((k_padded // GROUP, m_out), dtype=torch.float32, device=x.device)
+    run_kernel(_quantize_kernel, (triton.cdiv(m_out, QUANTIZE_ROWS), k_padded // STEP_K),
+        x, xq, factors, m, m_out, k, x.stride(0), xq.stride(0), BLOCK_M=QUANTIZE_ROWS, num_warps=QUANTIZE_WARPS)
     return xq, factors.T
 
 
@@ -207,6 +212,8 @@ def mxfp4_gemm_blockwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: to
         wq, factors = slab
         blockwise_scaled_mm(*quantized, wq[:count], _factor_rows(factors, count, k_padded), out_view)
 
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    return matmul_by_slabs(x, n, config.rows, allocate, launch, lambda: quantize_activations(x, k_padded),
-                           multiply, out)
+    m_padded = -(-m // ROWS_ALIGN) * ROWS_ALIGN
+    out = torch.empty((m_padded, n), dtype=x.dtype, device=x.device)
+    matmul_by_slabs(x, n, config.rows, allocate, launch, lambda: quantize_activations(x, k_padded, m_padded),
+                    multiply, out)
+    return out[:m]

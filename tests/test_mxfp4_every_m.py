@@ -1,0 +1,70 @@
+"""Every MXFP4 path at every row count a step can hold (1 .. max_num_batched_tokens + max_num_seqs at the defaults):
+the Linear (plain and gated) and the MoE experts on the GPU against the torch backend on the same weights. Mixed
+steps have row counts no decode or prefill benchmark hits (31B MXFP4 failed in cuBLAS at one of them)."""
+import pytest
+import torch
+
+from atomlite.model_ops.mxfp4_linear import MXFP4Linear
+from atomlite.quant import mxfp4
+from atomlite.quant.quark import LinearQuantSpec
+from test_mxfp4_moe import loaded_experts, per_expert_tensors, EXPERTS
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
+MAX_ROWS = 2048 + 64
+N, K = 512, 1024
+
+
+def linear(backend: str, packed, scale) -> MXFP4Linear:
+    layer = MXFP4Linear(K, N, LinearQuantSpec(dynamic_fp4_input=True), backend)
+    layer.weight.data, layer.weight_scale.data = packed.clone(), scale.clone()
+    layer.process_after_loading()
+    return layer.cuda()
+
+
+def bf16_experts(tensors, backend: str):
+    """Built under bf16 as a bf16 model builds them (the default dtype picks the kernel)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        return loaded_experts(tensors, backend, 256, 128)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool(((got.float() - want.float()).abs().max() <= 2 ** -6 * want.float().abs().max() + 1e-6).item())
+
+
+def test_linear_takes_every_row_count():
+    gen = torch.Generator().manual_seed(0)
+    packed, scale = mxfp4.quantize(torch.randn(N, K, generator=gen) * 0.05)
+    fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
+    x_all = torch.randn(MAX_ROWS, K, generator=gen).to("cuda", torch.bfloat16)
+    wrong = [m for m in range(1, MAX_ROWS + 1) if not close(fast(x_all[:m]), reference(x_all[:m]))]
+    assert not wrong, f"row counts off the reference: {wrong[:20]}"
+
+
+def test_gated_linear_takes_every_row_count():
+    gen = torch.Generator().manual_seed(1)
+    packed, scale = mxfp4.quantize(torch.randn(N, K, generator=gen) * 0.05)
+    fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
+    act = lambda gate_up: torch.nn.functional.gelu(gate_up[:, :K], approximate="tanh") * gate_up[:, K:]  # noqa: E731
+    gate_up_all = torch.randn(MAX_ROWS, 2 * K, generator=gen).to("cuda", torch.bfloat16)
+    wrong = [m for m in range(1, MAX_ROWS + 1)
+             if not close(fast.forward_gated(gate_up_all[:m], act), reference(act(gate_up_all[:m])))]
+    assert not wrong, f"row counts off the reference: {wrong[:20]}"
+
+
+def test_moe_experts_take_every_token_count():
+    tensors = per_expert_tensors(seed=2, hidden=256, inter=128)
+    fast, reference = bf16_experts(tensors, "triton"), bf16_experts(tensors, "torch")
+    gen = torch.Generator().manual_seed(3)
+    x_all = torch.randn(MAX_ROWS, 256, generator=gen).to("cuda", torch.bfloat16)
+    ids_all = torch.stack([torch.randperm(EXPERTS, generator=gen)[:2] for _ in range(MAX_ROWS)]).cuda()
+    weights_all = torch.rand(MAX_ROWS, 2, generator=gen).cuda()
+    wrong = []
+    for m in range(1, MAX_ROWS + 1):
+        args = (x_all[:m], weights_all[:m], ids_all[:m])
+        if not close(fast(*args), reference(*args)):
+            wrong.append(m)
+    assert not wrong, f"token counts off the reference: {wrong[:20]}"
