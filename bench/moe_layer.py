@@ -39,7 +39,9 @@ SWEEP = [MoeConfig(16, T(32, 128, 4, 3), T(64, 64, 4, 3)), MoeConfig(16, T(64, 1
          MoeConfig(16, T(32, 256, 4, 3), T(32, 128, 4, 3)), MoeConfig(16, T(32, 64, 4, 4), T(64, 128, 4, 3)),
          MoeConfig(32, T(64, 64, 4, 3), T(64, 64, 4, 3)), MoeConfig(32, T(64, 128, 8, 3), T(128, 64, 8, 3)),
          MoeConfig(64, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(64, T(128, 64, 8, 3), T(128, 64, 8, 4)),
-         MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3))]
+         MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(128, T(128, 64, 8, 3), T(128, 64, 8, 3)),
+         MoeConfig(64, T(128, 64, 4, 4), T(128, 64, 4, 4)), MoeConfig(128, T(128, 64, 8, 4), T(128, 64, 8, 4)),
+         MoeConfig(64, T(256, 64, 8, 3), T(256, 64, 8, 3)), MoeConfig(128, T(256, 64, 8, 3), T(128, 64, 8, 3))]
 G = GemvTiles
 GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4), G(32, 128, 4)),
               GemvConfig(G(8, 256, 4), G(16, 128, 4)), GemvConfig(G(16, 128, 4), G(16, 128, 4)),
@@ -186,7 +188,10 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
                 if gemv:
                     return moe_gemv.gemv_experts(x, gu, dn, weights, ids, quantize, config=config)
                 return moe_gemm.fused_experts(rows, gu, dn, weights, ids, quantize_inner=quantize, config=config)
-            times[config] = graph_ms(call, flush)
+            try:
+                times[config] = graph_ms(call, flush)
+            except Exception as e:  # noqa: BLE001 - a tile that does not fit this GPU is left out, said
+                print(f"  {config}: {type(e).__name__}: {str(e)[:120]}", flush=True)
         print_sweep(f"{name} batch {tokens}", times)
     if gemv:
         times = {config: graph_ms(lambda config=config: moe_gemv_fp8.gemv_experts_fp8(
