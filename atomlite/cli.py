@@ -201,6 +201,7 @@ def _bench_report(engine, kind: str, rows: list[dict], probes, settings: dict, j
     header = [f"device: {device_name(engine.device)}; model: {spec.path} ({len(spec.layers)} layers, "
               f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, load format "
               f"{engine.config.load_format})", engine.graph_note,
+              *([engine.warmup_note] if engine.warmup_note else []),
               *([engine.memory.describe()] if engine.memory is not None else []),
               f"probes: copy {probes.copy_bytes_per_s / 1e12:.2f} TB/s (read + write), "
               f"GEMM {probes.gemm_flops_per_s / 1e12:.1f} TFLOP/s"]

@@ -78,7 +78,7 @@ stage() {
                            tests/test_skinny_gemm.py ;;
         serve-26b) serve_vs_engine gemma-4-26B-A4B-it ;;
         serve-31b) serve_vs_engine gemma-4-31B-it ;;
-        prefill-26b) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --input-len 2048 \
+        prefill-26b) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --input-len 2000 \
                          --steps 2 && python bench/moe_layer.py --batches 2048 --sweep ;;
         tests-mxfp4-m) python -m pytest -q -m gpu tests/test_mxfp4_every_m.py tests/test_mxfp4_blockwise.py ;;
         31b-mxfp4-load) python -m atomlite.cli bench throughput --model examples/configs/gemma-4-31B-it-mxfp4 \

@@ -21,6 +21,14 @@ def linear(backend: str, packed, scale) -> MXFP4Linear:
     return layer.cuda()
 
 
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return (torch.linalg.norm(got.float() - want.float()) / torch.linalg.norm(want.float())).item()
+
+
+def error_at(fast, reference, inputs: torch.Tensor, m: int) -> str:
+    return f"at {m} rows the error is {relative(fast(inputs[:m]), reference(inputs[:m])):.3g} of the norm"
+
+
 def bf16_experts(tensors, backend: str):
     """Built under bf16 as a bf16 model builds them (the default dtype picks the kernel)."""
     previous = torch.get_default_dtype()
@@ -32,7 +40,9 @@ def bf16_experts(tensors, backend: str):
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return bool(((got.float() - want.float()).abs().max() <= 2 ** -6 * want.float().abs().max() + 1e-6).item())
+    """Within 1% in norm: the fast paths keep the gated activation in fp32 where the torch backend rounds it to bf16
+    first, so an element on an e2m1 rounding boundary may land one step apart; a broken row count is off by O(1)."""
+    return bool((torch.linalg.norm(got.float() - want.float()) <= 1e-2 * torch.linalg.norm(want.float())).item())
 
 
 def test_linear_takes_every_row_count():
@@ -41,7 +51,7 @@ def test_linear_takes_every_row_count():
     fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
     x_all = torch.randn(MAX_ROWS, K, generator=gen).to("cuda", torch.bfloat16)
     wrong = [m for m in range(1, MAX_ROWS + 1) if not close(fast(x_all[:m]), reference(x_all[:m]))]
-    assert not wrong, f"row counts off the reference: {wrong[:20]}"
+    assert not wrong, f"row counts off the reference: {wrong[:20]}; {error_at(fast, reference, x_all, wrong[0])}"
 
 
 def test_gated_linear_takes_every_row_count():
@@ -52,7 +62,8 @@ def test_gated_linear_takes_every_row_count():
     gate_up_all = torch.randn(MAX_ROWS, 2 * K, generator=gen).to("cuda", torch.bfloat16)
     wrong = [m for m in range(1, MAX_ROWS + 1)
              if not close(fast.forward_gated(gate_up_all[:m], act), reference(act(gate_up_all[:m])))]
-    assert not wrong, f"row counts off the reference: {wrong[:20]}"
+    assert not wrong, (f"row counts off the reference: {wrong[:20]}; " + error_at(
+        lambda x: fast.forward_gated(x, act), lambda x: reference(act(x)), gate_up_all, wrong[0]))
 
 
 def test_moe_experts_take_every_token_count():
@@ -67,4 +78,7 @@ def test_moe_experts_take_every_token_count():
         args = (x_all[:m], weights_all[:m], ids_all[:m])
         if not close(fast(*args), reference(*args)):
             wrong.append(m)
-    assert not wrong, f"token counts off the reference: {wrong[:20]}"
+    if wrong:
+        m = wrong[0]
+        got, want = fast(x_all[:m], weights_all[:m], ids_all[:m]), reference(x_all[:m], weights_all[:m], ids_all[:m])
+        pytest.fail(f"token counts off the reference: {wrong[:20]}; at {m}: {relative(got, want):.3g}")

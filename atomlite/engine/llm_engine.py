@@ -19,6 +19,7 @@ from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.engine.updates import EngineStats, SeqUpdate
+from atomlite.engine.warmup import warm_up
 from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
@@ -118,6 +119,8 @@ class LLMEngine:
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self.graph_note = self._set_up_decode_graphs()
+        self.warmup_note = (warm_up(self.runner, self.kv, min(config.max_num_batched_tokens, config.max_model_len - 1),
+                                    self.device) if self.device.type == "cuda" else "")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len)
         self.tokenizer = load_tokenizer(config.model_spec.path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids)
@@ -168,6 +171,8 @@ class LLMEngine:
         if self.kv_scales_note:
             lines.append(self.kv_scales_note)
         lines.append(self.graph_note)
+        if self.warmup_note:
+            lines.append(self.warmup_note)
         lines.append("kernels:")
         lines += [f"  {line}" for line in self.kernels.describe()]
         return lines
