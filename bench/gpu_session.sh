@@ -81,6 +81,8 @@ stage() {
         prefill-26b) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --input-len 2000 \
                          --steps 2 && python bench/moe_layer.py --batches 2048 --sweep ;;
         tests-mxfp4-m) python -m pytest -q -m gpu tests/test_mxfp4_every_m.py tests/test_mxfp4_blockwise.py ;;
+        prefill-31b-mxfp4) python bench/decode_profile.py --model examples/configs/gemma-4-31B-it-mxfp4 --input-len 2000 \
+                               --steps 2 ;;
         31b-mxfp4-load) python -m atomlite.cli bench throughput --model examples/configs/gemma-4-31B-it-mxfp4 \
                             --load-format dummy --dtype bfloat16 --num-prompts 64 --input-len 512 --output-len 64 \
                             --max-num-seqs 64 --max-model-len 1024 ;;

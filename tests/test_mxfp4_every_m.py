@@ -40,9 +40,10 @@ def bf16_experts(tensors, backend: str):
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Within 1% in norm: the fast paths keep the gated activation in fp32 where the torch backend rounds it to bf16
-    first, so an element on an e2m1 rounding boundary may land one step apart; a broken row count is off by O(1)."""
-    return bool((torch.linalg.norm(got.float() - want.float()) <= 1e-2 * torch.linalg.norm(want.float())).item())
+    """Within 5% in norm: the fast paths keep the gated activation in fp32 where the torch backend rounds it to bf16
+    first, so elements near an e2m1 rounding boundary land one step apart (2.2-2.5% of the norm measured at every
+    row count on an H100); a broken row count is off by O(1)."""
+    return bool((torch.linalg.norm(got.float() - want.float()) <= 5e-2 * torch.linalg.norm(want.float())).item())
 
 
 def test_linear_takes_every_row_count():
