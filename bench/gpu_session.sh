@@ -26,6 +26,12 @@ latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats
         --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
 }
 
+load() {  # MODEL [flags]: the throughput-under-load row (256 x 512 in / 256 out, up to 256 at once)
+    local model=$1; shift
+    python -m atomlite.cli bench throughput --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
+        --num-prompts 256 --input-len 512 --output-len 256 --max-num-seqs 256 --max-model-len 1024 "$@"
+}
+
 serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in process, then over HTTP; then 1 at once
     local model="examples/configs/$1" port=8011 pid
     local flags=(--model "$model" --load-format dummy --dtype bfloat16 --max-num-seqs 64 --max-model-len 2048)
@@ -37,9 +43,10 @@ serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in p
         kill -0 $pid 2> /dev/null || { cat "$OUT/serve-$1.log"; return 1; }; sleep 2
     done
     local client=(--base-url "http://127.0.0.1:$port" --model "$model" --input-len 512 --output-len 128)
+    # one at a time first: its first request is the fresh server's first (TTFT against the warm ones after it)
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 8 --max-concurrency 1 --json "$OUT/serve1-$1.json"
     python -m atomlite.cli bench serve "${client[@]}" --num-prompts 256 --max-concurrency 64 --json "$OUT/serve64-$1.json"
     curl -s "http://127.0.0.1:$port/metrics" > "$OUT/metrics64-$1.txt"
-    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 8 --max-concurrency 1 --json "$OUT/serve1-$1.json"
     kill -TERM $pid; wait $pid; echo "server exit $?"
     tail -3 "$OUT/serve-$1.log"
     python -m atomlite.cli bench latency "${flags[@]}" --input-len 512 --output-len 128 --batch-size 1 --repeats 3
@@ -86,6 +93,12 @@ stage() {
         31b-mxfp4-load) python -m atomlite.cli bench throughput --model examples/configs/gemma-4-31B-it-mxfp4 \
                             --load-format dummy --dtype bfloat16 --num-prompts 64 --input-len 512 --output-len 64 \
                             --max-num-seqs 64 --max-model-len 1024 ;;
+        load-26b) load gemma-4-26B-A4B-it ;;
+        load-31b) load gemma-4-31B-it ;;
+        load-31b-mxfp4) load gemma-4-31B-it-mxfp4 ;;
+        ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
+                      --dtype bfloat16 --input-len 2047 --output-len 2 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
+                      --repeats 5 ;;  # TTFT: one 2048-token prefill step
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;

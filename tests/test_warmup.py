@@ -18,6 +18,6 @@ def test_warm_up_runs_each_count_and_frees_its_blocks(checkpoints):
     engine, seen = llm.engine, []
     execute = engine.runner.execute
     engine.runner.execute = lambda batch: (seen.append(sum(n for _, n in batch)), execute(batch))[1]
-    note = warm_up(engine.runner, engine.kv, 40, engine.device)  # on CPU the engine itself skips it
-    assert seen == warmup_token_counts(40) and "mixed steps of 1..40 tokens" in note
+    note = warm_up(engine.runner, engine.kv, 80, 30, engine.device)  # on CPU the engine itself skips it
+    assert seen == warmup_token_counts(80) and "mixed steps of 1..80 tokens" in note  # 80: prompts of 30, 30, 16
     assert all(used == 0 for _, used, _ in engine.kv.usage())

@@ -119,7 +119,7 @@ class LLMEngine:
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
         self.graph_note = self._set_up_decode_graphs()
-        self.warmup_note = (warm_up(self.runner, self.kv, min(config.max_num_batched_tokens, config.max_model_len - 1),
+        self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len)
         self.tokenizer = load_tokenizer(config.model_spec.path)

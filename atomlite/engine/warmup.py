@@ -25,28 +25,37 @@ def warmup_token_counts(max_tokens: int) -> list[int]:
     return sorted(n for n in counts if 1 <= n <= max_tokens)
 
 
-def _mixed_batch(kv: KVCacheManager, tokens: int) -> list[tuple[Sequence, int]] | None:
+def _mixed_batch(kv: KVCacheManager, tokens: int, max_seq_len: int) -> list[tuple[Sequence, int]] | None:
+    """Decode rows and prompt chunks (of at most max_seq_len tokens each) adding up to `tokens`; None when the
+    cache cannot hold them."""
     decode_rows = min(tokens - 1, DECODE_ROWS)
+    sizes = [DECODE_CONTEXT] * decode_rows
+    left = tokens - decode_rows
+    while left:
+        sizes.append(min(left, max_seq_len))
+        left -= sizes[-1]
     batch = []
-    for _ in range(decode_rows):
-        seq = Sequence([0] * DECODE_CONTEXT, SamplingParams(max_tokens=1))
-        batch.append((seq, kv.allocate(seq, DECODE_CONTEXT)))
+    for size in sizes:
+        seq = Sequence([0] * size, SamplingParams(max_tokens=1))
+        batch.append(seq)
+        if not kv.allocate(seq, size):
+            for allocated in batch:
+                kv.free(allocated)
+            return None
+    for seq in batch[:decode_rows]:
         seq.num_computed_tokens = DECODE_CONTEXT - 1
-    prompt = Sequence([0] * (tokens - decode_rows), SamplingParams(max_tokens=1))
-    batch.append((prompt, kv.allocate(prompt, tokens - decode_rows)))
-    if not all(allocated for _, allocated in batch):
-        for seq, _ in batch:
-            kv.free(seq)
-        return None
-    return [(seq, 1) for seq, _ in batch[:-1]] + [(prompt, tokens - decode_rows)]
+    return [(seq, 1) for seq in batch[:decode_rows]] + [(seq, size) for seq, size in
+                                                          zip(batch[decode_rows:], sizes[decode_rows:])]
 
 
-def warm_up(runner: ModelRunner, kv: KVCacheManager, max_tokens: int, device: torch.device) -> str:
-    """Runs the passes; returns the startup line that says what they took."""
+def warm_up(runner: ModelRunner, kv: KVCacheManager, max_tokens: int, max_seq_len: int,
+            device: torch.device) -> str:
+    """Runs the passes (steps of up to max_tokens tokens, sequences of up to max_seq_len); returns the startup line
+    that says what they took."""
     start = time.perf_counter()
     counts = warmup_token_counts(max_tokens)
     for tokens in counts:
-        batch = _mixed_batch(kv, tokens)
+        batch = _mixed_batch(kv, tokens, max_seq_len)
         if batch is None:
             continue  # a cache too small for this step's blocks: such a step never runs either
         try:
