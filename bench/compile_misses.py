@@ -34,8 +34,8 @@ def main() -> None:
     print(engine.graph_note, engine.warmup_note, sep="\n", flush=True)
     misses = []
 
-    def record(*, repr="?", **_):  # noqa: A002 - Triton's name
-        misses.append((time.perf_counter(), repr))
+    def record(*, repr="?", key=None, **_):  # noqa: A002 - Triton's name
+        misses.append((time.perf_counter(), f"{repr} key={key}"))
         return False
 
     triton.knobs.runtime.jit_cache_hook = record
@@ -52,7 +52,7 @@ def main() -> None:
     for name, count in Counter(r.split("[", 1)[0] for _, r in misses).most_common():
         print(f"  {count:4d} x {name}")
     for t, r in misses[:40]:
-        print(f"  +{t - start:7.2f} s  {r[:400]}")
+        print(f"  +{t - start:7.2f} s  {r[:1500]}")
 
 
 if __name__ == "__main__":

@@ -197,7 +197,9 @@ def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, RO
     return q_plain.to(dtype), q_r1.to(dtype), q_r2.to(dtype), w_r1, w_r2
 
 
-@triton.jit
+# The batch's sequence count, split count and block-table width change from step to step: not specialized on (1,
+# multiples of 16), since each new combination would be a compile in the middle of serving (bench/compile_misses.py).
+@triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_bt"])
 def _attention_kernel(
         q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, built_keys,
         built_row_starts,

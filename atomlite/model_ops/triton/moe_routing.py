@@ -70,7 +70,9 @@ def _write_tile_table(tile_expert, tile_rows, totals, tiles, tile_end, MAX_TILES
         tl.store(tile_rows + t, tl.where(used, rows, 0), mask=t < MAX_TILES)
 
 
-@triton.jit
+# Counts that change from step to step are not specialized on (1, multiples of 16): each new combination would be a
+# compile in the middle of serving, seconds of a stalled step on a fresh machine (bench/compile_misses.py).
+@triton.jit(do_not_specialize=["NUM_PAIRS", "NUM_CHUNKS", "MAX_TILES"])
 def _place_kernel(topk_ids, chunk_counts, pair_of_row, tile_expert, tile_rows, NUM_PAIRS, NUM_CHUNKS, MAX_TILES,
                   ONE_PROGRAM: tl.constexpr, BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
                   TILE_CHUNK: tl.constexpr):
