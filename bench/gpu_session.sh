@@ -97,7 +97,7 @@ stage() {
         load-31b) load gemma-4-31B-it ;;
         load-31b-mxfp4) load gemma-4-31B-it-mxfp4 ;;
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
-                      --dtype bfloat16 --input-len 2047 --output-len 2 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
+                      --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
