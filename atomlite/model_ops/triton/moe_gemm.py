@@ -53,6 +53,7 @@ MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTil
 PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
 DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48
 ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
+FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: PREFILL on 4 stages needs 240 KiB (H100: 227)
 
 
 def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
@@ -159,10 +160,12 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
              mask=used[:, None] & (rn < N)[None, :])
 
 
-def _launch_options(tiles: ProjectionTiles, device: torch.device) -> dict:
+def _launch_options(tiles: ProjectionTiles, device: torch.device, fp32: bool) -> dict:
     stages = tiles.num_stages
     if platform_of(device).kind == "rocm":
         stages = min(stages, ROCM_MAX_STAGES)
+    if fp32:
+        stages = min(stages, FP32_MAX_STAGES)
     return dict(num_warps=tiles.num_warps, num_stages=stages)
 
 
@@ -183,7 +186,8 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
                MXFP4=gate_up.mxfp4, QUANTIZE_OUT=quantize_out, FP32=_fp32(x.dtype), WIDE_SCALES=gate_up.wide_scales,
                EVEN_K=hidden % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if _fp32(x.dtype)
                                                                             else x.dtype),
-               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, x.device))
+               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+               **_launch_options(t, x.device, _fp32(x.dtype)))
     return out
 
 
@@ -198,7 +202,7 @@ def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_wei
                tiles.tile_rows, topk_weights, pair_out, k, hidden, inner.stride(0), *down.strides(),
                pair_out.stride(0), MXFP4=down.mxfp4, FP32=fp32, WIDE_SCALES=down.wide_scales,
                EVEN_K=k % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if fp32 else inner.dtype),
-               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, inner.device))
+               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, inner.device, fp32))
     return pair_out
 
 
