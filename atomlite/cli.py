@@ -24,7 +24,8 @@ ENGINE_OPTIONS = [
     click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block."),
     click.option("--kernel-backend", default="auto", type=click.Choice(["auto", "triton", "torch"]),
                  show_default=True, help="Kernel choice: auto = aiter > triton > torch by platform and shape."),
-    click.option("--no-prefix-caching", is_flag=True, help="Disable reuse of cached prompt prefixes."),
+    click.option("--no-enable-prefix-caching", "--no-prefix-caching", "no_prefix_caching", is_flag=True,
+                 help="Disable reuse of cached prompt prefixes (vLLM's name; --no-prefix-caching is the same)."),
     click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
                  help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
     click.option("--enforce-eager", is_flag=True, help="Never replay decode steps from CUDA/HIP graphs."),
@@ -113,8 +114,14 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
 @click.option("--shutdown-timeout", type=float, default=30.0, show_default=True,
               help="Seconds SIGTERM waits for in-flight requests before aborting them.")
 @engine_options
-def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, **kw):
-    """Serve a model over an OpenAI-compatible HTTP API."""
+@click.argument("model_tag", required=False, metavar="[MODEL]")
+def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, model_tag, **kw):
+    """Serve MODEL (a checkpoint folder or hub repo id, as --model takes; vLLM's positional form) over an
+    OpenAI-compatible HTTP API."""
+    if model_tag is not None:
+        if kw["model"] is not None and kw["model"] != model_tag:
+            fail(f"two models given ({model_tag} and --model {kw['model']}): give one")
+        kw["model"] = model_tag
     try:
         import uvicorn
 
@@ -173,9 +180,10 @@ def bound_socket(host: str, port: int) -> socket.socket:
 
 
 def default_served_name(model_option: str | None, model: str) -> str:
-    """The demo's name, a hub repo id as given (as vLLM names it), else the checkpoint folder's name."""
+    """The demo's name (also when its folder is named), a hub repo id as given (as vLLM names it), else the
+    checkpoint folder's name."""
     from atomlite.hub import is_repo_id
-    if model_option is None:
+    if model_option is None or Path(model).resolve() == default_model().resolve():
         return "atomlite-demo"
     return model if is_repo_id(model) else Path(model).name
 

@@ -171,3 +171,22 @@ def test_a_killed_core_fails_open_requests_and_the_server_exits(tmp_path):
             httpx.get(f"{base}/health")
     finally:
         stop_server(proc)
+
+
+def _exited(pid: int) -> bool:
+    try:
+        return "State:\tZ" in open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True
+
+
+def test_a_core_whose_server_was_killed_exits(tmp_path):
+    log = tmp_path / "server.log"
+    proc, _ = start_server(demo_model_dir(), FLAGS, log)
+    pid = core_pid(log)
+    proc.kill()  # no drain, no stop command: the core must notice on its own
+    proc.wait(10)
+    deadline = time.monotonic() + 15
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _exited(pid)

@@ -17,8 +17,20 @@ logger = logging.getLogger("atomlite.core")
 IDLE_POLL_MS = 500  # how often an idle core checks that its parent still lives
 
 
-def send(socket: zmq.Socket, message) -> None:
-    socket.send(pickle.dumps(message, protocol=5), copy=False)
+SEND_TIMEOUT_MS = 1000  # a send with nobody reading waits this long before the core checks on its parent
+
+
+def send(socket: zmq.Socket, message, parent_pid: int | None = None) -> bool:
+    """Sends message; False if the API process (parent_pid) is gone, since a socket with no reader would block for
+    ever."""
+    data = pickle.dumps(message, protocol=5)
+    while True:
+        try:
+            socket.send(data, copy=False)
+            return True
+        except zmq.Again:
+            if parent_pid is not None and os.getppid() != parent_pid:
+                return False
 
 
 class EngineCore:
@@ -38,9 +50,13 @@ class EngineCore:
             if took or updates or busy:
                 stats = self.engine.stats()
                 stats.num_added = self.num_added
-                send(self.outputs, ("step", updates, stats))
+                if not self._send(("step", updates, stats)):
+                    break
         for request_id in list(self.engine.requests):
             self.engine.abort(request_id)
+
+    def _send(self, message) -> bool:
+        return send(self.outputs, message, self.parent_pid)
 
     def _orphaned(self) -> bool:
         """A core whose API process is gone (killed without a word) stops instead of holding the GPU forever."""
@@ -67,11 +83,11 @@ class EngineCore:
         try:
             self.engine.add_request(request_id, token_ids, params)
         except ValueError as e:
-            send(self.outputs, ("step", [SeqUpdate(request_id, [], error=str(e), invalid=True)], None))
+            self._send(("step", [SeqUpdate(request_id, [], error=str(e), invalid=True)], None))
         except Exception as e:  # a bug, not user input: this request fails, the engine keeps serving
             logger.exception("could not add request %s", request_id)
-            send(self.outputs, ("step", [SeqUpdate(request_id, [], error=f"engine failure: {type(e).__name__}: "
-                                                                          f"{e}")], None))
+            self._send(("step", [SeqUpdate(request_id, [], error=f"engine failure: {type(e).__name__}: {e}")],
+                        None))
 
     def _step(self) -> list[SeqUpdate]:
         try:
@@ -89,6 +105,7 @@ def connect(context: zmq.Context, commands_addr: str, outputs_addr: str) -> tupl
     commands.connect(commands_addr)
     outputs = context.socket(zmq.PUSH)
     outputs.setsockopt(zmq.LINGER, 2000)
+    outputs.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     outputs.connect(outputs_addr)
     return commands, outputs
 
@@ -121,13 +138,14 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
         try:
             engine = LLMEngine(config)
         except (ConfigError, ValueError) as e:
-            send(outputs, ("failed", str(e)))
+            send(outputs, ("failed", str(e)), parent_pid)
             return
         except BaseException as e:
             send(outputs, ("failed", f"the engine could not start: {type(e).__name__}: {e}\n"
-                                     f"{traceback.format_exc()}"))
+                                     f"{traceback.format_exc()}"), parent_pid)
             raise
-        send(outputs, ("ready", engine.describe(), os.getpid()))
+        if not send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
+            return
         EngineCore(engine, commands, outputs, parent_pid).run()
     finally:
         commands.close(0)

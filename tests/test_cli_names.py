@@ -1,0 +1,48 @@
+"""vLLM's command names: `atomlite serve MODEL` (positional), `--no-enable-prefix-caching`, `GET /v1/models/{id}`."""
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+from click.testing import CliRunner
+
+from atomlite.accuracy.runner import free_port
+from atomlite.cli import main
+from atomlite.demo import demo_model_dir
+
+
+def test_serve_takes_the_model_positionally_and_answers_model_by_id(tmp_path):
+    port = free_port()
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "atomlite.cli", "serve", str(demo_model_dir()), "--port", str(port),
+                             "--max-model-len", "256", "--no-enable-prefix-caching"], stdout=log,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert proc.poll() is None, (tmp_path / "server.log").read_text()
+        card = httpx.get(f"{base}/v1/models/atomlite-demo")
+        assert card.status_code == 200 and card.json()["id"] == "atomlite-demo"
+        other = httpx.get(f"{base}/v1/models/other")
+        assert other.status_code == 404 and "atomlite-demo" in other.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_two_different_models_are_one_line_naming_both():
+    result = CliRunner().invoke(main, ["serve", "a-folder", "--model", "another", "--port", str(free_port())])
+    assert result.exit_code == 2 and "two models given (a-folder and --model another)" in result.output
+
+
+def test_vllm_and_atomlite_names_for_no_prefix_caching_both_work():
+    for flag in ("--no-enable-prefix-caching", "--no-prefix-caching"):
+        result = CliRunner().invoke(main, ["plan", "--model", str(demo_model_dir()), flag])
+        assert result.exit_code == 0, result.output
