@@ -265,7 +265,6 @@ class AsyncEngine:
         """Call admit() first. Sends the sequence now, so that the next admit() counts it (a burst of requests
         cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
         Generation early (aclose) aborts it."""
-        params.validate()
         state = RequestState(request_id, token_ids, params, self.tokenizer)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), state)
         with self._streams_lock:  # registered before a dying core's _fail_all, or refused after it

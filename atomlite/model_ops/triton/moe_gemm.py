@@ -45,22 +45,25 @@ class MoeConfig:
 
 # Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
 # grow with the rows each expert gets. All fit gfx942's LDS and sm_90 (compile gate); bench/moe_layer.py --sweep
-# times them against other tiles. PREFILL at 2048 tokens of 26B-A4B (H100, graphs): 1054 us bf16 and 1157 us MXFP4,
-# against 1145 and 1249 us for (64, 64x64 8 warps, 128x64 8 warps); 256-wide N tiles (985 us bf16) overflow
-# gfx942's 64 KiB of LDS.
+# times them against other tiles. NVIDIA_PREFILL at 2048 tokens of 26B-A4B (H100, graphs): 1054 us bf16 and 1157 us
+# MXFP4, against 1145 and 1249 us for PREFILL; ROCm keeps PREFILL until tiles are timed on an MI300X / MI355X (the
+# NVIDIA ones compile there with 2-3 waves per SIMD against PREFILL's 4-8).
 DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
 MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
-PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
+PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
+NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
 DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48
 ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
-FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: PREFILL on 4 stages needs 240 KiB (H100: 227)
+FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL on 4 stages needs 240 KiB (H100: 227)
 
 
-def pick_config(num_pairs: int, num_experts: int) -> MoeConfig:
+def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False) -> MoeConfig:
     rows_per_expert = num_pairs / num_experts
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
         return DECODE
-    return MEDIUM if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT else PREFILL
+    if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT:
+        return MEDIUM
+    return NVIDIA_PREFILL if nvidia else PREFILL
 
 
 @triton.jit
@@ -228,7 +231,7 @@ def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, 
     num_experts = gate_up.weight.shape[0]
     if tokens == 0:
         return torch.empty_like(x)
-    config = config or pick_config(tokens * top_k, num_experts)
+    config = config or pick_config(tokens * top_k, num_experts, platform_of(x.device).kind == "cuda")
     _check_config(config, gate_up, down, quantize_inner)
     tiles = group_by_expert(topk_ids, num_experts, config.block_m)
     inner = _gate_up(x, gate_up, tiles, top_k, quantize_inner, config)
