@@ -4,6 +4,7 @@ import logging
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -126,6 +127,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         import uvicorn
 
         from atomlite.server.app import build_app, engine_client
+        from atomlite.server.draining import FLUSH_S, DrainingServer
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig
@@ -140,9 +142,10 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         fail(str(e))
     name = served_model_name or default_served_name(kw["model"], model)
     app = build_app(engine, name, api_key)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=shutdown_timeout))
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1),
+                            engine, shutdown_timeout)
     engine.on_death = lambda: setattr(server, "should_exit", True)
-    # uvicorn drains in-flight requests on SIGTERM/SIGINT, then re-raises the signal to the handler it found:
+    # On SIGTERM/SIGINT the server drains (draining.py), then uvicorn re-raises the signal to the handler it found:
     # make that handler a clean exit, since a drained shutdown is a success.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(1 if engine.dead else 0))
@@ -220,8 +223,8 @@ def _bench_report(engine, kind: str, rows: list[dict], probes, settings: dict, j
                            "results": rows})
 
 
-BENCH_JSON = click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
-                          help="Also write the results to this JSON file.")
+BENCH_JSON = click.option("--json", "--result-filename", "json_path", type=click.Path(path_type=Path), default=None,
+                          help="Also write the results to this JSON file (--result-filename: vLLM's name).")
 
 
 @bench.command()
@@ -229,7 +232,8 @@ BENCH_JSON = click.option("--json", "json_path", type=click.Path(path_type=Path)
 @click.option("--input-len", type=int, default=512, show_default=True, help="Prompt tokens.")
 @click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per sequence.")
 @click.option("--batch-size", type=int, default=16, show_default=True, help="Batch for the second TPOT row.")
-@click.option("--repeats", type=int, default=5, show_default=True, help="TTFT runs (median).")
+@click.option("--repeats", "--num-iters", "repeats", type=int, default=5, show_default=True,
+              help="TTFT runs (median); --num-iters is vLLM's name.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 @BENCH_JSON
 def latency(input_len, output_len, batch_size, repeats, seed, json_path, **kw):
@@ -247,9 +251,9 @@ def latency(input_len, output_len, batch_size, repeats, seed, json_path, **kw):
 
 @bench.command()
 @engine_options
-@click.option("--num-prompts", type=int, default=64, show_default=True)
-@click.option("--input-len", type=int, default=512, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--num-prompts", type=int, default=64, show_default=True, help="Prompts, all submitted at once.")
+@click.option("--input-len", type=int, default=512, show_default=True, help="Random prompt tokens.")
+@click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
 @BENCH_JSON
 def throughput(num_prompts, input_len, output_len, seed, json_path, **kw):
@@ -272,16 +276,20 @@ def throughput(num_prompts, input_len, output_len, seed, json_path, **kw):
               help="The served checkpoint's folder (config.json: vocabulary for the random prompts, bytes for the "
                    "roofline); default: the bundled demo model.")
 @click.option("--served-model-name", default=None, help="Model name to send (default: the server's first model).")
-@click.option("--num-prompts", type=int, default=64, show_default=True)
-@click.option("--input-len", type=int, default=512, show_default=True)
-@click.option("--output-len", type=int, default=128, show_default=True)
+@click.option("--num-prompts", type=int, default=64, show_default=True, help="Requests sent.")
+@click.option("--input-len", "--random-input-len", "input_len", type=int, default=512, show_default=True,
+              help="Random prompt tokens per request (--random-input-len: vLLM's name).")
+@click.option("--output-len", "--random-output-len", "output_len", type=int, default=128, show_default=True,
+              help="Tokens generated per request, EOS ignored (--random-output-len: vLLM's name).")
 @click.option("--request-rate", type=float, default=float("inf"), show_default=True,
               help="Requests per second (Poisson arrivals); inf sends them all at once.")
 @click.option("--max-concurrency", type=int, default=None, help="Most requests in flight at once.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--save-result", is_flag=True, help="Write the results to --result-filename, or to a file named "
+                                                   "after the date and the model (vLLM's flag).")
 @BENCH_JSON
 def bench_serve(base_url, model, served_model_name, num_prompts, input_len, output_len, request_rate,
-                max_concurrency, seed, json_path):
+                max_concurrency, seed, save_result, json_path):
     """Stream random token prompts from a running server: TTFT, TPOT, ITL (mean, p50, p90, p99), tok/s."""
     import httpx
     from tqdm import tqdm
@@ -309,6 +317,8 @@ def bench_serve(base_url, model, served_model_name, num_prompts, input_len, outp
     click.echo(f"roofline TPOT at concurrency {concurrency} (the mean in flight): {summary['roofline_tpot_ms']:.2f} ms (weights + KV "
                f"per decode step of --model over this machine's probed copy bandwidth); mean TPOT is "
                f"{summary['mean_tpot_ms'] / summary['roofline_tpot_ms']:.2f}x that")
+    if save_result and json_path is None:
+        json_path = Path(f"atomlite-bench-serve-{time.strftime('%Y%m%d-%H%M%S')}-{name.replace('/', '_')}.json")
     write_json(json_path, {"benchmark": "serve", "base_url": base_url, "model": name,
                            "settings": dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
                                             request_rate=request_rate, max_concurrency=max_concurrency),

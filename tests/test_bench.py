@@ -122,3 +122,22 @@ def test_moe_roofline_reads_only_the_routed_experts():
     assert dense - weight_bytes_read(model, 1) == pytest.approx(experts * (1 - 8 / 128))
     assert math.isclose(weight_bytes_read(model, 10**6), sum(
         p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n), rel_tol=1e-9)
+
+
+def test_bench_serve_times_a_server_without_a_tokenizer_under_vllm_names(config_only, tmp_path):
+    """No text comes back, only token ids (return_token_ids): TTFT and ITL still count from the chunks carrying
+    them; the roofline uses the concurrency that ran."""
+    from atomlite.server.app import make_app
+    engine = LLM(str(config_only), load_format="dummy", device="cpu").engine
+    assert engine.tokenizer is None
+    out = tmp_path / "serve.json"
+    with running(make_app(engine, "tiny")) as base:
+        result = CliRunner().invoke(main, ["bench", "serve", "--base-url", base, "--model", str(config_only),
+                                           "--num-prompts", "4", "--random-input-len", "8", "--random-output-len",
+                                           "6", "--max-concurrency", "2", "--result-filename", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())["results"]
+    assert summary["completed"] == 4 and summary["total_output_tokens"] == 24
+    assert summary["median_ttft_ms"] > 0 and summary["mean_itl_ms"] > 0 and summary["first_ttft_ms"] > 0
+    assert summary["peak_concurrency"] == 2 and 1 <= summary["mean_concurrency"] <= 2
+    assert "at concurrency 2 (the mean in flight)" in result.output or "at concurrency 1 (the mean" in result.output

@@ -172,6 +172,32 @@ def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_pa
         proc.kill()
 
 
+def test_sigterm_past_the_timeout_ends_streams_with_an_error_while_health_says_503(model_dir, tmp_path):
+    log = tmp_path / "server.log"
+    proc, base = start_server(model_dir, ["--dtype", "float32", "--max-model-len", "512", "--shutdown-timeout",
+                                          "0.5"], log)
+    try:
+        with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
+                          json={**OK, "model": SERVED_NAME, "max_tokens": 480, "ignore_eos": True,
+                                "stream": True}) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data:")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+            health = httpx.get(f"{base}/health")
+            refused = httpx.post(f"{base}/v1/completions", json={**OK, "model": SERVED_NAME})
+            rest = [line for line in lines if line]
+        assert health.status_code == 503 and refused.status_code == 503
+        assert rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-2] and "--shutdown-timeout" in rest[-2], rest[-2]
+        assert proc.wait(30) == 0
+        text = log.read_text()
+        assert "draining: 1 requests in flight" in text and "ended 1 requests with an error" in text
+        assert "Traceback" not in text
+    finally:
+        proc.kill()
+
+
 def _serve_on(port: int, model) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model), "--port", str(port)],
                           capture_output=True, text=True, timeout=120)

@@ -161,7 +161,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._stats: EngineStats | None = None
         self._num_added = 0
-        self._started = self._stopping = False
+        self._started = self._draining = self._stopping = False
         self._dead: str | None = None
         self._send_lock = threading.Lock()
         self._streams_lock = threading.Lock()  # a stream finishes once: by its last update or by its abort
@@ -216,7 +216,21 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._started and not self._stopping and self._dead is None
+        """Taking requests: started, not draining or stopping, its core alive."""
+        return self._started and not self._draining and not self._stopping and self._dead is None
+
+    @property
+    def num_open(self) -> int:
+        """Sequences whose clients still wait for deltas."""
+        return len(self._streams)
+
+    def drain(self) -> None:
+        """Take no new requests (admit() raises EngineStopped, /health answers 503); open ones run on."""
+        self._draining = True
+
+    def fail_open(self, error: Exception) -> int:
+        """End every open sequence with error and abort it in the core; returns how many there were."""
+        return self._fail_all(error, tell_core=True)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         if not self._started or self._stopping:
@@ -285,7 +299,7 @@ class AsyncEngine:
             stream.finished = True
         if self.metrics:
             self.metrics.finished.labels(reason="abort").inc()
-        if self.is_running:
+        if self._started and not self._stopping and self._dead is None:  # draining too: its blocks come back
             self._send(("abort", [request_id]))
 
     def _send(self, command: tuple) -> None:
@@ -362,17 +376,21 @@ class AsyncEngine:
         if self.on_death is not None:
             self.on_death()
 
-    def _fail_all(self, error: Exception) -> None:
+    def _fail_all(self, error: Exception, tell_core: bool = False) -> int:
         by_loop = defaultdict(list)
         with self._streams_lock:
+            ended = list(self._streams)
             for stream in self._streams.values():
                 stream.finished = True
                 by_loop[stream.loop].append((stream.queue, error))
-            if self.metrics and self._streams:
-                self.metrics.finished.labels(reason="abort").inc(len(self._streams))
             self._streams.clear()
+        if self.metrics and ended:
+            self.metrics.finished.labels(reason="abort").inc(len(ended))
+        if tell_core and ended:
+            self._send(("abort", ended))
         for loop, items in by_loop.items():
             _deliver(loop, items)
+        return len(ended)
 
 
 def _deliver(loop: asyncio.AbstractEventLoop, items: list) -> None:
