@@ -114,9 +114,11 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
               help="Requests allowed to wait; beyond this the server answers 503.")
 @click.option("--shutdown-timeout", type=float, default=30.0, show_default=True,
               help="Seconds SIGTERM waits for in-flight requests before aborting them.")
+@click.option("--max-request-size", default="4MiB", show_default=True,
+              help="Largest request body (e.g. 16MiB); a larger one gets 413 before it is read.")
 @engine_options
 @click.argument("model_tag", required=False, metavar="[MODEL]")
-def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, model_tag, **kw):
+def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, model_tag, **kw):
     """Serve MODEL (a checkpoint folder or hub repo id, as --model takes; vLLM's positional form) over an
     OpenAI-compatible HTTP API."""
     if model_tag is not None:
@@ -130,18 +132,19 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         from atomlite.server.draining import FLUSH_S, DrainingServer
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
-    from atomlite.config import EngineConfig
+    from atomlite.config import EngineConfig, parse_memory_size
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
     model = model_dir(kw)
     try:
+        body_limit = parse_memory_size(max_request_size)
         sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
         engine = engine_client(EngineConfig(model=model, **engine_args(kw)), max_waiting)
         engine.start()  # the engine core process builds the model; its errors come back here
     except (ConfigError, ValueError) as e:
         fail(str(e))
     name = served_model_name or default_served_name(kw["model"], model)
-    app = build_app(engine, name, api_key)
+    app = build_app(engine, name, api_key, body_limit)
     server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1),
                             engine, shutdown_timeout)
     engine.on_death = lambda: setattr(server, "should_exit", True)

@@ -89,6 +89,38 @@ def test_unparseable_body_is_a_400(server, content):
     assert resp.json()["error"]["message"]
 
 
+def test_a_5mb_body_is_a_413_at_once_while_health_stays_fast(server):
+    import threading
+    body = b'{"model": "tiny", "prompt": [' + b",".join([b"7"] * 2_500_000) + b"]}"  # 5 MB
+    health = []
+
+    def poll():
+        for _ in range(20):
+            start = time.perf_counter()
+            assert httpx.get(f"{server}/health").status_code == 200
+            health.append(time.perf_counter() - start)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    start = time.perf_counter()
+    resp = httpx.post(f"{server}/v1/completions", content=body, headers={"content-type": "application/json"})
+    took = time.perf_counter() - start
+    poller.join()
+    assert resp.status_code == 413 and "--max-request-size" in resp.json()["error"]["message"], resp.text
+    assert took < 1.0 and max(health) < 0.1, (took, max(health))
+
+
+def test_a_chunked_body_past_the_limit_is_a_413(server):
+    def chunks():
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(5):
+            yield b"x" * 2**20
+        yield b'"}'
+
+    resp = httpx.post(f"{server}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_unknown_model_is_a_404(server):
     resp = httpx.post(f"{server}/v1/completions", json={**OK, "model": "gpt-9"})
     assert resp.status_code == 404 and "gpt-9" in resp.json()["error"]["message"]

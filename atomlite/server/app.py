@@ -7,6 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from atomlite.config import EngineConfig
 from atomlite.engine.async_engine import AsyncEngine
 from atomlite.server.api import Server
+from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
 from atomlite.server.errors import APIError, install_error_handlers
 from atomlite.server.metrics import ServerMetrics
 from atomlite.server.routes import add_routes
@@ -21,11 +22,13 @@ def engine_client(engine, max_waiting: int = 1024) -> AsyncEngine:
     return AsyncEngine.over(engine, max_waiting=max_waiting, metrics=metrics)
 
 
-def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: int = 1024) -> FastAPI:
-    return build_app(engine_client(engine, max_waiting), model_name, api_key)
+def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: int = 1024,
+             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> FastAPI:
+    return build_app(engine_client(engine, max_waiting), model_name, api_key, max_request_size)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
+              max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> FastAPI:
     """The app over an engine client, started with the app unless already started."""
     server = Server(engine, model_name, api_key)
 
@@ -45,4 +48,5 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) 
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     add_routes(app, server, Depends(authorized), engine.metrics)
+    app.add_middleware(BodyLimit, max_bytes=max_request_size)
     return app
