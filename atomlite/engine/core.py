@@ -14,10 +14,16 @@ import zmq
 from atomlite.engine.updates import SeqUpdate
 
 logger = logging.getLogger("atomlite.core")
-IDLE_POLL_MS = 500  # how often an idle core checks that its parent still lives
+IDLE_POLL_MS = 500  # how often an idle core checks that its parent still lives (else it stops, freeing the GPU)
 
 
 SEND_TIMEOUT_MS = 1000  # a send with nobody reading waits this long before the core checks on its parent
+
+
+def parent_gone(parent_pid: int | None) -> bool:
+    """Whether the API process that started this core (None: a core on a thread) has died: the core was
+    re-parented."""
+    return parent_pid is not None and os.getppid() != parent_pid
 
 
 def send(socket: zmq.Socket, message, parent_pid: int | None = None) -> bool:
@@ -29,7 +35,7 @@ def send(socket: zmq.Socket, message, parent_pid: int | None = None) -> bool:
             socket.send(data, copy=False)
             return True
         except zmq.Again:
-            if parent_pid is not None and os.getppid() != parent_pid:
+            if parent_gone(parent_pid):
                 return False
 
 
@@ -44,7 +50,7 @@ class EngineCore:
         while not self._stopping:
             busy = self.engine.has_unfinished()
             took = self.commands.poll(0 if busy else IDLE_POLL_MS) and self._apply_commands()
-            if self._stopping or (not busy and not took and self._orphaned()):
+            if self._stopping or (not busy and not took and parent_gone(self.parent_pid)):
                 break
             updates = self._step() if self.engine.has_unfinished() else []
             if took or updates or busy:
@@ -57,10 +63,6 @@ class EngineCore:
 
     def _send(self, message) -> bool:
         return send(self.outputs, message, self.parent_pid)
-
-    def _orphaned(self) -> bool:
-        """A core whose API process is gone (killed without a word) stops instead of holding the GPU forever."""
-        return self.parent_pid is not None and os.getppid() != self.parent_pid
 
     def _apply_commands(self) -> bool:
         while True:
