@@ -185,16 +185,22 @@ def test_admission_counts_sequences_admitted_a_moment_ago(model_dir):
         engine.shutdown()
 
 
+def _sigterm_during_stream(proc, base: str, max_tokens: int, while_draining=lambda: None) -> list[str]:
+    """Streams a completion, sends SIGTERM after its first event, runs while_draining; returns the later events."""
+    with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
+                      json={**OK, "model": SERVED_NAME, "max_tokens": max_tokens, "ignore_eos": True,
+                            "stream": True}) as resp:
+        lines = resp.iter_lines()
+        assert next(lines).startswith("data:")
+        proc.send_signal(signal.SIGTERM)
+        while_draining()
+        return [line for line in lines if line]
+
+
 def test_sigterm_finishes_in_flight_requests_and_exits_cleanly(model_dir, tmp_path):
     proc, base = start_server(model_dir, ["--dtype", "float32", "--max-model-len", "512"], tmp_path / "server.log")
     try:
-        with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
-                          json={**OK, "model": SERVED_NAME, "max_tokens": 300, "ignore_eos": True,
-                                "stream": True}) as resp:
-            lines = resp.iter_lines()
-            assert next(lines).startswith("data:")
-            proc.send_signal(signal.SIGTERM)
-            rest = [line for line in lines if line]
+        rest = _sigterm_during_stream(proc, base, 300)
         assert rest[-1] == "data: [DONE]"
         assert '"finish_reason": "length"' in rest[-2]
         assert proc.wait(30) == 0
@@ -209,17 +215,15 @@ def test_sigterm_past_the_timeout_ends_streams_with_an_error_while_health_says_5
     proc, base = start_server(model_dir, ["--dtype", "float32", "--max-model-len", "512", "--shutdown-timeout",
                                           "0.5"], log)
     try:
-        with httpx.stream("POST", f"{base}/v1/completions", timeout=60,
-                          json={**OK, "model": SERVED_NAME, "max_tokens": 480, "ignore_eos": True,
-                                "stream": True}) as resp:
-            lines = resp.iter_lines()
-            assert next(lines).startswith("data:")
-            proc.send_signal(signal.SIGTERM)
+        seen = []
+
+        def while_draining():
             time.sleep(0.1)
-            health = httpx.get(f"{base}/health")
-            refused = httpx.post(f"{base}/v1/completions", json={**OK, "model": SERVED_NAME})
-            rest = [line for line in lines if line]
-        assert health.status_code == 503 and refused.status_code == 503
+            seen.append(httpx.get(f"{base}/health").status_code)
+            seen.append(httpx.post(f"{base}/v1/completions", json={**OK, "model": SERVED_NAME}).status_code)
+
+        rest = _sigterm_during_stream(proc, base, 480, while_draining)
+        assert seen == [503, 503]
         assert rest[-1] == "data: [DONE]"
         assert '"error"' in rest[-2] and "--shutdown-timeout" in rest[-2], rest[-2]
         assert proc.wait(30) == 0
