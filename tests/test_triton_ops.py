@@ -145,17 +145,19 @@ def _rotation(tokens: int, head_dim: int, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 2, 64), (2, 1, 512), (3, 3, 80)])
-def test_qk_norm_rope_writes_the_cache_like_the_separate_ops(dtype, num_heads, num_kv_heads, head_dim):
-    """Views of one fused projection in; q out, k and v straight into the cache (slot -1 skipped)."""
-    tokens = 5
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,tokens", [(4, 2, 64, 5), (2, 1, 512, 5), (3, 3, 80, 5),
+                                                                   (2, 1, 64, 70)])
+def test_qk_norm_rope_writes_the_cache_like_the_separate_ops(dtype, num_heads, num_kv_heads, head_dim, tokens):
+    """Views of one fused projection in; q out, k and v straight into the cache (slot -1 skipped). 70 tokens:
+    several a program, the last program's partly past the end."""
     qkv = randn(tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype)
     q, k, v = (t.view(tokens, -1, head_dim) for t in qkv.split(
         [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1))
     q_w, k_w = (randn(head_dim, dtype=dtype) + 1.0 for _ in range(2))
     cos, sin = _rotation(tokens, head_dim, dtype)
-    slots = torch.tensor([3, -1, 7, 0, 12], device=DEVICE)
-    caches = [torch.full((4, 4, num_kv_heads, head_dim), 7.0, device=DEVICE, dtype=dtype) for _ in range(4)]
+    slots = torch.tensor([3, -1, 7, 0, 12] + list(range(13, 13 + tokens - 5)), device=DEVICE)
+    blocks = -(-(8 + tokens) // 4)
+    caches = [torch.full((blocks, 4, num_kv_heads, head_dim), 7.0, device=DEVICE, dtype=dtype) for _ in range(4)]
     out_q, none_k, none_v = tri.qk_norm_rope(q, k, v, q_w, k_w, 1e-6, cos, sin, caches[0], caches[1], slots)
     f32 = [t.float() for t in (q, k, v, q_w, k_w, cos, sin)]
     ref_q, ref_k, ref_v = torch_ref.qk_norm_rope(*f32[:5], 1e-6, *f32[5:])

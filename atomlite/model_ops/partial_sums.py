@@ -7,9 +7,9 @@ import torch
 
 @dataclass(frozen=True)
 class PartialSums:
-    """y [M, N] as fp32 partial sums parts [S, M, N], one per K slice: y is their sum, added in slice order and
-    rounded to dtype (as the GEMM's own summing kernel writes it). The norm kernels take it in place of y and add
-    the slices themselves, which saves the summing launch."""
+    """y [M, N] as partial sums parts [S, M, N] (fp32, or rounded to dtype), one per K slice or routed expert: y
+    is their sum, added in fp32 in slice order and rounded to dtype (as the GEMM's own summing kernel writes it).
+    The norm kernels take it in place of y and add the slices themselves, which saves the summing launch."""
     parts: torch.Tensor
     dtype: torch.dtype
 
@@ -36,7 +36,7 @@ def summed(y: "torch.Tensor | PartialSums") -> torch.Tensor:
     """y as a tensor: a PartialSums added up in slice order, anything else as it is."""
     if not isinstance(y, PartialSums):
         return y
-    total = y.parts[0].clone()
+    total = y.parts[0].to(torch.float32, copy=True)
     for part in y.parts[1:]:
         total += part
     return total.to(y.dtype)

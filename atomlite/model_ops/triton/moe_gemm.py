@@ -159,8 +159,8 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
         a = _used_rows_tile(in_rows, used, k0, K, BLOCK_K).to(w_tile.dtype)  # unused rows were never written
         acc = tl.dot(a, tl.trans(w_tile), acc, input_precision=DOT_PRECISION)
     routing_weight = tl.load(topk_weights + pair, mask=used, other=0.0).to(tl.float32)
-    tl.store(pair_out + pair.to(tl.int64)[:, None] * stride_op + rn[None, :], acc * routing_weight[:, None],
-             mask=used[:, None] & (rn < N)[None, :])
+    tl.store(pair_out + pair.to(tl.int64)[:, None] * stride_op + rn[None, :],
+             (acc * routing_weight[:, None]).to(pair_out.dtype.element_ty), mask=used[:, None] & (rn < N)[None, :])
 
 
 def _launch_options(tiles: ProjectionTiles, device: torch.device, fp32: bool) -> dict:
@@ -197,9 +197,12 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
 def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_weights: torch.Tensor,
           config: MoeConfig) -> torch.Tensor:
     hidden, k = down.weight.shape[1], inner.shape[1]
-    pair_out = torch.empty((topk_weights.numel(), hidden), dtype=torch.float32, device=inner.device)
     t = config.down
     fp32 = _fp32(inner.dtype)
+    # each pair's row rounded to the activation dtype, as the unfused MoE writes it: at prefill these rows are
+    # the step's largest write (and read again by the sum), twice the bytes in fp32
+    pair_out = torch.empty((topk_weights.numel(), hidden), dtype=torch.float32 if fp32 else inner.dtype,
+                           device=inner.device)
     grid = (tiles.max_tiles, triton.cdiv(hidden, t.block_n))
     run_kernel(_down_kernel, grid, inner, down.weight, down.scale, tiles.pair_of_row, tiles.tile_expert,
                tiles.tile_rows, topk_weights, pair_out, k, hidden, inner.stride(0), *down.strides(),

@@ -1,7 +1,7 @@
 """Everything between the QKV projection and attention in one launch: q = rope(norm(q) * w_q), k = rope(norm(k) *
 w_k), v = norm(v), with k and v stored straight into the paged cache (or returned, when the caller's attention
-owns the cache). One program per (token, head row); each row is rounded to the activation dtype after the norm,
-as the separate norm and RoPE kernels would, so the result equals theirs."""
+owns the cache). A program takes one head row of one token (of several at prefill); each row is rounded to the
+activation dtype after the norm, as the separate norm and RoPE kernels would, so the result equals theirs."""
 import torch
 import triton
 import triton.language as tl
@@ -13,95 +13,103 @@ from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc
 from atomlite.model_ops.triton.norm_residual import load_row
 
 
-@triton.jit
-def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, slot_mapping, eps,
+# Prefill rows are short (one head): a program takes TOKENS_PER_PROGRAM tokens of a head at once from
+# MANY_TOKENS on (at 2048 tokens of 26B-A4B, one token a program ran 3x slower than its bytes).
+MANY_TOKENS, TOKENS_PER_PROGRAM = 64, 8
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, slot_mapping, eps, num_tokens,
                     num_q_heads, num_kv_heads, head_dim, k_inv_scale, v_inv_scale,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st, stride_split,
-                    SPLITS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, TO_CACHE: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr, STORE_K: tl.constexpr,
-                    CACHE_MAX: tl.constexpr, PDL: tl.constexpr):
-    """PDL: a dependent launch; it lets the attention kernel after it start (and read the batch's bounds), and
-    reads its slot and weights while the kernel ahead, which wrote q, k and v, finishes. SPLITS > 1: q, k and v
-    are a split-K projection's fp32 slices, stride_split apart, added in slice order and rounded to the output
-    dtype as the projection's own summing kernel would."""
+                    SPLITS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                    TO_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
+                    STORE_K: tl.constexpr, CACHE_MAX: tl.constexpr, PDL: tl.constexpr):
+    """BLOCK_T tokens of one head row a program. PDL: a dependent launch; it lets the attention kernel after it
+    start (and read the batch's bounds), and reads its slots and weights while the kernel ahead, which wrote q, k
+    and v, finishes. SPLITS > 1: q, k and v are a split-K projection's fp32 slices, stride_split apart, added in
+    slice order and rounded to the output dtype as the projection's own summing kernel would."""
     if PDL:
         gdc_launch_dependents()
-    token = tl.program_id(0)
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
     row = tl.program_id(1)  # q heads, then k heads, then v heads
     cols = tl.arange(0, BLOCK_HALF)
-    mask = cols < HALF
+    mask = token_ok[:, None] & (cols < HALF)[None, :]
     is_q = row < num_q_heads
     is_k = (row >= num_q_heads) & (row < num_q_heads + num_kv_heads)
     is_v = row >= num_q_heads + num_kv_heads
     head = tl.where(is_q, row, tl.where(is_k, row - num_q_heads, row - num_q_heads - num_kv_heads))
     # q rows go to q_out, k/v rows to kv_dst: two pointers, since an fp8 cache's element type is not q's
-    q_dst = q_out + token * stride_ot + head * stride_oh
+    q_dst = q_out + tokens[:, None] * stride_ot + head * stride_oh
     if is_q:
-        src = q + token * stride_qt + head * stride_qh
-        kv_dst = k_dst
-        keep = True
+        src = q + tokens[:, None] * stride_qt + head * stride_qh
+        kv_dst = k_dst + tl.zeros([BLOCK_T, 1], dtype=tl.int64)
+        keep = token_ok
     else:
         if is_k:
-            src = k + token * stride_kt + head * stride_kh
+            src = k + tokens[:, None] * stride_kt + head * stride_kh
         else:
-            src = v + token * stride_vt + head * stride_vh
+            src = v + tokens[:, None] * stride_vt + head * stride_vh
         if TO_CACHE:
-            slot = tl.load(slot_mapping + token).to(tl.int64)
+            slot = tl.load(slot_mapping + tokens, mask=token_ok, other=-1).to(tl.int64)
             keep = slot >= 0
             if not STORE_K:  # a layer that derives K from V stores V alone
                 keep = keep & is_v
             slot = tl.maximum(slot, 0)
             offset = (slot // BLOCK_SIZE) * stride_d0 + (slot % BLOCK_SIZE) * stride_d1 + head * stride_dh
         else:
-            keep = True
-            offset = token * stride_d0 + head * stride_dh
+            keep = token_ok
+            offset = tokens.to(tl.int64) * stride_d0 + head * stride_dh
         if is_k:
-            kv_dst = k_dst + offset
+            kv_dst = k_dst + offset[:, None]
         else:
-            kv_dst = v_dst + offset
+            kv_dst = v_dst + offset[:, None]
     if PDL:
         gdc_wait()
-    x1 = load_row(src, cols, mask, stride_split, SPLITS, q_out.dtype.element_ty)
-    x2 = load_row(src, HALF + cols, mask, stride_split, SPLITS, q_out.dtype.element_ty)
-    inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / head_dim + eps)
-    x1 = x1 * inv
-    x2 = x2 * inv
+    x1 = load_row(src, cols[None, :], mask, stride_split, SPLITS, q_out.dtype.element_ty)
+    x2 = load_row(src, HALF + cols[None, :], mask, stride_split, SPLITS, q_out.dtype.element_ty)
+    inv = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / head_dim + eps)
+    x1 = x1 * inv[:, None]
+    x2 = x2 * inv[:, None]
     if HAS_Q_WEIGHT:
         weighted = ~is_v
     else:
         weighted = is_k
     if weighted:
         if is_q:
-            w1 = tl.load(q_weight + cols, mask=mask, other=0.0).to(tl.float32)
-            w2 = tl.load(q_weight + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+            w1 = tl.load(q_weight + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+            w2 = tl.load(q_weight + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
         else:
-            w1 = tl.load(k_weight + cols, mask=mask, other=0.0).to(tl.float32)
-            w2 = tl.load(k_weight + HALF + cols, mask=mask, other=0.0).to(tl.float32)
-        x1 = x1 * w1
-        x2 = x2 * w2
+            w1 = tl.load(k_weight + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+            w2 = tl.load(k_weight + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)
+        x1 = x1 * w1[None, :]
+        x2 = x2 * w2[None, :]
     x1 = x1.to(q_out.dtype.element_ty).to(tl.float32)
     x2 = x2.to(q_out.dtype.element_ty).to(tl.float32)
     if ~is_v:  # V takes no RoPE
-        c1 = tl.load(cos + token * stride_ct + cols, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(cos + token * stride_ct + HALF + cols, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(sin + token * stride_st + cols, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(sin + token * stride_st + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        cos_rows = cos + tokens[:, None] * stride_ct + cols[None, :]
+        sin_rows = sin + tokens[:, None] * stride_st + cols[None, :]
+        c1 = tl.load(cos_rows, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(cos_rows + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(sin_rows, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(sin_rows + HALF, mask=mask, other=0.0).to(tl.float32)
         r1 = x1 * c1 - x2 * s1
         r2 = x2 * c2 + x1 * s2
         x1 = r1
         x2 = r2
     if is_q:
-        tl.store(q_dst + cols, x1.to(q_out.dtype.element_ty), mask=mask)
-        tl.store(q_dst + HALF + cols, x2.to(q_out.dtype.element_ty), mask=mask)
+        tl.store(q_dst + cols[None, :], x1.to(q_out.dtype.element_ty), mask=mask)
+        tl.store(q_dst + HALF + cols[None, :], x2.to(q_out.dtype.element_ty), mask=mask)
     else:
         if CACHE_MAX > 0:  # an fp8 cache holds K / k_scale and V / v_scale, and saturates
             inv_scale = tl.where(is_v, v_inv_scale, k_inv_scale)
             x1 = tl.clamp(x1 * inv_scale, -CACHE_MAX, CACHE_MAX)
             x2 = tl.clamp(x2 * inv_scale, -CACHE_MAX, CACHE_MAX)
-        store = mask & keep
-        tl.store(kv_dst + cols, x1.to(kv_dst.dtype.element_ty), mask=store)
-        tl.store(kv_dst + HALF + cols, x2.to(kv_dst.dtype.element_ty), mask=store)
+        store = mask & keep[:, None]
+        tl.store(kv_dst + cols[None, :], x1.to(kv_dst.dtype.element_ty), mask=store)
+        tl.store(kv_dst + HALF + cols[None, :], x2.to(kv_dst.dtype.element_ty), mask=store)
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,
@@ -134,15 +142,17 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                        else (k_dst.stride(0), 0, k_dst.stride(1)))
         half = head_dim // 2
         pdl = dependent_launches(q.device)
-        run_kernel(_prepare_kernel, (num_tokens, num_q_heads + 2 * num_kv_heads),
+        block_t = TOKENS_PER_PROGRAM if num_tokens >= MANY_TOKENS else 1
+        run_kernel(_prepare_kernel, (triton.cdiv(num_tokens, block_t), num_q_heads + 2 * num_kv_heads),
                    q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,
                    q if k_weight is None else k_weight, cos, sin,
-                   slot_mapping if to_cache else q, eps, num_q_heads, num_kv_heads, head_dim,
+                   slot_mapping if to_cache else q, eps, num_tokens, num_q_heads, num_kv_heads, head_dim,
                    1.0 / kv_scales[0], 1.0 / kv_scales[1],
                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                    q_out.stride(0), q_out.stride(1), *dst_strides, cos.stride(0), sin.stride(0), stride_split,
-                   SPLITS=splits, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), TO_CACHE=to_cache,
+                   SPLITS=splits, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), BLOCK_T=block_t,
+                   TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
                    STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
-                   PDL=pdl, num_warps=4 if head_dim >= 512 else 2, **pdl_launch(pdl))
+                   PDL=pdl, num_warps=(4 if head_dim >= 512 else 2) * (2 if block_t > 1 else 1), **pdl_launch(pdl))
     return q_out, k_out, v_out
