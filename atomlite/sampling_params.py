@@ -1,12 +1,45 @@
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5
 SEED_MIN, SEED_MAX = -2**63, 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound; larger biases are clamped to it
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_nonnegative_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _token_id_key(key) -> int:
+    """A logit_bias key as a token id: OpenAI clients send them as strings ({"50256": -100})."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    if not _is_nonnegative_int(key):
+        raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}")
+    return key
+
+
+def _clamped_bias(bias) -> float:
+    if not _is_number(bias):
+        raise ValueError(f"logit_bias values must be finite numbers, got {bias!r}")
+    return min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(bias)))
 
 
 @dataclass
 class SamplingParams:
-    """Same field names and defaults as vLLM's. temperature 0 (or below 1e-5) means greedy."""
+    """Same field names, defaults and meanings as vLLM's. temperature 0 (or below 1e-5) means greedy.
+
+    Logits controls, applied to greedy and sampled rows alike, before the choice: allowed_token_ids (only these may
+    be chosen), bad_words (a word's last token is blocked where the output so far ends with the rest of it),
+    min_tokens (EOS and stop_token_ids blocked until that many output tokens exist), logit_bias ({token id: bias},
+    clamped to [-100, 100]), repetition_penalty (over prompt and output: positive logits divided by it, negative
+    ones multiplied), frequency_penalty and presence_penalty (over the output: each subtracted times the token's
+    count, and once if it occurs). min_p (after temperature: tokens below min_p times the top probability dropped)
+    only matters for sampled rows. Reported logprobs are the model's own, before any of these."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -17,12 +50,23 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.logit_bias, dict):
+            self.logit_bias = {_token_id_key(k): _clamped_bias(v) for k, v in self.logit_bias.items()}
         self.validate()
 
     def validate(self) -> None:
@@ -46,8 +90,83 @@ class SamplingParams:
             bad("stop must be a non-empty string or a list of them")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             bad("stop_token_ids must be non-negative integers")
+        self._validate_logits_controls()
+
+    def _validate_logits_controls(self) -> None:
+        def bad(msg):
+            raise ValueError(msg)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                bad(f"{name} must be in [-2, 2], got {value!r}")
+        if not _is_number(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            bad(f"repetition_penalty must be > 0 (1 is off), got {self.repetition_penalty!r}")
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            bad(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_nonnegative_int(self.min_tokens) or self.min_tokens > self.max_tokens:
+            bad(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.logit_bias is not None and (
+                not isinstance(self.logit_bias, dict) or not all(map(_is_nonnegative_int, self.logit_bias))
+                or not all(_is_number(v) and abs(v) <= MAX_LOGIT_BIAS for v in self.logit_bias.values())):
+            bad("logit_bias must map token ids (integers >= 0) to biases in [-100, 100]")
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
+                or not all(map(_is_nonnegative_int, self.allowed_token_ids))):
+            bad("allowed_token_ids must be a non-empty list of token ids (integers >= 0)")
+        if self.bad_words is not None and (
+                not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip()
+                                                                for w in self.bad_words)):
+            bad("bad_words must be a list of strings, none empty or only spaces")
+
+    def bind_to_model(self, tokenizer, vocab_size: int) -> None:
+        """Turns bad_words into token ids with the model's tokenizer (vLLM's way: each word as written and, where
+        it tokenizes to as many tokens as a different first one, with a leading space, as words mid-text are) and
+        checks every token id against the vocabulary."""
+        self._bad_words_token_ids = []
+        if self.bad_words:
+            if tokenizer is None:
+                raise ValueError("bad_words needs the model's tokenizer, and this model has none; "
+                                 "use logit_bias or allowed_token_ids with token ids instead")
+            self._bad_words_token_ids = _bad_word_token_ids(self.bad_words, tokenizer)
+        self._check_vocabulary(vocab_size)
+
+    def _check_vocabulary(self, vocab_size: int) -> None:
+        for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ()),
+                          ("bad_words", [t for word in self._bad_words_token_ids for t in word])):
+            outside = sorted({t for t in ids if t >= vocab_size})
+            if outside:
+                raise ValueError(f"{name} has token ids outside the vocabulary (size {vocab_size}): {outside[:8]}")
+
+    @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """bad_words as token id sequences, once bind_to_model has run."""
+        return self._bad_words_token_ids
+
+    @property
+    def uses_logits_controls(self) -> bool:
+        """Whether anything but temperature, top-k, top-p and min-p changes this row's next-token choice."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self._bad_words_token_ids
+                    or self.allowed_token_ids is not None)
+
+    @property
+    def uses_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:
         # below this, dividing logits by the temperature overflows float32; the result is argmax anyway
         return self.temperature < GREEDY_BELOW
+
+
+def _bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    sequences = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if not plain:
+            continue
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        sequences.append(plain)
+        if len(spaced) == len(plain) and spaced[0] != plain[0]:
+            sequences.append(spaced)
+    return sequences

@@ -62,7 +62,7 @@ BAD = [
     ("completions", {**OK, "seed": 2**70}, "seed"),
     ("completions", {**OK, "prompt": [2**70]}, "token ids"),
     ("completions", {**OK, "prompt": [[5], [2**70]], "echo": True}, "token ids"),
-    ("completions", {**OK, "frequency_penalty": 1.0}, "frequency_penalty"),
+    ("completions", {**OK, "frequency_penalty": 2.5}, "frequency_penalty"),
     ("chat/completions", {**CHAT, "messages": []}, "messages"),
     ("chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
     ("chat/completions", {**CHAT, "messages": [{"role": "user"}]}, "content"),

@@ -15,6 +15,7 @@ from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.launched import LaunchedStep
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.logits_controls import TokenHistory
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
@@ -192,6 +193,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params.validate()
+        params.bind_to_model(self.tokenizer, self.vocab_size)
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
         seq = Sequence(token_ids, params, request_id)
@@ -270,9 +272,12 @@ class LLMEngine:
         return self._sample(logits[:len(sample_rows)] if in_order else logits[sample_rows],
                             [seq for seq, _ in rows.sample])
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> LaunchedStep:
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
+                in_flight: torch.Tensor | None = None) -> LaunchedStep:
+        """in_flight: for a step launched ahead, each sequence's newest token, not yet in its token_ids (what
+        penalties, min_tokens and bad_words count besides the host's tokens)."""
         ids = sample_ids(logits, [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
-                         self.generator)
+                         self.generator, TokenHistory(seqs, self.eos_token_ids, in_flight))
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         return LaunchedStep.start(seqs, ids, torch.log_softmax(logits, dim=-1) if want_logprobs else None)
 
@@ -301,7 +306,7 @@ class LLMEngine:
         for seq in seqs:
             seq.num_computed_tokens += 1  # hashes of the new full blocks wait for the token (_settle_ahead)
             self.kv.release_out_of_window(seq)
-        return self._sample(logits, seqs)
+        return self._sample(logits, seqs, in_flight=launched.ids)
 
     def _take_tokens(self, launched: LaunchedStep) -> list[Sequence]:
         """Appends each sequence's sampled token (skipping sequences aborted since the launch) and checks whether

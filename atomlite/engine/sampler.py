@@ -5,19 +5,27 @@ Sampled rows draw by the exponential race: argmax(p / E) with E ~ Exp(1) picks t
 seeded request draws its row's E from its own generator, so its tokens do not depend on the rest of the batch.
 Logprobs are those of the model's own distribution (log_softmax of the logits, before temperature or
 filtering), as vLLM and the OpenAI API report them.
+
+Logits controls (logits_controls.py) change a copy of the logits of the rows that use them, before greedy and
+sampled rows choose; a batch without them runs none of that code.
 """
 import torch
 
+from atomlite.engine.logits_controls import NEG_INF, TokenHistory, apply_logits_controls, on_device
 from atomlite.sampling_params import SamplingParams
 
 
-def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] -> (unnormalized probabilities in descending order, the token ids of that order).
 
-    Per row: logits / temperature, the top_k most likely kept (top_k >= V keeps all), then the most likely tokens
-    until they cover top_p (the most likely one always stays, even when top_p is below float32's resolution)."""
+    Per row: logits / temperature, tokens less likely than min_p times the most likely one dropped, the top_k most
+    likely kept (top_k >= V keeps all), then the most likely tokens until they cover top_p (the most likely one
+    always stays, even when top_p is below float32's resolution)."""
     ordered, order = torch.sort(logits / temperature[:, None], dim=-1, descending=True)
+    if min_p is not None:
+        # p_i < min_p * p_max  <=>  logit_i - logit_max < log(min_p): no softmax needed
+        ordered = ordered.masked_fill(ordered < ordered[:, :1] + torch.log(min_p)[:, None], NEG_INF)
     ranks = torch.arange(logits.shape[-1], device=logits.device)
     ordered = ordered.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
     probs = torch.softmax(ordered, dim=-1)
@@ -34,18 +42,23 @@ def _race_noise(shape, device, generators: list[torch.Generator | None], shared:
     return noise.clamp_(min=torch.finfo(torch.float32).tiny)  # a draw of exactly 0 would make 0 / 0
 
 
-def _settings(params: list[SamplingParams], vocab: int, device) -> tuple[torch.Tensor, ...]:
+def _settings(params: list[SamplingParams], vocab: int, device) -> tuple[torch.Tensor | None, ...]:
     temperature = [p.temperature for p in params]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-    return (torch.tensor(temperature, dtype=torch.float32).to(device, non_blocking=True),
-            torch.tensor(top_k).to(device, non_blocking=True),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device, non_blocking=True))
+    min_p = on_device(device, [p.min_p for p in params], torch.float32) if any(p.min_p for p in params) else None
+    return (on_device(device, temperature, torch.float32), on_device(device, top_k),
+            on_device(device, [p.top_p for p in params], torch.float32), min_p)
 
 
 def sample_ids(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-               shared: torch.Generator) -> torch.Tensor:
+               shared: torch.Generator, history: TokenHistory | None = None) -> torch.Tensor:
     """logits [N, V] fp32 -> one token id per row, [N] int64 on the logits' device (launched, not waited for).
-    generators[i]: row i's own (seeded) generator or None, which draws from `shared`."""
+    generators[i]: row i's own (seeded) generator or None, which draws from `shared`. history: what rows using
+    logits controls read (needed when one does); logits itself is left as it is."""
+    if any(p.uses_logits_controls for p in params):
+        if history is None:
+            raise ValueError("sample_ids: rows with logits controls need the batch's TokenHistory")
+        logits = apply_logits_controls(logits, params, history)
     tokens = torch.argmax(logits, dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:

@@ -50,11 +50,15 @@ class Server:
                                 f"or shorten the prompt.", "max_tokens")
 
     def sampling_params(self, req: SamplingFields, max_tokens: int, seed_offset: int, **extra) -> SamplingParams:
-        return SamplingParams(
+        """The request's SamplingParams, checked against the model (bad_words tokenized, token ids in the
+        vocabulary) so that a bad value is a 400 before anything is queued."""
+        params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
             max_tokens=max_tokens, seed=None if req.seed is None else req.seed + seed_offset, stop=req.stop,
-            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, **extra)
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, **_logits_controls(req), **extra)
+        params.bind_to_model(self.tokenizer, self.engine.vocab_size)
+        return params
 
     # -- prompts ---------------------------------------------------------------------------------------------
     def completion_prompts(self, prompt) -> list[tuple[list[int], str | None]]:
@@ -93,6 +97,14 @@ class Server:
                 choices.append(Choice(index, p, ids, text))
                 gens.append(self.engine.generate(f"{base}-{index}", ids, params[j]))
         return choices, gens
+
+
+def _logits_controls(req: SamplingFields) -> dict:
+    """The request's logits controls that were given, in SamplingParams' terms (those left out keep its defaults)."""
+    given = {name: getattr(req, name) for name in ("frequency_penalty", "presence_penalty", "repetition_penalty",
+                                                     "min_p", "min_tokens", "logit_bias", "bad_words",
+                                                     "allowed_token_ids")}
+    return {name: value for name, value in given.items() if value is not None}
 
 
 async def merge(gens: list) -> AsyncIterator[tuple[int, Delta]]:

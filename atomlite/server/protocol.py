@@ -11,6 +11,8 @@ MAX_STOP = 16
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 Stop = NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP)] | None
+Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0)]
+TokenIdKey = Annotated[StrictStr, Field(pattern=r"^[0-9]{1,18}$")]  # JSON object keys are strings: {"50256": -100}
 
 
 class StreamOptions(BaseModel):
@@ -32,8 +34,15 @@ class SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
-    frequency_penalty: Annotated[StrictFloat, Field(ge=0.0, le=0.0)] | None = None
-    presence_penalty: Annotated[StrictFloat, Field(ge=0.0, le=0.0)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    # vLLM's extra request fields
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    logit_bias: dict[TokenIdKey, Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
+    bad_words: list[NonEmptyStr] | None = None
+    allowed_token_ids: TokenIds | None = None
     user: StrictStr | None = None
     return_token_ids: StrictBool = False  # vLLM's: each choice (and stream chunk) carries its token ids
 
