@@ -116,9 +116,18 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
               help="Seconds SIGTERM waits for in-flight requests before aborting them.")
 @click.option("--max-request-size", default="4MiB", show_default=True,
               help="Largest request body (e.g. 16MiB); a larger one gets 413 before it is read.")
+@click.option("--chat-template", default=None,
+              help="A Jinja chat template (a file, or the template itself) instead of the tokenizer's.")
+@click.option("--tool-call-parser", type=click.Choice(["auto", "gemma4", "none"]), default="auto", show_default=True,
+              help="Reads tool calls out of the output; auto: gemma4 when the chat template writes Gemma 4 calls.")
+@click.option("--reasoning-parser", type=click.Choice(["auto", "gemma4", "none"]), default="auto", show_default=True,
+              help="Moves thinking into reasoning_content; auto: gemma4 when the chat template writes its channel.")
+@click.option("--enable-auto-tool-choice", is_flag=True,
+              help="vLLM's flag; here tool_choice auto is on whenever a tool-call parser is.")
 @engine_options
 @click.argument("model_tag", required=False, metavar="[MODEL]")
-def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, model_tag, **kw):
+def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, chat_template,
+          tool_call_parser, reasoning_parser, enable_auto_tool_choice, model_tag, **kw):
     """Serve MODEL (a checkpoint folder or hub repo id, as --model takes; vLLM's positional form) over an
     OpenAI-compatible HTTP API."""
     if model_tag is not None:
@@ -129,6 +138,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         import uvicorn
 
         from atomlite.server.app import build_app, engine_client
+        from atomlite.server.chat import ChatOptions, load_chat_template
         from atomlite.server.draining import FLUSH_S, DrainingServer
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
@@ -136,7 +146,9 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
     model = model_dir(kw)
+    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser)
     try:
+        load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)
         sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
         engine = engine_client(EngineConfig(model=model, **engine_args(kw)), max_waiting)
@@ -144,7 +156,12 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     except (ConfigError, ValueError) as e:
         fail(str(e))
     name = served_model_name or default_served_name(kw["model"], model)
-    app = build_app(engine, name, api_key, body_limit)
+    app = build_app(engine, name, api_key, body_limit, chat_options)
+    chat = app.state.server.chat_template
+    if enable_auto_tool_choice and (chat is None or chat.tool_call_parser is None):
+        engine.shutdown()
+        fail("--enable-auto-tool-choice needs a tool-call parser: add --tool-call-parser gemma4 (and a "
+             "--chat-template that renders tools if the model's does not)")
     server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1),
                             engine, shutdown_timeout)
     engine.on_death = lambda: setattr(server, "should_exit", True)

@@ -1,3 +1,4 @@
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -29,6 +30,80 @@ def _clamped_bias(bias) -> float:
     return min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, float(bias)))
 
 
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _is_set(value) -> bool:
+    return value is not None and value is not False  # json_object=False is vLLM's "not asked for"
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's constrained decoding request; exactly one field is set. json: a JSON schema (a dict, or the JSON
+    text of one) the output must satisfy; regex: a regular expression the whole output must match; choice: the
+    output is one of these strings; grammar: an EBNF grammar in xgrammar's dialect (rule `root` is the start);
+    json_object: True for any JSON object."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        given = [kind for kind in STRUCTURED_OUTPUT_KINDS if _is_set(getattr(self, kind))]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(STRUCTURED_OUTPUT_KINDS)}; "
+                             f"got {' and '.join(given) if given else 'none'}")
+        self._validate_value()
+
+    def _validate_value(self) -> None:
+        kind, value = self.kind, self.value
+        if kind == "json":
+            self.schema()
+        elif kind in ("regex", "grammar") and (not isinstance(value, str) or not value):
+            raise ValueError(f"structured_outputs.{kind} must be a non-empty string")
+        elif kind == "choice" and (not isinstance(value, list) or not value
+                                   or not all(isinstance(c, str) for c in value)):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+        elif kind == "json_object" and value is not True:
+            raise ValueError("structured_outputs.json_object must be true (or left out)")
+
+    @property
+    def kind(self) -> str:
+        """The field that is set: json, regex, choice, grammar or json_object."""
+        return next(kind for kind in STRUCTURED_OUTPUT_KINDS if _is_set(getattr(self, kind)))
+
+    @property
+    def value(self):
+        return getattr(self, self.kind)
+
+    def schema(self) -> dict:
+        """json as a dict."""
+        schema = self.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise ValueError("structured_outputs.json must be a JSON schema object (a dict or its JSON text)")
+        try:
+            json.dumps(schema)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"structured_outputs.json is not JSON data: {e}") from None
+        return schema
+
+    @property
+    def cache_key(self) -> tuple[str, str]:
+        """Equal for requests that constrain the output the same way (property order counts: it is the order
+        the output follows)."""
+        value = self.value
+        return self.kind, value if isinstance(value, str) else json.dumps(value)
+
+
 @dataclass
 class SamplingParams:
     """Same field names, defaults and meanings as vLLM's. temperature 0 (or below 1e-5) means greedy.
@@ -39,7 +114,9 @@ class SamplingParams:
     clamped to [-100, 100]), repetition_penalty (over prompt and output: positive logits divided by it, negative
     ones multiplied), frequency_penalty and presence_penalty (over the output: each subtracted times the token's
     count, and once if it occurs). min_p (after temperature: tokens below min_p times the top probability dropped)
-    only matters for sampled rows. Reported logprobs are the model's own, before any of these."""
+    only matters for sampled rows. structured_outputs (StructuredOutputsParams) constrains the output to a JSON
+    schema, regex, choice or grammar; the sequence stops ("stop") once the grammar allows nothing more. Reported
+    logprobs are the model's own, before any of these."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -58,6 +135,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    skip_special_tokens: bool = True
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
@@ -117,6 +196,10 @@ class SamplingParams:
                 not isinstance(self.bad_words, list) or not all(isinstance(w, str) and w.strip()
                                                                 for w in self.bad_words)):
             bad("bad_words must be a list of strings, none empty or only spaces")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                bad("structured_outputs must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
 
     def bind_to_model(self, tokenizer, vocab_size: int) -> None:
         """Turns bad_words into token ids with the model's tokenizer (vLLM's way: each word as written and, where

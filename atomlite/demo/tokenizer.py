@@ -7,8 +7,21 @@ from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
 CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+# Plain chats render as the demo was trained; tools, tool calls and results, and enable_thinking are written in
+# Gemma 4's notation inside the demo's turns, so the server's Gemma 4 parsers and forced tool calls work on it.
+GEMMA4_VALUE = (
+    "{% macro value(v) %}{% if v is string %}<|\"|>{{ v }}<|\"|>{% elif v is boolean %}{{ 'true' if v else 'false' }}"
+    "{% elif v is none %}null{% elif v is mapping %}{{ '{' }}{% for k in v | sort %}{{ k }}:{{ value(v[k]) }}"
+    "{{ ',' if not loop.last }}{% endfor %}{{ '}' }}{% elif v is iterable %}[{% for x in v %}{{ value(x) }}"
+    "{{ ',' if not loop.last }}{% endfor %}]{% else %}{{ v }}{% endif %}{% endmacro %}")
+CHAT_TEMPLATE = GEMMA4_VALUE + (
+    "{{ bos_token }}{% if tools or enable_thinking %}<start_of_turn>system\n{% if enable_thinking %}<|think|>"
+    "{% endif %}{% for t in tools or [] %}<|tool>declaration:{{ t['function']['name'] }}"
+    "{{ t['function'].get('parameters', {}) | tojson }}<tool|>{% endfor %}<end_of_turn>\n{% endif %}"
+    "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{% if m['role'] == 'tool' %}<|tool_response>response:"
+    "{{ m.get('name') or 'tool' }}{value:<|\"|>{{ m['content'] }}<|\"|>}<tool_response|>{% else %}{{ m['content'] }}"
+    "{% endif %}{% for c in m.get('tool_calls') or [] %}<|tool_call>call:{{ c['function']['name'] }}"
+    "{{ value(c['function']['arguments']) }}<tool_call|>{% endfor %}<end_of_turn>\n"
     "{% endfor %}{% if add_generation_prompt %}<start_of_turn>assistant\n{% endif %}")
 
 

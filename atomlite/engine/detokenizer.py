@@ -27,30 +27,31 @@ def exact_backend(tokenizer):
     return tokenizer.backend_tokenizer if exact else None
 
 
-def decode_function(tokenizer, backend) -> Callable[[list[int]], str]:
+def decode_function(tokenizer, backend, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
     if tokenizer is None:
         return lambda token_ids: ""
     if backend is not None:
-        return lambda token_ids: backend.decode(token_ids, skip_special_tokens=True)
-    return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=True)
+        return lambda token_ids: backend.decode(token_ids, skip_special_tokens=skip_special_tokens)
+    return lambda token_ids: tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
     """`text` holds what later tokens cannot change (but see the module's note on invalid UTF-8); after finish()
-    it equals tokenizer.decode(token_ids, skip_special_tokens=True). Uses tokenizers' DecodeStream when the
-    tokenizer's decode is its backend's, and decodes the window itself otherwise (same rule, in Python)."""
+    it equals tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens). Uses tokenizers'
+    DecodeStream when the tokenizer's decode is its backend's, and decodes the window itself otherwise (same rule,
+    in Python)."""
 
-    def __init__(self, tokenizer, use_decode_stream: bool = True):
+    def __init__(self, tokenizer, use_decode_stream: bool = True, skip_special_tokens: bool = True):
         self.token_ids: list[int] = []
         self.text = ""
         self._prefix_offset = self._read_offset = 0
         self._saw_replacement_char = False
         self._backend = exact_backend(tokenizer) if tokenizer is not None else None
-        self._decode = decode_function(tokenizer, self._backend)
+        self._decode = decode_function(tokenizer, self._backend, skip_special_tokens)
         self._stream = None
         if self._backend is not None and use_decode_stream:
             from tokenizers.decoders import DecodeStream
-            self._stream = DecodeStream(skip_special_tokens=True)
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     @property
     def num_tokens(self) -> int:

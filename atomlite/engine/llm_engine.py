@@ -19,6 +19,7 @@ from atomlite.engine.logits_controls import TokenHistory
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
+from atomlite.engine.structured import StructuredOutputs
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
 from atomlite.hub import fetch_weights
@@ -128,6 +129,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.vocab_size = config.model_spec.hf["vocab_size"]
+        self.structured = StructuredOutputs(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self._generators: dict[int, torch.Generator] = {}
         self.requests: dict[str, Sequence] = {}
@@ -197,6 +199,8 @@ class LLMEngine:
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
         seq = Sequence(token_ids, params, request_id)
+        if params.structured_outputs is not None:
+            self.structured.add(seq)  # a grammar that does not compile fails here, before anything is queued
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None] * len(token_ids)
         if params.seed is not None:
@@ -258,6 +262,8 @@ class LLMEngine:
             return None
         self.step_prefilled = any(num_new > 1 or seq.num_uncomputed > 1 for seq, num_new in batch)
         logits, rows = self.runner.execute(batch)
+        sample_seqs = [seq for seq, _ in rows.sample]
+        bitmask = self._grammar_bitmask(sample_seqs)  # built on the host while the GPU runs the forward just launched
         self.iteration_tokens.append(sum(num_new for _, num_new in batch))
         self._record_prompt_logprobs(logits, rows.prompt)
         for seq, num_new in batch:
@@ -269,26 +275,32 @@ class LLMEngine:
         sample_rows = [row for _, row in rows.sample]
         # decode steps sample every row in order: a slice, not a gather (which would copy indices to the GPU)
         in_order = sample_rows == list(range(len(sample_rows)))
-        return self._sample(logits[:len(sample_rows)] if in_order else logits[sample_rows],
-                            [seq for seq, _ in rows.sample])
+        return self._sample(logits[:len(sample_rows)] if in_order else logits[sample_rows], sample_seqs,
+                            bitmask=bitmask)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence],
-                in_flight: torch.Tensor | None = None) -> LaunchedStep:
+    def _grammar_bitmask(self, seqs: list[Sequence]) -> torch.Tensor | None:
+        """The tokens the structured_outputs grammars allow each row; None when no row has one."""
+        return self.structured.bitmask(seqs, self.device) if self.structured.constrains(seqs) else None
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], in_flight: torch.Tensor | None = None,
+                bitmask: torch.Tensor | None = None) -> LaunchedStep:
         """in_flight: for a step launched ahead, each sequence's newest token, not yet in its token_ids (what
-        penalties, min_tokens and bad_words count besides the host's tokens)."""
+        penalties, min_tokens and bad_words count besides the host's tokens). bitmask: the tokens each row's
+        structured_outputs grammar allows (StructuredOutputs.bitmask)."""
         ids = sample_ids(logits, [s.params for s in seqs], [self._generators.get(s.seq_id) for s in seqs],
-                         self.generator, TokenHistory(seqs, self.eos_token_ids, in_flight))
+                         self.generator, TokenHistory(seqs, self.eos_token_ids, in_flight), bitmask)
         want_logprobs = any(s.params.logprobs is not None for s in seqs)
         return LaunchedStep.start(seqs, ids, torch.log_softmax(logits, dim=-1) if want_logprobs else None)
 
     def _can_run_ahead(self, seqs: list[Sequence]) -> bool:
         """Whether the next step is sure to be these sequences decoding one token each, as the scheduler would
         pick it: nothing waits to be admitted, every running sequence sampled, none can only finish, and a graph
-        bucket holds them."""
+        bucket holds them. Never with a structured_outputs row: its mask depends on the token still on its way,
+        which the host's grammar matcher must see first."""
         scheduler = self.scheduler
         return (self.config.overlap_decode and not scheduler.waiting and scheduler.running == seqs
                 and len(seqs) <= scheduler.max_num_batched_tokens and self.runner.can_run_ahead(len(seqs))
-                and not any(self._last_token_pending(seq) for seq in seqs))
+                and not any(self._last_token_pending(seq) for seq in seqs) and not self.structured.constrains(seqs))
 
     def _last_token_pending(self, seq: Sequence) -> bool:
         """Whether the token on its way is seq's last whatever it is (max_tokens or the context length)."""
@@ -345,6 +357,8 @@ class LLMEngine:
         params = seq.params
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return self._finish(seq, "stop")
+        if self.structured.is_constrained(seq) and self.structured.advance(seq, token):
+            return self._finish(seq, "stop")
         if seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.config.max_model_len:
             return self._finish(seq, "length")
 
@@ -353,6 +367,7 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.remove(seq)
         self._generators.pop(seq.seq_id, None)
+        self.structured.drop(seq)
         self.requests.pop(seq.request_id, None)
 
     def decode(self, token_ids: list[int]) -> str:

@@ -43,7 +43,8 @@ class RequestState:
     stopped: bool = False  # finished on a stop string, which the engine does not know of
 
     def __post_init__(self):
-        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.detokenizer = IncrementalDetokenizer(self.tokenizer,
+                                                  skip_special_tokens=self.params.skip_special_tokens)
         self._held = max(map(len, self.params.stop)) - 1 if self.params.stop else 0
         self._sent_text = 0
 
@@ -60,11 +61,20 @@ class RequestState:
             self.prompt_logprobs = u.prompt_logprobs
         self.num_cached_tokens = u.num_cached_tokens
         text_before = len(self.detokenizer.text)
-        if self.detokenizer.add(u.token_ids) and self.params.stop and self._cut_at_stop_string(text_before):
+        if self.detokenizer.add(self._text_tokens(u)) and self.params.stop and self._cut_at_stop_string(text_before):
             self.finish_reason, self.stopped = "stop", True
         elif u.finish_reason is not None:
             self.finish_reason, self.text = u.finish_reason, self.detokenizer.finish()
         return self._delta(u, first)
+
+    def _text_tokens(self, u: SeqUpdate) -> list[int]:
+        """The tokens whose text the client sees: with special tokens kept in the text, the special token that
+        ended the output (EOS, end of turn) is still left out, as vLLM leaves out stop tokens."""
+        ids = u.token_ids
+        if (self.params.skip_special_tokens or u.finish_reason != "stop" or not ids or self.tokenizer is None
+                or ids[-1] not in self.tokenizer.all_special_ids):
+            return ids
+        return ids[:-1]
 
     def _cut_at_stop_string(self, text_before: int) -> bool:
         """Search the text the new tokens completed for a stop string; on a match keep only the text before it.

@@ -7,11 +7,13 @@ Logprobs are those of the model's own distribution (log_softmax of the logits, b
 filtering), as vLLM and the OpenAI API report them.
 
 Logits controls (logits_controls.py) change a copy of the logits of the rows that use them, before greedy and
-sampled rows choose; a batch without them runs none of that code.
+sampled rows choose; a batch without them runs none of that code. So does a structured_outputs bitmask
+(structured.py), applied first.
 """
 import torch
 
 from atomlite.engine.logits_controls import NEG_INF, TokenHistory, apply_logits_controls, on_device
+from atomlite.engine.structured import apply_token_bitmask
 from atomlite.sampling_params import SamplingParams
 
 
@@ -51,10 +53,14 @@ def _settings(params: list[SamplingParams], vocab: int, device) -> tuple[torch.T
 
 
 def sample_ids(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-               shared: torch.Generator, history: TokenHistory | None = None) -> torch.Tensor:
+               shared: torch.Generator, history: TokenHistory | None = None,
+               bitmask: torch.Tensor | None = None) -> torch.Tensor:
     """logits [N, V] fp32 -> one token id per row, [N] int64 on the logits' device (launched, not waited for).
     generators[i]: row i's own (seeded) generator or None, which draws from `shared`. history: what rows using
-    logits controls read (needed when one does); logits itself is left as it is."""
+    logits controls read (needed when one does). bitmask: [N, ceil(V / 32)] int32 on the logits' device, the
+    tokens each row may choose (structured outputs). logits itself is left as it is."""
+    if bitmask is not None:
+        logits = apply_token_bitmask(logits, bitmask)
     if any(p.uses_logits_controls for p in params):
         if history is None:
             raise ValueError("sample_ids: rows with logits controls need the batch's TokenHistory")

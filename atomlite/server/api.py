@@ -10,10 +10,13 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from atomlite.engine.async_engine import AsyncEngine, Delta, EngineStopped, QueueFull
-from atomlite.sampling_params import SamplingParams
+from atomlite.engine.structured import check_structured_outputs
+from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
+from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers
 from atomlite.server.errors import APIError, error_body
 from atomlite.server.formatting import Choice, Formatter
-from atomlite.server.protocol import ChatCompletionRequest, SamplingFields
+from atomlite.server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
+from atomlite.server.tool_grammar import tool_call_grammar
 
 DISCONNECT_POLL_S = 0.25
 
@@ -25,11 +28,13 @@ class ClientGone(Exception):
 class Server:
     """Request handling that does not depend on FastAPI: prompts -> engine streams -> OpenAI bodies."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None):
+    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None,
+                 chat_options: ChatOptions = ChatOptions()):
         self.engine, self.model_name, self.api_key = engine, model_name, api_key
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.fmt = Formatter(self.tokenizer, model_name)
+        self.chat_template = ChatTemplate(self.tokenizer, chat_options) if self.tokenizer is not None else None
 
     # -- checks ---------------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -51,7 +56,14 @@ class Server:
 
     def sampling_params(self, req: SamplingFields, max_tokens: int, seed_offset: int, **extra) -> SamplingParams:
         """The request's SamplingParams, checked against the model (bad_words tokenized, token ids in the
-        vocabulary) so that a bad value is a 400 before anything is queued."""
+        vocabulary, the output constraint's schema, regex or grammar built) so that a bad value is a 400 before
+        anything is queued."""
+        constraint = _output_constraint(req)
+        if constraint is not None:
+            field, structured_outputs = constraint
+            if "structured_outputs" in extra:
+                raise APIError(400, f"{field} cannot be combined with a forced tool call", field)
+            extra["structured_outputs"] = structured_outputs
         params = SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
@@ -76,12 +88,27 @@ class Server:
         return out
 
     def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        tok = self.need_tokenizer("chat")
-        if not getattr(tok, "chat_template", None):
-            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions")
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok.encode(text, add_special_tokens=False)
+        self.need_tokenizer("chat")
+        return self.chat_template.render(req.messages, req.tools, req.chat_template_kwargs)
+
+    def chat_output(self, req: ChatCompletionRequest) -> tuple[OutputParsers, dict]:
+        """The parsers of the request's output, and what its SamplingParams need for them: special tokens kept
+        in the text (the parsers read the markers), and for tool_choice "required" or a named tool, a grammar
+        that forces the call."""
+        parsers = self.chat_template.request_parsers(req)
+        extra = {"skip_special_tokens": False} if parsers.active else {}
+        choice = req.effective_tool_choice()
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
+            name = None if choice == "required" else choice.function.name
+            try:
+                forced = StructuredOutputsParams(grammar=tool_call_grammar(tools, name, req.parallel_tool_calls))
+                check_structured_outputs(forced)
+            except ValueError as e:
+                raise APIError(400, f"tool_choice {choice if name is None else name!r} cannot be forced: {e}",
+                               "tools") from e
+            extra["structured_outputs"] = forced
+        return parsers, extra
 
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
@@ -97,6 +124,29 @@ class Server:
                 choices.append(Choice(index, p, ids, text))
                 gens.append(self.engine.generate(f"{base}-{index}", ids, params[j]))
         return choices, gens
+
+
+def _output_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParams] | None:
+    """(the request field, its constraint) for response_format json_object / json_schema or structured_outputs,
+    checked: a bad one is a 400 naming the field."""
+    response_format, fields = req.response_format, req.structured_outputs
+    if fields is not None:
+        given = fields.model_dump(by_alias=True, exclude_none=True)
+        field, name = "structured_outputs", None
+        if len(given) == 1:
+            field = f"structured_outputs.{next(iter(given))}"
+    elif response_format is not None and response_format.type != "text":
+        json_schema = response_format.json_schema
+        given = {"json": json_schema.schema_} if json_schema is not None else {"json_object": True}
+        field, name = "response_format", "response_format.json_schema.schema"
+    else:
+        return None
+    try:
+        constraint = StructuredOutputsParams(**given)
+        check_structured_outputs(constraint, name)
+    except ValueError as e:
+        raise APIError(400, str(e), field) from None
+    return field, constraint
 
 
 def _logits_controls(req: SamplingFields) -> dict:

@@ -7,6 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from atomlite.config import EngineConfig
 from atomlite.engine.async_engine import AsyncEngine
 from atomlite.server.api import Server
+from atomlite.server.chat import ChatOptions
 from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
 from atomlite.server.errors import APIError, install_error_handlers
 from atomlite.server.metrics import ServerMetrics
@@ -23,14 +24,14 @@ def engine_client(engine, max_waiting: int = 1024) -> AsyncEngine:
 
 
 def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: int = 1024,
-             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> FastAPI:
-    return build_app(engine_client(engine, max_waiting), model_name, api_key, max_request_size)
+             max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions()) -> FastAPI:
+    return build_app(engine_client(engine, max_waiting), model_name, api_key, max_request_size, chat_options)
 
 
 def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-              max_request_size: int = DEFAULT_MAX_REQUEST_SIZE) -> FastAPI:
+              max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions()) -> FastAPI:
     """The app over an engine client, started with the app unless already started."""
-    server = Server(engine, model_name, api_key)
+    server = Server(engine, model_name, api_key, chat_options)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -3,6 +3,7 @@ import time
 from dataclasses import dataclass, field
 
 from atomlite.engine.output_processor import Delta
+from atomlite.server.chat import OutputParsers
 
 
 @dataclass
@@ -97,13 +98,19 @@ class Formatter:
         text = self.token_text(token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None, token_ids: bool = False) -> dict:
+    def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None, token_ids: bool = False,
+             parsers: OutputParsers | None = None) -> dict:
+        """parsers: those reading each choice's text into content, reasoning_content and tool_calls."""
         body = self.header(request_id, "chat.completion")
-        body["choices"] = [{
-            "index": c.index, "message": {"role": "assistant", "content": c.text},
-            "logprobs": self.chat_logprobs(c.token_ids, c.logprobs, top_logprobs) if top_logprobs is not None
-            else None,
-            "finish_reason": c.finish_reason, **({"token_ids": c.token_ids} if token_ids else {})} for c in choices]
+        body["choices"] = []
+        for c in choices:
+            message = parsers.message(c.text) if parsers is not None and parsers.active else {"content": c.text}
+            body["choices"].append({
+                "index": c.index, "message": {"role": "assistant", **message},
+                "logprobs": self.chat_logprobs(c.token_ids, c.logprobs, top_logprobs) if top_logprobs is not None
+                else None,
+                "finish_reason": chat_finish_reason(c.finish_reason, bool(message.get("tool_calls"))),
+                **({"token_ids": c.token_ids} if token_ids else {})})
         if token_ids:
             body["prompt_token_ids"] = choices[0].prompt_ids
         body["usage"] = usage(choices)
@@ -116,6 +123,20 @@ class Formatter:
         if token_ids is not None:
             body["choices"][0]["token_ids"] = token_ids
         return body
+
+
+def chat_finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:
+    """OpenAI's: an answer that ends in tool calls finishes with "tool_calls"."""
+    return "tool_calls" if made_tool_calls and reason == "stop" else reason
+
+
+def merged_delta(deltas: list[dict]) -> dict:
+    """Parser deltas of one engine step as one chunk's delta (texts joined, tool call pieces in order)."""
+    out: dict = {}
+    for delta in deltas:
+        for field, value in delta.items():
+            out[field] = out.get(field, [] if field == "tool_calls" else "") + value
+    return out
 
 
 def usage(choices: list[Choice]) -> dict:

@@ -1,12 +1,13 @@
 """OpenAI request schemas. Types are strict (no "5" for 5, no 1.0 for an int) so a malformed request is a 400,
 and every bound the engine relies on is checked here."""
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP = 16
+MAX_TOOLS = 128
 
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
@@ -19,8 +20,38 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    name: StrictStr
+    description: StrictStr | None = None
+    schema_: dict[str, Any] = Field(alias="schema")  # "schema" itself would shadow a BaseModel attribute
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's: text (no constraint), json_object (any JSON object) or json_schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema is required with type "json_schema", and only there')
+        return self
+
+
+class StructuredOutputsFields(BaseModel):
+    """vLLM's structured_outputs request field; exactly one of these (StructuredOutputsParams checks that)."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | StrictStr | None = Field(None, alias="json")  # "json" would shadow BaseModel.json
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # a field atomlite does not honour is a 400 naming it
 
     model: StrictStr | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
@@ -45,11 +76,20 @@ class SamplingFields(BaseModel):
     allowed_token_ids: TokenIds | None = None
     user: StrictStr | None = None
     return_token_ids: StrictBool = False  # vLLM's: each choice (and stream chunk) carries its token ids
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsFields | None = None  # vLLM's
 
     @model_validator(mode="after")
     def _top_k_range(self):
         if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
             raise ValueError("top_k must be -1 (off) or >= 1")
+        return self
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self):
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ValueError("give response_format or structured_outputs, not both")
         return self
 
 
@@ -65,13 +105,76 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+MEDIA_PARTS = ("image_url", "input_audio", "video_url", "file")  # refused by name rather than ignored
+ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+
+
+class FunctionCall(BaseModel):
+    name: ToolName
+    arguments: StrictStr  # a JSON object, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool message: the call it answers
+    reasoning_content: StrictStr | None = None  # an assistant's earlier thinking
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content):
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") in MEDIA_PARTS:
+                raise ValueError(f"{part['type']} content is not supported: atomlite serves text-only models; "
+                                 f"send text parts")
+        return content
+
+    @model_validator(mode="after")
+    def _fields_of_the_role(self):
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError("only tool messages carry tool_call_id")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: ToolName
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    name: ToolName
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -79,12 +182,32 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs=true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_needs_its_tool(self):
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools: give the tools it may call")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            if name not in {t.function.name for t in self.tools}:
+                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+        return self
+
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: auto when tools are given, none otherwise."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
 
 class TokenizeRequest(BaseModel):

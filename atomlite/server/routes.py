@@ -10,7 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from atomlite.server.api import ClientGone, EventStream, Server, collect, merge, sse
 from atomlite.server.errors import APIError
-from atomlite.server.formatting import usage
+from atomlite.server.chat import OutputParsers
+from atomlite.server.formatting import chat_finish_reason, merged_delta, usage
 from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 CLIENT_CLOSED = 499
@@ -71,17 +72,19 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
         server.check_lengths(ids, max_tokens)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        extra = {"logprobs": top} if top is not None else {}
+        parsers, extra = server.chat_output(req)
+        if top is not None:
+            extra["logprobs"] = top
         choices, gens = server.streams([(ids, None)], req.n,
                                        lambda j: server.sampling_params(req, max_tokens, j, **extra))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
-            return EventStream(chat_events(server, request_id, choices, gens, req, top), gens)
+            return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
         try:
             await collect(request, choices, gens)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        return fmt.chat(request_id, choices, top, req.return_token_ids)
+        return fmt.chat(request_id, choices, top, req.return_token_ids, parsers)
 
     @app.get("/tokenizer_info", dependencies=[auth])
     async def tokenizer_info():
@@ -97,9 +100,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
         if req.prompt is not None:
             tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            text = tok.apply_chat_template([{"role": m.role, "content": m.text()} for m in req.messages],
-                                           tokenize=False, add_generation_prompt=True)
-            tokens = tok.encode(text, add_special_tokens=False)
+            tokens = server.chat_template.render(req.messages)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
 
     @app.post("/detokenize", dependencies=[auth])
@@ -132,17 +133,25 @@ async def completion_events(server: Server, request_id, choices, gens, req: Comp
         yield sse({**fmt.header(request_id, "text_completion"), "choices": [], "usage": usage(choices)})
 
 
-async def chat_events(server: Server, request_id, choices, gens, req: ChatCompletionRequest, top):
+async def chat_events(server: Server, request_id, choices, gens, req: ChatCompletionRequest, top,
+                      parsers: OutputParsers):
     fmt = server.fmt
+    readers = [parsers.stream() if parsers.active else None for _ in choices]
     for choice in choices:
         yield sse(fmt.chat_chunk(request_id, choice.index, {"role": "assistant", "content": ""}, None, None))
     async with contextlib.aclosing(merge(gens)) as deltas:
         async for i, delta in deltas:
             choices[i].add(delta)
             logprobs = fmt.chat_logprobs(delta.token_ids, delta.logprobs, top) if top is not None else None
-            content = {"content": delta.text} if delta.text else {}
-            yield sse(fmt.chat_chunk(request_id, i, content, logprobs,
-                                     delta.finish_reason if delta.finished else None,
+            reader = readers[i]
+            if reader is None:
+                message = {"content": delta.text} if delta.text else {}
+            else:
+                message = merged_delta(reader.feed(delta.text) + (reader.finish() if delta.finished else []))
+            finish_reason = None
+            if delta.finished:
+                finish_reason = chat_finish_reason(delta.finish_reason, reader is not None and reader.made_tool_calls)
+            yield sse(fmt.chat_chunk(request_id, i, message, logprobs, finish_reason,
                                      delta.token_ids if req.return_token_ids else None))
     if req.stream_options and req.stream_options.include_usage:
         yield sse({**fmt.header(request_id, "chat.completion.chunk"), "choices": [], "usage": usage(choices)})

@@ -1,0 +1,177 @@
+"""Structured outputs (constrained decoding) with xgrammar.
+
+A request's StructuredOutputsParams (JSON schema, regex, choice, EBNF grammar or any JSON object) becomes an
+xgrammar grammar, compiled against the model tokenizer's vocabulary padded to the logits width and cached per spec;
+each constrained sequence gets a GrammarMatcher. Each step the host fills a bitmask row per constrained sequence
+(bit j of int32 word w set: token 32w + j allowed), every bit set in the other rows, while the GPU runs the forward;
+the device unpacks it with torch ops and sets disallowed logits to -inf before greedy and sampled rows choose. Each
+token taken advances its sequence's matcher; once the grammar is complete and only a stop token may follow, the
+sequence is done.
+
+The grammar constrains the text the client gets: where special tokens are left out of it (skip_special_tokens, the
+default) the grammar never picks one, but for a stop token at the end; where they are kept, a literal matches a
+special token by its text, as the client will read it, and Token(id) names one.
+"""
+import functools
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Collection
+
+import torch
+import xgrammar as xgr
+
+from atomlite.engine.sequence import Sequence
+from atomlite.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger("atomlite")
+MAX_CACHED_GRAMMARS = 64
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+_XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[20:31:21] /project/cpp/regex_converter.cc:83: "
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[N, ceil(vocab_size / 32)] int32 -> [N, vocab_size] bool: bit j of word w says whether token 32w + j is
+    allowed."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # & 1 drops the sign bits the arithmetic shift copies in
+    return bits.flatten(1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [N, V] with each row's disallowed tokens at -inf."""
+    return logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
+
+
+def choice_grammar(choices: list[str]) -> str:
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)  # JSON escapes are EBNF's
+
+
+def _grammar(kind: str, text: str) -> xgr.Grammar:
+    """The grammar of a spec's cache key (StructuredOutputsParams.cache_key)."""
+    # JSON comes compact (", " and ": ", no other whitespace between tokens): free whitespace lets a model pad
+    # without end until max_tokens, the best-known failure of constrained JSON; OpenAI's output is compact too
+    if kind == "json":
+        return xgr.Grammar.from_json_schema(text, any_whitespace=False)
+    if kind == "json_object":
+        return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
+    if kind == "regex":
+        return xgr.Grammar.from_regex(text)
+    if kind == "choice":
+        return xgr.Grammar.from_ebnf(choice_grammar(json.loads(text)))
+    return xgr.Grammar.from_ebnf(text)
+
+
+def _invalid(name: str, error: Exception) -> ValueError:
+    message = _XGRAMMAR_LOCATION.sub("", str(error).strip())
+    return ValueError(f"{name} is invalid: {message}")
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(kind: str, text: str) -> None:
+    _grammar(kind, text)
+
+
+def check_structured_outputs(spec: StructuredOutputsParams, name: str | None = None) -> None:
+    """Raises a ValueError naming the field (`name`, by default structured_outputs.KIND) unless spec makes a valid
+    grammar. Needs no tokenizer, so the API process can refuse a bad request before it is queued; the engine's
+    compile then does not fail on it."""
+    try:
+        _checked(*spec.cache_key)
+    except RuntimeError as e:
+        raise _invalid(name or f"structured_outputs.{spec.kind}", e) from None
+
+
+def _without_special_tokens(info: xgr.TokenizerInfo, tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
+    """info with the tokenizer's special tokens as empty strings, which xgrammar never matches to text (stop
+    tokens still end the output). xgrammar otherwise takes a special token for its text: "<pad>" inside a JSON
+    string, say, which the client's text would not show."""
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    vocab = [""] * vocab_size
+    for text, i in tokenizer.get_vocab().items():
+        if i < vocab_size and i not in special:
+            vocab[i] = text
+    return xgr.TokenizerInfo(vocab, info.vocab_type, vocab_size=vocab_size, stop_token_ids=info.stop_token_ids,
+                             add_prefix_space=info.add_prefix_space)
+
+
+class StructuredOutputs:
+    """The engine's constrained sequences: compiled grammars (cached by spec), a matcher per sequence, the bitmask
+    of a batch and the end of a sequence's grammar."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: Collection[int]):
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self.words = (vocab_size + 31) // 32
+        self._compilers: dict[bool, xgr.GrammarCompiler] = {}  # by skip_special_tokens; made on first use
+        self._compiled: OrderedDict[tuple, xgr.CompiledGrammar] = OrderedDict()
+        self._matchers: dict[int, xgr.GrammarMatcher] = {}
+        self._filler = xgr.BatchGrammarMatcher()
+
+    def add(self, seq: Sequence) -> None:
+        """Gives seq a matcher of its params' grammar; a ValueError naming the field if it does not compile."""
+        params = seq.params
+        self._matchers[seq.seq_id] = xgr.GrammarMatcher(self.compile(params.structured_outputs,
+                                                                     params.skip_special_tokens))
+
+    def drop(self, seq: Sequence) -> None:
+        self._matchers.pop(seq.seq_id, None)
+
+    def compile(self, spec: StructuredOutputsParams, skip_special_tokens: bool = True) -> xgr.CompiledGrammar:
+        key = (*spec.cache_key, skip_special_tokens)
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        compiler = self._compilers.get(skip_special_tokens) or self._make_compiler(skip_special_tokens)
+        try:
+            compiled = compiler.compile_grammar(_grammar(*spec.cache_key))
+        except RuntimeError as e:
+            raise _invalid(f"structured_outputs.{spec.kind}", e) from None
+        self._compiled[key] = compiled
+        if len(self._compiled) > MAX_CACHED_GRAMMARS:
+            self._compiled.popitem(last=False)
+        return compiled
+
+    def _make_compiler(self, skip_special_tokens: bool) -> xgr.GrammarCompiler:
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs needs the model's tokenizer, and this model has none")
+        info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                  stop_token_ids=self.stop_token_ids or None)
+        if skip_special_tokens:
+            info = _without_special_tokens(info, self.tokenizer, self.vocab_size)
+        compiler = self._compilers[skip_special_tokens] = xgr.GrammarCompiler(info, cache_enabled=False)
+        return compiler  # its own cache is off: compiled grammars are cached here, by spec
+
+    def constrains(self, seqs: list[Sequence]) -> bool:
+        return bool(self._matchers) and any(seq.seq_id in self._matchers for seq in seqs)
+
+    def is_constrained(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._matchers
+
+    def bitmask(self, seqs: list[Sequence], device: torch.device) -> torch.Tensor:
+        """[len(seqs), words] int32 on device, its copy launched: each constrained row's allowed next tokens, every
+        bit set in the other rows."""
+        rows = [i for i, seq in enumerate(seqs) if seq.seq_id in self._matchers]
+        mask = torch.full((len(seqs), self.words), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._filler.batch_fill_next_token_bitmask([self._matchers[seqs[i].seq_id] for i in rows], mask, rows)
+        return mask.to(device, non_blocking=True)
+
+    def advance(self, seq: Sequence, token: int) -> bool:
+        """Feeds seq's new token to its matcher; True when seq's output is complete: its grammar ended, or only a
+        stop token may follow. Also True for a token the grammar refuses, which only other constraints that left a
+        row nothing the grammar allows can bring about: the output cannot go on."""
+        matcher = self._matchers[seq.seq_id]
+        if not matcher.accept_token(token):
+            logger.warning("request %s: token %d is outside its structured_outputs grammar (other constraints left "
+                           "nothing the grammar allows); it ends here", seq.request_id, token)
+            return True
+        return matcher.is_terminated() or (matcher.is_completed() and self._only_stops_next(matcher))
+
+    def _only_stops_next(self, matcher: xgr.GrammarMatcher) -> bool:
+        row = torch.empty((1, self.words), dtype=torch.int32)
+        matcher.fill_next_token_bitmask(row)
+        allowed = unpack_bitmask(row, self.vocab_size)[0]
+        allowed[matcher.stop_token_ids] = False
+        return not bool(allowed.any())

@@ -1,0 +1,196 @@
+"""The chat side of the API: requests rendered through the chat template (tools, earlier tool calls and their
+results, template kwargs), and each choice's raw output turned into message fields by the model's reasoning and
+tool-call parsers, whole or as stream deltas that join into the whole."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from atomlite.server.errors import APIError
+from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream
+from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream
+from atomlite.server.protocol import ChatCompletionRequest, ChatMessage
+
+PARSER_CHOICES = ("auto", "gemma4", "none")
+TEMPLATE_ARGUMENTS = {"messages", "tools", "add_generation_prompt", "tokenize", "chat_template"}
+# "auto" turns a parser on when the chat template writes what it reads
+PARSER_MARKERS = {"tool_call_parser": TOOL_CALL_START, "reasoning_parser": CHANNEL_START}
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """`atomlite serve`'s chat flags (vLLM's names): --chat-template (a file or the template itself),
+    --tool-call-parser and --reasoning-parser (gemma4, none, or auto: gemma4 when the template writes its
+    markers)."""
+    chat_template: str | None = None
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """--chat-template: a path to a Jinja file, or the template text itself (as vLLM takes it)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if "{" not in value and path.is_file():
+        return path.read_text()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value!r}: no such file, and not a Jinja template either")
+    return value
+
+
+def resolve_parser(flag: str, choice: str, template: str | None) -> str | None:
+    if choice not in PARSER_CHOICES:
+        raise ValueError(f"--{flag.replace('_', '-')} {choice!r}: choose one of {', '.join(PARSER_CHOICES)}")
+    if choice == "auto":
+        return "gemma4" if template and PARSER_MARKERS[flag] in template else None
+    return None if choice == "none" else choice
+
+
+class ChatTemplate:
+    """Renders chat requests with the model's template (or --chat-template's) and knows which parsers apply."""
+
+    def __init__(self, tokenizer, options: ChatOptions):
+        self.tokenizer = tokenizer
+        self.template = load_chat_template(options.chat_template) or getattr(tokenizer, "chat_template", None)
+        self.tool_call_parser = resolve_parser("tool_call_parser", options.tool_call_parser, self.template)
+        self.reasoning_parser = resolve_parser("reasoning_parser", options.reasoning_parser, self.template)
+
+    def render(self, messages: list[ChatMessage], tools: list | None = None,
+               template_kwargs: dict | None = None) -> list[int]:
+        if not self.template:
+            raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions or serve with "
+                                "--chat-template")
+        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        reserved = TEMPLATE_ARGUMENTS & set(template_kwargs or {})
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
+        try:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(messages), tools=tool_dicts, chat_template=self.template, tokenize=False,
+                add_generation_prompt=True, **(template_kwargs or {}))
+        except APIError:
+            raise
+        except Exception as e:  # the template's own raise_exception, or a kwarg it cannot take
+            raise APIError(400, f"the chat template refused these messages: {e}", "messages") from e
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def request_parsers(self, req: ChatCompletionRequest) -> "OutputParsers":
+        tool_choice = req.effective_tool_choice()
+        if tool_choice != "none" and self.tool_call_parser is None:
+            raise APIError(400, f"tool_choice {_choice_name(tool_choice)!r} needs a tool-call parser, and this "
+                                f"model's chat template writes no tool calls atomlite knows: serve with "
+                                f"--tool-call-parser gemma4 (and a --chat-template that renders tools)",
+                           "tool_choice")
+        return OutputParsers(self.reasoning_parser is not None, tool_choice != "none", req.parallel_tool_calls)
+
+
+def _choice_name(choice) -> str:
+    return choice if isinstance(choice, str) else choice.function.name
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as chat templates read them (transformers' convention): tool call arguments as objects, and each
+    tool result named after the call it answers (Gemma 4 writes `response:NAME{...}`)."""
+    out, call_names = [], {}
+    for i, m in enumerate(messages):
+        message = {"role": m.role, "content": m.text()}
+        if m.name is not None:
+            message["name"] = m.name
+        if m.reasoning_content is not None:
+            message["reasoning_content"] = m.reasoning_content
+        if m.tool_calls:
+            message["tool_calls"] = [_template_call(i, j, call) for j, call in enumerate(m.tool_calls)]
+            call_names.update({c.id: c.function.name for c in m.tool_calls if c.id})
+        if m.role == "tool":
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            message.setdefault("name", call_names.get(m.tool_call_id))
+        out.append(message)
+    return out
+
+
+def _template_call(i: int, j: int, call) -> dict:
+    try:
+        arguments = json.loads(call.function.arguments)
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"messages.{i}.tool_calls.{j}.function.arguments is not JSON: {e}", "messages") from e
+    if not isinstance(arguments, dict):
+        raise APIError(400, f"messages.{i}.tool_calls.{j}.function.arguments must be a JSON object", "messages")
+    body = {"type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+    return {**body, "id": call.id} if call.id else body
+
+
+@dataclass(frozen=True)
+class OutputParsers:
+    """Which parsers read a request's output: thinking into reasoning_content, tool calls into tool_calls."""
+    reasoning: bool
+    tools: bool
+    parallel_tool_calls: bool = True
+
+    @property
+    def active(self) -> bool:
+        return self.reasoning or self.tools
+
+    def stream(self) -> "ChoiceParser":
+        return ChoiceParser(self)
+
+    def message(self, text: str) -> dict:
+        """A complete output's message fields: content, and reasoning_content / tool_calls where present."""
+        parser = self.stream()
+        return join_deltas(parser.feed(text) + parser.finish())
+
+
+class ChoiceParser:
+    """One choice's output, fed as it streams: thinking first, then the answer's content and tool calls."""
+
+    def __init__(self, parsers: OutputParsers):
+        self.parsers = parsers
+        self._reasoning = Gemma4ReasoningStream() if parsers.reasoning else None
+        self._tools = Gemma4ToolCallStream() if parsers.tools else None
+        self.made_tool_calls = False
+
+    def feed(self, text: str) -> list[dict]:
+        return self._route(self._reasoning.feed(text) if self._reasoning else [{"content": text}], final=False)
+
+    def finish(self) -> list[dict]:
+        return self._route(self._reasoning.finish() if self._reasoning else [], final=True)
+
+    def _route(self, deltas: list[dict], final: bool) -> list[dict]:
+        out = []
+        for delta in deltas:
+            if "content" in delta and self._tools is not None:
+                out += self._tools.feed(delta["content"])
+            else:
+                out.append(delta)
+        if final and self._tools is not None:
+            out += self._tools.finish()
+        return [d for d in map(self._keep_calls_allowed, out) if d]
+
+    def _keep_calls_allowed(self, delta: dict) -> dict | None:
+        calls = delta.get("tool_calls")
+        if calls is None:
+            return delta if any(delta.values()) else None
+        if not self.parsers.parallel_tool_calls:  # one call asked for: later ones are dropped
+            calls = [c for c in calls if c["index"] == 0]
+        self.made_tool_calls |= bool(calls)
+        return {"tool_calls": calls} if calls else None
+
+
+def join_deltas(deltas: list[dict]) -> dict:
+    """The message fields a client rebuilds from a stream's deltas."""
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    content = "".join(d.get("content", "") for d in deltas)
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.get("tool_calls", []):
+            call = calls.setdefault(part["index"], {"id": None, "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+            call["id"] = part.get("id") or call["id"]
+            call["function"]["name"] += part["function"].get("name") or ""
+            call["function"]["arguments"] += part["function"].get("arguments") or ""
+    message = {"content": content or (None if calls else "")}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
