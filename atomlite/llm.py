@@ -3,6 +3,7 @@ import itertools
 
 from tqdm import tqdm
 
+from atomlite.chat_template import render_chat
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import RequestState
@@ -50,6 +51,20 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         return [state.output(p if isinstance(p, str) else None) for state, p in zip(states.values(), prompts)]
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
+             chat_template: str | None = None, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of OpenAI-shaped messages) or several, rendered with the chat
+        template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables;
+        one RequestOutput per conversation, its text the model's raw output."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs the model's tokenizer, and this model has none; use generate with token ids")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [render_chat(self.tokenizer, conversation, tools, chat_template, chat_template_kwargs,
+                               add_generation_prompt) for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def _apply(self, updates, states: dict[str, RequestState]) -> int:
         """The step's updates into their requests; returns how many finished."""

@@ -10,10 +10,11 @@ import pytest
 import xgrammar
 from xgrammar.testing import _is_grammar_accept_string as grammar_accepts
 
-from atomlite import LLM
+from atomlite import LLM, SamplingParams
 from atomlite.demo import demo_model_dir
 from atomlite.server.app import make_app
-from atomlite.server.chat import ChatOptions, OutputParsers, template_messages
+from atomlite.chat_template import template_messages
+from atomlite.server.chat import ChatOptions, OutputParsers
 from atomlite.server.parsers.gemma4_tools import render_tool_call
 from atomlite.server.protocol import ChatMessage
 from atomlite.server.tool_grammar import tool_call_grammar
@@ -88,7 +89,7 @@ def test_template_messages_carry_call_arguments_as_objects_and_name_tool_results
     messages = [ChatMessage(role="assistant", tool_calls=[{"id": "c1", "function": {
         "name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]),
         ChatMessage(role="tool", tool_call_id="c1", content="sunny")]
-    converted = template_messages(messages)
+    converted = template_messages([m.model_dump(exclude_none=True) for m in messages])
     assert converted[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo", "days": 1}
     assert converted[1]["name"] == "get_weather"
 
@@ -237,3 +238,17 @@ def test_tools_without_a_tool_call_parser_are_a_400(engine):
         plain = httpx.post(f"{base}/v1/chat/completions", json={
             "model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=30)
         assert plain.status_code == 200
+
+
+def test_offline_chat_renders_like_the_server_and_generates_the_same(client):
+    llm = LLM(str(demo_model_dir()), device="cpu", max_model_len=2048)
+    messages = [{"role": "user", "content": "hi"}]
+    conversation = [messages, messages + [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": (
+        "function"), "function": {"name": "search", "arguments": '{"query": "x"}'}}]}, {"role": "tool",
+        "tool_call_id": "c1", "content": "found"}]]
+    offline = llm.chat(conversation, SamplingParams(temperature=0, max_tokens=8), tools=TOOLS)
+    served = chat(client, "hi", max_tokens=8, tools=TOOLS, tool_choice="none")
+    assert offline[0].outputs[0].text == served.choices[0].message.content
+    assert len(offline[1].prompt_token_ids) > len(offline[0].prompt_token_ids) + len("found")
+    with pytest.raises(ValueError, match="arguments is not JSON"):
+        llm.chat(messages + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])

@@ -1,10 +1,10 @@
 """The chat side of the API: requests rendered through the chat template (tools, earlier tool calls and their
 results, template kwargs), and each choice's raw output turned into message fields by the model's reasoning and
 tool-call parsers, whole or as stream deltas that join into the whole."""
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from atomlite.chat_template import render_chat
 from atomlite.server.errors import APIError
 from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream
 from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream
@@ -60,19 +60,15 @@ class ChatTemplate:
         if not self.template:
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions or serve with "
                                 "--chat-template")
-        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
         reserved = TEMPLATE_ARGUMENTS & set(template_kwargs or {})
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
         try:
-            text = self.tokenizer.apply_chat_template(
-                template_messages(messages), tools=tool_dicts, chat_template=self.template, tokenize=False,
-                add_generation_prompt=True, **(template_kwargs or {}))
-        except APIError:
-            raise
-        except Exception as e:  # the template's own raise_exception, or a kwarg it cannot take
+            return render_chat(self.tokenizer, [m.model_dump(exclude_none=True) for m in messages],
+                               [t.model_dump(exclude_none=True) for t in tools] if tools else None, self.template,
+                               template_kwargs)
+        except Exception as e:  # the template's own raise_exception, a kwarg it cannot take, arguments not JSON
             raise APIError(400, f"the chat template refused these messages: {e}", "messages") from e
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def request_parsers(self, req: ChatCompletionRequest) -> "OutputParsers":
         tool_choice = req.effective_tool_choice()
@@ -86,38 +82,6 @@ class ChatTemplate:
 
 def _choice_name(choice) -> str:
     return choice if isinstance(choice, str) else choice.function.name
-
-
-def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as chat templates read them (transformers' convention): tool call arguments as objects, and each
-    tool result named after the call it answers (Gemma 4 writes `response:NAME{...}`)."""
-    out, call_names = [], {}
-    for i, m in enumerate(messages):
-        message = {"role": m.role, "content": m.text()}
-        if m.name is not None:
-            message["name"] = m.name
-        if m.reasoning_content is not None:
-            message["reasoning_content"] = m.reasoning_content
-        if m.tool_calls:
-            message["tool_calls"] = [_template_call(i, j, call) for j, call in enumerate(m.tool_calls)]
-            call_names.update({c.id: c.function.name for c in m.tool_calls if c.id})
-        if m.role == "tool":
-            if m.tool_call_id is not None:
-                message["tool_call_id"] = m.tool_call_id
-            message.setdefault("name", call_names.get(m.tool_call_id))
-        out.append(message)
-    return out
-
-
-def _template_call(i: int, j: int, call) -> dict:
-    try:
-        arguments = json.loads(call.function.arguments)
-    except json.JSONDecodeError as e:
-        raise APIError(400, f"messages.{i}.tool_calls.{j}.function.arguments is not JSON: {e}", "messages") from e
-    if not isinstance(arguments, dict):
-        raise APIError(400, f"messages.{i}.tool_calls.{j}.function.arguments must be a JSON object", "messages")
-    body = {"type": "function", "function": {"name": call.function.name, "arguments": arguments}}
-    return {**body, "id": call.id} if call.id else body
 
 
 @dataclass(frozen=True)
