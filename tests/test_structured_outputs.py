@@ -171,21 +171,28 @@ def test_reported_logprobs_stay_the_models_own(demo):
     assert out.logprobs[0][tilde] < max(raw.logprobs[0].values())  # the grammar's token, at the model's logprob
 
 
-def test_no_step_runs_ahead_while_a_row_is_constrained():
-    """The next step's mask needs this step's token on the host: constrained batches read each step first, and
-    give what reading first gives; unconstrained ones still run ahead."""
-    llm = LLM(str(demo_model_dir()), dtype="float32", device="cpu", max_model_len=256, overlap_decode=True)
-    runner = llm.engine.runner
-    runner.use_decode_graphs(8, llm.engine.config.max_model_len, capture=False)
+def _graph_ready_demo(overlap: bool) -> LLM:
+    llm = LLM(str(demo_model_dir()), dtype="float32", device="cpu", max_model_len=256, overlap_decode=overlap)
+    llm.engine.runner.use_decode_graphs(8, llm.engine.config.max_model_len, capture=False)  # steps may run ahead
+    return llm
+
+
+def test_constrained_batches_run_the_forward_ahead_and_give_what_stepping_in_order_gives():
+    """The next step's mask needs this step's token on the host: a constrained batch runs the next forward ahead
+    but samples it only once the token is in, and gives exactly the tokens of a run without overlap."""
+    overlapped, in_order = _graph_ready_demo(True), _graph_ready_demo(False)
+    runner = overlapped.engine.runner
     ahead, execute_ahead = [], runner.execute_ahead
     runner.execute_ahead = lambda seqs, ids: (ahead.append(len(seqs)), execute_ahead(seqs, ids))[1]
-    prompts = [chat_prompt(llm, q) for q in QUESTIONS[:3]]
-    params = [constrained(json=SCHEMA), constrained(regex=REGEX, temperature=1.0), constrained(choice=CHOICES)]
-    outs = llm.generate(prompts, params)
-    assert not ahead
-    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8))
+    prompts = [chat_prompt(overlapped, q) for q in QUESTIONS[:4]]
+    sampled = SamplingParams(temperature=1.0, seed=7, max_tokens=80,
+                             structured_outputs=StructuredOutputsParams(regex=REGEX))
+    params = [constrained(json=SCHEMA), sampled, constrained(choice=CHOICES), SamplingParams(temperature=0,
+                                                                                              max_tokens=12)]
+    outs = overlapped.generate(prompts, params)
     assert ahead
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids
+                                                      for o in in_order.generate(prompts, params)]
 
 
 # -- the server --------------------------------------------------------------------------------------------------

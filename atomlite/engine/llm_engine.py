@@ -3,6 +3,7 @@ import contextlib
 import math
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -98,6 +99,15 @@ def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> N
     if len(token_ids) >= max_model_len:
         raise ValueError(f"the prompt has {len(token_ids)} tokens; the context length (--max-model-len) is "
                          f"{max_model_len}, which must leave room for at least one new token")
+
+
+@dataclass
+class UnsampledStep:
+    """A decode step launched ahead whose rows are sampled only after the host has appended the tokens it read:
+    a structured_outputs grammar must accept each token before it can mask the next. The forward still runs
+    while the host takes the tokens and fills the masks."""
+    seqs: list[Sequence]
+    logits: torch.Tensor
 
 
 class LLMEngine:
@@ -295,12 +305,12 @@ class LLMEngine:
     def _can_run_ahead(self, seqs: list[Sequence]) -> bool:
         """Whether the next step is sure to be these sequences decoding one token each, as the scheduler would
         pick it: nothing waits to be admitted, every running sequence sampled, none can only finish, and a graph
-        bucket holds them. Never with a structured_outputs row: its mask depends on the token still on its way,
-        which the host's grammar matcher must see first."""
+        bucket holds them. A batch with a structured_outputs row runs its forward ahead but samples once the host
+        has the tokens (UnsampledStep): the next mask depends on the token still on its way."""
         scheduler = self.scheduler
         return (self.config.overlap_decode and not scheduler.waiting and scheduler.running == seqs
                 and len(seqs) <= scheduler.max_num_batched_tokens and self.runner.can_run_ahead(len(seqs))
-                and not any(self._last_token_pending(seq) for seq in seqs) and not self.structured.constrains(seqs))
+                and not any(self._last_token_pending(seq) for seq in seqs))
 
     def _last_token_pending(self, seq: Sequence) -> bool:
         """Whether the token on its way is seq's last whatever it is (max_tokens or the context length)."""
@@ -318,6 +328,8 @@ class LLMEngine:
         for seq in seqs:
             seq.num_computed_tokens += 1  # hashes of the new full blocks wait for the token (_settle_ahead)
             self.kv.release_out_of_window(seq)
+        if self.structured.constrains(seqs):
+            return UnsampledStep(seqs, logits)
         return self._sample(logits, seqs, in_flight=launched.ids)
 
     def _take_tokens(self, launched: LaunchedStep) -> list[Sequence]:
@@ -342,6 +354,9 @@ class LLMEngine:
             self.kv.update_block_hashes(seq)
         if not running:
             self._ahead = None
+        elif isinstance(self._ahead, UnsampledStep):  # the grammars have seen the tokens: masks, then sampling
+            seqs = self._ahead.seqs
+            self._ahead = self._sample(self._ahead.logits, seqs, bitmask=self._grammar_bitmask(seqs))
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, prompt_rows) -> None:
         for seq, first_row, first_pos, count in prompt_rows:

@@ -109,6 +109,7 @@ class StructuredOutputs:
         self._compiled: OrderedDict[tuple, xgr.CompiledGrammar] = OrderedDict()
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
         self._filler = xgr.BatchGrammarMatcher()
+        self._host: torch.Tensor | None = None
 
     def add(self, seq: Sequence) -> None:
         """Gives seq a matcher of its params' grammar; a ValueError naming the field if it does not compile."""
@@ -154,9 +155,18 @@ class StructuredOutputs:
         """[len(seqs), words] int32 on device, its copy launched: each constrained row's allowed next tokens, every
         bit set in the other rows."""
         rows = [i for i, seq in enumerate(seqs) if seq.seq_id in self._matchers]
-        mask = torch.full((len(seqs), self.words), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        mask = self._host_rows(len(seqs), pinned=device.type == "cuda")
+        mask.fill_(-1)
         self._filler.batch_fill_next_token_bitmask([self._matchers[seqs[i].seq_id] for i in rows], mask, rows)
         return mask.to(device, non_blocking=True)
+
+    def _host_rows(self, rows: int, pinned: bool) -> torch.Tensor:
+        """Rows of one host buffer, kept across steps (a pinned allocation per step costs more than the fill). The
+        last step's copy from it is done: the engine read that step's sampled ids, which came after it."""
+        if self._host is None or self._host.shape[0] < rows:
+            self._host = torch.empty((max(rows, 2 * (0 if self._host is None else self._host.shape[0])),
+                                      self.words), dtype=torch.int32, pin_memory=pinned)
+        return self._host[:rows]
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Feeds seq's new token to its matcher; True when seq's output is complete: its grammar ended, or only a
