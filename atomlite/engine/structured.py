@@ -12,18 +12,25 @@ The grammar constrains the text the client gets: where special tokens are left o
 default) the grammar never picks one, but for a stop token at the end; where they are kept, a literal matches a
 special token by its text, as the client will read it, and Token(id) names one.
 """
+from __future__ import annotations
+
 import functools
 import json
 import logging
 import re
 from collections import OrderedDict
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
+
+from atomlite.engine.token_mask import unpack_bitmask
 
 from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 logger = logging.getLogger("atomlite")
 MAX_CACHED_GRAMMARS = 64
@@ -31,17 +38,10 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 _XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[20:31:21] /project/cpp/regex_converter.cc:83: "
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[N, ceil(vocab_size / 32)] int32 -> [N, vocab_size] bool: bit j of word w says whether token 32w + j is
-    allowed."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # & 1 drops the sign bits the arithmetic shift copies in
-    return bits.flatten(1)[:, :vocab_size].bool()
-
-
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """A copy of logits [N, V] with each row's disallowed tokens at -inf."""
-    return logits.masked_fill(~unpack_bitmask(bitmask, logits.shape[-1]), float("-inf"))
+def _xgr():
+    """xgrammar, imported when a grammar is first needed: an engine that never constrains never loads it."""
+    import xgrammar
+    return xgrammar
 
 
 def choice_grammar(choices: list[str]) -> str:
@@ -53,14 +53,14 @@ def _grammar(kind: str, text: str) -> xgr.Grammar:
     # JSON comes compact (", " and ": ", no other whitespace between tokens): free whitespace lets a model pad
     # without end until max_tokens, the best-known failure of constrained JSON; OpenAI's output is compact too
     if kind == "json":
-        return xgr.Grammar.from_json_schema(text, any_whitespace=False)
+        return _xgr().Grammar.from_json_schema(text, any_whitespace=False)
     if kind == "json_object":
-        return xgr.Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
+        return _xgr().Grammar.from_json_schema(JSON_OBJECT_SCHEMA, any_whitespace=False)
     if kind == "regex":
-        return xgr.Grammar.from_regex(text)
+        return _xgr().Grammar.from_regex(text)
     if kind == "choice":
-        return xgr.Grammar.from_ebnf(choice_grammar(json.loads(text)))
-    return xgr.Grammar.from_ebnf(text)
+        return _xgr().Grammar.from_ebnf(choice_grammar(json.loads(text)))
+    return _xgr().Grammar.from_ebnf(text)
 
 
 def _invalid(name: str, error: Exception) -> ValueError:
@@ -93,7 +93,7 @@ def _without_special_tokens(info: xgr.TokenizerInfo, tokenizer, vocab_size: int)
     for text, i in tokenizer.get_vocab().items():
         if i < vocab_size and i not in special:
             vocab[i] = text
-    return xgr.TokenizerInfo(vocab, info.vocab_type, vocab_size=vocab_size, stop_token_ids=info.stop_token_ids,
+    return _xgr().TokenizerInfo(vocab, info.vocab_type, vocab_size=vocab_size, stop_token_ids=info.stop_token_ids,
                              add_prefix_space=info.add_prefix_space)
 
 
@@ -108,13 +108,13 @@ class StructuredOutputs:
         self._compilers: dict[bool, xgr.GrammarCompiler] = {}  # by skip_special_tokens; made on first use
         self._compiled: OrderedDict[tuple, xgr.CompiledGrammar] = OrderedDict()
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
-        self._filler = xgr.BatchGrammarMatcher()
+        self._filler = None  # an xgrammar BatchGrammarMatcher, made on first use
         self._host: torch.Tensor | None = None
 
     def add(self, seq: Sequence) -> None:
         """Gives seq a matcher of its params' grammar; a ValueError naming the field if it does not compile."""
         params = seq.params
-        self._matchers[seq.seq_id] = xgr.GrammarMatcher(self.compile(params.structured_outputs,
+        self._matchers[seq.seq_id] = _xgr().GrammarMatcher(self.compile(params.structured_outputs,
                                                                      params.skip_special_tokens))
 
     def drop(self, seq: Sequence) -> None:
@@ -138,11 +138,11 @@ class StructuredOutputs:
     def _make_compiler(self, skip_special_tokens: bool) -> xgr.GrammarCompiler:
         if self.tokenizer is None:
             raise ValueError("structured_outputs needs the model's tokenizer, and this model has none")
-        info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+        info = _xgr().TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self.stop_token_ids or None)
         if skip_special_tokens:
             info = _without_special_tokens(info, self.tokenizer, self.vocab_size)
-        compiler = self._compilers[skip_special_tokens] = xgr.GrammarCompiler(info, cache_enabled=False)
+        compiler = self._compilers[skip_special_tokens] = _xgr().GrammarCompiler(info, cache_enabled=False)
         return compiler  # its own cache is off: compiled grammars are cached here, by spec
 
     def constrains(self, seqs: list[Sequence]) -> bool:
@@ -157,6 +157,7 @@ class StructuredOutputs:
         rows = [i for i, seq in enumerate(seqs) if seq.seq_id in self._matchers]
         mask = self._host_rows(len(seqs), pinned=device.type == "cuda")
         mask.fill_(-1)
+        self._filler = self._filler or _xgr().BatchGrammarMatcher()
         self._filler.batch_fill_next_token_bitmask([self._matchers[seqs[i].seq_id] for i in rows], mask, rows)
         return mask.to(device, non_blocking=True)
 
