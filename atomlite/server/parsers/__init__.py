@@ -26,3 +26,32 @@ def partial_marker_len(text: str, markers: tuple[str, ...]) -> int:
         if any(m.startswith(text[-size:]) for m in markers):
             return size
     return 0
+
+
+class DeltaStream:
+    """The streaming form: text deltas in (feed, then finish once), OpenAI deltas out. A subclass reads its buffer
+    in steps (`_read`: False once it must wait for more text) and may add what only the end can say (`_flush`)."""
+
+    def __init__(self):
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[dict]:
+        return self._run(text, final=False)
+
+    def finish(self) -> list[dict]:
+        return self._run("", final=True)
+
+    def _run(self, text: str, final: bool) -> list[dict]:
+        self._buffer += text
+        out: list[dict] = []
+        while self._read(out, final):
+            pass
+        if final:
+            self._flush(out)
+        return out
+
+    def _read(self, out: list[dict], final: bool) -> bool:
+        raise NotImplementedError
+
+    def _flush(self, out: list[dict]) -> None:
+        pass

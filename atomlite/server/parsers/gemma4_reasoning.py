@@ -4,7 +4,7 @@ The model thinks in a channel, `<|channel>thought\\n...<channel|>`, then answers
 on with `enable_thinking=True` (a `<|think|>` token at the top of the system turn); otherwise it ends the
 generation prompt with an empty channel, `<|channel>thought\\n<channel|>`, and the output holds none.
 """
-from atomlite.server.parsers import split_at_marker
+from atomlite.server.parsers import DeltaStream, split_at_marker
 from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START
 
 CHANNEL_START = "<|channel>"
@@ -27,7 +27,7 @@ def join_reasoning_deltas(deltas: list[dict]) -> tuple[str | None, str | None]:
     return reasoning or None, content or None
 
 
-class Gemma4ReasoningStream:
+class Gemma4ReasoningStream(DeltaStream):
     """Fed successive text deltas, returns {"reasoning_content": ...} and {"content": ...} deltas.
 
     Channel text is reasoning, without its `thought\\n` label; everything else is content. An end marker with no
@@ -36,21 +36,11 @@ class Gemma4ReasoningStream:
     """
 
     def __init__(self, started_in_thinking: bool = False):
-        self._buffer = ""
+        super().__init__()
         self._thinking = self._label_pending = started_in_thinking
 
-    def feed(self, text: str) -> list[dict]:
-        return self._run(text, final=False)
-
-    def finish(self) -> list[dict]:
-        return self._run("", final=True)
-
-    def _run(self, text: str, final: bool) -> list[dict]:
-        self._buffer += text
-        out: list[dict] = []
-        while (self._read_thinking if self._thinking else self._read_content)(out, final):
-            pass
-        return out
+    def _read(self, out: list[dict], final: bool) -> bool:
+        return (self._read_thinking if self._thinking else self._read_content)(out, final)
 
     def _read_content(self, out: list[dict], final: bool) -> bool:
         text, marker, self._buffer = split_at_marker(self._buffer, (CHANNEL_START, CHANNEL_END), final)

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from atomlite.server.parsers import partial_marker_len, split_at_marker
+from atomlite.server.parsers import DeltaStream, partial_marker_len, split_at_marker
 
 TOOL_CALL_START = "<|tool_call>"
 TOOL_CALL_END = "<tool_call|>"
@@ -264,7 +264,7 @@ def join_tool_call_deltas(deltas: list[dict]) -> ToolCallResult:
     return ToolCallResult(content or None, [calls[i] for i in sorted(calls)])
 
 
-class Gemma4ToolCallStream:
+class Gemma4ToolCallStream(DeltaStream):
     """Fed successive text deltas, returns OpenAI deltas: {"content": ...} and {"tool_calls": [...]} with the
     name first (index, id, type, function.name) and then function.arguments pieces.
 
@@ -273,8 +273,8 @@ class Gemma4ToolCallStream:
     """
 
     def __init__(self, new_id: Callable[[], str] = make_tool_call_id):
+        super().__init__()
         self._new_id = new_id
-        self._buffer = ""
         self._state = "content"  # content | header | arguments
         self._calls = 0
         self._args: Gemma4ArgsToJson | None = None
@@ -282,20 +282,12 @@ class Gemma4ToolCallStream:
         self._wrote_content = False
         self._after_call = False
 
-    def feed(self, text: str) -> list[dict]:
-        return self._run(text, final=False)
+    def _read(self, out: list[dict], final: bool) -> bool:
+        return getattr(self, f"_read_{self._state}")(out, final)
 
-    def finish(self) -> list[dict]:
-        return self._run("", final=True)
-
-    def _run(self, text: str, final: bool) -> list[dict]:
-        self._buffer += text
-        out: list[dict] = []
-        while getattr(self, f"_read_{self._state}")(out, final):
-            pass
-        if final and self._calls == 0 and self._held_space:
+    def _flush(self, out: list[dict]) -> None:
+        if self._calls == 0 and self._held_space:
             _append_content(out, self._held_space)
-        return out
 
     def _read_content(self, out: list[dict], final: bool) -> bool:
         text, marker, self._buffer = split_at_marker(self._buffer, (TOOL_CALL_START,), final)
