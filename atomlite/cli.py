@@ -72,7 +72,25 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-@click.group()
+def _log_verbosely(ctx, param, verbose: bool) -> None:
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def verbose_option() -> click.Option:
+    return click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, callback=_log_verbosely,
+                        help="Log kernel choices and engine details.")
+
+
+class VerboseGroup(click.Group):
+    """A group whose commands (and subgroups' commands) all take -v, before or after the command's name."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        cmd.params.append(verbose_option())
+        super().add_command(cmd, name)
+
+
+@click.group(cls=VerboseGroup)
 @click.option("-v", "--verbose", is_flag=True, help="Log kernel choices and engine details.")
 def main(verbose: bool):
     """atomlite: a small, fast, ROCm-first LLM inference runtime."""
@@ -211,7 +229,7 @@ def default_served_name(model_option: str | None, model: str) -> str:
     return model if is_repo_id(model) else Path(model).name
 
 
-@main.group()
+@main.group(cls=VerboseGroup)
 def bench():
     """Benchmarks, each printed beside its roofline (rates probed on this device in the same run)."""
 

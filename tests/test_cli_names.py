@@ -46,3 +46,11 @@ def test_vllm_and_atomlite_names_for_no_prefix_caching_both_work():
     for flag in ("--no-enable-prefix-caching", "--no-prefix-caching"):
         result = CliRunner().invoke(main, ["plan", "--model", str(demo_model_dir()), flag])
         assert result.exit_code == 0, result.output
+
+
+def test_verbose_works_before_or_after_the_command():
+    for args in (["-v", "plan", "--model", str(demo_model_dir())], ["plan", "--model", str(demo_model_dir()), "-v"],
+                 ["plan", "--model", str(demo_model_dir())]):
+        run = subprocess.run([sys.executable, "-m", "atomlite.cli", *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert ("atomlite.dispatch: kernel" in run.stderr) == ("-v" in args), args
