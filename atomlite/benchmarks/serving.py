@@ -77,6 +77,8 @@ async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: 
             return result
 
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        # the client's own first request (a connection, httpx's lazy imports) is not the server's first TTFT
+        await client.get(base_url.rstrip("/") + "/v1/models")
         start = time.perf_counter()
         tasks = []
         for prompt in prompts:
