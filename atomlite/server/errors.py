@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from atomlite.engine.async_engine import EngineStopped, QueueFull
+from atomlite.server.protocol import MAX_STOP
 
 logger = logging.getLogger("atomlite.server")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -29,13 +30,27 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
     return JSONResponse(error_body(status, message, param), status_code=status)
 
 
+# Fields whose type is a union: pydantic reports one error per branch, named by the branch's type
+# ("prompt.constrained-str"); the message says instead what the field takes.
+FIELD_RULES = {
+    "prompt": "a non-empty string, a list of them, a list of token ids (integers >= 0), or a list of such lists",
+    "stop": f"a non-empty string or a list of at most {MAX_STOP} of them",
+    "content": 'a string or a list of text parts ({"type": "text", "text": ...})',
+    "logit_bias": 'an object of token ids (as digit strings, e.g. "50256") to numbers',
+    "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+}
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    where = ".".join(loc)
-    message = first.get("msg", "invalid request")
+    message = first.get("msg", "invalid request").removeprefix("Value error, ")  # our validators' own words
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+    ruled = next((i for i, part in enumerate(loc) if part in FIELD_RULES), None)
+    if ruled is not None and (len(loc) > ruled + 1 or first.get("type") in ("string_type", "list_type")):
+        return f"{'.'.join(loc[:ruled + 1])}: must be {FIELD_RULES[loc[ruled]]}", loc[0]
+    where = ".".join(loc)
     return (f"{where}: {message}" if where else message), (loc[0] if loc else None)
 
 
@@ -48,7 +63,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         status = 400 if exc.status_code == 422 else exc.status_code
-        return error_response(status, str(exc.detail))
+        detail = str(exc.detail)
+        if status == 400 and detail == "There was an error parsing the body":  # FastAPI's words for bad UTF-8
+            detail = "the request body is not valid JSON text (it must be UTF-8)"
+        return error_response(status, detail)
 
     @app.exception_handler(APIError)
     async def _api(request: Request, exc: APIError):
