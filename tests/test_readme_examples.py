@@ -1,0 +1,69 @@
+"""The README's serving examples run as written (curl commands and Python snippets that talk to
+127.0.0.1:8000) against the demo model served as atomlite-demo, on a free port instead of 8000."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atomlite import LLM
+from atomlite.demo import demo_model_dir
+from atomlite.server.app import make_app
+from server_utils import running
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+ADDRESS = "127.0.0.1:8000"
+
+
+def fenced_blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(), flags=re.S | re.M)
+
+
+def curl_commands() -> list[str]:
+    """Each curl command of the README's bash blocks that calls the server, with its continuation lines."""
+    commands = []
+    for block in fenced_blocks("bash"):
+        for command in re.split(r"(?<!\\)\n", block):
+            if command.startswith("curl") and ADDRESS in command:
+                commands.append(command.replace("\\\n", " "))
+    return commands
+
+
+def python_snippets() -> list[str]:
+    return [block for block in fenced_blocks("python") if ADDRESS in block]
+
+
+def test_the_readme_has_examples_to_run():
+    assert len(curl_commands()) >= 3 and len(python_snippets()) >= 2
+
+
+@pytest.fixture(scope="module")
+def base():
+    engine = LLM(str(demo_model_dir()), device="cpu", max_model_len=1024).engine
+    with running(make_app(engine, "atomlite-demo")) as url:
+        yield url
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+@pytest.mark.parametrize("index", range(len(curl_commands())))
+def test_readme_curl_command_runs(base, index):
+    command = curl_commands()[index].replace(f"http://{ADDRESS}", base)
+    run = subprocess.run(["bash", "-c", command + " --fail-with-body -sS"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, (command, run.stdout, run.stderr)
+    if "data:" in run.stdout:  # a stream: every event parses, and it ends with [DONE]
+        events = [line[len("data: "):] for line in run.stdout.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1])
+    else:
+        assert "choices" in json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("index", range(len(python_snippets())))
+def test_readme_python_snippet_runs(base, index):
+    code = python_snippets()[index].replace(f"http://{ADDRESS}", base)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, (code, run.stderr)
+    assert run.stdout.strip()
