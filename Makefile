@@ -1,19 +1,30 @@
-# The two commands of the README: `make serve` and `make test`. Both create .venv on first use.
+# The two commands of the README: `make serve` and `make test`. Both create .venv on first use, with the torch
+# build for this machine (tools/install_torch.sh: ROCm, CUDA or CPU; TORCH_INDEX_URL overrides). Run from an
+# active environment (virtualenv or conda) that has torch, the venv sees that torch instead (USE_SYSTEM_TORCH=0
+# to install one anyway).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
+USE_SYSTEM_TORCH ?= $(shell [ -n "$$VIRTUAL_ENV$$CONDA_PREFIX" ] && python3 -c 'import torch' 2>/dev/null && echo 1 || echo 0)
 
-$(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
+$(VENV)/bin/pip:
+	python3 -m venv $(if $(filter 1,$(USE_SYSTEM_TORCH)),--system-site-packages) $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	# CPU torch first and alone: a plain `torch` requirement would pull a multi-GB CUDA build
-	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q "triton==3.7.1" -e ".[test,serve,eval,quark]"
-	touch $(STAMP)
+	KEEP_TORCH=$(USE_SYSTEM_TORCH) tools/install_torch.sh $(VENV)/bin/pip
+
+# serving needs its extra only; the tests need every extra
+$(SERVE_STAMP): pyproject.toml $(VENV)/bin/pip
+	$(VENV)/bin/pip install -q -e ".[serve]"
+	touch $@
+
+$(STAMP): pyproject.toml $(VENV)/bin/pip
+	$(VENV)/bin/pip install -q -e ".[test,serve,eval,quark]"
+	touch $@ $(SERVE_STAMP)
 
 install: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(VENV)/bin/atomlite serve
 
 test: $(STAMP)

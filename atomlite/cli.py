@@ -394,17 +394,25 @@ def default_model() -> Path:
 @click.option("--model", "model", type=click.Path(path_type=Path), default=None,
               help="Run the jobs on this checkpoint instead of the catalog's (e.g. a candidate build).")
 @click.option("--limit", type=int, default=None, help="Score only the first N samples of each task.")
-def eval_command(jobs, run_all, level, catalog, report_dir, model, limit):
+@click.option("--write-tasks", type=click.Path(path_type=Path), default=None,
+              help="Only write the catalog's task files, ready for `lm_eval --include_path DIR`, and exit.")
+def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_tasks):
     """Accuracy jobs: serve the model, run lm-eval on it, compare with the catalog's thresholds.
 
     Exits non-zero when a job scores below its threshold, its metric is missing, or it fails to run."""
     try:
         from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
-        from atomlite.accuracy.runner import run_job, write_report
+        from atomlite.accuracy.runner import render_tasks, run_job, write_report
         import lm_eval  # noqa: F401
     except ImportError as e:
         fail(f"accuracy jobs need the eval extra: pip install 'atomlite[eval,serve]' ({e.name} is missing)")
     catalog = catalog or REPO_CI / "catalog.yaml"
+    if write_tasks is not None:
+        names = render_tasks(catalog.parent, write_tasks)
+        click.echo(f"wrote {', '.join(names)} to {write_tasks}; run e.g.\n  lm_eval --model local-completions "
+                   f"--model_args base_url=http://127.0.0.1:8000/v1/completions,model=atomlite-demo,"
+                   f"tokenizer_backend=remote --include_path {write_tasks} --tasks {names[0]} --limit 5")
+        return
     try:
         selected = select(load_catalog(catalog), jobs, run_all, level)
     except ConfigError as e:

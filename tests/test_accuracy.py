@@ -78,3 +78,31 @@ def test_gate_fails_on_a_perturbed_checkpoint(tmp_path, job_name):
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     result = json.loads((tmp_path / "report" / "results.json").read_text())[0]
     assert result["status"] == "fail" and result["score"] < result["threshold"]
+
+
+def test_plain_lm_eval_runs_the_written_tasks_against_the_demo_server(tmp_path):
+    """`atomlite eval --write-tasks DIR` makes the catalog's tasks usable by lm-eval's own command line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from atomlite import LLM
+    from atomlite.demo import demo_model_dir
+    from atomlite.server.app import make_app
+    from server_utils import running
+
+    tasks = tmp_path / "tasks"
+    subprocess.run([sys.executable, "-m", "atomlite.cli", "eval", "--write-tasks", str(tasks)], check=True,
+                   capture_output=True)
+    engine = LLM(str(demo_model_dir()), device="cpu", max_model_len=2048).engine
+    lm_eval = Path(sys.executable).parent / "lm_eval"
+    with running(make_app(engine, "atomlite-demo")) as base:
+        run = subprocess.run(
+            [str(lm_eval), "--model", "local-completions", "--model_args",
+             f"base_url={base}/v1/completions,model=atomlite-demo,tokenizer_backend=remote",
+             "--include_path", str(tasks), "--tasks", "demo_gsm8k", "--limit", "5"],
+            capture_output=True, text=True, timeout=600,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "demo_gsm8k" in run.stdout and "exact_match" in run.stdout, run.stdout[-2000:]

@@ -39,12 +39,25 @@ def render_task(job: Job, catalog_dir: Path, out_dir: Path) -> Path | None:
     source = catalog_dir / "tasks" / f"{job.task}.yaml"
     if not source.exists():
         return None
+    _render(source, catalog_dir, out_dir)
+    return out_dir
+
+
+def render_tasks(catalog_dir: Path, out_dir: Path) -> list[str]:
+    """Every task YAML of the catalog, rendered into out_dir for `lm_eval --include_path out_dir`; their names."""
+    sources = sorted((catalog_dir / "tasks").glob("*.yaml"))
+    for source in sources:
+        _render(source, catalog_dir, out_dir)
+    return [source.stem for source in sources]
+
+
+def _render(source: Path, catalog_dir: Path, out_dir: Path) -> None:
+    """The task file with the installed lm_eval's task folder and the catalog's data folder for its placeholders."""
     import lm_eval
     text = source.read_text().replace("@LM_EVAL_TASKS@", str(Path(lm_eval.__file__).parent / "tasks"))
     text = text.replace("@DATA@", str((catalog_dir / "data").resolve()))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / source.name).write_text(text)
-    return out_dir
 
 
 def lm_eval_run(model: str, model_args: dict, job: Job, include_dir: Path | None, limit: int | None) -> dict:
