@@ -53,6 +53,18 @@ def engine_options(fn):
     return fn
 
 
+RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
+                "no_prefix_caching")  # engine flags that change how steps run, not the KV plan
+
+
+def without_options(*names: str):
+    """Drops engine options a command has no use for (so its --help does not list them)."""
+    def decorate(fn):
+        fn.__click_params__ = [p for p in fn.__click_params__ if p.name not in names]
+        return fn
+    return decorate
+
+
 def model_dir(kw: dict) -> str:
     return str(kw["model"] or default_model())
 
@@ -61,9 +73,11 @@ def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
             "kv_cache_dtype")
-    args = {k: kw[k] for k in keys}
-    args["enable_prefix_caching"] = not kw["no_prefix_caching"]
-    args["overlap_decode"] = not kw["no_overlap_decode"]
+    args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
+    if "no_prefix_caching" in kw:
+        args["enable_prefix_caching"] = not kw["no_prefix_caching"]
+    if "no_overlap_decode" in kw:
+        args["overlap_decode"] = not kw["no_overlap_decode"]
     return args
 
 
@@ -100,11 +114,11 @@ def main(verbose: bool):
 @main.command()
 @engine_options
 @click.argument("prompts", nargs=-1, required=True)
-@click.option("--max-tokens", type=int, default=32, show_default=True)
+@click.option("--max-tokens", type=int, default=32, show_default=True, help="Tokens to generate per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=-1, show_default=True)
-@click.option("--seed", type=int, default=None)
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Nucleus sampling mass (1 = off).")
+@click.option("--top-k", type=int, default=-1, show_default=True, help="Sample among the k most likely (-1 = off).")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling (the engine's by default).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
     """Generate a completion for each PROMPT."""
@@ -124,7 +138,7 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 to listen on all).")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
 @click.option("--served-model-name", default=None,
               help="Model name clients must send (default: the folder name; atomlite-demo for the demo model).")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on API routes.")
@@ -435,6 +449,7 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
 
 
 @main.command()
+@without_options(*RUNTIME_ONLY)
 @engine_options
 @click.option("--seq-len", type=int, default=None, help="Sequence length to count fitting sequences for (default: --max-model-len).")
 @click.option("--platform", "platform_text", default=None,

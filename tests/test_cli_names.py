@@ -44,8 +44,15 @@ def test_two_different_models_are_one_line_naming_both():
 
 def test_vllm_and_atomlite_names_for_no_prefix_caching_both_work():
     for flag in ("--no-enable-prefix-caching", "--no-prefix-caching"):
-        result = CliRunner().invoke(main, ["plan", "--model", str(demo_model_dir()), flag])
+        result = CliRunner().invoke(main, ["generate", "--model", str(demo_model_dir()), flag, "--max-tokens", "1",
+                                           "Hi"])
         assert result.exit_code == 0, result.output
+
+
+def test_plan_takes_no_flag_that_only_changes_how_steps_run():
+    for flag in ("--enforce-eager", "--no-overlap-decode", "--no-enable-prefix-caching"):
+        result = CliRunner().invoke(main, ["plan", "--model", str(demo_model_dir()), flag])
+        assert result.exit_code == 2 and "No such option" in result.output, result.output
 
 
 def test_verbose_works_before_or_after_the_command():
@@ -54,3 +61,18 @@ def test_verbose_works_before_or_after_the_command():
         run = subprocess.run([sys.executable, "-m", "atomlite.cli", *args], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         assert ("atomlite.dispatch: kernel" in run.stderr) == ("-v" in args), args
+
+
+def test_every_flag_of_every_command_has_help():
+    import click
+
+    def commands(cmd, path):
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from commands(sub, path + [name])
+        else:
+            yield " ".join(path), cmd
+
+    for path, cmd in commands(main, []):
+        missing = [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.help]
+        assert not missing, f"atomlite {path}: {missing} have no help"
