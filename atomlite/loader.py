@@ -176,7 +176,8 @@ def _fill_dummy(name: str, param, generator) -> None:
 def load_dummy_weights(model, seed: int = 0) -> None:
     """Seeded random weights in every parameter's own shape, dtype and device (--load-format dummy)."""
     generators = {}
-    for name, param in model.named_parameters():
+    params = list(model.named_parameters())
+    for name, param in tqdm(params, desc="Dummy weights", unit="tensor", delay=1.0):
         device = param.device
         if device not in generators:
             generators[device] = torch.Generator(device).manual_seed(seed)

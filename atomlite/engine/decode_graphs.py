@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.kv_cache import KVCacheManager
@@ -166,7 +167,7 @@ class DecodeGraphs:
         torch.cuda.empty_cache()  # as each capture does: both readings then hold no released-later cached blocks
         reserved_before = torch.cuda.memory_reserved(self.device)
         start, pool = time.perf_counter(), None
-        for bucket in reversed(self.sizes):
+        for bucket in tqdm(list(reversed(self.sizes)), desc="Decode graphs", unit="graph", delay=1.0):
             self.inputs.fill([], bucket)
             for _ in range(2):  # compiles each kernel variant at this shape outside the capture
                 self._forward(bucket)

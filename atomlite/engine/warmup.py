@@ -7,6 +7,7 @@ back to the pool."""
 import time
 
 import torch
+from tqdm import tqdm
 
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.model_runner import ModelRunner
@@ -54,7 +55,7 @@ def warm_up(runner: ModelRunner, kv: KVCacheManager, max_tokens: int, max_seq_le
     that says what they took."""
     start = time.perf_counter()
     counts = warmup_token_counts(max_tokens)
-    for tokens in counts:
+    for tokens in tqdm(counts, desc="Warm-up steps", unit="step", delay=1.0):
         batch = _mixed_batch(kv, tokens, max_seq_len)
         if batch is None:
             continue  # a cache too small for this step's blocks: such a step never runs either
