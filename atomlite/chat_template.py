@@ -22,9 +22,11 @@ def template_messages(messages: list[dict]) -> list[dict]:
     out, call_names = [], {}
     for i, m in enumerate(messages):
         message = {key: value for key, value in m.items() if value is not None}
+        message.pop("annotations", None)  # citations of an earlier answer: nothing a template writes
+        refusal = message.pop("refusal", None)  # an earlier answer's text when it refused
         if isinstance(message.get("content"), list):
             message["content"] = "".join(part["text"] for part in message["content"])
-        message.setdefault("content", "")
+        message.setdefault("content", refusal or "")
         if message.get("tool_calls"):
             message["tool_calls"] = [_template_call(i, j, call) for j, call in enumerate(message["tool_calls"])]
             call_names.update({c["id"]: c["function"]["name"] for c in message["tool_calls"] if c.get("id")})

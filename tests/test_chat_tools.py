@@ -252,3 +252,16 @@ def test_offline_chat_renders_like_the_server_and_generates_the_same(client):
     assert len(offline[1].prompt_token_ids) > len(offline[0].prompt_token_ids) + len("found")
     with pytest.raises(ValueError, match="arguments is not JSON"):
         llm.chat(messages + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+
+
+def test_an_earlier_answer_echoed_back_with_openai_fields_is_taken(client, server):
+    """Clients send earlier answers back as the API gave them (refusal, annotations, function_call: null)."""
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "refusal": "I cannot.", "annotations": [], "audio": None,
+                "function_call": None, "tool_calls": None},
+               {"role": "user", "content": "ok"}]
+    out = client.chat.completions.create(model=NAME, messages=history, max_tokens=2)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    r = httpx.post(f"{server}/v1/chat/completions", json={"model": NAME, "max_tokens": 2, "messages": [
+        {"role": "assistant", "content": "x", "function_call": {"name": "f", "arguments": "{}"}}]}, timeout=30)
+    assert r.status_code == 400 and "function_call" in r.json()["error"]["message"]

@@ -2,7 +2,8 @@
 and every bound the engine relies on is checked here."""
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
+                      model_validator)
 
 MAX_N = 16
 MAX_LOGPROBS = 20
@@ -129,6 +130,12 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None  # a tool message: the call it answers
     reasoning_content: StrictStr | None = None  # an assistant's earlier thinking
+    # what clients echo back of an earlier answer: a refusal is that turn's text; annotations (citations) carry
+    # nothing the model reads; a legacy function_call or audio would, and is refused unless null
+    refusal: StrictStr | None = None
+    annotations: list | None = None
+    function_call: None = None
+    audio: None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -141,8 +148,9 @@ class ChatMessage(BaseModel):
 
     @model_validator(mode="after")
     def _fields_of_the_role(self):
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.refusal)):
+            raise ValueError("content is required (only an assistant message with tool_calls or a refusal may "
+                             "leave it out)")
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         if self.tool_call_id is not None and self.role != "tool":
@@ -151,7 +159,7 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
