@@ -6,8 +6,8 @@ from pathlib import Path
 
 from atomlite.chat_template import render_chat
 from atomlite.server.errors import APIError
-from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream
-from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream
+from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream, join_reasoning_deltas
+from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream, join_tool_call_deltas
 from atomlite.server.protocol import ChatCompletionRequest, ChatMessage
 
 PARSER_CHOICES = ("auto", "gemma4", "none")
@@ -142,19 +142,11 @@ class ChoiceParser:
 
 def join_deltas(deltas: list[dict]) -> dict:
     """The message fields a client rebuilds from a stream's deltas."""
-    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
-    content = "".join(d.get("content", "") for d in deltas)
-    calls: dict[int, dict] = {}
-    for delta in deltas:
-        for part in delta.get("tool_calls", []):
-            call = calls.setdefault(part["index"], {"id": None, "type": "function",
-                                                    "function": {"name": "", "arguments": ""}})
-            call["id"] = part.get("id") or call["id"]
-            call["function"]["name"] += part["function"].get("name") or ""
-            call["function"]["arguments"] += part["function"].get("arguments") or ""
-    message = {"content": content or (None if calls else "")}
+    reasoning, _ = join_reasoning_deltas(deltas)
+    joined = join_tool_call_deltas(deltas)
+    message = {"content": joined.content or (None if joined.tool_calls else "")}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    if joined.tool_calls:
+        message["tool_calls"] = joined.tool_calls
     return message
