@@ -64,30 +64,30 @@ stage() {
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
         fp4-small) python bench/fp4_gemm.py --ms 1,2,4,16 ;;
-        tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/test_mxfp4_gemm.py ;;
+        tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_mxfp4_gemm.py ;;
         moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
-        tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/test_moe_gpu.py tests/test_k_from_v.py \
-                       tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
-        tests-graphs) python -m pytest -q -n 4 -m gpu tests/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
-        tests-kv) python -m pytest -q -n 4 -m "gpu or not gpu" tests/test_k_from_v.py tests/test_kv_fp8.py \
-                      tests/test_kv_scales.py ;;
-        tests-router) python -m pytest -q -m "gpu or not gpu" tests/test_router_topk.py tests/test_decode_graphs.py \
+        tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/kernels/test_moe_gpu.py tests/kernels/test_k_from_v.py \
+                       tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
+        tests-graphs) python -m pytest -q -n 4 -m gpu tests/e2e/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
+        tests-kv) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \
+                      tests/kernels/test_kv_scales.py ;;
+        tests-router) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_router_topk.py tests/e2e/test_decode_graphs.py \
                           -k "router or moe" ;;
-        tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/test_kv_fp8.py tests/test_moe_gemv.py ;;
-        tests-moe) python -m pytest -q -m "gpu or not gpu" tests/test_moe_gemv.py tests/test_moe_gpu.py \
-                       tests/test_mxfp4_moe.py ;;
-        tests-memory) python -m pytest -q -m gpu tests/test_memory_profile.py ;;  # alone: it fills 90% of the GPU
-        tests-gpu) python -m pytest -q -n 4 -m "gpu or not gpu" tests/test_triton_attention.py tests/test_skinny_gemm.py \
-                       tests/test_router_topk.py tests/test_triton_ops.py tests/test_k_from_v.py tests/test_kv_fp8.py \
-                       tests/test_decode_graphs.py tests/test_branches.py tests/test_moe_gpu.py tests/test_mxfp4_gemm.py \
-                       tests/test_moe_gemv.py ;;  # the kernels and graphs on the GPU; then tests-memory on its own
-        tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/test_triton_attention.py tests/test_triton_ops.py \
-                           tests/test_skinny_gemm.py ;;
+        tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
+        tests-moe) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_moe_gemv.py tests/kernels/test_moe_gpu.py \
+                       tests/kernels/test_mxfp4_moe.py ;;
+        tests-memory) python -m pytest -q -m gpu tests/e2e/test_memory_profile.py ;;  # alone: it fills 90% of the GPU
+        tests-gpu) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_triton_attention.py tests/kernels/test_skinny_gemm.py \
+                       tests/kernels/test_router_topk.py tests/kernels/test_triton_ops.py tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \
+                       tests/e2e/test_decode_graphs.py tests/kernels/test_branches.py tests/kernels/test_moe_gpu.py tests/kernels/test_mxfp4_gemm.py \
+                       tests/kernels/test_moe_gemv.py ;;  # the kernels and graphs on the GPU; then tests-memory on its own
+        tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_triton_attention.py tests/kernels/test_triton_ops.py \
+                           tests/kernels/test_skinny_gemm.py ;;
         serve-26b) serve_vs_engine gemma-4-26B-A4B-it ;;
         serve-31b) serve_vs_engine gemma-4-31B-it ;;
         prefill-26b) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --input-len 2000 \
                          --steps 2 && python bench/moe_layer.py --batches 2048 --sweep ;;
-        tests-mxfp4-m) python -m pytest -q -m gpu tests/test_mxfp4_every_m.py tests/test_mxfp4_blockwise.py ;;
+        tests-mxfp4-m) python -m pytest -q -m gpu tests/kernels/test_mxfp4_every_m.py tests/kernels/test_mxfp4_blockwise.py ;;
         prefill-31b-mxfp4) python bench/decode_profile.py --model examples/configs/gemma-4-31B-it-mxfp4 --input-len 2000 \
                                --steps 2 ;;
         31b-mxfp4-load) python -m atomlite.cli bench throughput --model examples/configs/gemma-4-31B-it-mxfp4 \

@@ -15,6 +15,19 @@ import pytest  # noqa: E402
 import tiny_models  # noqa: E402
 from random_model import build_random_model  # noqa: E402
 
+SLOW_FILES = {"test_compile_gate.py", "test_accuracy.py", "test_quark_reference.py", "test_demo_train.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip where no CUDA/HIP GPU is; the files that dominate `make test` carry `slow`
+    (`pytest -m "not slow"` for a quick pass)."""
+    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA/HIP GPU")
+    for item in items:
+        if no_gpu is not None and item.get_closest_marker("gpu"):
+            item.add_marker(no_gpu)
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 
 class Checkpoints:
     """Tiny transformers checkpoints built once per test session: (folder, float32 reference model)."""

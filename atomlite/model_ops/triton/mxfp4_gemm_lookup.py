@@ -15,7 +15,7 @@ Each step's MMA goes into a fresh accumulator (Hopper's fp8 MMAs accumulate with
 multiplied by 2^(r - 6) per row and added in fp32. No per-block scaling is left, so the instructions per step grow
 little with the rows: about 360 SASS instructions per step at 16 rows and 420 at 64, against 470 for the 16-row fp8
 tile (mxfp4_gemm_fp8, which scales every block's sums). On an H100 the fp8 MMA's sums differ from fp32 sums by up
-to about 2e-4 of the output (tests/test_mxfp4_gemm.py).
+to about 2e-4 of the output (tests/kernels/test_mxfp4_gemm.py).
 
 On Hopper the weight tiles come by TMA (a tensor descriptor; Triton stages them swizzled in shared memory), which
 measured faster than the pointer loads Triton pipelines through an unswizzled tile (bank conflicts on the threads'

@@ -20,7 +20,7 @@ from test_k_from_v import key_rule
 from test_triton_attention import DEVICE, K_LENS, Q_LENS, paged_batch
 
 FP8 = torch.float8_e4m3fn
-EXAMPLES = Path(__file__).parent.parent / "examples" / "configs"
+EXAMPLES = Path(__file__).parents[2] / "examples" / "configs"
 
 
 def test_fp8_is_e4m3fnuz_on_gfx942_and_e4m3fn_elsewhere():

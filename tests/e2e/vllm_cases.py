@@ -3,7 +3,7 @@
 Each vLLM process loads general plugins once, with the ATOMLITE_VLLM_* switches of its environment, so a test
 that compares configurations runs one process per switch setting and several LLM instances inside it.
 
-usage: python tests/vllm_cases.py '{"prompts": [[ids]], "max_tokens": N, "runs": [{"name", "model", "llm": {}}]}'
+usage: python tests/e2e/vllm_cases.py '{"prompts": [[ids]], "max_tokens": N, "runs": [{"name", "model", "llm": {}}]}'
 """
 import gc
 import json

@@ -14,7 +14,7 @@ from atomlite.demo import demo_model_dir
 from atomlite.server.app import make_app
 from server_utils import running
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 ADDRESS = "127.0.0.1:8000"
 
 

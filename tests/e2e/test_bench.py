@@ -16,7 +16,7 @@ from atomlite.model_ops.platform import Platform
 from atomlite.plan import meta_model
 from helpers import greedy, random_prompt
 from server_utils import running
-from test_quark_config import quark_config
+from quark_configs import quark_config
 
 EXAMPLES = "examples/configs"
 

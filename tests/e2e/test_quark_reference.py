@@ -21,7 +21,7 @@ def quantize_with_quark(variant: str, seed: int, kv_cache: bool = False, **overr
     """A tiny random Gemma 4 quantized by Quark's gemma4 MXFP4 template, as Quark's LLM PTQ tool does it:
     preprocess_for_quantization first (it splits fused MoE experts into per-expert Linears). kv_cache: with an fp8
     KV cache whose scales are observed on the cached values (kv_cache_post_rope)."""
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     import tiny_models
     from quark.torch import LLMTemplate, ModelQuantizer
     from quark.torch.utils.llm import preprocess_for_quantization

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent / "atomlite"
+ROOT = Path(__file__).parents[2] / "atomlite"
 
 
 def module_name(path: Path) -> str:

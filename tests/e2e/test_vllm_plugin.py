@@ -2,7 +2,7 @@
 its Gemma 4 model under vLLM's engine, against vLLM's own CPU backend, transformers and atomlite standalone.
 
 Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not installed. vLLM runs in child processes
-(tests/vllm_cases.py): plugins load once per process, so each ATOMLITE_VLLM_* setting gets its own.
+(tests/e2e/vllm_cases.py): plugins load once per process, so each ATOMLITE_VLLM_* setting gets its own.
 """
 import json
 import os

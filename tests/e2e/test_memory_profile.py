@@ -16,7 +16,6 @@ def test_kv_cache_gets_what_the_utilization_leaves():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")
 def test_31b_at_default_utilization_serves_a_full_prefill_beside_a_full_decode_batch():
     llm = LLM("examples/configs/gemma-4-31B-it", load_format="dummy", dtype="bfloat16", max_model_len=4096,
               max_num_seqs=16)

@@ -9,7 +9,7 @@ from atomlite.quant import mxfp4
 from atomlite.quant.quark import LinearQuantSpec
 from test_mxfp4_moe import loaded_experts, per_expert_tensors, EXPERTS
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
+pytestmark = pytest.mark.gpu
 MAX_ROWS = 2048 + 64
 N, K = 512, 1024
 

@@ -1,7 +1,7 @@
 """The fused MoE experts on a GPU at Gemma-4-26B-A4B's shapes (read from examples/configs), bf16 and MXFP4 weights,
 against the torch reference in fp32 on the same weights: eager, and replayed from a CUDA/HIP graph on new inputs.
 
-    PYTHONPATH=. python -m pytest tests/test_moe_gpu.py -m gpu -q
+    PYTHONPATH=. python -m pytest tests/kernels/test_moe_gpu.py -m gpu -q
 """
 import pytest
 import torch
@@ -13,7 +13,7 @@ from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant import mxfp4
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/HIP GPU")]
+pytestmark = pytest.mark.gpu
 
 CONFIG = "examples/configs/gemma-4-26B-A4B-it"
 # bf16 inputs and weights; the fused kernels round gelu(gate) * up and the output to bf16 once each

@@ -20,7 +20,7 @@ CPU = Platform("cpu")
 CK_LIMIT = "aiter: CK flash attention stops at head_dim 256"
 FP4_LIMIT = "aiter: MXFP4 GEMM needs gfx950"
 NO_TANH_GELU_MOE = "aiter: AITER's fused_moe has no tanh GELU"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Gemma 4's shapes (shared/docs/GEMMA4.md): sliding layers head_dim 256, global layers 512; plus an FP4 linear.
 GEMMA4_SHAPES = (

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "install_torch.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "install_torch.sh"
 
 
 def chosen(tmp_path, gpu: str | None = None, **env) -> str:

@@ -12,7 +12,7 @@ from atomlite.plan import meta_model, plan_report
 from atomlite.model_ops.platform import Platform
 from helpers import atomlite_prompt_logprobs, hf_logprobs, random_prompt
 
-REAL = Path(__file__).parent.parent / "examples" / "configs"
+REAL = Path(__file__).parents[2] / "examples" / "configs"
 
 
 @pytest.mark.parametrize("variant", ["dense", "ple"])

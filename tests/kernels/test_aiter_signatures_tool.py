@@ -5,7 +5,7 @@ from pathlib import Path
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.functions import ALL_PATHS
 
-TOOL = Path(__file__).resolve().parents[1] / "tools/aiter_signatures.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools/aiter_signatures.py"
 spec = importlib.util.spec_from_file_location("aiter_signatures", TOOL)
 tool = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tool)
