@@ -489,9 +489,9 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
 
 def _compile_report(platform_text: str | None, model: str | None) -> list[str]:
     from atomlite.model_ops.platform import parse_platform
-    from atomlite.model_ops.triton.compile_gate import failures, run_gate
-    from atomlite.model_ops.triton.compile_gate.report import LEGEND, format_table
-    from atomlite.model_ops.triton.compile_gate.specialize import gpu_target
+    from atomlite.tools.compile_gate import failures, run_gate
+    from atomlite.tools.compile_gate.report import LEGEND, format_table
+    from atomlite.tools.compile_gate.specialize import gpu_target
     if not platform_text:
         raise ValueError("--compile needs --platform gfx942, gfx950 or sm_XY")
     gpu_target(parse_platform(platform_text))  # a platform without an architecture fails here, in one line

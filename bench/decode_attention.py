@@ -17,7 +17,7 @@ import torch
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, proportional_inv_freq
-from atomlite.model_ops.triton import attention as tri
+from atomlite.model_ops.triton.attention import paged as tri
 from kernels import check, copy_bandwidth, paged_cache
 
 CALLS = 20

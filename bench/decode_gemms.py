@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from atomlite.config import EngineConfig
-from atomlite.model_ops.triton.skinny_gemm import DEFAULT_CONFIG, SkinnyConfig, fits, skinny_gemm
+from atomlite.model_ops.triton.gemm.skinny import DEFAULT_CONFIG, SkinnyConfig, fits, skinny_gemm
 from atomlite.model_ops.platform import Platform
 from atomlite.plan import meta_model
 

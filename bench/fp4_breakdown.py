@@ -25,10 +25,10 @@ import triton.language as tl
 
 from fp4_gemm import SHAPES, make_weight, quantize_activations, time_ms
 
-fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
-fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
-lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_lookup")
-blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_blockwise")
+fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4.gemm")
+fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4.fp8_tiles")
+lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4.lookup")
+blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4.blockwise")
 
 
 @triton.jit

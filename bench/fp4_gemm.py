@@ -17,10 +17,10 @@ import triton
 from atomlite.quant import mxfp4
 
 # the module, not the function of the same name that atomlite.model_ops.triton exports
-fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm")
-fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_fp8")
-lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_lookup")
-blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4_gemm_blockwise")
+fp4 = importlib.import_module("atomlite.model_ops.triton.mxfp4.gemm")
+fp8 = importlib.import_module("atomlite.model_ops.triton.mxfp4.fp8_tiles")
+lookup = importlib.import_module("atomlite.model_ops.triton.mxfp4.lookup")
+blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4.blockwise")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
 MS = [1, 2, 16, 64, 256, 512, 2048]

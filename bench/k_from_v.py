@@ -14,7 +14,7 @@ import torch
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops import triton as tri
-from atomlite.model_ops.triton import attention as tri_attention
+from atomlite.model_ops.triton.attention import paged as tri_attention
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, proportional_inv_freq
 from kernels import check, decode_case, median_ms, prefill_case

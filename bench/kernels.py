@@ -12,7 +12,7 @@ from triton.testing import do_bench
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri
-from atomlite.model_ops.triton import attention as tri_attn
+from atomlite.model_ops.triton.attention import paged as tri_attn
 
 BF16 = torch.bfloat16
 ROWS = []
@@ -222,12 +222,12 @@ def bench_attention(sweep, copy_bw):
 
 # ---------------------------------------------------------------- other ops
 def bench_norm(copy_bw):
-    x, res = (torch.randn(8192, 5376, device="cuda", dtype=BF16) for _ in range(2))
+    x = torch.randn(8192, 5376, device="cuda", dtype=BF16)
     w = torch.randn(5376, device="cuda", dtype=BF16)
-    ms = median_ms(lambda: tri.add_rms_norm(x, res, w, 1e-6))
-    ref_ms = median_ms(lambda: torch_ref.add_rms_norm(x, res, w, 1e-6))
-    bw = 4 * x.numel() * 2 / (ms * 1e-3)
-    row("add_rms_norm", "T=8192 hidden=5376 bf16", ms, f"{bw / 1e12:.2f} TB/s",
+    ms = median_ms(lambda: tri.rms_norm(x, w, 1e-6))
+    ref_ms = median_ms(lambda: torch_ref.rms_norm(x, w, 1e-6))
+    bw = 2 * x.numel() * 2 / (ms * 1e-3)
+    row("rms_norm", "T=8192 hidden=5376 bf16", ms, f"{bw / 1e12:.2f} TB/s",
         f"copy {copy_bw / 1e12:.2f} TB/s (torch_ref {ref_ms:.3f} ms)", bw / copy_bw,
         f">= 0.80: {'met' if bw >= 0.8 * copy_bw else 'MISSED'}")
 
@@ -239,10 +239,6 @@ def bench_small_ops(copy_bw):
         ("gelu_tanh_and_mul", f"T={t} I={x.shape[1] // 2}", lambda: tri.gelu_tanh_and_mul(x),
          lambda: torch_ref.gelu_tanh_and_mul(x), x.numel() * 2 * 1.5),
     ]
-    qr = torch.randn(t, 32, 256, device="cuda", dtype=BF16)
-    cos, sin = (torch.randn(t, 256, device="cuda", dtype=BF16) for _ in range(2))
-    cases.append(("rope", f"T={t} 32x256", lambda: tri.apply_rope(qr, cos, sin),
-                  lambda: torch_ref.apply_rope(qr, cos, sin), qr.numel() * 2 * 2))
     for name, shape, fn, ref_fn, nbytes in cases:
         ms, ref_ms = median_ms(fn), median_ms(ref_fn)
         bw = nbytes / (ms * 1e-3)
@@ -261,17 +257,12 @@ def run_checks() -> bool:
     for head_dim in (64, 256, 512):
         for window, splits in ((None, 1), (700, 1), (None, 5), (300, 3)):
             ok &= check_mixed_batch(head_dim, window, splits)
-    x, res = (torch.randn(4096, 5376, device="cuda", dtype=BF16) for _ in range(2))
+    x = torch.randn(4096, 5376, device="cuda", dtype=BF16)
     w = torch.randn(5376, device="cuda", dtype=BF16)
-    normed, summed = tri.add_rms_norm(x, res, w, 1e-6)
-    ref_normed, ref_summed = torch_ref.add_rms_norm(x.float(), res.float(), w.float(), 1e-6)
-    ok &= check("add_rms_norm", normed, ref_normed) & check("add_rms_norm sum", summed, ref_summed)
+    ok &= check("rms_norm", tri.rms_norm(x, w, 1e-6), torch_ref.rms_norm(x.float(), w.float(), 1e-6))
     ok &= check("rms_norm weightless", tri.rms_norm(x, None, 1e-6), torch_ref.rms_norm(x.float(), None, 1e-6))
     gu = torch.randn(4096, 2 * 2112, device="cuda", dtype=BF16)
     ok &= check("gelu_tanh_and_mul", tri.gelu_tanh_and_mul(gu), torch_ref.gelu_tanh_and_mul(gu.float()))
-    qr = torch.randn(4096, 8, 512, device="cuda", dtype=BF16)
-    cos, sin = (torch.randn(4096, 512, device="cuda", dtype=BF16) for _ in range(2))
-    ok &= check("rope", tri.apply_rope(qr, cos, sin), torch_ref.apply_rope(qr.float(), cos.float(), sin.float()))
     k, v = (torch.randn(4096, 4, 512, device="cuda", dtype=BF16) for _ in range(2))
     slots = torch.randperm(300 * 16, device="cuda")[:4096]
     slots[::7] = -1

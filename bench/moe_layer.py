@@ -25,10 +25,12 @@ from fp4_gemm import graph_ms, replayed  # noqa: E402  (bench/ is this script's 
 
 from atomlite.config import load_model_spec  # noqa: E402
 from atomlite.model_ops import torch_ref  # noqa: E402
-from atomlite.model_ops.triton import moe_gemm, moe_gemv, moe_gemv_fp8  # noqa: E402
-from atomlite.model_ops.triton.moe_gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
-from atomlite.model_ops.triton.moe_gemv import GemvConfig, GemvTiles  # noqa: E402
-from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
+from atomlite.model_ops.triton.moe import gemm as moe_gemm  # noqa: E402
+from atomlite.model_ops.triton.moe import gemv as moe_gemv
+from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
+from atomlite.model_ops.triton.moe.gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
+from atomlite.model_ops.triton.moe.gemv import GemvConfig, GemvTiles  # noqa: E402
+from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
 from atomlite.quant import mxfp4  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gemma-4-26B-A4B-it"

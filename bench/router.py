@@ -9,8 +9,8 @@ import importlib
 
 import torch
 
-from atomlite.model_ops.triton.router import router, router_topk
-from atomlite.model_ops.triton.skinny_gemm import linear
+from atomlite.model_ops.triton.moe.router import router, router_topk
+from atomlite.model_ops.triton.gemm.skinny import linear
 from decode_attention import FLUSH_BYTES, cold_us
 
 EXPERTS, HIDDEN, TOP_K = 128, 2816, 8
@@ -21,7 +21,7 @@ def main():
     parser.add_argument("--batches", default="1,2,4,8,16")
     args = parser.parse_args()
     # router() runs one launch up to MAX_ROWS tokens only (the limit these numbers set): lift it to time the kernel
-    router_module = importlib.import_module("atomlite.model_ops.triton.router")
+    router_module = importlib.import_module("atomlite.model_ops.triton.moe.router")
     router_module.MAX_ROWS = max(int(b) for b in args.batches.split(","))
     print(f"device: {torch.cuda.get_device_name()}; router {EXPERTS} x {HIDDEN}, top {TOP_K}")
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda").zero_

@@ -3,10 +3,10 @@ import torch
 from torch import nn
 
 from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton.mxfp4_gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
+from atomlite.model_ops.triton.mxfp4.gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
                                                   pad_to_k_align)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, quantized_fp8_gemm
-from atomlite.model_ops.triton.mxfp4_gemm_lookup import scale_bytes_fit
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows, quantized_fp8_gemm
+from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
 from atomlite.quant import mxfp4
 from atomlite.quant.quark import LinearQuantSpec
 

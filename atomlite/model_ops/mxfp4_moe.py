@@ -6,7 +6,7 @@ from torch import nn
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.mxfp4_linear import load_exact
 from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant.quark import LinearQuantSpec
 
 

@@ -15,17 +15,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.weight.weight_loader = copy_weight
         self._norm = dispatch.choose("rms_norm", dim=dim).fn
-        self._add_norm = dispatch.choose("add_rms_norm", dim=dim).fn
         into_residual = dispatch.choose("rms_norm_residual", dim=dim)
         self._into_residual = into_residual.fn
         self._writes_quantized = into_residual.backend == "triton"  # the Triton kernel writes QuantizedRows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)
-
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual)."""
-        return self._add_norm(x, residual, self.weight, self.eps)
 
     def add_to_residual(self, x: "torch.Tensor | PartialSums | NormedPair", residual: torch.Tensor,
                         scale: torch.Tensor | None = None, then: "RMSNorm | tuple | None" = None,

@@ -4,8 +4,6 @@ from importlib.util import find_spec
 
 import torch
 
-DEVICE_KINDS = ("cpu", "cuda", "rocm")
-
 
 @dataclass(frozen=True)
 class Platform:

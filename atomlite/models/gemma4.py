@@ -260,7 +260,6 @@ class Gemma4ForCausalLM(nn.Module):
     per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
     # Quark's fp8 KV cache scales: one per layer for K and for V (quant.quark.KVCacheQuant)
     kv_scale_tensor = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_proj\.output_scale$")
-    checkpoint_prefixes = ("model.language_model.", "model.")
     skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
 

@@ -4,7 +4,6 @@ On CPU the static buffers feed an eager forward exactly as a replay reads them, 
 filling are checked without a GPU; the `gpu` tests capture real graphs and compare with eager decoding.
 """
 import pytest
-import torch
 
 from atomlite import LLM
 from atomlite.engine.decode_graphs import bucket_for, graph_batch_sizes

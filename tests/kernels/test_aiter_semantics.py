@@ -104,13 +104,6 @@ def rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0):
     return _rms(input, weight, epsilon).to(input.dtype)
 
 
-def rmsnorm2d_fwd_with_add(out, input, residual_in, residual_out, weight, epsilon, gemma_norm=False,
-                           use_model_sensitive_rmsnorm=0):
-    summed = input.float() + residual_in.float()
-    residual_out.copy_(summed)
-    out.copy_(_rms(summed, weight, epsilon, gemma_norm))
-
-
 def gelu_tanh_and_mul(out, input):
     d = input.shape[-1] // 2
     out.copy_(F.gelu(input[..., :d].float(), approximate="tanh") * input[..., d:].float())
@@ -144,7 +137,7 @@ def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **
 SEMANTICS = {
     names.FLASH_VARLEN: flash_attn_varlen_func, names.PAGED_DECODE: paged_attention_v1,
     names.WRITE_KV_NHD: reshape_and_cache_flash,
-    names.RMS_NORM: rmsnorm2d_fwd, names.ADD_RMS_NORM: rmsnorm2d_fwd_with_add,
+    names.RMS_NORM: rmsnorm2d_fwd,
     names.GELU_TANH_AND_MUL: gelu_tanh_and_mul, names.MXFP4_QUANT: dynamic_mxfp4_quant, names.GEMM_A4W4: gemm_a4w4,
 }
 

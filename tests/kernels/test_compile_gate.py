@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from atomlite.model_ops.triton.compile_gate import failures, run_gate
+from atomlite.tools.compile_gate import failures, run_gate
 
 ROCM = ["gfx942", "gfx950"]
 GEMMA4_KERNELS = {

@@ -12,7 +12,7 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding, default_inv_freq, proportional_inv_freq
 from atomlite.model_ops.torch_ref.attention import keys_from_values
-from atomlite.model_ops.triton import attention as tri
+from atomlite.model_ops.triton.attention import paged as tri
 from helpers import greedy, random_prompt
 from test_triton_attention import DEVICE, K_LENS, Q_LENS, paged_batch
 

@@ -8,9 +8,9 @@ from atomlite.model_ops.moe import Experts
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
-from atomlite.model_ops.triton.moe_gemm import (DECODE, MEDIUM, PREFILL, ExpertWeights, MoeConfig, ProjectionTiles,
+from atomlite.model_ops.triton.moe.gemm import (DECODE, MEDIUM, PREFILL, ExpertWeights, MoeConfig, ProjectionTiles,
                                                 fused_experts, moe_experts, mxfp4_moe_experts, pick_config)
-from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant import mxfp4
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,10 +5,10 @@ import torch
 
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
-from atomlite.model_ops.triton import moe_gemm
-from atomlite.model_ops.triton.moe_common import ExpertWeights
-from atomlite.model_ops.triton.moe_gemv import BF16, MAX_PAIRS, GemvConfig, GemvTiles, bf16_config, gemv_experts
-from atomlite.model_ops.triton.moe_gemv_fp8 import Fp8GemvConfig, gemv_experts_fp8
+from atomlite.model_ops.triton.moe import gemm as moe_gemm
+from atomlite.model_ops.triton.moe.common import ExpertWeights
+from atomlite.model_ops.triton.moe.gemv import BF16, MAX_PAIRS, GemvConfig, GemvTiles, bf16_config, gemv_experts
+from atomlite.model_ops.triton.moe.gemv_fp8 import Fp8GemvConfig, gemv_experts_fp8
 from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
 
 # several N tiles and K steps per projection at these shapes, partial last ones

@@ -9,8 +9,8 @@ import torch
 from atomlite.config import load_model_spec
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
-from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
-from atomlite.model_ops.triton.mxfp4_gemm import needs_wide_scales, pad_to_k_align
+from atomlite.model_ops.triton.moe.gemm import moe_experts, mxfp4_moe_experts
+from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant import mxfp4
 
 pytestmark = pytest.mark.gpu

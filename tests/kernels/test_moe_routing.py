@@ -3,7 +3,7 @@ against a plain-Python layout of the same tiles."""
 import pytest
 import torch
 
-from atomlite.model_ops.triton.moe_routing import ONE_PROGRAM_MAX_PAIRS, group_by_expert, max_tiles
+from atomlite.model_ops.triton.moe.routing import ONE_PROGRAM_MAX_PAIRS, group_by_expert, max_tiles
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton import mxfp4_gemm_blockwise as blockwise
-from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm, pad_to_k_align, pick_path
+from atomlite.model_ops.triton.mxfp4 import blockwise
+from atomlite.model_ops.triton.mxfp4.gemm import mxfp4_gemm, pad_to_k_align, pick_path
 from atomlite.quant import mxfp4
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,12 +2,16 @@
 import pytest
 import torch
 
-from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
-from atomlite.model_ops.triton.mxfp4_gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
+from atomlite.model_ops.triton.mxfp4 import blockwise as mxfp4_gemm_blockwise
+
+from atomlite.model_ops.triton.mxfp4 import fp8_tiles as mxfp4_gemm_fp8
+
+from atomlite.model_ops.triton.mxfp4 import lookup as mxfp4_gemm_lookup
+from atomlite.model_ops.triton.mxfp4.gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
                                                   GemmConfig, blockwise_config, dequantize_config, mxfp4_gemm,
                                                   needs_wide_scales, pad_to_k_align, pick_config, pick_path)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config
-from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig, scale_bytes_fit
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import Fp8Config
+from atomlite.model_ops.triton.mxfp4.lookup import LookupConfig, scale_bytes_fit
 from atomlite.quant import mxfp4
 from atomlite.model_ops.mxfp4_linear import MXFP4Linear
 from atomlite.quant.quark import LinearQuantSpec
@@ -376,8 +380,8 @@ def test_gemm_on_rows_quantized_by_the_norm_equals_the_gemm_on_the_norms_output(
     """RMSNorm.add_to_residual's QuantizedRows through quantized_fp8_gemm give the fp8 path's result on the
     unquantized norm output (summed and as PartialSums); rows quantized in another form are refused."""
     from atomlite.model_ops.partial_sums import PartialSums
-    from atomlite.model_ops.triton import mxfp4_gemm_fp8 as fp8
-    from atomlite.model_ops.triton.norm_residual import rms_norm_residual
+    from atomlite.model_ops.triton.mxfp4 import fp8_tiles as fp8
+    from atomlite.model_ops.triton.norm.residual import rms_norm_residual
     _, packed, scale = random_case(rows, 72, 544, torch.bfloat16, seed=rows)
     weight, weight_scale = (t.to(DEVICE) for t in pad_to_k_align(packed, scale))
     g = torch.Generator().manual_seed(rows)

@@ -69,41 +69,6 @@ def test_rms_norm_on_head_view_of_fused_projection():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden", [5376, 64])
-def test_add_rms_norm_matches_reference(dtype, hidden):
-    x, residual = randn(11, hidden, dtype=dtype), randn(11, hidden, dtype=dtype) * 4
-    weight = randn(hidden, dtype=dtype)
-    normed, summed = tri.add_rms_norm(x, residual, weight, 1e-6)
-    ref_summed = x.float() + residual.float()
-    assert_matches(summed, ref_summed)
-    # The norm sees the sum as rounded to x's dtype, exactly as the reference does.
-    assert_matches(normed, torch_ref.rms_norm(summed.float(), weight.float(), 1e-6))
-    ref_normed, ref_summed_exact = torch_ref.add_rms_norm(x, residual, weight, 1e-6)
-    assert_matches(ref_summed_exact, ref_summed)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("num_heads,head_dim", [(3, 64), (2, 256), (1, 512)])
-def test_rope_matches_reference(dtype, num_heads, head_dim):
-    num_tokens = 9
-    positions = torch.randint(0, 4096, (num_tokens,), device=DEVICE).float()
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, device=DEVICE).float() / head_dim))
-    inv_freq[head_dim // 8:] = 0.0  # proportional RoPE: the upper frequencies do not rotate
-    freqs = positions[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
-    x = randn(num_tokens, num_heads, head_dim, dtype=dtype)
-    ref = torch_ref.apply_rope(x.float(), cos.float(), sin.float())
-    assert_matches(tri.apply_rope(x, cos, sin), ref)
-
-
-def test_rope_on_head_view_of_fused_projection():
-    qkv = randn(5, 6, 64)
-    cos, sin = randn(5, 64), randn(5, 64)
-    assert_matches(tri.apply_rope(qkv[:, 2:5], cos, sin), torch_ref.apply_rope(qkv[:, 2:5], cos, sin))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(6, 2 * 2112), (3, 2, 2 * 96)])
 def test_gelu_tanh_and_mul_matches_reference(dtype, shape):
     x = randn(*shape, dtype=dtype) * 3
@@ -112,7 +77,6 @@ def test_gelu_tanh_and_mul_matches_reference(dtype, shape):
 
 def test_empty_inputs_give_empty_outputs():
     assert tri.rms_norm(randn(0, 64), None, 1e-6).shape == (0, 64)
-    assert tri.apply_rope(randn(0, 2, 64), randn(0, 64), randn(0, 64)).shape == (0, 2, 64)
     assert tri.gelu_tanh_and_mul(randn(0, 128)).shape == (0, 64)
 
 
@@ -121,7 +85,7 @@ def test_empty_inputs_give_empty_outputs():
     ("attention", dict(head_dim=576, window=False, gqa=8), True),
     ("attention", dict(head_dim=1024, window=True, gqa=2), True),
     ("attention", dict(head_dim=256, window=True, gqa=128), True),
-    ("rope", dict(head_dim=63), True),
+    ("qk_norm_rope", dict(head_dim=63), True),
     ("rms_norm", dict(dim=5376), False),
 ])
 def test_limits_refuse_shapes_the_kernels_cannot_do(op, shape, refused):
@@ -223,7 +187,7 @@ def test_residual_update_of_two_joined_branches_matches_the_separate_ops(dtype):
 def slot_sums_of(y: torch.Tensor):
     """y as the routed experts leave it unsummed (sum_slots(summed=False)): one fp32 row per (token, slot), token
     major, read as PartialSums through a transposed view; and the tensor the slots add up to."""
-    from atomlite.model_ops.triton.moe_common import sum_slots
+    from atomlite.model_ops.triton.moe.common import sum_slots
     pair_out = torch.stack([y.float() * 0.5, y.float() * 0.25, y.float() * 0.25], dim=1).reshape(-1, y.shape[-1])
     unsummed = sum_slots(pair_out, y.shape[0], 3, y.dtype, summed=False)
     return unsummed, summed_up(unsummed)
@@ -259,7 +223,7 @@ def test_norm_kernels_add_split_k_partial_sums_as_the_separate_sum_would(dtype):
 def test_rms_norm_residual_writes_the_next_norm_quantized_as_the_fp8_gemm_reads_it(period, rows):
     """With quantize the next norm's output comes as QuantizedRows: the same values and block scales as the fp8
     GEMM's own quantization of the unquantized output, including K padded past dim (320 -> 512)."""
-    from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, quantize_activations
+    from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, quantize_activations
     x, residual = randn(rows, 320, dtype=torch.bfloat16), randn(rows, 320, dtype=torch.bfloat16)
     weight, next_weight = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(2))
     summed, out = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)

@@ -70,7 +70,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 
 def package_of(module: str) -> str | None:
-    """atomlite.model_ops.triton.norm -> model_ops; top-level modules (atomlite.config) are their own group."""
+    """atomlite.model_ops.triton.norm.rms_norm -> model_ops; top-level modules (atomlite.config) are their own group."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
 

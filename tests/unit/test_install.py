@@ -1,5 +1,4 @@
 """tools/install_torch.sh picks the torch build for the machine (asked with --print, nothing installed)."""
-import os
 import subprocess
 from pathlib import Path
 

@@ -25,7 +25,7 @@ from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
 from atomlite.model_ops.aiter.functions import REQUIRED
 from atomlite.model_ops.aiter.mxfp4 import N_ALIGN, mxfp4_linear, prepare_weight
-from atomlite.model_ops.aiter.norm_act import add_rms_norm, gelu_tanh_and_mul, rms_norm
+from atomlite.model_ops.aiter.norm_act import gelu_tanh_and_mul, rms_norm
 
 __all__ = ["DECLINED", "OPS", "limits", "mxfp4_linear", "prepare_weight"]
 
@@ -33,7 +33,6 @@ OPS = {
     "attention": paged_attention,
     "write_kv": write_kv,
     "rms_norm": rms_norm,
-    "add_rms_norm": add_rms_norm,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "mxfp4_linear": mxfp4_linear,
 }
@@ -43,7 +42,6 @@ _NO_TANH_GELU_MOE = ("AITER's fused_moe has no tanh GELU (its Gelu is erf GELU; 
 
 # Ops with an AITER kernel family that atomlite does not route there, and why.
 DECLINED = {
-    "rope": "AITER's RoPE takes positions and its own cos/sin cache layout, not per-token cos/sin",
     "moe_experts": _NO_TANH_GELU_MOE,
     "mxfp4_moe_experts": _NO_TANH_GELU_MOE,
 }

@@ -5,7 +5,6 @@ FLASH_VARLEN = "flash_attn_varlen_func"
 PAGED_DECODE = "paged_attention_v1"
 WRITE_KV_NHD = "reshape_and_cache_flash"
 RMS_NORM = "rmsnorm2d_fwd"
-ADD_RMS_NORM = "rmsnorm2d_fwd_with_add"
 GELU_TANH_AND_MUL = "gelu_tanh_and_mul"
 GEMM_A4W4 = "gemm_a4w4"
 MXFP4_QUANT = "utility.fp4_utils.dynamic_mxfp4_quant"
@@ -15,7 +14,6 @@ REQUIRED = {
     "attention": (FLASH_VARLEN, PAGED_DECODE),
     "write_kv": (WRITE_KV_NHD,),
     "rms_norm": (RMS_NORM,),
-    "add_rms_norm": (ADD_RMS_NORM,),
     "gelu_tanh_and_mul": (GELU_TANH_AND_MUL,),
     "mxfp4_linear": (GEMM_A4W4, MXFP4_QUANT),
 }

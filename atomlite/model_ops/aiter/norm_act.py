@@ -32,18 +32,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return out.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.dtype not in HALF_DTYPES:
-        return torch_ref.add_rms_norm(x, residual, weight, eps)
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    residual_rows = residual.reshape(rows.shape).to(x.dtype).contiguous()
-    out, summed = torch.empty_like(rows), torch.empty_like(rows)
-    detect.call(F.ADD_RMS_NORM, out=out, input=rows, residual_in=residual_rows, residual_out=summed,
-                weight=_weight(weight, x), epsilon=eps)
-    return out.view(x.shape), summed.view(x.shape)
-
-
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x = [gate | up] on the last dim (AITER's order too) -> gelu_tanh(gate) * up."""
     if x.dtype not in HALF_DTYPES:

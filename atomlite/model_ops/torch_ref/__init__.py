@@ -5,12 +5,12 @@ from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
-from atomlite.model_ops.torch_ref.norm import add_rms_norm, rms_norm, rms_norm_residual
+from atomlite.model_ops.torch_ref.norm import rms_norm, rms_norm_residual
 from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 from atomlite.model_ops.torch_ref.router import router, router_topk
 
-__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
+__all__ = ["apply_rope", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
            "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
            "router", "router_topk", "write_kv"]
 
@@ -19,9 +19,7 @@ OPS = {
     "write_kv": write_kv,
     "linear": linear,
     "rms_norm": rms_norm,
-    "add_rms_norm": add_rms_norm,
     "rms_norm_residual": rms_norm_residual,
-    "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,

@@ -12,13 +12,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return y.to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (rms_norm(x + residual), x + residual); the sum is rounded to x's dtype first."""
-    summed = (x + residual).to(x.dtype)
-    return rms_norm(summed, weight, eps), summed
-
-
 def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float, scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None):

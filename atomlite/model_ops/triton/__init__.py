@@ -2,28 +2,25 @@
 import torch
 
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
-from atomlite.model_ops.triton.attention import paged_attention
+from atomlite.model_ops.triton.attention.paged import paged_attention
 from atomlite.model_ops.triton.common import interpreting
-from atomlite.model_ops.triton.kv_write import write_kv
-from atomlite.model_ops.triton.moe_gemm import moe_experts, mxfp4_moe_experts
-from atomlite.model_ops.triton.mxfp4_gemm import mxfp4_gemm
-from atomlite.model_ops.triton.norm import MAX_DIM, add_rms_norm, rms_norm
-from atomlite.model_ops.triton.norm_residual import rms_norm_residual
-from atomlite.model_ops.triton.qk_norm_rope import qk_norm_rope
-from atomlite.model_ops.triton.rope import apply_rope
-from atomlite.model_ops.triton.router import router, router_topk
-from atomlite.model_ops.triton.skinny_gemm import linear
+from atomlite.model_ops.triton.attention.kv_write import write_kv
+from atomlite.model_ops.triton.moe.gemm import moe_experts, mxfp4_moe_experts
+from atomlite.model_ops.triton.mxfp4.gemm import mxfp4_gemm
+from atomlite.model_ops.triton.norm.rms_norm import MAX_DIM, rms_norm
+from atomlite.model_ops.triton.norm.residual import rms_norm_residual
+from atomlite.model_ops.triton.attention.qk_norm_rope import qk_norm_rope
+from atomlite.model_ops.triton.moe.router import router, router_topk
+from atomlite.model_ops.triton.gemm.skinny import linear
 
-__all__ = ["add_rms_norm", "apply_rope", "gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
+__all__ = ["gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
     "write_kv": write_kv,
     "linear": linear,  # the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
     "rms_norm": rms_norm,
-    "add_rms_norm": add_rms_norm,
     "rms_norm_residual": rms_norm_residual,
-    "rope": apply_rope,
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,  # routing, gate_up, down and the sum over a token's experts: capture-safe
@@ -59,9 +56,9 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
     if op == "linear" and platform.kind == "rocm":
         return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
-    if op in ("rope", "qk_norm_rope") and head_dim is not None and head_dim % 2:
+    if op == "qk_norm_rope" and head_dim is not None and head_dim % 2:
         return f"head_dim {head_dim} is odd"
-    if op in ("rms_norm", "add_rms_norm", "rms_norm_residual") and shape.get("dim", 0) > MAX_DIM:
+    if op in ("rms_norm", "rms_norm_residual") and shape.get("dim", 0) > MAX_DIM:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     if op in MOE_DTYPES:
         return _moe_refusal(op, shape)

@@ -36,7 +36,7 @@ from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
                                               nvidia_capability, pdl_launch, platform_of, run_kernel)
-from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
 
 MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time

@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import dependent_launches, interpreting, pdl_launch, run_kernel
-from atomlite.model_ops.triton import skinny_gemm
-from atomlite.model_ops.triton.skinny_gemm import linear, split_k_tile
+from atomlite.model_ops.triton.gemm import skinny as skinny_gemm
+from atomlite.model_ops.triton.gemm.skinny import linear, split_k_tile
 
 MAX_ROWS = 2  # the last program picks each row's experts in turn: apart, 3 launches beat it from 4 rows (H100)
 BLOCK_N, BLOCK_K = skinny_gemm.DEFAULT_CONFIG.block_n, skinny_gemm.DEFAULT_CONFIG.block_k  # its tiles: split_k_tile

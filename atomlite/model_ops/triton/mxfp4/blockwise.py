@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import _nvidia_capability
-from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
-from atomlite.model_ops.triton.mxfp4_slabs import matmul_by_slabs
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import _nvidia_capability
+from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
+from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
 
 GROUP = 128  # K per block scale of the GEMM
 STEP_K = 256  # K per program of the kernels below; weights are padded to a multiple of it at load time

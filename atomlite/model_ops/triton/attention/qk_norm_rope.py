@@ -10,7 +10,7 @@ from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
                                               pdl_launch, run_kernel)
-from atomlite.model_ops.triton.norm_residual import load_row
+from atomlite.model_ops.triton.norm.residual import load_row
 
 
 # Prefill rows are short (one head): a program takes TOKENS_PER_PROGRAM tokens of a head at once from

@@ -12,8 +12,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from atomlite.model_ops.triton.common import interpreting
-from atomlite.model_ops.triton.compile_gate.specialize import Specialization
-from atomlite.model_ops.triton.compile_gate.stats import kernel_stats
+from atomlite.tools.compile_gate.specialize import Specialization
+from atomlite.tools.compile_gate.stats import kernel_stats
 
 
 @dataclass

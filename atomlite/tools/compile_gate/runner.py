@@ -6,9 +6,9 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from atomlite.model_ops.triton.compile_gate.build import KernelResult
+from atomlite.tools.compile_gate.build import KernelResult
 
-MODULE = "atomlite.model_ops.triton.compile_gate"
+MODULE = "atomlite.tools.compile_gate"
 
 
 def _run_platform(platform: str, models: list[str], launches: str | None) -> list[KernelResult]:

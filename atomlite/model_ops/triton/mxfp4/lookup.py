@@ -34,10 +34,10 @@ import triton.language as tl
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, pdl_launch, platform_of,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
                                                       _program_tile, _store, _weight_rows, _weight_tile,
                                                       activation_tile, split_launch, sum_splits, weight_loads)
-from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_blocks
+from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
 MIN_M = 5  # up to mxfp4_gemm_fp8.MAX_M rows; at 1-4 rows the fp8 tiles measured as fast or faster (H100)

@@ -18,8 +18,8 @@ import triton.language as tl
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, num_sms, pdl_launch, platform_of,
                                               run_kernel)
-from atomlite.model_ops.triton.moe_common import ExpertWeights, sum_slots
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
+from atomlite.model_ops.triton.moe.common import ExpertWeights, sum_slots
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
                                                       _expand_e4m3, quantize_activations, supported)
 
 PERIOD = 8

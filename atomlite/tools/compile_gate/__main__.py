@@ -1,4 +1,4 @@
-"""python -m atomlite.model_ops.triton.compile_gate --platform gfx950 [--model DIR ...] [--launches file.py:function]:
+"""python -m atomlite.tools.compile_gate --platform gfx950 [--model DIR ...] [--launches file.py:function]:
 compiles every specialization for the platform and prints the results as JSON (runner.py starts this)."""
 import argparse
 import dataclasses
@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from atomlite.model_ops.platform import parse_platform
-from atomlite.model_ops.triton.compile_gate.build import compile_one
-from atomlite.model_ops.triton.compile_gate.specialize import gpu_target, unique
-from atomlite.model_ops.triton.compile_gate.workloads import gemma4_launches
+from atomlite.tools.compile_gate.build import compile_one
+from atomlite.tools.compile_gate.specialize import gpu_target, unique
+from atomlite.tools.compile_gate.workloads import gemma4_launches
 
 
 def _launches(platform, models: list[str], source: str | None):

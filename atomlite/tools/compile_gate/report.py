@@ -1,5 +1,5 @@
 """The compile gate's table: a row per kernel and tile configuration, a column per platform."""
-from atomlite.model_ops.triton.compile_gate.build import KernelResult
+from atomlite.tools.compile_gate.build import KernelResult
 
 # Launch flags that differ by platform for the same tiles (they pick PTX, TMA, dependent launches on NVIDIA), and
 # those fixed for bf16 on any GPU (they serve fp32 inputs and the interpreter).

@@ -1,4 +1,4 @@
-"""Gemma RMSNorm (fp32 math, plain weight, optional weight) and the fused residual-add + RMSNorm.
+"""Gemma RMSNorm (fp32 math, plain weight, optional weight).
 
 Rows are addressed as (outer, inner) with two strides, so q/k/v norms run on [T, H, D] views of a fused qkv
 projection without a copy.
@@ -13,10 +13,8 @@ MAX_DIM = 65536
 
 
 @triton.jit
-def _rms_norm_kernel(x, residual, weight, out, summed, num_rows, inner, dim, eps,
-                     stride_xo, stride_xi, stride_ro, stride_ri,
-                     HAS_WEIGHT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
+def _rms_norm_kernel(x, weight, out, num_rows, inner, dim, eps, stride_xo, stride_xi,
+                     HAS_WEIGHT: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < dim)[None, :]
@@ -24,12 +22,6 @@ def _rms_norm_kernel(x, residual, weight, out, summed, num_rows, inner, dim, eps
     xv = tl.load(x + (outer * stride_xo + within * stride_xi)[:, None] + cols[None, :], mask=mask, other=0.0)
     xf = xv.to(tl.float32)
     out_offsets = rows[:, None] * dim + cols[None, :]
-    if HAS_RESIDUAL:
-        rv = tl.load(residual + (outer * stride_ro + within * stride_ri)[:, None] + cols[None, :], mask=mask,
-                     other=0.0)
-        total = (xf + rv.to(tl.float32)).to(summed.dtype.element_ty)
-        tl.store(summed + out_offsets, total, mask=mask)
-        xf = total.to(tl.float32)
     y = xf * tl.math.rsqrt(tl.sum(xf * xf, 1) / dim + eps)[:, None]
     if HAS_WEIGHT:
         y = y * tl.load(weight + cols, mask=cols < dim, other=0.0).to(tl.float32)[None, :]
@@ -49,33 +41,20 @@ def _as_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
     return x, x.shape[1], x.stride(0), x.stride(1)
 
 
-def _launch(x, residual, weight, eps):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Same contract as torch_ref.rms_norm."""
     dim = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
     num_rows = x.numel() // dim if dim else 0
     if num_rows == 0:
-        return out, summed
+        return out
     xr, inner, sxo, sxi = _as_rows(x)
-    rr, _, sro, sri = _as_rows(residual) if residual is not None else (xr, inner, sxo, sxi)
     block_d = triton.next_power_of_2(dim)
     block_rows = max(1, min(16, 2048 // block_d))
     if interpreting():
         block_rows = max(1, min(64, 16384 // block_d))
     run_kernel(_rms_norm_kernel, (triton.cdiv(num_rows, block_rows),),
-        xr, rr, weight if weight is not None else xr, out, summed if summed is not None else out,
-        num_rows, inner, dim, eps, sxo, sxi, sro, sri,
-        HAS_WEIGHT=weight is not None, HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows,
-        BLOCK_D=block_d, num_warps=min(16, max(1, block_rows * block_d // 512)))
-    return out, summed
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """Same contract as torch_ref.rms_norm."""
-    return _launch(x, None, weight, eps)[0]
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as torch_ref.add_rms_norm, in one pass: (rms_norm(x + residual), x + residual)."""
-    return _launch(x, residual, weight, eps)
+        xr, weight if weight is not None else xr, out, num_rows, inner, dim, eps, sxo, sxi,
+        HAS_WEIGHT=weight is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
+        num_warps=min(16, max(1, block_rows * block_d // 512)))
+    return out

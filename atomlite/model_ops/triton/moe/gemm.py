@@ -18,12 +18,12 @@ import triton.language as tl
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
-from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
-from atomlite.model_ops.triton import moe_gemv_fp8
-from atomlite.model_ops.triton.moe_gemv import gemv_experts, use_gemv
-from atomlite.model_ops.triton.moe_routing import ExpertTiles, group_by_expert
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile
-from atomlite.model_ops.triton.mxfp4_quant import quantize_dequantize
+from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
+from atomlite.model_ops.triton.moe.gemv import gemv_experts, use_gemv
+from atomlite.model_ops.triton.moe.routing import ExpertTiles, group_by_expert
+from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile
+from atomlite.model_ops.triton.mxfp4.quant import quantize_dequantize
 from atomlite.quant import mxfp4
 
 

@@ -6,7 +6,7 @@ import triton.language as tl
 
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import QuantizedRows, store_quantized
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import QuantizedRows, store_quantized
 
 MAX_SPLITS = 16
 MIN_TILES_PER_SPLIT = 4

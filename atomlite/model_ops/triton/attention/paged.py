@@ -17,10 +17,10 @@ import triton.language as tl
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
-from atomlite.model_ops.triton import split_kv
+from atomlite.model_ops.triton.attention import split_kv
 from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting, pdl_launch,
                                               platform_of, run_kernel)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)

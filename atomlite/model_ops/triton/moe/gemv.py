@@ -17,8 +17,8 @@ import triton.language as tl
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import run_kernel
-from atomlite.model_ops.triton.moe_common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, _expand_tile, _expansion_mode
+from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile, _expansion_mode
 from atomlite.quant import mxfp4
 
 

@@ -24,13 +24,15 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton import mxfp4_gemm_blockwise, mxfp4_gemm_fp8, mxfp4_gemm_lookup
+from atomlite.model_ops.triton.mxfp4 import blockwise as mxfp4_gemm_blockwise
+from atomlite.model_ops.triton.mxfp4 import fp8_tiles as mxfp4_gemm_fp8
+from atomlite.model_ops.triton.mxfp4 import lookup as mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
-from atomlite.model_ops.triton.mxfp4_gemm_blockwise import BlockwiseConfig
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import Fp8Config, InputQuantization
-from atomlite.model_ops.triton.mxfp4_gemm_lookup import LookupConfig
-from atomlite.model_ops.triton.mxfp4_quant import e2m1_to_float_wide, quantize_dequantize
-from atomlite.model_ops.triton.mxfp4_slabs import matmul_by_slabs
+from atomlite.model_ops.triton.mxfp4.blockwise import BlockwiseConfig
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import Fp8Config, InputQuantization
+from atomlite.model_ops.triton.mxfp4.lookup import LookupConfig
+from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_dequantize
+from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
 from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.

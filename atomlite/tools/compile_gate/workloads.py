@@ -19,8 +19,8 @@ from atomlite.model_ops.partial_sums import NormedPair, PartialSums, as_heads, s
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
-from atomlite.model_ops.triton.mxfp4_gemm import K_ALIGN, gated_path, input_quantization
-from atomlite.model_ops.triton.skinny_gemm import MAX_ROWS as SKINNY_MAX_ROWS
+from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
+from atomlite.model_ops.triton.gemm.skinny import MAX_ROWS as SKINNY_MAX_ROWS
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
 GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
@@ -195,7 +195,6 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hidden = hf["hidden_size"]
     x, weight = meta(tokens, hidden), meta(hidden)
     r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
-    r.call("add_rms_norm", dict(dim=hidden), x, x, weight, 1e-6)
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, None, weight)  # after attention
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), weight)  # after the MLP
     _norms_of_projections(r, spec)

@@ -7,7 +7,7 @@ the launches the launchers make (common.recording); specialize.py turns each int
 target; build.py compiles it and stats.py reads the figures; runner.py runs all that in child processes, and
 report.py prints the table (`atomlite plan --kernels --platform gfx950 --compile`).
 """
-from atomlite.model_ops.triton.compile_gate.build import KernelResult
-from atomlite.model_ops.triton.compile_gate.runner import failures, run_gate
+from atomlite.tools.compile_gate.build import KernelResult
+from atomlite.tools.compile_gate.runner import failures, run_gate
 
 __all__ = ["KernelResult", "failures", "run_gate"]

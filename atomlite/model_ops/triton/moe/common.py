@@ -9,7 +9,7 @@ import triton.language as tl
 
 from atomlite.model_ops.partial_sums import PartialSums
 from atomlite.model_ops.triton.common import gdc_wait, pdl_launch, run_kernel
-from atomlite.model_ops.triton.mxfp4_quant import quantize_blocks
+from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import triton.language as tl
 from atomlite.model_ops.partial_sums import NormedPair, PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4_gemm_fp8 import InputQuantization, QuantizedRows, store_quantized
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows, store_quantized
 
 
 @triton.jit
