@@ -4,6 +4,7 @@
 #   bash bench/gpu_session.sh k-from-v moe-bench 26b tests-new   (stages: the case below)
 #   bash bench/gpu_session.sh tests-gpu tests-memory   (every GPU test; the memory test must run alone)
 #   bash bench/gpu_session.sh ab-26b-b1   (batch-1 TPOT of baseline_code/, carried, then of this tree)
+#   bash bench/gpu_session.sh ab-models   (31B, 31B MXFP4 and 26B-A4B at batch 1, 26B-A4B at 16: baseline, then this tree)
 #   bash bench/gpu_session.sh serve-26b   (the server's load in process, then over HTTP; needs the serve extra: carry
 #                                          .whl/ and install it as the device README says)
 # On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
@@ -106,6 +107,11 @@ stage() {
         26b-b1) latency_b1 gemma-4-26B-A4B-it ;;
         ab-26b-b1) from_baseline bash -c "$(declare -f latency_b1); latency_b1 gemma-4-26B-A4B-it" \
                        && latency_b1 gemma-4-26B-A4B-it ;;  # the baseline copy, then this tree, one machine
+        ab-models) for run in "latency_b1 gemma-4-31B-it" "latency_b1 gemma-4-31B-it-mxfp4" \
+                              "latency_b1 gemma-4-26B-A4B-it" "latency gemma-4-26B-A4B-it"; do
+                       echo "--- baseline: $run"; from_baseline bash -c "$(declare -f latency latency_b1); $run"
+                       echo "--- this tree: $run"; $run
+                   done ;;  # the baseline copy and this tree side by side, model by model, one machine
         train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" ${TRAIN_ARGS:-} --out /tmp/demo \
                         && tar -C /tmp -cf "$OUT/demo.tar" demo ;;  # one file back instead of six
         26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;
