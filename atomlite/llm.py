@@ -6,7 +6,7 @@ from tqdm import tqdm
 from atomlite.chat_template import render_chat
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
-from atomlite.engine.output_processor import RequestState
+from atomlite.engine.output_processor import OutputProcessor
 from atomlite.outputs import RequestOutput
 from atomlite.sampling_params import SamplingParams
 
@@ -38,19 +38,19 @@ class LLM:
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        states: dict[str, RequestState] = {}
+        processor, states = OutputProcessor(self.tokenizer), []
         try:
             for prompt, p in zip(prompts, params):
                 seq = self.engine.add_request(f"offline-{next(self._ids)}", prompt, p)
-                states[seq.request_id] = RequestState(seq.request_id, seq.prompt_token_ids, p, self.tokenizer)
+                states.append(processor.add(seq.request_id, seq.prompt_token_ids, p))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
-                    bar.update(self._apply(self.engine.step(), states))
+                    bar.update(self._step(processor))
         except BaseException:
-            for request_id in states:
-                self.engine.abort(request_id)
+            for state in states:
+                self.engine.abort(state.request_id)
             raise
-        return [state.output(p if isinstance(p, str) else None) for state, p in zip(states.values(), prompts)]
+        return [state.output(p if isinstance(p, str) else None) for state, p in zip(states, prompts)]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
@@ -66,15 +66,9 @@ class LLM:
                                add_generation_prompt) for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def _apply(self, updates, states: dict[str, RequestState]) -> int:
-        """The step's updates into their requests; returns how many finished."""
-        finished = 0
-        for u in updates:
-            state = states[u.request_id]
-            if state.finished:
-                continue  # stopped on a stop string while a step ahead was already launched
-            state.update(u)
-            if state.stopped:
-                self.engine.abort(u.request_id)
-            finished += state.finished
-        return finished
+    def _step(self, processor: OutputProcessor) -> int:
+        """One engine step, its updates into their requests; returns how many finished."""
+        step = processor.process(self.engine.step())
+        for request_id in step.stopped:
+            self.engine.abort(request_id)
+        return step.num_finished

@@ -2,11 +2,11 @@
 
 HTTP handlers validate a request, then `generate()` sends it to the engine core (core.py: its own process under
 `atomlite serve`, or a thread for an engine built in this process) and yields deltas (new tokens, new text,
-finish) as they come. A receiver thread takes the core's one message per step, detokenizes, finds stop strings
-(aborting those requests in the core), records metrics and hands each event loop its deltas in one call. A handler
-that stops listening (client gone, task cancelled) aborts its request, which returns its KV blocks at once. A core
-that dies fails every open request and marks the engine stopped; `shutdown()` stops the core and fails whatever
-is left.
+finish) as they come. A receiver thread takes the core's one message per step, turns it into deltas through the
+OutputProcessor (text, stop strings: those requests it aborts in the core), records metrics and hands each event
+loop its deltas in one call. A handler that stops listening (client gone, task cancelled) aborts its request, which
+returns its KV blocks at once. A core that dies fails every open request and marks the engine stopped;
+`shutdown()` stops the core and fails whatever is left.
 """
 import asyncio
 import logging
@@ -24,7 +24,7 @@ import zmq
 
 from atomlite.engine.core import core_process_main, serve_engine
 from atomlite.engine.llm_engine import check_prompt
-from atomlite.engine.output_processor import Delta, RequestState
+from atomlite.engine.output_processor import Delta, OutputProcessor, is_last
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.errors import ConfigError
 from atomlite.sampling_params import SamplingParams
@@ -36,26 +36,24 @@ __all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineStopped", "Generation", 
 
 
 class QueueFull(RuntimeError):
-    pass
+    """The waiting queue has no room for the request: a 503 to retry later."""
 
 
 class EngineStopped(RuntimeError):
-    pass
+    """The engine takes no new requests (draining, shutting down), or ended an open one before it finished."""
 
 
 class EngineDead(EngineStopped):
-    pass
+    """The engine core died: nothing more can be served."""
 
 
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    state: RequestState
     arrival: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None
-    finished: bool = False
 
 
 class Generation:
@@ -149,6 +147,11 @@ class CoreProcess:
 
 
 class AsyncEngine:
+    """The engine as the API server drives it (see atomlite.engine.client). Model facts: tokenizer, max_model_len,
+    vocab_size. Lifecycle: start, started, is_running, drain, fail_open, shutdown, dead, on_death, startup_report,
+    core_pid. Requests: validate_prompt, decode, admit, then generate (a Generation of Deltas). Counters: num_open,
+    num_waiting, num_running; `metrics` is the ServerMetrics it records into, or None."""
+
     def __init__(self, core, config, tokenizer, max_waiting: int = 1024, metrics=None):
         self.core, self.config, self.tokenizer = core, config, tokenizer
         self.max_model_len = config.max_model_len
@@ -158,13 +161,14 @@ class AsyncEngine:
         self.startup_report: list[str] = []
         self.core_pid: int | None = None
         self.on_death = None  # called (receiver thread) once the core dies
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, _Stream] = {}  # the open sequences, as are the output processor's requests
+        self._output = OutputProcessor(tokenizer)
         self._stats: EngineStats | None = None
         self._num_added = 0
         self._started = self._draining = self._stopping = False
         self._dead: str | None = None
         self._send_lock = threading.Lock()
-        self._streams_lock = threading.Lock()  # a stream finishes once: by its last update or by its abort
+        self._streams_lock = threading.Lock()  # a sequence ends once: by its last update, its abort or a failure
         self._receiver = threading.Thread(target=self._receive, name="atomlite-engine-client", daemon=True)
 
     @classmethod
@@ -262,9 +266,11 @@ class AsyncEngine:
         return self._stats.num_running if self._stats is not None else 0
 
     def validate_prompt(self, token_ids: list[int]) -> None:
+        """Raises a ValueError unless token_ids is a non-empty prompt of vocabulary ids with room after it."""
         check_prompt(token_ids, self.vocab_size, self.max_model_len)
 
     def decode(self, token_ids: list[int]) -> str:
+        """The text of token_ids, special tokens left out ("" without a tokenizer)."""
         return self.tokenizer.decode(token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def admit(self, count: int) -> None:
@@ -279,12 +285,12 @@ class AsyncEngine:
         """Call admit() first. Sends the sequence now, so that the next admit() counts it (a burst of requests
         cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
         Generation early (aclose) aborts it."""
-        state = RequestState(request_id, token_ids, params, self.tokenizer)
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), state)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._streams_lock:  # registered before a dying core's _fail_all, or refused after it
             if not self.is_running:  # its deltas would never come: fail now rather than hang
                 raise EngineDead(self._dead) if self._dead else EngineStopped("the server is shutting down")
             self._streams[request_id] = stream
+            self._output.add(request_id, token_ids, params)
         self._num_added += 1
         self._send(("add", request_id, token_ids, params))
         if self.metrics:
@@ -293,10 +299,9 @@ class AsyncEngine:
 
     def _abort(self, request_id: str) -> None:
         with self._streams_lock:
-            stream = self._streams.pop(request_id, None)
-            if stream is None or stream.finished:
-                return
-            stream.finished = True
+            if self._streams.pop(request_id, None) is None:
+                return  # it finished, failed or was aborted already
+            self._output.abort(request_id)
         if self.metrics:
             self.metrics.finished.labels(reason="abort").inc()
         if self._started and not self._stopping and self._dead is None:  # draining too: its blocks come back
@@ -325,25 +330,17 @@ class AsyncEngine:
     def _on_step(self, updates: list[SeqUpdate], stats: EngineStats | None) -> None:
         now = time.monotonic()
         by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
-        stopped = []
         with self._streams_lock:
-            for u in updates:
-                stream = self._streams.get(u.request_id)
-                if stream is None or stream.finished:
-                    continue  # aborted, or finished on a stop string before the core heard of it
-                if u.error is not None:
-                    item = (ValueError if u.invalid else RuntimeError)(u.error)
-                else:
-                    item = stream.state.update(u)
-                    if stream.state.stopped:
-                        stopped.append(u.request_id)
-                    self._observe(stream, u, item, now)
-                if isinstance(item, Exception) or item.finished:
-                    stream.finished = True
+            step = self._output.process(updates)
+            for u, item in step.outputs:
+                stream = self._streams[u.request_id]
+                if is_last(item):
                     del self._streams[u.request_id]
+                if not isinstance(item, Exception):
+                    self._observe(stream, u, item, now)
                 by_loop[stream.loop].append((stream.queue, item))
-        if stopped:
-            self._send(("abort", stopped))
+        if step.stopped:
+            self._send(("abort", step.stopped))
         for loop, items in by_loop.items():
             _deliver(loop, items)
         if stats is not None:
@@ -380,8 +377,8 @@ class AsyncEngine:
         by_loop = defaultdict(list)
         with self._streams_lock:
             ended = list(self._streams)
-            for stream in self._streams.values():
-                stream.finished = True
+            for request_id, stream in self._streams.items():
+                self._output.abort(request_id)
                 by_loop[stream.loop].append((stream.queue, error))
             self._streams.clear()
         if self.metrics and ended:

@@ -1,6 +1,7 @@
-"""The engine's token updates turned into what a client sees: text detokenized as tokens arrive, stop strings, and
-the part of each that is new. One place for both the offline `LLM` and the server (which runs it in the API
-process, away from the engine)."""
+"""The engine's token updates turned into what a client sees: text detokenized as tokens arrive, stop strings, the
+part of each that is new, and logprob entries with their tokens' texts. One place for both the offline `LLM` and
+the server (which runs it in the API process, away from the engine)."""
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from atomlite.engine.detokenizer import IncrementalDetokenizer
@@ -28,8 +29,8 @@ class Delta:
 @dataclass
 class RequestState:
     """One sequence's output so far. `update()` takes the engine's next update and returns the delta to send; a
-    stop string found in the text finishes the request here (`stopped`), and its caller then aborts it in the
-    engine, which has not seen the text."""
+    stop string found in the text finishes the request here (`stopped`), and the engine, which has not seen the
+    text, must then abort it (StepOutputs.stopped)."""
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -106,3 +107,87 @@ class RequestState:
         prompt_logprobs = self.prompt_logprobs if self.params.prompt_logprobs is not None else None
         return RequestOutput(self.request_id, prompt, list(self.prompt_token_ids), prompt_logprobs, [completion],
                              self.finished, self.num_cached_tokens)
+
+
+def is_last(item: Delta | Exception) -> bool:
+    """Whether a request's stream ends with this item: its finishing delta, or the error it failed with."""
+    return isinstance(item, Exception) or item.finished
+
+
+def failure(u: SeqUpdate) -> Exception:
+    """A failed update as the exception its client gets: a ValueError where the request was at fault."""
+    return (ValueError if u.invalid else RuntimeError)(u.error)
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    """What one engine step gave the open requests: each one's delta (or the error it failed with) beside the update
+    it came from; and the requests a stop string finished, which the engine has not heard of and must abort."""
+    outputs: list[tuple[SeqUpdate, Delta | Exception]] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+    @property
+    def num_finished(self) -> int:
+        return sum(is_last(item) for _, item in self.outputs)
+
+
+class OutputProcessor:
+    """The open requests' RequestStates: one engine step's updates in, each request's delta out. A request leaves
+    once it finishes, fails or is aborted; updates that still come for it are ignored (a step launched ahead may
+    carry a token for a request a stop string already finished)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.requests: dict[str, RequestState] = {}
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> RequestState:
+        state = RequestState(request_id, prompt_token_ids, params, self.tokenizer)
+        self.requests[request_id] = state
+        return state
+
+    def abort(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    def process(self, updates: Iterable[SeqUpdate]) -> StepOutputs:
+        """One engine step's updates as its open requests' deltas and the requests the engine must now abort."""
+        step = StepOutputs()
+        for u in updates:
+            state = self.requests.get(u.request_id)
+            if state is None:
+                continue
+            item = failure(u) if u.error is not None else state.update(u)
+            if state.stopped:
+                step.stopped.append(u.request_id)
+            if is_last(item):
+                del self.requests[u.request_id]
+            step.outputs.append((u, item))
+        return step
+
+
+def token_text(tokenizer, token: int) -> str:
+    """One token's own text, as logprobs show it: special tokens as their text, `<id>` without a tokenizer."""
+    return tokenizer.decode([token]) if tokenizer is not None else f"<{token}>"
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """A token's logprob entry with texts: the token's own text and logprob, and each candidate the engine scored
+    (the top ones and the token itself) as (text, logprob), in the engine's order. A token without a score (a
+    prompt's first) has logprob and candidates None."""
+    text: str
+    logprob: float | None = None
+    candidates: list[tuple[str, float]] | None = None
+
+
+def logprobs_with_texts(tokenizer, token_ids: list[int],
+                        entries: list[dict[int, float] | None]) -> list[TokenLogprob]:
+    """The engine's logprob entries ({token id: logprob}, one per token) with their tokens' texts."""
+    out = []
+    for token, entry in zip(token_ids, entries):
+        text = token_text(tokenizer, token)
+        if entry is None:
+            out.append(TokenLogprob(text))
+        else:
+            candidates = [(text if t == token else token_text(tokenizer, t), lp) for t, lp in entry.items()]
+            out.append(TokenLogprob(text, entry[token], candidates))
+    return out

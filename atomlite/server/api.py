@@ -9,8 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from atomlite.engine.async_engine import AsyncEngine, Delta, EngineStopped, QueueFull
-from atomlite.engine.structured import check_structured_outputs
+from atomlite.engine.client import AsyncEngine, Delta, EngineStopped, QueueFull, check_structured_outputs
 from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
 from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers
 from atomlite.server.errors import APIError, error_body

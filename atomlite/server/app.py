@@ -5,7 +5,7 @@ import contextlib
 from fastapi import Depends, FastAPI, Request
 
 from atomlite.config import EngineConfig
-from atomlite.engine.async_engine import AsyncEngine
+from atomlite.engine.client import AsyncEngine
 from atomlite.server.api import Server
 from atomlite.server.chat import ChatOptions
 from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit

@@ -2,7 +2,7 @@
 import time
 from dataclasses import dataclass, field
 
-from atomlite.engine.output_processor import Delta
+from atomlite.engine.client import Delta, logprobs_with_texts
 from atomlite.server.chat import OutputParsers
 
 
@@ -28,13 +28,16 @@ class Choice:
         if delta.finished:
             self.finish_reason = delta.finish_reason
 
+    def echoed(self, text: str, token_ids: list[int], entries: list) -> tuple[str, list[int], list]:
+        """text, its tokens and their logprob entries behind the prompt's, for echo (prompt tokens without a score
+        where prompt logprobs were not asked for)."""
+        return ((self.prompt_text or "") + text, self.prompt_ids + token_ids,
+                (self.prompt_logprobs or [None] * len(self.prompt_ids)) + entries)
+
 
 class Formatter:
     def __init__(self, tokenizer, model_name: str):
         self.tokenizer, self.model_name = tokenizer, model_name
-
-    def token_text(self, token: int) -> str:
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<{token}>"
 
     def header(self, request_id: str, kind: str) -> dict:
         return {"id": request_id, "object": kind, "created": int(time.time()), "model": self.model_name}
@@ -43,28 +46,19 @@ class Formatter:
     def completion_logprobs(self, tokens: list[int], entries: list, offset: int = 0) -> dict:
         """OpenAI legacy logprobs: tokens, token_logprobs, top_logprobs, text_offset (None entries: no score)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for token, entry in zip(tokens, entries):
-            text = self.token_text(token)
-            out["tokens"].append(text)
+        for token in logprobs_with_texts(self.tokenizer, tokens, entries):
+            out["tokens"].append(token.text)
             out["text_offset"].append(offset)
-            offset += len(text)
-            if entry is None:
-                out["token_logprobs"].append(None)
-                out["top_logprobs"].append(None)
-            else:
-                out["token_logprobs"].append(entry[token])
-                out["top_logprobs"].append({self.token_text(t): lp for t, lp in entry.items()})
+            offset += len(token.text)
+            out["token_logprobs"].append(token.logprob)
+            out["top_logprobs"].append(None if token.candidates is None else dict(token.candidates))
         return out
 
     def completion_choice(self, choice: Choice, echo: bool, want_logprobs: bool, token_ids: bool = False) -> dict:
-        text = (choice.prompt_text or "") + choice.text if echo else choice.text
-        logprobs = None
-        if want_logprobs:
-            tokens, entries = list(choice.token_ids), list(choice.logprobs)
-            if echo:
-                tokens = choice.prompt_ids + tokens
-                entries = (choice.prompt_logprobs or [None] * len(choice.prompt_ids)) + entries
-            logprobs = self.completion_logprobs(tokens, entries)
+        text, tokens, entries = choice.text, choice.token_ids, choice.logprobs
+        if echo:
+            text, tokens, entries = choice.echoed(text, tokens, entries)
+        logprobs = self.completion_logprobs(tokens, entries) if want_logprobs else None
         body = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
         if token_ids:
             body.update(prompt_token_ids=choice.prompt_ids, token_ids=choice.token_ids)
@@ -88,15 +82,11 @@ class Formatter:
     # -- chat ------------------------------------------------------------------------------------------------
     def chat_logprobs(self, tokens: list[int], entries: list, top: int) -> dict:
         content = []
-        for token, entry in zip(tokens, entries):
-            ranked = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
-            content.append({**self._chat_token(token, entry[token]),
-                            "top_logprobs": [self._chat_token(t, lp) for t, lp in ranked]})
+        for token in logprobs_with_texts(self.tokenizer, tokens, entries):
+            ranked = sorted(token.candidates, key=lambda candidate: -candidate[1])[:top]
+            content.append({**chat_token(token.text, token.logprob),
+                            "top_logprobs": [chat_token(text, logprob) for text, logprob in ranked]})
         return {"content": content}
-
-    def _chat_token(self, token: int, logprob: float) -> dict:
-        text = self.token_text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     def chat(self, request_id: str, choices: list[Choice], top_logprobs: int | None, token_ids: bool = False,
              parsers: OutputParsers | None = None) -> dict:
@@ -123,6 +113,10 @@ class Formatter:
         if token_ids is not None:
             body["choices"][0]["token_ids"] = token_ids
         return body
+
+
+def chat_token(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
 def chat_finish_reason(reason: str | None, made_tool_calls: bool) -> str | None:

@@ -121,9 +121,7 @@ async def completion_events(server: Server, request_id, choices, gens, req: Comp
             choice.add(delta)
             text, tokens, entries = delta.text, delta.token_ids, delta.logprobs
             if req.echo and i not in started:
-                text = (choice.prompt_text or "") + text
-                tokens = choice.prompt_ids + tokens
-                entries = (delta.prompt_logprobs or [None] * len(choice.prompt_ids)) + entries
+                text, tokens, entries = choice.echoed(text, tokens, entries)
             started.add(i)
             logprobs = fmt.completion_logprobs(tokens, entries) if want_logprobs else None
             yield sse(fmt.completion_chunk(request_id, i, text, logprobs,
