@@ -1,0 +1,199 @@
+"""The KV cache manager on its own: how layer specs group into pools and tensors, all-or-nothing allocation,
+sliding-window release, and prefix-cache hits and eviction, driven by hand the way the engine drives it."""
+import pytest
+import torch
+
+from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.sequence import Sequence
+from atomlite.model_ops.kv_spec import KVSpec
+from atomlite.sampling_params import SamplingParams
+
+BLOCK = 4
+FULL = KVSpec("full", 2, 4, torch.float32)
+SLIDING = KVSpec("sliding", 2, 4, torch.float32, window=8)
+
+
+def manager(specs, num_blocks, prefix_caching: bool = True) -> KVCacheManager:
+    num_blocks = num_blocks if isinstance(num_blocks, list) else [num_blocks] * len(specs)
+    return KVCacheManager(specs, num_blocks, BLOCK, torch.device("cpu"), prefix_caching)
+
+
+def seq(token_ids) -> Sequence:
+    return Sequence(list(token_ids), SamplingParams(max_tokens=100))
+
+
+def compute(kv: KVCacheManager, s: Sequence, num_new: int) -> None:
+    """One engine step for s: blocks, then the tokens count as computed, keyed and released."""
+    assert kv.allocate(s, num_new)
+    s.num_computed_tokens += num_new
+    kv.update_block_hashes(s)
+    kv.release_out_of_window(s)
+
+
+def test_equal_specs_share_one_pool():
+    specs = [FULL, SLIDING, FULL, SLIDING, KVSpec("full", 2, 4, torch.bfloat16), KVSpec("shared", target=1)]
+    kv = manager(specs, [5, 6, 7])
+    assert [(g.spec, g.layers, g.pool.num_blocks) for g in kv.groups] == [
+        (FULL, [0, 2], 5), (SLIDING, [1, 3], 6), (specs[4], [4], 7)]
+    assert [kv.cache_for_layer(layer)[2] for layer in range(6)] == [0, 1, 0, 1, 2, 1]
+    assert kv.caches[0][1].shape == (5, BLOCK, 2, 4) and kv.caches[4][1].dtype == torch.bfloat16
+
+
+def test_shared_layer_reads_its_targets_tensors_and_owns_none():
+    kv = manager([FULL, SLIDING, KVSpec("shared", target=1)], 4)
+    k, v, group = kv.cache_for_layer(2)
+    target_k, target_v, target_group = kv.cache_for_layer(1)
+    assert k is target_k and v is target_v and group == target_group
+    assert 2 not in kv.caches and kv.groups[1].layers == [1]
+
+
+def test_shared_layer_must_target_a_layer_that_owns_its_kv():
+    with pytest.raises(ValueError, match="layer 2 shares layer 1"):
+        manager([FULL, KVSpec("shared", target=0), KVSpec("shared", target=1)], 4)
+
+
+@pytest.mark.parametrize("kwargs", [dict(kind="global"), dict(kind="sliding"), dict(kind="full", window=8),
+                                    dict(kind="shared"), dict(kind="full", target=0)])
+def test_kv_spec_rejects_inconsistent_fields(kwargs):
+    with pytest.raises(ValueError):
+        KVSpec(**kwargs)
+
+
+def test_k_from_v_layers_store_one_tensor():
+    v_only = KVSpec("full", 2, 4, torch.float32, k_from_v=True)
+    kv = manager([FULL, v_only], 4)
+    assert len(kv.groups) == 2  # same shape, but a V-only cache cannot serve a layer that reads K
+    k, v, _ = kv.cache_for_layer(1)
+    assert k is None and v.shape == (4, BLOCK, 2, 4)
+    assert kv.cache_for_layer(0)[0].shape == (4, BLOCK, 2, 4)
+    assert 2 * v_only.bytes_per_token == FULL.bytes_per_token == 2 * 2 * 4 * 4
+
+
+def test_block_pool_never_hands_out_the_null_block():
+    pool = BlockPool(4)
+    assert sorted(pool.allocate() for _ in range(3)) == [1, 2, 3] and pool.num_free == 0
+    with pytest.raises(ValueError, match="at least 2 blocks"):
+        BlockPool(1)
+
+
+def test_allocation_is_all_or_nothing_across_groups():
+    kv = manager([FULL, SLIDING], [10, 3])  # the sliding group has 2 usable blocks
+    s = seq(range(12))
+    assert not kv.allocate(s, 12)
+    assert kv.free_blocks() == [9, 2] and kv.blocks_allocated(s) == [0, 0]
+    assert kv.allocate(s, 8)
+    assert kv.blocks_allocated(s) == [2, 2]
+
+
+def test_sliding_layer_group_keeps_only_window_blocks():
+    kv = manager([FULL, SLIDING], 32)
+    full, sliding = kv.groups
+    s = seq(range(10))
+    compute(kv, s, 10)
+    while s.num_computed_tokens < 59:
+        s.token_ids.append(1)
+        compute(kv, s, 1)
+        assert sliding.pool.num_used <= SLIDING.blocks_held(59, BLOCK) == 3
+    assert full.pool.num_used == 15 == len(s.block_tables[full.id])
+    table = s.block_tables[sliding.id]
+    first_needed = 13  # a query at position 59 sees keys 52..59: blocks 13 and 14
+    assert list(table)[:first_needed] == [NULL_BLOCK] * first_needed
+    assert NULL_BLOCK not in list(table)[first_needed:]
+    assert kv.blocks_allocated(s) == [15, len(table) - first_needed]
+
+
+def test_freeing_a_sequence_returns_every_block_in_every_group():
+    kv = manager([FULL, SLIDING], 32)
+    s = seq(range(70))  # more blocks than a block table's initial capacity
+    compute(kv, s, 70)
+    kv.free(s)
+    assert kv.free_blocks() == [31, 31]
+    assert all(refs == 0 for g in kv.groups for refs in g.pool.refs)
+    assert s.block_tables == [] and kv.blocks_allocated(s) == [0, 0]
+
+
+def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
+    kv = manager([FULL], 16)
+    a = seq(range(14))
+    compute(kv, a, 14)
+    b = seq(list(range(12)) + [99, 98])
+    assert kv.apply_prefix_hit(b) == 12
+    assert b.num_computed_tokens == b.num_cached_tokens == 12
+    assert list(b.block_tables[0]) == list(a.block_tables[0])[:3]
+    assert kv.free_blocks() == [16 - 1 - 4]  # nothing new was taken
+
+
+def test_prefix_hit_always_leaves_the_last_prompt_token_to_compute():
+    kv = manager([FULL], 16)
+    a = seq(range(8))
+    compute(kv, a, 8)
+    assert kv.apply_prefix_hit(seq(range(8))) == 4  # 8 cached tokens would leave nothing to sample from
+    assert kv.apply_prefix_hit(seq(range(9))) == 8
+
+
+def test_a_block_hits_only_after_the_same_prefix():
+    kv = manager([FULL], 16)
+    compute(kv, seq(range(12)), 12)
+    assert kv.apply_prefix_hit(seq([50, 51, 52, 53] + list(range(4, 12)) + [0])) == 0
+
+
+def test_freed_blocks_stay_cached_until_new_allocations_evict_them():
+    """A new allocation takes never-used and unkeyed blocks before cached ones, and evicts a prefix from its tail
+    (a sequence frees its blocks last first), so the head of the prefix keeps hitting longest."""
+    for new_blocks, hit in [(4, 8), (5, 4), (6, 0)]:
+        kv = manager([FULL], 7)  # 6 usable blocks
+        a = seq(range(9))
+        compute(kv, a, 9)  # 3 blocks: 2 full and keyed, 1 partial
+        kv.free(a)
+        assert kv.allocate(seq(range(100, 100 + BLOCK * new_blocks)), BLOCK * new_blocks)
+        assert kv.apply_prefix_hit(seq(range(9))) == hit, new_blocks
+
+
+def test_freed_blocks_without_a_key_are_reused_before_cached_ones():
+    kv = manager([FULL], 5)  # 4 usable blocks
+    a, b = seq(range(9)), seq(range(100, 103))
+    compute(kv, a, 9)  # 2 keyed blocks and a partial one
+    compute(kv, b, 3)  # one partial block, freed after a's
+    kv.free(a)
+    kv.free(b)
+    assert kv.allocate(seq(range(200, 208)), 8)
+    assert kv.apply_prefix_hit(seq(range(9))) == 8
+
+
+def test_sliding_group_prefix_hit_needs_only_blocks_in_the_window():
+    """The sliding pool (4 blocks) reused a's first block while a ran; a 16-token hit needs only blocks 2 and 3
+    there (a query at 16 sees keys 9..16) and takes null entries for the rest."""
+    kv = manager([FULL, SLIDING], [16, 5])
+    full, sliding = kv.groups
+    a = seq(range(17))
+    for num_new in [4, 4, 4, 4, 1]:
+        compute(kv, a, num_new)
+    b = seq(list(range(16)) + [90, 91])
+    assert kv.apply_prefix_hit(b) == 16
+    first_needed = (16 - 8 + 1) // BLOCK
+    assert list(b.block_tables[sliding.id])[:first_needed] == [NULL_BLOCK] * first_needed
+    assert list(b.block_tables[sliding.id])[first_needed:] == list(a.block_tables[sliding.id])[first_needed:4]
+    assert list(b.block_tables[full.id]) == list(a.block_tables[full.id])[:4]
+
+
+def test_prefix_hit_stops_where_any_group_lost_the_block():
+    kv = manager([FULL, KVSpec("full", 2, 4, torch.bfloat16)], [16, 5])  # the second group has 4 usable blocks
+    a = seq(range(9))
+    compute(kv, a, 9)
+    kv.free(a)
+    assert kv.allocate(seq(range(200, 212)), 12)  # the second group evicts a's second block; the first, nothing
+    b = seq(range(9))
+    assert kv.apply_prefix_hit(b) == 4
+    assert kv.blocks_allocated(b) == [1, 1]
+
+
+def test_prefix_caching_off_never_hits():
+    kv = manager([FULL], 16, prefix_caching=False)
+    a = seq(range(14))
+    compute(kv, a, 14)
+    b = seq(range(14))
+    assert kv.apply_prefix_hit(b) == 0 and b.num_cached_tokens == 0
+    kv.free(a)
+    assert kv.free_blocks() == [15]
+

@@ -1,0 +1,241 @@
+"""The scheduler on its own, over a real KV cache manager of tiny specs: what it runs each step under the token
+budget, what it admits, whom it preempts, and that every block comes back. `step` stands in for the engine: it
+marks the scheduled tokens computed, keys and releases blocks as the engine does, and appends one token to each
+sequence whose prompt is done."""
+import torch
+
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.scheduler import Scheduler
+from atomlite.engine.sequence import Sequence, Status
+from atomlite.model_ops.kv_spec import KVSpec
+from atomlite.sampling_params import SamplingParams
+
+BLOCK = 4
+FULL = KVSpec("full", 1, 4, torch.float32)
+SLIDING = KVSpec("sliding", 1, 4, torch.float32, window=8)
+
+
+def make_scheduler(num_blocks: int, specs=(FULL,), max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
+                   max_model_len: int = 1000) -> Scheduler:
+    """num_blocks usable blocks per group (the null block comes on top)."""
+    kv = KVCacheManager(list(specs), [num_blocks + 1] * len(specs), BLOCK, torch.device("cpu"))
+    return Scheduler(kv, max_num_seqs, max_num_batched_tokens, max_model_len)
+
+
+def seq(prompt_len: int, max_tokens: int = 16, first: int = 0, **params) -> Sequence:
+    return Sequence(list(range(first, first + prompt_len)), SamplingParams(max_tokens=max_tokens, **params))
+
+
+def finish(sched: Scheduler, s: Sequence, reason: str) -> None:
+    s.status, s.finish_reason = Status.FINISHED, reason
+    sched.remove(s)
+
+
+def step(sched: Scheduler) -> list[tuple[Sequence, int]]:
+    batch = sched.schedule()
+    for s, num_new in batch:
+        s.num_computed_tokens += num_new
+        sched.kv.update_block_hashes(s)
+        sched.kv.release_out_of_window(s)
+    for s, _ in batch:
+        if s.num_uncomputed == 0:
+            s.token_ids.append(10_000 + s.seq_id * 1000 + len(s.token_ids))
+            if s.num_output_tokens >= s.params.max_tokens or len(s.token_ids) >= sched.max_model_len:
+                finish(sched, s, "length")
+    return batch
+
+
+def used(sched: Scheduler) -> list[int]:
+    return [g.pool.num_used for g in sched.kv.groups]
+
+
+def test_decode_is_scheduled_before_waiting_prefills():
+    sched = make_scheduler(num_blocks=32)
+    a, b = seq(6), seq(6, first=100)
+    sched.add(a)
+    step(sched)
+    sched.add(b)
+    assert step(sched) == [(a, 1), (b, 6)]
+
+
+def test_prefill_is_chunked_to_max_num_batched_tokens():
+    sched = make_scheduler(num_blocks=32, max_num_batched_tokens=4)
+    a = seq(10)
+    sched.add(a)
+    assert [step(sched) for _ in range(4)] == [[(a, 4)], [(a, 4)], [(a, 2)], [(a, 1)]]
+    assert a.num_output_tokens == 2
+
+
+def test_a_step_splits_its_token_budget_between_sequences_in_order():
+    sched = make_scheduler(num_blocks=32, max_num_batched_tokens=8)
+    a, b, c = seq(5), seq(5, first=100), seq(5, first=200)
+    for s in (a, b, c):
+        sched.add(s)
+    assert step(sched) == [(a, 5), (b, 3)]
+    assert step(sched) == [(a, 1), (b, 2), (c, 5)]
+
+
+def test_running_sequences_never_exceed_max_num_seqs():
+    sched = make_scheduler(num_blocks=32, max_num_seqs=2)
+    seqs = [seq(3, first=100 * i) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    assert step(sched) == [(seqs[0], 3), (seqs[1], 3)]
+    assert list(sched.waiting) == [seqs[2]] and seqs[2].block_tables == []
+    finish(sched, seqs[0], "stop")
+    assert step(sched) == [(seqs[1], 1), (seqs[2], 3)]
+
+
+def test_admission_keeps_room_for_running_sequences_to_grow():
+    """Until a sequence finishes, admission reserves all of max_tokens: A (4 + 12 tokens) expects 4 blocks of
+    5, so B (also 4 blocks) waits, holding nothing, and is admitted once A is gone."""
+    sched = make_scheduler(num_blocks=5)
+    a, b = seq(4, max_tokens=12), seq(4, max_tokens=12, first=100)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [(a, 4)]
+    assert list(sched.waiting) == [b] and b.block_tables == [] and b.num_computed_tokens == 0
+    assert used(sched) == [1]
+    finish(sched, a, "length")
+    assert step(sched) == [(b, 4)]
+
+
+def test_admission_reserves_only_the_share_of_max_tokens_that_finished_sequences_used():
+    sched = make_scheduler(num_blocks=5)
+    early = seq(4, max_tokens=12, first=500)
+    sched.add(early)
+    step(sched)
+    finish(sched, early, "stop")  # used 1 of 12
+    assert sched.output_share.mean == 1 / 12
+    a, b = seq(4, max_tokens=12), seq(4, max_tokens=12, first=100)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [(a, 4), (b, 4)]
+
+
+def test_admission_expects_no_output_past_max_model_len():
+    """max_tokens 1000 under a 16-token context: each sequence expects 4 blocks, so two fit in 8."""
+    sched = make_scheduler(num_blocks=8, max_model_len=16)
+    a, b = seq(4, max_tokens=1000), seq(4, max_tokens=1000, first=100)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [(a, 4), (b, 4)]
+
+
+def test_aborted_sequences_do_not_teach_admission():
+    sched = make_scheduler(num_blocks=5)
+    early = seq(4, max_tokens=12)
+    sched.add(early)
+    step(sched)
+    finish(sched, early, "abort")
+    assert sched.output_share.mean == 1.0
+
+
+def test_preempted_sequence_frees_every_block_and_requeues_first():
+    """With a learned share of 1/100, A and B (4-token prompts) are admitted into 4 blocks and outgrow them: A's
+    third block preempts B, the later admitted, which gives back both of its blocks and goes before C."""
+    sched = make_scheduler(num_blocks=4)
+    early = seq(4, max_tokens=100, first=500)
+    sched.add(early)
+    step(sched)
+    finish(sched, early, "stop")
+    a, b, c = seq(4, max_tokens=100), seq(4, max_tokens=100, first=100), seq(4, first=200)
+    sched.add(a)
+    sched.add(b)
+    assert step(sched) == [(a, 4), (b, 4)]
+    for _ in range(4):
+        assert step(sched) == [(a, 1), (b, 1)]
+    share = sched.output_share.mean
+    sched.add(c)
+    assert step(sched) == [(a, 1)]  # nothing is admitted in a step that preempted
+    assert sched.num_preemptions == 1 and sched.running == [a]
+    assert list(sched.waiting) == [b, c]
+    assert b.status == Status.WAITING and b.block_tables == [] and b.num_computed_tokens == 0
+    assert used(sched) == [len(a.block_tables[0])] == [3]
+    assert sched.output_share.mean > share  # a preemption counts as a sequence that used all of max_tokens
+
+
+def test_preempted_sequence_recomputes_its_outputs_from_its_cached_prefix():
+    sched = make_scheduler(num_blocks=4)
+    early = seq(4, max_tokens=100, first=500)
+    sched.add(early)
+    step(sched)
+    finish(sched, early, "stop")
+    a, b = seq(4, max_tokens=100), seq(4, max_tokens=100, first=100)
+    sched.add(a)
+    sched.add(b)
+    for _ in range(6):
+        step(sched)
+    assert sched.num_preemptions == 1
+    tokens = list(b.token_ids)
+    finish(sched, a, "stop")
+    assert sched.schedule() == [(b, len(tokens) - BLOCK)]  # its first block is cached; outputs are recomputed
+    assert b.num_cached_tokens == BLOCK and b.token_ids == tokens
+    assert sched.prefix_cache_hits == BLOCK
+
+
+def test_lone_prefill_chunk_halves_until_its_blocks_fit():
+    """Sliding window 8 in 3 blocks: the first 24-token chunk cannot fit, 12 can; after it only one block is
+    free, so the next chunk shrinks to 3 tokens instead of preempting the only sequence."""
+    sched = make_scheduler(num_blocks=3, specs=(SLIDING,), max_num_batched_tokens=24)
+    a = seq(24)
+    sched.add(a)
+    assert step(sched) == [(a, 12)]
+    assert step(sched) == [(a, 3)]
+    while a.num_output_tokens == 0:
+        step(sched)
+    assert sched.num_preemptions == 0 and a.num_computed_tokens == 24
+
+
+def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
+    sched = make_scheduler(num_blocks=32)
+    a = seq(10)
+    sched.add(a)
+    step(sched)
+    b = Sequence(list(range(8)) + [77, 78, 79], SamplingParams())
+    sched.add(b)
+    assert step(sched) == [(a, 1), (b, 3)]
+    assert b.num_cached_tokens == 8
+    assert b.block_tables[0][:2] == a.block_tables[0][:2]
+    assert all(sched.kv.groups[0].pool.refs[blk] == 2 for blk in a.block_tables[0][:2])
+    assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (10 + 11, 8)
+
+
+def test_prompt_logprobs_requests_compute_the_whole_prompt():
+    sched = make_scheduler(num_blocks=32)
+    a = seq(10)
+    sched.add(a)
+    step(sched)
+    b = seq(10, prompt_logprobs=1)
+    sched.add(b)
+    assert step(sched) == [(a, 1), (b, 10)]
+    assert b.num_cached_tokens == 0 and sched.prefix_cache_queries == 10
+
+
+def test_freed_sequences_return_all_blocks():
+    """Twelve requests of mixed lengths through a small full + sliding cache, with preemptions (the first
+    requests stop at their first token, so admission learns to reserve little) and aborts of a waiting and a
+    running sequence: every step keeps to its limits and, at the end, every block is free."""
+    sched = make_scheduler(num_blocks=12, specs=(FULL, SLIDING), max_num_seqs=4, max_num_batched_tokens=10,
+                           max_model_len=64)
+    seqs = [seq(3 + 5 * (i % 4), max_tokens=4 + 7 * (i % 3), first=100 * (i % 5)) for i in range(12)]
+    for s in seqs:
+        sched.add(s)
+    finish(sched, seqs[-1], "abort")  # still waiting
+    steps = 0
+    while sched.has_work():
+        batch = step(sched)
+        steps += 1
+        for s in seqs[:3]:
+            if s.num_output_tokens == 1 and not s.is_finished:
+                finish(sched, s, "stop")
+        assert sum(n for _, n in batch) <= 10 and len(sched.running) <= 4
+        if steps == 5:
+            finish(sched, sched.running[0], "abort")
+        assert steps < 500
+    assert sched.num_preemptions > 0
+    assert used(sched) == [0, 0]
+    assert all(refs == 0 for g in sched.kv.groups for refs in g.pool.refs)
+    assert [s.finish_reason for s in seqs[:3]] == ["stop"] * 3
+    assert sum(s.finish_reason == "length" for s in seqs) == 7
+    assert all(s.num_output_tokens == s.params.max_tokens for s in seqs if s.finish_reason == "length")
