@@ -1,9 +1,10 @@
 """Split a KV memory budget between groups by what a max-length sequence actually holds in each."""
+import math
 from dataclasses import dataclass
 
 from atomlite.errors import ConfigError
 from atomlite.engine.kv_cache import group_specs
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 
 
 @dataclass
@@ -63,7 +64,14 @@ def plan_kv_cache(specs: list[KVSpec], budget: int, block_size: int, max_model_l
         share = g.block_bytes * g.blocks_per_seq / plan.seq_bytes
         g.num_blocks = int(budget * share) // g.block_bytes
     if plan.max_seqs_at_full_length < 1:
-        need = plan.seq_bytes + sum(g.block_bytes for g in groups)
         raise ConfigError(f"KV cache budget {budget / 2**20:.1f} MiB holds no sequence of {max_model_len} tokens "
-                          f"(needs {need / 2**20:.1f} MiB): raise --kv-cache-memory or lower --max-model-len")
+                          f"(needs {_budget_for_one(plan) / 2**20:.1f} MiB): raise --kv-cache-memory or lower "
+                          f"--max-model-len")
     return plan
+
+
+def _budget_for_one(plan: KVPlan) -> float:
+    """The least budget whose split gives every group one sequence's blocks and its null block, rounded up to the
+    0.1 MiB the message shows. Each group gets seq_bytes / (its blocks per sequence) per block it is given."""
+    exact = max(plan.seq_bytes * (g.blocks_per_seq + 1) / g.blocks_per_seq for g in plan.groups) + 1
+    return math.ceil(exact / 2**20 * 10) / 10 * 2**20

@@ -69,9 +69,6 @@ def test_planner_rejects_max_model_len_over_budget_with_clear_message():
     assert "--kv-cache-memory" in message and "--max-model-len" in message
 
 
-@pytest.mark.xfail(strict=True, reason="the 'needs N MiB' of the error counts one null block per group but the "
-                                       "split gives the groups shares of the budget by their per-sequence size, "
-                                       "so a sliding group with few blocks per sequence still falls short")
 def test_budget_the_error_names_as_needed_is_enough():
     full = KVSpec("full", 8, 256, torch.bfloat16)
     sliding = KVSpec("sliding", 8, 256, torch.bfloat16, window=1024)
