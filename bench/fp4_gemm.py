@@ -14,6 +14,7 @@ import sys
 import torch
 import triton
 
+from atomlite.model_ops.triton.mxfp4.tuning import FP8_MAX_M
 from atomlite.quant import mxfp4
 
 # the module, not the function of the same name that atomlite.model_ops.triton exports
@@ -44,7 +45,7 @@ CANDIDATES = {
 
 
 def regime(m: int) -> str:
-    return "decode" if m <= 4 else "fp8" if m <= fp8.MAX_M else "prefill"
+    return "decode" if m <= 4 else "fp8" if m <= FP8_MAX_M else "prefill"
 
 
 def describe(config) -> str:

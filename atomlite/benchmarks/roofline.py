@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 
 COPY_BYTES = 2**30
 GEMM_SIZE = 8192

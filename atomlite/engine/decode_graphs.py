@@ -3,8 +3,9 @@
 A decode-only step (every sequence adds one token it will sample from) runs the whole forward, every layer and
 every KV group, from a graph captured once per batch-size bucket. The batch is padded to its bucket: padding rows
 read token 0 at position 0, store no KV (slot -1) and see one key. Every input lives in a static buffer sized for
-the largest bucket and for max_model_len; a step fills pinned host mirrors and copies each buffer once. Without
-capture (CPU, tests) the same buffers feed an eager forward, exactly as a replay reads them.
+the largest bucket and for max_model_len; a step's inputs, built as an eager step's are (step_inputs), go into
+pinned host mirrors, and each buffer is copied once. Without capture (CPU, tests) the same buffers feed an eager
+forward, exactly as a replay reads them.
 """
 import math
 import time
@@ -15,9 +16,10 @@ import torch
 from tqdm import tqdm
 
 from atomlite.engine.block_pool import NULL_BLOCK
-from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
+from atomlite.engine.step_inputs import StepInputBuilder, StepInputs
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
+from atomlite.model_ops.dispatch import KernelChoices
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
@@ -39,13 +41,17 @@ def is_decode_only(batch: list[tuple[Sequence, int]]) -> bool:
     return all(n == 1 and seq.num_computed_tokens + 1 == len(seq.token_ids) for seq, n in batch)
 
 
-def uncapturable_modules(model) -> list[str]:
-    """Modules that declare graph_safe = False (e.g. a per-expert loop that syncs with the host), with why."""
-    found = {}
-    for module in model.modules():
-        if getattr(module, "graph_safe", True) is False:
-            found[type(module).__name__] = getattr(module, "graph_unsafe_reason", "")
-    return [f"{name} ({why})" if why else name for name, why in found.items()]
+def graphs_off_reason(device: torch.device, enforce_eager: bool, kernels: KernelChoices) -> str | None:
+    """Why decode steps cannot run from graphs, as the startup report says it; None when they can."""
+    if device.type != "cuda":
+        return "off (no GPU)"
+    if enforce_eager:
+        return "off (--enforce-eager)"
+    unsafe = kernels.graph_unsafe()
+    if unsafe:
+        kernels_text = "; ".join(f"{key} ({why})" for key, why in unsafe.items())
+        return f"off, decode runs eager: {kernels_text} cannot be captured"
+    return None
 
 
 def _static(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,9 +64,10 @@ class StaticDecodeInputs:
     """Token ids, positions, sequence lengths, and per KV group the slot mapping and block table, for up to
     max_batch sequences of up to max_model_len tokens."""
 
-    def __init__(self, kv: KVCacheManager, max_batch: int, max_model_len: int, device: torch.device):
+    def __init__(self, builder: StepInputBuilder, max_batch: int, max_model_len: int):
+        kv, device = builder.kv, builder.device
         pin = device.type == "cuda"
-        self.block_size = kv.block_size
+        self.builder = builder
         width = math.ceil(max_model_len / kv.block_size)
         self.capacity = width * kv.block_size  # keys a table row can address
         # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
@@ -73,6 +80,9 @@ class StaticDecodeInputs:
         # one query per sequence, so query starts never change
         self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.group_ids = [g.id for g in kv.groups]
+        # numpy views of the host mirrors, made once: the step's inputs go into them
+        self.host_rows = [t[1].numpy() for t in (self.ids, self.positions, self.seq_lens)]
+        self.host_groups = [(slots[1].numpy(), table[1].numpy()) for slots, table in zip(self.slots, self.tables)]
         self._contexts: dict[int, ForwardContext] = {}
         # a step launched ahead fills the host mirrors while the step before may not have copied them yet
         self._copied = torch.cuda.Event() if pin else None
@@ -81,27 +91,29 @@ class StaticDecodeInputs:
         """Views of the first `bucket` rows; the same tensors every step, as a graph needs. What the host knows is
         what holds for every step of the bucket: one query per row and the tables' capacity."""
         if bucket not in self._contexts:
-            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket], derived=None)
+            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket])
                       for gid, slots, table in zip(self.group_ids, self.slots, self.tables)}
             host = HostBatch(list(range(bucket + 1)), None, max_query_len=1, max_seq_len=self.capacity,
                              decode_only=True)
-            self._contexts[bucket] = ForwardContext(self.positions[0][:bucket], self.query_start_loc[:bucket + 1],
-                                                    self.seq_lens[0][:bucket], groups, host)
+            ctx = ForwardContext(self.positions[0][:bucket], self.query_start_loc[:bucket + 1],
+                                 self.seq_lens[0][:bucket], groups, host)
+            self.builder.attach_metadata(ctx)
+            _check_nothing_kept(ctx)
+            self._contexts[bucket] = ctx
         return self._contexts[bucket]
 
-    def fill(self, batch: list[tuple[Sequence, int]], bucket: int) -> None:
-        """Rows of the batch, then padding rows up to bucket; one host-to-device copy per buffer."""
-        n = len(batch)
+    def fill(self, inputs: StepInputs, bucket: int) -> None:
+        """The step's rows, then padding rows up to bucket; one host-to-device copy per buffer."""
+        n = inputs.num_seqs
         if self._copied is not None:
             self._copied.synchronize()
-        ids, positions, seq_lens = (b[1].numpy() for b in (self.ids, self.positions, self.seq_lens))
-        for i, (seq, _) in enumerate(batch):
-            positions[i] = seq.num_computed_tokens
-            ids[i] = seq.token_ids[-1]
-        ids[n:bucket], positions[n:bucket] = 0, 0
-        seq_lens[:bucket] = positions[:bucket] + 1
-        for g, (slots, table) in enumerate(zip(self.slots, self.tables)):
-            self._fill_group(batch, bucket, g, positions, slots[1].numpy(), table[1].numpy())
+        ids, positions, seq_lens = self.host_rows
+        if inputs.ids is not None:
+            ids[:n] = inputs.ids
+        positions[:n], seq_lens[:n] = inputs.positions, inputs.seq_lens
+        ids[n:bucket], positions[n:bucket], seq_lens[n:bucket] = 0, 0, 1
+        for (slots, table), built_slots, built_table in zip(self.host_groups, inputs.slots, inputs.tables):
+            _fill_group(slots, table, built_slots, built_table, bucket)
         for device, host in (self.rows, self.seq_lens):
             device.copy_(host, non_blocking=True)
         for device, host in self.tables:
@@ -109,16 +121,23 @@ class StaticDecodeInputs:
         if self._copied is not None:
             self._copied.record()
 
-    def _fill_group(self, batch, bucket: int, g: int, positions: np.ndarray, slots: np.ndarray,
-                    table: np.ndarray) -> None:
-        n, bs = len(batch), self.block_size
-        for i, (seq, _) in enumerate(batch):
-            blocks = seq.block_tables[g].array()
-            table[i, :len(blocks)] = blocks
-            slots[i] = blocks[positions[i] // bs] * bs + positions[i] % bs
-        slots[n:bucket] = -1
-        # Padding rows read key 0 of their row's first block: whatever block id is left there is a valid one.
-        table[n:bucket, 0] = NULL_BLOCK
+
+def _fill_group(slots: np.ndarray, table: np.ndarray, built_slots: np.ndarray, built_table: np.ndarray,
+                bucket: int) -> None:
+    n, width = built_table.shape
+    slots[:n], slots[n:bucket] = built_slots, -1
+    table[:n, :width] = built_table
+    # Padding rows read key 0 of their row's first block: whatever block id is left there is a valid one.
+    table[n:bucket, 0] = NULL_BLOCK
+
+
+def _check_nothing_kept(ctx: ForwardContext) -> None:
+    """A graph replays one context for every step of its bucket: no per-step metadata may be kept in it."""
+    kept = [gid for gid, group in ctx.groups.items() if group.derived is not None]
+    if kept:
+        raise RuntimeError(f"the attention kernel of KV group(s) {kept} derives per-step metadata for a decode step "
+                           f"whose lengths the host does not know, which a graph replay would reuse from the step it "
+                           f"was built in: its step_metadata must return None there")
 
 
 @dataclass
@@ -136,11 +155,11 @@ class DecodeGraphs:
     """Runs decode-only steps of up to max_batch sequences from per-bucket graphs (or, with capture=False, eagerly
     from the same static buffers)."""
 
-    def __init__(self, model, kv: KVCacheManager, device: torch.device, max_batch: int, max_model_len: int,
-                 capture: bool = True):
-        self.model, self.device, self.capture = model, device, capture
+    def __init__(self, model, builder: StepInputBuilder, max_batch: int, max_model_len: int, capture: bool = True):
+        self.model, self.device, self.capture = model, builder.device, capture
+        self.builder = builder
         self.sizes = graph_batch_sizes(max_batch)
-        self.inputs = StaticDecodeInputs(kv, max_batch, max_model_len, device)
+        self.inputs = StaticDecodeInputs(builder, max_batch, max_model_len)
         self.logits: torch.Tensor | None = None  # [max_batch, vocab] fp32, written by every replay
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.report: CaptureReport | None = None
@@ -168,7 +187,7 @@ class DecodeGraphs:
         reserved_before = torch.cuda.memory_reserved(self.device)
         start, pool = time.perf_counter(), None
         for bucket in tqdm(list(reversed(self.sizes)), desc="Decode graphs", unit="graph", delay=1.0):
-            self.inputs.fill([], bucket)
+            self.inputs.fill(self.builder.build([]), bucket)
             for _ in range(2):  # compiles each kernel variant at this shape outside the capture
                 self._forward(bucket)
             torch.cuda.synchronize(self.device)
@@ -190,7 +209,7 @@ class DecodeGraphs:
         per sequence, for a step launched before the host has them (each sequence's position is then its
         num_computed_tokens, its last host token not yet appended)."""
         bucket = bucket_for(len(batch), self.sizes)
-        self.inputs.fill(batch, bucket)
+        self.inputs.fill(self.builder.build(batch, ids_known=ids is None), bucket)
         if ids is not None:
             self.inputs.ids[0][:len(batch)].copy_(ids)
         if bucket in self.graphs:

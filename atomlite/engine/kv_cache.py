@@ -18,7 +18,7 @@ import torch
 
 from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
 from atomlite.engine.block_table import BlockTable
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
 
 

@@ -9,7 +9,7 @@ RMS-normalized K and V fit.
 """
 import torch
 
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 
 
 def apply_kv_scales(model, specs: list[KVSpec], quant, cache_dtype: torch.dtype) -> str | None:

@@ -9,7 +9,7 @@ import torch
 
 from atomlite.config import EngineConfig
 from atomlite.errors import ConfigError
-from atomlite.engine.decode_graphs import uncapturable_modules
+from atomlite.engine.decode_graphs import graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
@@ -27,6 +27,7 @@ from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
+from atomlite.model_ops.fusion import link
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.registry import model_class
 from atomlite.sampling_params import SamplingParams
@@ -53,7 +54,7 @@ def construct_model(config: EngineConfig, device: torch.device | str, platform: 
     spec = config.model_spec
     with (dispatch.use(platform, config.kernel_backend, kernels), torch.device(device),
           _default_dtype(config.torch_dtype)):
-        return model_class(spec.architecture)(spec, max_positions=config.max_model_len)
+        return link(model_class(spec.architecture)(spec, max_positions=config.max_model_len))
 
 
 def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
@@ -155,23 +156,25 @@ class LLMEngine:
             raise ConfigError(f"{self.memory.describe()}: {e}; or raise --gpu-memory-utilization, lower "
                               f"--max-num-batched-tokens") from None
 
+    def _graphs_off(self) -> str | None:
+        return graphs_off_reason(self.device, self.config.enforce_eager, self.kernels)
+
     def _graph_batch(self) -> int:
         """The largest decode batch replayed from a graph; 0 when decode runs eager."""
         config = self.config
-        if self.device.type != "cuda" or config.enforce_eager or uncapturable_modules(self.model):
+        if self._graphs_off() is not None:
             return 0
         return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
 
     def _set_up_decode_graphs(self) -> str:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""
-        if self.device.type != "cuda":
-            return "decode graphs: off (no GPU)"
-        if self.config.enforce_eager:
-            return "decode graphs: off (--enforce-eager)"
-        blockers = uncapturable_modules(self.model)
-        if blockers:
-            return f"decode graphs: off, decode runs eager: {', '.join(blockers)} cannot be captured"
-        return self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
+        off = self._graphs_off()
+        if off is None:
+            return self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
+        note = f"decode graphs: {off}"
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            logger.warning(note)  # a GPU decoding eager though nobody asked for it: slower, and the user should know
+        return note
 
     def describe(self) -> list[str]:
         """The startup report: the model, memory split, KV plan, decode graphs and each op's kernel."""

@@ -1,15 +1,13 @@
-"""Turns a scheduled batch into one forward pass: token ids, positions, per-group slot mappings and block
-tables, then the logits of just the rows that need them."""
+"""Turns a scheduled batch into one forward pass, eager or replayed from a decode graph (its inputs built one way for
+both: step_inputs), then the logits of just the rows that need them."""
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.decode_graphs import DecodeGraphs
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
+from atomlite.engine.step_inputs import StepInputBuilder, step_metadata_by_group
 
 
 @dataclass
@@ -42,42 +40,15 @@ class ModelRunner:
         self.model, self.kv, self.device = model, kv, device
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
+        self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model, kv))
         self.graphs: DecodeGraphs | None = None
 
     def use_decode_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> DecodeGraphs:
         """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
-        self.graphs = DecodeGraphs(self.model, self.kv, self.device, max_batch, max_model_len, capture)
+        self.graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture)
         if capture:
             self.graphs.capture_all()
         return self.graphs
-
-    def _context(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, ForwardContext]:
-        ids, positions, starts, seq_lens = [], [], [0], []
-        for seq, num_new in batch:
-            start = seq.num_computed_tokens
-            ids.extend(seq.token_ids[start:start + num_new])
-            positions.extend(range(start, start + num_new))
-            starts.append(starts[-1] + num_new)
-            seq_lens.append(start + num_new)
-        pos = np.array(positions, dtype=np.int64)
-        groups = {g.id: self._group_batch(batch, g.id, pos) for g in self.kv.groups}
-        ctx = ForwardContext(torch.from_numpy(pos).to(self.device), self._i32(starts), self._i32(seq_lens), groups,
-                             HostBatch.of(starts, seq_lens))
-        return torch.tensor(ids, dtype=torch.int64, device=self.device), ctx
-
-    def _group_batch(self, batch, group_id: int, positions: np.ndarray) -> GroupBatch:
-        width = max(len(seq.block_tables[group_id]) for seq, _ in batch)
-        table = np.full((len(batch), width), NULL_BLOCK, dtype=np.int32)
-        for b, (seq, _) in enumerate(batch):
-            blocks = seq.block_tables[group_id].array()
-            table[b, :len(blocks)] = blocks
-        seq_index = np.repeat(np.arange(len(batch)), [n for _, n in batch])
-        bs = self.kv.block_size
-        slots = table[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
-        return GroupBatch(torch.from_numpy(slots).to(self.device), torch.from_numpy(table).to(self.device))
-
-    def _i32(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=self.device)
 
     def can_run_ahead(self, num_seqs: int) -> bool:
         """Whether a decode step of num_seqs sequences can run before the host has its input ids."""
@@ -95,7 +66,7 @@ class ModelRunner:
         rows = _rows(batch)
         if self.graphs is not None and self.graphs.supports(batch):
             return self.graphs.run(batch), rows
-        ids, ctx = self._context(batch)
+        ids, ctx = self.inputs.context(self.inputs.build(batch))
         hidden = self.model(ids, ctx)
         if not rows.indices:
             return torch.empty(0), rows

@@ -7,7 +7,7 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext, GroupBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.rope import RotaryEmbedding
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
+from atomlite.model_ops.kv_spec import UNIT_SCALES
 
 
 class Attention(nn.Module):
@@ -30,11 +30,12 @@ class Attention(nn.Module):
         if key_rope is not None:
             shape["k_from_v"] = True
             self.rotary_pairs = rotary_pairs(key_rope.inv_freq)
-        attend = dispatch.choose("attention", **shape)
-        self._attend = attend.fn
-        self._writes_quantized = attend.backend == "triton"  # its split-KV merge can write QuantizedRows
+        self.attend_kernel = dispatch.choose("attention", **shape)
+        self._attend = self.attend_kernel.fn
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
-        self.prepare_qkv = dispatch.choose("qk_norm_rope", head_dim=head_dim).fn
+        self.prepare_kernel = dispatch.choose("qk_norm_rope", head_dim=head_dim)
+        self.prepare_qkv = self.prepare_kernel.fn
+        self.reader_quantization = None  # set by fusion.link: input_quantization of o_proj reading QuantizedRows
         self.k_cache = self.v_cache = None
         self.group_id: int | None = None
         self.kv_scales = UNIT_SCALES
@@ -56,21 +57,29 @@ class Attention(nn.Module):
             self._write(k, v, self.k_cache, self.v_cache, group.slot_mapping, self.kv_scales)
         return self._attention(q, ctx, group)
 
+    @property
+    def step_metadata(self):
+        """The attention kernel's per-step metadata function (built once per KV group and step), or None."""
+        return getattr(self.attend_kernel.fn, "step_metadata", None)
+
+    def can(self, capability: str) -> bool:
+        """What its kernels can take in (the q/k/v prepare's) and give out (the attention's)."""
+        return self.prepare_kernel.can(capability) or self.attend_kernel.can(capability)
+
+    def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
+        self.reader_quantization = consumer.input_quantization if "quantized_rows" in forms else None
+
     def forward_raw(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
-                    sin: torch.Tensor, ctx: ForwardContext, feeding: nn.Module | None = None):
-        """Raw projections in: q/k norms, RoPE, v norm and the KV write as one op (qk_norm_rope), then attention.
-        feeding: the linear that reads the output; then the output comes as its input, [T, H * D], or in the
-        quantized form that linear asks for (input_quantization), where the kernels can write that."""
+                    sin: torch.Tensor, ctx: ForwardContext):
+        """Raw projections in (PartialSums where linked to a projection that returns them): q/k norms, RoPE, v norm
+        and the KV write as one op (qk_norm_rope), then attention. Out: [T, H, D]; or, linked to a reader of
+        QuantizedRows, [T, H * D] in the form it asks for (input_quantization) where the kernel writes that."""
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
         q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales)
-        if feeding is None:
-            return self._attention(q, ctx, group, k_weight)
-        rows = q.flatten(1)
-        quantize = feeding.input_quantization(rows) if self._writes_quantized else None
-        out = self._attention(q, ctx, group, k_weight, quantize)
-        return out.flatten(1) if isinstance(out, torch.Tensor) else out
+        quantize = None if self.reader_quantization is None else self.reader_quantization(q.flatten(1))
+        return self._attention(q, ctx, group, k_weight, quantize)
 
     def _attention(self, q: torch.Tensor, ctx: ForwardContext, group: GroupBatch,
                    k_weight: torch.Tensor | None = None, quantize=None):

@@ -1,7 +1,10 @@
 """What one forward step needs to know about the batch: set once by the model runner, read by attention layers."""
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+
+from atomlite.model_ops.kv_spec import KVSpec
 
 
 @dataclass
@@ -25,10 +28,17 @@ class GroupBatch:
     """One KV group's view of the batch: where each new token's K/V goes, and each sequence's blocks."""
     slot_mapping: torch.Tensor  # [T] int64; -1 = do not store
     block_table: torch.Tensor  # [B, max_blocks] int32
-    # What a kernel backend derives from this step's batch for this group (e.g. AITER's prefill gather), built by
-    # the group's first layer and reused by the others. None: the context is replayed across steps (decode graphs),
-    # so nothing derived from one step's data may be kept.
-    derived: dict | None = field(default_factory=dict)
+    # What the group's attention kernel derives from this step's batch for all the group's layers (e.g. AITER's
+    # prefill gather): its step_metadata's result, built once per step by whoever builds the context; kernels only
+    # read it. None where the kernel needs nothing, and always in a context replayed across steps (decode graphs),
+    # where nothing derived from one step's data may be kept.
+    derived: object | None = None
+
+
+# A kernel's per-step metadata function: (ctx, group, spec, block_size) -> what it derives from this step for that
+# KV group (its KVSpec, cache block size), or None. An attention kernel that needs one carries it as its
+# `step_metadata` attribute.
+StepMetadata = Callable[["ForwardContext", GroupBatch, KVSpec, int], object | None]
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
 branches on device. The `use` block they are built in names the platform and keeps what was chosen. Each backend
-package exposes OPS (name -> function) and limits(op, platform, shape), which returns None when it can serve the
-shape or a reason why not; GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they
-sync with the host); and DECLINED (name -> why) for ops it deliberately leaves to the next backend.
+package exposes OPS (name -> function; for mxfp4_linear and mxfp4_moe_experts a family object that also prepares
+the weights at load) and limits(op, platform, shape), which returns None when it can serve the shape or a reason why
+not; GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they sync with the host);
+DECLINED (name -> why) for ops it deliberately leaves to the next backend; and CAPABILITIES (name -> what its kernel
+can do beyond the op's plain contract, names from CAPABILITIES below), which model_ops.fusion reads to link one
+layer's kernel to the next.
 """
 import contextlib
 import importlib
@@ -21,18 +24,38 @@ BACKEND_PREFERENCES = ("auto", "triton", "torch")
 _BACKEND_MODULES = {"aiter": "atomlite.model_ops.aiter", "triton": "atomlite.model_ops.triton",
                     "torch": "atomlite.model_ops.torch_ref"}
 
+# What a kernel may take or give in place of a plain tensor (the forms are model_ops.carriers'), for
+# model_ops.fusion; the last two are done by layers (RMSNorm.joined, GeluTanhAndMul), no kernel declares them.
+CAPABILITIES = {
+    "reads_partial_sums": "takes a split-K GEMM's PartialSums for a tensor input and adds them as it reads them",
+    "reads_normed_pair": "takes a NormedPair (two branches' output norms) for its input and joins them as it reads",
+    "reads_quantized_rows": "takes its input as QuantizedRows that the kernel before it wrote (input_quantization)",
+    "reads_gated_input": "takes a GatedInput and computes gelu_tanh(gate) * up as it quantizes its input",
+    "writes_partial_sums": "returns its split-K slices unsummed (PartialSums) when called with summed=False",
+    "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
+    "writes_normed_pair": "leaves two branches' output norms unjoined (NormedPair)",
+    "writes_gated_input": "leaves [gate | up] for the GEMM after it to activate (GatedInput)",
+}
+
 
 @dataclass(frozen=True)
 class KernelChoice:
     op: str
     backend: str
     reason: str
-    fn: Callable
+    fn: Callable | object  # the kernel; the MXFP4 ops' family object (see mxfp4_linear, mxfp4_moe)
     graph_unsafe_reason: str | None = None  # why a graph cannot capture fn; None when it can
+    capabilities: frozenset[str] = frozenset()  # names from CAPABILITIES
 
     @property
     def graph_safe(self) -> bool:
         return self.graph_unsafe_reason is None
+
+    def can(self, capability: str) -> bool:
+        """Whether this kernel can do `capability` (a name from CAPABILITIES)."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"{capability!r} is not a kernel capability; known: {', '.join(CAPABILITIES)}")
+        return capability in self.capabilities
 
 
 @dataclass
@@ -47,6 +70,11 @@ class KernelChoices:
 
     def describe(self) -> list[str]:
         return [f"{key}: {c.backend} ({c.reason})" for key, c in sorted(self.made.items())]
+
+    def graph_unsafe(self) -> dict[str, str]:
+        """The chosen kernels a CUDA/HIP graph cannot capture, by key: "backend: why"."""
+        return {key: f"{c.backend}: {c.graph_unsafe_reason}" for key, c in sorted(self.made.items())
+                if not c.graph_safe}
 
 
 @dataclass(frozen=True)
@@ -112,7 +140,8 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
             skipped.append(f"{name}: {refusal}")
             continue
         unsafe = getattr(backend, "GRAPH_UNSAFE", {}).get(op)
-        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn, unsafe)
+        capabilities = frozenset(getattr(backend, "CAPABILITIES", {}).get(op, ()))
+        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn, unsafe, capabilities)
         if recorder is not None:
             recorder.record(_choice_key(op, shape), choice)
         return choice

@@ -1,8 +1,16 @@
-"""What each attention layer asks of the KV cache. Models declare these; the engine only reads them."""
+"""What each attention layer asks of the KV cache, and the scales its values are stored with. Models declare these;
+the engine reads them, and every kernel backend and the reference share the scale rule."""
 import math
 from dataclasses import dataclass
 
 import torch
+
+UNIT_SCALES = (1.0, 1.0)  # (K, V) scales of a cache that stores values as they are
+
+
+def cache_scales(cache: torch.Tensor, kv_scales: tuple[float, float]) -> tuple[float, float]:
+    """The (K, V) scales a cache's rows are read with: kv_scales for an fp8 cache, 1 for a 16-bit one."""
+    return kv_scales if cache.element_size() == 1 else UNIT_SCALES
 
 
 @dataclass(frozen=True)

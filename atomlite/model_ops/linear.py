@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -17,27 +17,25 @@ def copy_weight(param: torch.Tensor, loaded: torch.Tensor) -> None:
 
 
 class Linear(nn.Module):
-    """y = x W^T (no bias). Quantized weights plug in as other linear classes with their own weight_loader."""
+    """y = x W^T (no bias). Quantized weights plug in as other linear classes with their own weight_loader.
+    Linked to a consumer that adds split-K slices as it reads them (model_ops.fusion), it returns PartialSums."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.weight.weight_loader = copy_weight
-        self._linear = dispatch.choose("linear", n=out_features, k=in_features).fn
+        self.kernel = dispatch.choose("linear", n=out_features, k=in_features)
+        self.returns_partial_sums = False
 
-    def forward(self, x: torch.Tensor, summed: bool = True) -> "torch.Tensor | PartialSums":
-        """summed=False: the output may come back as PartialSums (a split-K GEMM's slices not yet added), for a
-        consumer that adds them as it reads them (the norm kernels)."""
-        return self._linear(x, self.weight, summed=summed)
+    def forward(self, x: torch.Tensor) -> "torch.Tensor | PartialSums":
+        return self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums)
 
-    def forward_gated(self, gate_up: torch.Tensor, act: nn.Module, summed: bool = True) -> "torch.Tensor | PartialSums":
-        """self(act(gate_up)); linears that can fuse the activation into their input (MXFP4Linear) override it."""
-        return self(act(gate_up), summed=summed)
+    def can(self, capability: str) -> bool:
+        return self.kernel.can(capability)
 
-    def input_quantization(self, x: torch.Tensor) -> None:
-        """bf16 weights take x as it is (MXFP4Linear may ask the kernel before it for quantized rows)."""
-        return None
+    def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
+        self.returns_partial_sums = "partial_sums" in forms
 
 
 class MergedLinear(Linear):

@@ -1,10 +1,9 @@
 """Builds each Linear of a model the way its checkpoint stores it: plain, or MXFP4 per the Quark config.
 
 Models name every projection (`model.layers.0.mlp.gate_up_proj`); the quantization spec of that name decides the
-class. The kernel for FP4 weights is chosen once here through the dispatch table.
+class, which chooses its kernel through the dispatch table.
 """
 from atomlite.errors import ConfigError
-from atomlite.model_ops import dispatch
 from atomlite.model_ops.linear import Linear, MergedLinear
 
 
@@ -39,7 +38,7 @@ class LinearBuilder:
         if spec is None:
             return Linear(in_features, out_features)
         from atomlite.model_ops.mxfp4_linear import MXFP4Linear
-        return MXFP4Linear(in_features, out_features, spec, backend=self._fp4_backend(out_features, in_features, spec))
+        return MXFP4Linear(in_features, out_features, spec)
 
     def merged(self, name: str, in_features: int, out_features: list[int], parts: list[str] | None = None):
         """parts: the checkpoint projections it fuses, when not all of the fused name's usual ones (a k_eq_v layer
@@ -50,8 +49,7 @@ class LinearBuilder:
         if spec is None:
             return MergedLinear(in_features, out_features)
         from atomlite.model_ops.mxfp4_linear import MXFP4MergedLinear
-        return MXFP4MergedLinear(in_features, out_features, spec,
-                                 backend=self._fp4_backend(sum(out_features), in_features, spec))
+        return MXFP4MergedLinear(in_features, out_features, spec)
 
     def experts(self, name: str, num_experts: int, hidden: int, intermediate: int):
         """Float stacked experts, or MXFP4 ones when Quark's config quantizes the per-expert projections
@@ -70,7 +68,3 @@ class LinearBuilder:
             return MXFP4Experts(num_experts, hidden, intermediate, spec)
         except ValueError as e:
             raise ConfigError(f"{name}: {e}") from None
-
-    @staticmethod
-    def _fp4_backend(n: int, k: int, spec) -> str:
-        return dispatch.choose("mxfp4_linear", n=n, k=k, dynamic_input=spec.dynamic_fp4_input).backend

@@ -18,13 +18,21 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
         self.gate_up_proj.weight_loader = copy_weight
         self.down_proj.weight_loader = copy_weight
-        choice = dispatch.choose("moe_experts", experts=num_experts, dtype=torch.get_default_dtype())
-        self._fn, self.backend = choice.fn, choice.backend
-        self.graph_safe, self.graph_unsafe_reason = choice.graph_safe, choice.graph_unsafe_reason or ""
+        self.kernel = dispatch.choose("moe_experts", experts=num_experts, dtype=torch.get_default_dtype())
+        self._fn, self.backend = self.kernel.fn, self.kernel.backend
+        self.graph_safe, self.graph_unsafe_reason = self.kernel.graph_safe, self.kernel.graph_unsafe_reason or ""
+        self.returns_partial_sums = False
 
-    def forward(self, x, topk_weights, topk_ids, summed: bool = True):
-        """summed=False: the output may come back as PartialSums (each slot's term), for a norm kernel to add."""
-        return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids, summed=summed)
+    def forward(self, x, topk_weights, topk_ids):
+        """Linked to a consumer that reads them (model_ops.fusion), the output may be PartialSums, one per slot."""
+        return self._fn(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
+                        summed=not self.returns_partial_sums)
+
+    def can(self, capability: str) -> bool:
+        return self.kernel.can(capability)
+
+    def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
+        self.returns_partial_sums = "partial_sums" in forms
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, backend={self.backend}"

@@ -4,16 +4,16 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.mxfp4_linear import load_exact
-from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant.quark import LinearQuantSpec
 
 
 class MXFP4Experts(nn.Module):
     """gate_up_proj [E, 2I, H/2] + gate_up_proj_scale [E, 2I, ceil(H/32)]; down_proj [E, H, I/2] + down_proj_scale
     [E, H, ceil(I/32)] (Quark pads a partial last 32-block). Shard s of gate_up is expert s // 2, gate (even) or up
-    (odd); shard e of down is expert e. Built under the model's default dtype, which picks the kernel."""
+    (odd); shard e of down is expert e. Built under the model's default dtype, which picks the kernel family
+    (mxfp4_moe_experts); it lays the weights out for its kernels in process_after_loading."""
     routed_experts = True
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, spec: LinearQuantSpec):
@@ -30,11 +30,12 @@ class MXFP4Experts(nn.Module):
             shards = num_experts * per_expert
             self._packed_param(name, (num_experts, rows, k // 2), shards)
             self._packed_param(f"{name}_scale", (num_experts, rows, -(-k // spec.block_size)), shards)
-        choice = dispatch.choose("mxfp4_moe_experts", experts=num_experts, dtype=torch.get_default_dtype(),
-                                 dynamic_input=spec.dynamic_fp4_input)
-        self.backend, self._fn = choice.backend, choice.fn
-        self.graph_safe, self.graph_unsafe_reason = choice.graph_safe, choice.graph_unsafe_reason or ""
-        self.wide_scales = True  # always right; process_after_loading checks
+        self.kernel = dispatch.choose("mxfp4_moe_experts", experts=num_experts, dtype=torch.get_default_dtype(),
+                                      dynamic_input=spec.dynamic_fp4_input)
+        self.backend, self._family = self.kernel.backend, self.kernel.fn
+        self.graph_safe, self.graph_unsafe_reason = self.kernel.graph_safe, self.kernel.graph_unsafe_reason or ""
+        self.prepared = None  # what the family's prepare_weights made besides the tensors kept as parameters
+        self.returns_partial_sums = False
 
     def _packed_param(self, name: str, shape: tuple[int, ...], shards: int) -> None:
         param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
@@ -52,20 +53,23 @@ class MXFP4Experts(nn.Module):
         load_exact(param[expert, part * rows:(part + 1) * rows], loaded)
 
     def process_after_loading(self) -> None:
-        if self.backend != "triton":
-            return
-        for name in ("gate_up_proj", "down_proj"):
-            weight, scale = getattr(self, name), getattr(self, f"{name}_scale")
-            padded = [pad_to_k_align(weight.data[e], scale.data[e]) for e in range(weight.shape[0])]
-            weight.data = torch.stack([w for w, _ in padded])
-            scale.data = torch.stack([s for _, s in padded])
-        self.wide_scales = needs_wide_scales(self.gate_up_proj_scale) or needs_wide_scales(self.down_proj_scale)
+        params = (self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale)
+        *tensors, self.prepared = self._family.prepare_weights(*(param.data for param in params))
+        for param, tensor in zip(params, tensors):
+            param.data = tensor
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                summed: bool = True) -> torch.Tensor | PartialSums:
-        """summed=False: as Experts.forward's."""
-        return self._fn(x, self.gate_up_proj, self.gate_up_proj_scale, self.down_proj, self.down_proj_scale,
-                        topk_weights, topk_ids, self.spec.dynamic_fp4_input, self.wide_scales, summed=summed)
+    def can(self, capability: str) -> bool:
+        return self.kernel.can(capability)
+
+    def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
+        self.returns_partial_sums = "partial_sums" in forms
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor | PartialSums:
+        """Linked to a consumer that reads them (model_ops.fusion), the output may be PartialSums, one per slot."""
+        return self._family.experts(x, self.gate_up_proj, self.gate_up_proj_scale, self.down_proj,
+                                    self.down_proj_scale, topk_weights, topk_ids, self.prepared,
+                                    self.spec.dynamic_fp4_input, summed=not self.returns_partial_sums)
 
     def extra_repr(self) -> str:
         return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"

@@ -170,7 +170,9 @@ def test_exported_config_gives_each_layer_its_spec(quark_run):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_mxfp4_linear_matches_quark_quantized_module(quark_run, backend):
+    from atomlite.model_ops import dispatch
     from atomlite.model_ops.mxfp4_linear import MXFP4Linear
+    from atomlite.model_ops.platform import detect_platform
     from atomlite.quant.quark import QuarkConfig
     config = QuarkConfig.from_hf_config(quark_run["config"])
     tensors = quark_run["tensors"]
@@ -179,7 +181,8 @@ def test_mxfp4_linear_matches_quark_quantized_module(quark_run, backend):
         spec = config.spec_for(name)
         if spec is None:
             continue
-        layer = MXFP4Linear(x.shape[1], expected.shape[1], spec, backend=backend)
+        with dispatch.use(detect_platform(torch.device("cpu")), backend):
+            layer = MXFP4Linear(x.shape[1], expected.shape[1], spec)
         for param_name, param in layer.named_parameters():
             param.weight_loader(param, tensors[f"{name}.{param_name}"])
         layer.process_after_loading()

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops import dispatch

@@ -9,14 +9,13 @@ from atomlite.tools.compile_gate import failures, run_gate
 
 ROCM = ["gfx942", "gfx950"]
 GEMMA4_KERNELS = {
-    "attention._attention_kernel", "split_kv._combine_kernel", "qk_norm_rope._prepare_kernel", "norm._rms_norm_kernel",
-    "norm_residual._norm_residual_kernel",
+    "attention.paged._attention_kernel", "attention.paged._build_keys_kernel", "attention.split_kv._combine_kernel",
+    "attention.qk_norm_rope._prepare_kernel", "norm.rms_norm._rms_norm_kernel", "norm.residual._norm_residual_kernel",
     "activation._gelu_tanh_and_mul_kernel",  # (no skinny GEMM: ROCm keeps hipBLASLt for bf16 linears)
-    "mxfp4_gemm._mxfp4_gemm_kernel",
-    "mxfp4_gemm._dequantize_kernel", "mxfp4_quant._quantize_dequantize_kernel",
-    "moe_routing._count_kernel", "moe_routing._place_kernel", "moe_gemm._gate_up_kernel", "moe_gemm._down_kernel",
-    "moe_gemv._gate_up_gemv_kernel", "moe_gemv._down_gemv_kernel", "moe_common._sum_slots_kernel",
-    "attention._build_keys_kernel", "router._router_topk_kernel", "router._router_kernel"}
+    "mxfp4.gemm._mxfp4_gemm_kernel", "mxfp4.gemm._dequantize_kernel", "mxfp4.quant._quantize_dequantize_kernel",
+    "moe.routing._count_kernel", "moe.routing._place_kernel", "moe.gemm._gate_up_kernel", "moe.gemm._down_kernel",
+    "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
+    "moe.router._router_topk_kernel", "moe.router._router_kernel"}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +34,7 @@ def test_gate_compiles_every_kernel_gemma4_launches_on_rocm(rocm_results):
 
 @pytest.mark.parametrize("platform", ROCM)
 def test_attention_at_gemma4_shapes_spills_no_vgprs(rocm_results, platform):
-    attention = [r for r in rocm_results if r.platform == platform and r.kernel == "attention._attention_kernel"]
+    attention = [r for r in rocm_results if r.platform == platform and r.kernel == "attention.paged._attention_kernel"]
     shapes = {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in attention}
     assert shapes >= {(512, False, False), (256, True, False), (512, False, True), (256, True, True)}
     # k_eq_v global layers rebuild K from V: in the kernel at decode, once for the step (then read) at prefill

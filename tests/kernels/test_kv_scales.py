@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from atomlite.engine.kv_scales import apply_kv_scales
-from atomlite.engine.kv_spec import KVSpec
+from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri
 from atomlite.model_ops.attention import Attention
+from atomlite.model_ops.triton.attention import paged
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
 from atomlite.quant.quark import KVCacheQuant
@@ -70,8 +71,8 @@ def test_v_only_layers_rebuild_keys_from_the_scaled_values(built, monkeypatch):
     q, _, v8, table, seq_lens, starts = scaled
     rule = key_rule(64, 0.25, DEVICE)
     host = HostBatch.of(starts.tolist(), seq_lens.tolist()) if built else None
-    builds, build = [], tri.attention.build_keys
-    monkeypatch.setattr(tri.attention, "build_keys", lambda *a: builds.append(1) or build(*a))
+    builds, build = [], paged.build_keys
+    monkeypatch.setattr(paged, "build_keys", lambda *a: builds.append(1) or build(*a))
     out = tri.paged_attention(q, None, v8, table, seq_lens, starts, 0.125, k_from_v=rule, host=host,
                               derived={} if built else None, kv_scales=SCALES)
     assert len(builds) == built

@@ -7,8 +7,9 @@ from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
 from atomlite.model_ops.triton.moe import gemm as moe_gemm
 from atomlite.model_ops.triton.moe.common import ExpertWeights
-from atomlite.model_ops.triton.moe.gemv import BF16, MAX_PAIRS, GemvConfig, GemvTiles, bf16_config, gemv_experts
-from atomlite.model_ops.triton.moe.gemv_fp8 import Fp8GemvConfig, gemv_experts_fp8
+from atomlite.model_ops.triton.moe.gemv import bf16_config, gemv_experts
+from atomlite.model_ops.triton.moe.gemv_fp8 import gemv_experts_fp8
+from atomlite.model_ops.triton.moe.tuning import GEMV_BF16, GEMV_MAX_PAIRS, Fp8GemvConfig, GemvConfig, GemvTiles
 from test_moe_gemm import DEVICE, assert_close, padded, random_experts, random_mxfp4_experts, random_routing
 
 # several N tiles and K steps per projection at these shapes, partial last ones
@@ -32,7 +33,7 @@ def test_gemv_experts_match_the_per_expert_loop(tokens, top_k, num_experts, hidd
 def test_bf16_down_reads_an_inner_row_that_fits_one_tile_in_one_load(tokens, inner):
     """The default bf16 tiles: an inner size up to a tile's width (26B-A4B's 704) is one masked down tile per row,
     with no tile loaded ahead; wider ones keep the K loop."""
-    assert bf16_config(inner).down.block_k >= inner and bf16_config(4 * 1024) == BF16
+    assert bf16_config(inner).down.block_k >= inner and bf16_config(4 * 1024) == GEMV_BF16
     gate_up, down = random_experts(8, 64, inner, seed=inner)
     weights, ids = random_routing(tokens, 4, 8, seed=inner + 1)
     x = torch.randn(tokens, 64, device=DEVICE)
@@ -77,7 +78,7 @@ def test_fp8_gemv_mxfp4_experts_match_the_per_expert_loop(tokens, top_k, num_exp
         assert_close(got, want)
 
 
-@pytest.mark.parametrize("tokens,gemv", [(MAX_PAIRS // 2, True), (MAX_PAIRS // 2 + 1, False)])
+@pytest.mark.parametrize("tokens,gemv", [(GEMV_MAX_PAIRS // 2, True), (GEMV_MAX_PAIRS // 2 + 1, False)])
 def test_the_op_takes_the_gemv_kernels_up_to_max_pairs(tokens, gemv, monkeypatch):
     gate_up, down = random_experts(8, 64, 32, seed=11)
     weights, ids = random_routing(tokens, 2, 8, seed=12)

@@ -4,7 +4,11 @@ steps have row counts no decode or prefill benchmark hits (31B MXFP4 failed in c
 import pytest
 import torch
 
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.activation import GeluTanhAndMul
+from atomlite.model_ops.fusion import link_feed
 from atomlite.model_ops.mxfp4_linear import MXFP4Linear
+from atomlite.model_ops.platform import detect_platform
 from atomlite.quant import mxfp4
 from atomlite.quant.quark import LinearQuantSpec
 from test_mxfp4_moe import loaded_experts, per_expert_tensors, EXPERTS
@@ -14,8 +18,13 @@ MAX_ROWS = 2048 + 64
 N, K = 512, 1024
 
 
+def built_for(backend: str):
+    return dispatch.use(detect_platform(torch.device("cuda")), backend)
+
+
 def linear(backend: str, packed, scale) -> MXFP4Linear:
-    layer = MXFP4Linear(K, N, LinearQuantSpec(dynamic_fp4_input=True), backend)
+    with built_for(backend):
+        layer = MXFP4Linear(K, N, LinearQuantSpec(dynamic_fp4_input=True))
     layer.weight.data, layer.weight_scale.data = packed.clone(), scale.clone()
     layer.process_after_loading()
     return layer.cuda()
@@ -60,11 +69,14 @@ def test_gated_linear_takes_every_row_count():
     packed, scale = mxfp4.quantize(torch.randn(N, K, generator=gen) * 0.05)
     fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
     act = lambda gate_up: torch.nn.functional.gelu(gate_up[:, :K], approximate="tanh") * gate_up[:, K:]  # noqa: E731
+    with built_for("triton"):
+        linked_act = GeluTanhAndMul(K)
+    link_feed(linked_act, fast)  # as the model links its MLP: the gated paths take [gate | up]
     gate_up_all = torch.randn(MAX_ROWS, 2 * K, generator=gen).to("cuda", torch.bfloat16)
     wrong = [m for m in range(1, MAX_ROWS + 1)
-             if not close(fast.forward_gated(gate_up_all[:m], act), reference(act(gate_up_all[:m])))]
+             if not close(fast(linked_act(gate_up_all[:m])), reference(act(gate_up_all[:m])))]
     assert not wrong, (f"row counts off the reference: {wrong[:20]}; " + error_at(
-        lambda x: fast.forward_gated(x, act), lambda x: reference(act(x)), gate_up_all, wrong[0]))
+        lambda x: fast(linked_act(x)), lambda x: reference(act(x)), gate_up_all, wrong[0]))
 
 
 def test_moe_experts_take_every_token_count():

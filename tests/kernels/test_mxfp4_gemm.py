@@ -7,13 +7,17 @@ from atomlite.model_ops.triton.mxfp4 import blockwise as mxfp4_gemm_blockwise
 from atomlite.model_ops.triton.mxfp4 import fp8_tiles as mxfp4_gemm_fp8
 
 from atomlite.model_ops.triton.mxfp4 import lookup as mxfp4_gemm_lookup
+from atomlite.model_ops.triton.mxfp4 import tuning as mxfp4_tuning
 from atomlite.model_ops.triton.mxfp4.gemm import (DECODE, LARGE_PREFILL, PREFILL, DequantizeConfig,
                                                   GemmConfig, blockwise_config, dequantize_config, mxfp4_gemm,
                                                   needs_wide_scales, pad_to_k_align, pick_config, pick_path)
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import Fp8Config
 from atomlite.model_ops.triton.mxfp4.lookup import LookupConfig, scale_bytes_fit
 from atomlite.quant import mxfp4
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.fusion import link_feed
 from atomlite.model_ops.mxfp4_linear import MXFP4Linear
+from atomlite.model_ops.platform import detect_platform
 from atomlite.quant.quark import LinearQuantSpec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -101,7 +105,7 @@ def test_fp8_and_dequantize_paths_match_reference(m, n, k, config, dtype):
 def test_unsummed_split_k_output_adds_up_to_the_summed_one(config):
     """summed=False: the fp8 and lookup paths hand back their split-K slices, which add up (in slice order, as
     their summing kernel adds them) to exactly the summed output."""
-    from atomlite.model_ops.partial_sums import PartialSums, summed
+    from atomlite.model_ops.carriers import PartialSums, summed
     from helpers import assert_same_rounded_sum
     x, packed, scale = random_case(3, 72, 544, torch.bfloat16, seed=5)
     weight, weight_scale = (t.to(DEVICE) for t in pad_to_k_align(packed, scale))
@@ -203,7 +207,7 @@ def test_fp8_path_needs_quantized_activations():
     weight, weight_scale = pad_to_k_align(packed, scale)
     with pytest.raises(ValueError, match="quantize_x must be True"):
         mxfp4_gemm(x.to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), False, True,
-                   mxfp4_gemm_fp8.BLOCK_DIAGONAL_2)
+                   mxfp4_tuning.BLOCK_DIAGONAL_2)
 
 
 def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
@@ -211,7 +215,7 @@ def test_zero_weight_scale_byte_is_two_to_the_minus_127_on_the_fp8_path():
     scale[:] = 0  # every weight is its e2m1 value times 2^-127 (subnormal)
     weight, weight_scale = pad_to_k_align(packed, scale)
     got = mxfp4_gemm((x * 2.0 ** 100).to(DEVICE), weight.to(DEVICE), weight_scale.to(DEVICE), True, True,
-                     mxfp4_gemm_fp8.BLOCK_DIAGONAL_2)
+                     mxfp4_tuning.BLOCK_DIAGONAL_2)
     assert_matches(got, reference(x * 2.0 ** 100, packed, scale, True), torch.float32)
 
 
@@ -219,12 +223,12 @@ def test_paths_by_rows():
     x = torch.empty(0, 5376)
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
-    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
-    assert mxfp4_gemm_fp8.pick_config(3, 21504) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_4
-    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_gemm_fp8.QUAD_DIAGONAL_8
-    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
-    assert mxfp4_gemm_fp8.pick_config(32, 21504) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
-    assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_gemm_fp8.PER_BLOCK_32
+    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_tuning.BLOCK_DIAGONAL_2
+    assert mxfp4_gemm_fp8.pick_config(3, 21504) == mxfp4_tuning.BLOCK_DIAGONAL_4
+    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_tuning.QUAD_DIAGONAL_8
+    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_tuning.PAIR_DIAGONAL_16
+    assert mxfp4_gemm_fp8.pick_config(32, 21504) == mxfp4_tuning.PAIR_DIAGONAL_16
+    assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_tuning.PER_BLOCK_32
     assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
     assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2
     assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 4
@@ -248,13 +252,13 @@ def test_paths_by_rows():
             assert pick_path(127, 21504, cuda_bf16, True) == PREFILL
             assert pick_path(4096, 21504, cuda_bf16, False) == dequantize_config(5376)  # x not quantized
         if mxfp4_gemm_fp8.supported(cuda):
-            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_2
+            assert pick_path(1, 21504, cuda, True) == mxfp4_tuning.BLOCK_DIAGONAL_2
             assert pick_path(1, 21504, cuda, False) == DECODE
-            assert pick_path(4, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_fp8.BLOCK_DIAGONAL_4
+            assert pick_path(4, 21504, cuda, True, lookup_scales=True) == mxfp4_tuning.BLOCK_DIAGONAL_4
             assert pick_path(5, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_lookup.ROWS_16
             assert pick_path(64, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_lookup.ROWS_64
-            assert pick_path(16, 21504, cuda, True, lookup_scales=False) == mxfp4_gemm_fp8.PAIR_DIAGONAL_16
-            assert pick_path(64, 21504, cuda, True, lookup_scales=False) == mxfp4_gemm_fp8.PER_BLOCK_32
+            assert pick_path(16, 21504, cuda, True, lookup_scales=False) == mxfp4_tuning.PAIR_DIAGONAL_16
+            assert pick_path(64, 21504, cuda, True, lookup_scales=False) == mxfp4_tuning.PER_BLOCK_32
 
 
 def test_slabs_hold_about_the_same_number_of_values_whatever_k():
@@ -285,8 +289,11 @@ def test_shipped_configs_match_reference(m, config):
 
 
 def loaded_linear(k: int, n: int, spec: LinearQuantSpec, backend: str, seed: int = 0) -> MXFP4Linear:
+    """Built as a model built under --kernel-backend `backend` builds it (dispatch picks its kernel family)."""
     _, packed, scale = random_case(1, n, k, torch.float32, seed)
-    layer = MXFP4Linear(k, n, spec, backend=backend)
+    with dispatch.use(detect_platform(torch.device(DEVICE)), backend):
+        layer = MXFP4Linear(k, n, spec)
+    assert layer.backend == backend
     layer.weight.weight_loader(layer.weight, packed)
     layer.weight_scale.weight_loader(layer.weight_scale, scale)
     layer.process_after_loading()
@@ -334,15 +341,18 @@ def test_gated_gemm_refuses_paths_without_a_gated_quantization():
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 100])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_linear_forward_gated_equals_forward_of_the_activation(rows, backend):
-    """Where the fp8 or lookup path runs (GPU, 1-64 rows) the activation is fused into the input quantization;
-    elsewhere forward_gated is forward(act(x)). Both give the same numbers."""
+def test_activation_linked_to_the_linear_gives_the_unlinked_result(rows, backend):
+    """Linked to a Triton MXFP4 linear, the activation hands it [gate | up] where its fp8 or lookup path runs (GPU,
+    1-64 rows), whose input quantization computes the activation; elsewhere it computes it itself. Both give the
+    same numbers."""
     from atomlite.model_ops.activation import GeluTanhAndMul
     layer = loaded_linear(96, 48, LinearQuantSpec(dynamic_fp4_input=True), backend)
     gate_up = torch.randn(rows, 192, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
     act = GeluTanhAndMul(96)
     expected = layer(act(gate_up))
-    got = layer.forward_gated(gate_up, act)
+    link_feed(act, layer)
+    assert (act.reader_takes_gated == layer.takes_gated) == (backend == "triton")
+    got = layer(act(gate_up))
     # gelu in fp32 and rounded once either way; on a GPU the fp8 MMA's sums
     torch.testing.assert_close(got, expected, rtol=FP8_SUMS_RTOL, atol=FP8_SUMS_RTOL * expected.abs().max().item())
 
@@ -379,7 +389,7 @@ def test_in_features_must_be_a_multiple_of_the_block():
 def test_gemm_on_rows_quantized_by_the_norm_equals_the_gemm_on_the_norms_output(rows):
     """RMSNorm.add_to_residual's QuantizedRows through quantized_fp8_gemm give the fp8 path's result on the
     unquantized norm output (summed and as PartialSums); rows quantized in another form are refused."""
-    from atomlite.model_ops.partial_sums import PartialSums
+    from atomlite.model_ops.carriers import InputQuantization, PartialSums
     from atomlite.model_ops.triton.mxfp4 import fp8_tiles as fp8
     from atomlite.model_ops.triton.norm.residual import rms_norm_residual
     _, packed, scale = random_case(rows, 72, 544, torch.bfloat16, seed=rows)
@@ -388,14 +398,14 @@ def test_gemm_on_rows_quantized_by_the_norm_equals_the_gemm_on_the_norms_output(
     x, residual, norm_w = (torch.randn(*shape, generator=g).to(DEVICE, torch.bfloat16)
                            for shape in ((rows, 544), (rows, 544), (544,)))
     _, out = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w)
-    form = fp8.InputQuantization(fp8.pick_config(rows, 72).period, weight.shape[1] * 2)
+    form = InputQuantization(fp8.pick_config(rows, 72).period, weight.shape[1] * 2)
     _, quantized = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w, quantize=form)
     expected = fp8.mxfp4_gemm_fp8(out, weight, weight_scale)
     assert torch.equal(fp8.quantized_fp8_gemm(quantized, weight, weight_scale), expected)
     unsummed = fp8.quantized_fp8_gemm(quantized, weight, weight_scale, summed=False)
     assert isinstance(unsummed, PartialSums)
     assert torch.equal(unsummed.parts, fp8.mxfp4_gemm_fp8(out, weight, weight_scale, summed=False).parts)
-    other = fp8.InputQuantization(1 if form.period != 1 else 2, form.k_padded)
+    other = InputQuantization(1 if form.period != 1 else 2, form.k_padded)
     with pytest.raises(ValueError, match="ask input_quantization"):
         fp8.quantized_fp8_gemm(rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w, quantize=other)[1],
                                weight, weight_scale)

@@ -7,7 +7,7 @@ from helpers import assert_same_rounded_sum
 
 from atomlite.model_ops.platform import parse_platform
 from atomlite.model_ops.triton.common import recording
-from atomlite.model_ops.partial_sums import PartialSums, summed
+from atomlite.model_ops.carriers import PartialSums, summed
 from atomlite.model_ops.triton.gemm.skinny import (DEFAULT_CONFIG, NARROW_K_CONFIG, SkinnyConfig, config_for, fits, linear,
                                                    num_splits, skinny_gemm)
 

@@ -142,7 +142,8 @@ def test_attention_without_queries_returns_empty():
 def test_split_kv_merge_writes_the_output_quantized_as_the_fp8_gemm_reads_it(period, head_dim):
     """With quantize (K = H * D) the split-KV merge writes the [T, H * D] output as QuantizedRows: the fp8 GEMM's
     own quantization of the unquantized output, block for block; a K other than H * D leaves the output as is."""
-    from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows, quantize_activations
+    from atomlite.model_ops.carriers import InputQuantization, QuantizedRows
+    from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantize_activations
     args = paged_batch([1, 1], [130, 9], 4, 2, head_dim, 16, torch.bfloat16, None, DEVICE, seed=period)
     config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, num_splits=3)
     out = tri.launch(*args, 0.125, None, False, config)

@@ -4,7 +4,7 @@ import torch
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri
-from atomlite.model_ops.partial_sums import NormedPair, summed as summed_up
+from atomlite.model_ops.carriers import NormedPair, summed as summed_up
 from atomlite.model_ops.platform import Platform
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,7 +196,7 @@ def slot_sums_of(y: torch.Tensor):
 def partial_sums_of(y: torch.Tensor):
     """y split into three fp32 slices (as a split-K GEMM leaves them) that add up to y exactly (so the kernels'
     rounding of the sum is exact under the interpreter too), and the tensor they add up to."""
-    from atomlite.model_ops.partial_sums import PartialSums, summed
+    from atomlite.model_ops.carriers import PartialSums, summed
     slices = torch.stack([y.float() * 0.25, y.float() * 0.25, y.float() * 0.5])
     unsummed = PartialSums(slices, y.dtype)
     return unsummed, summed(unsummed)
@@ -223,7 +223,8 @@ def test_norm_kernels_add_split_k_partial_sums_as_the_separate_sum_would(dtype):
 def test_rms_norm_residual_writes_the_next_norm_quantized_as_the_fp8_gemm_reads_it(period, rows):
     """With quantize the next norm's output comes as QuantizedRows: the same values and block scales as the fp8
     GEMM's own quantization of the unquantized output, including K padded past dim (320 -> 512)."""
-    from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, quantize_activations
+    from atomlite.model_ops.carriers import InputQuantization
+    from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantize_activations
     x, residual = randn(rows, 320, dtype=torch.bfloat16), randn(rows, 320, dtype=torch.bfloat16)
     weight, next_weight = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(2))
     summed, out = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)
@@ -259,7 +260,7 @@ def test_rms_norm_residual_gives_several_next_norms_of_the_sum(dtype):
 def test_qk_norm_rope_adds_a_split_k_projections_slices_as_it_reads_them(splits):
     """q, k, v as PartialSums of one QKV projection: the result of summing the slices first (rounded to bf16),
     written to the cache alike; v the raw k's columns, as on a k_eq_v layer."""
-    from atomlite.model_ops.partial_sums import PartialSums, as_heads, split_columns, summed
+    from atomlite.model_ops.carriers import PartialSums, as_heads, split_columns, summed
     tokens, heads, kv_heads, head_dim = 3, 4, 2, 64
     slices = randn(splits, tokens, (heads + kv_heads) * head_dim, dtype=torch.float32)
     q, k = (as_heads(p, head_dim) for p in split_columns(PartialSums(slices, torch.bfloat16),

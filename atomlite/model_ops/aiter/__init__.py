@@ -24,7 +24,7 @@ unit of up(x)), which the torch reference, the oracle, would not match.
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
 from atomlite.model_ops.aiter.functions import REQUIRED
-from atomlite.model_ops.aiter.mxfp4 import N_ALIGN, mxfp4_linear, prepare_weight
+from atomlite.model_ops.aiter.mxfp4 import MXFP4_LINEAR, N_ALIGN, mxfp4_linear, prepare_weight
 from atomlite.model_ops.aiter.norm_act import gelu_tanh_and_mul, rms_norm
 
 __all__ = ["DECLINED", "OPS", "limits", "mxfp4_linear", "prepare_weight"]
@@ -34,8 +34,10 @@ OPS = {
     "write_kv": write_kv,
     "rms_norm": rms_norm,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
-    "mxfp4_linear": mxfp4_linear,
+    "mxfp4_linear": MXFP4_LINEAR,
 }
+
+CAPABILITIES = {}  # no kernel here takes or gives more than its op's plain tensors
 
 _NO_TANH_GELU_MOE = ("AITER's fused_moe has no tanh GELU (its Gelu is erf GELU; its MXFP4 FlyDSL path runs SiLU "
                      "for it) and Gemma 4's experts use gelu_tanh")

@@ -12,10 +12,10 @@ from functools import cache
 import torch
 
 from atomlite.model_ops import torch_ref
-from atomlite.model_ops.aiter import detect, functions as F
-from atomlite.model_ops.aiter.gather import GatherPlan, step_gather
+from atomlite.model_ops.aiter import detect, functions as F, gather
+from atomlite.model_ops.aiter.gather import GatherPlan
 from atomlite.model_ops.context import HostBatch
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
+from atomlite.model_ops.kv_spec import UNIT_SCALES, cache_scales
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PARTITION_SIZE = 256
@@ -47,9 +47,10 @@ def flash_window(window: int | None) -> tuple[int, int]:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, host: HostBatch | None = None,
-                    derived: dict | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
+                    derived: object | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
     """torch_ref.paged_attention's contract on AITER kernels. Lengths come from `host`; without it, a prefill reads
-    them back from the device."""
+    them back from the device. derived: the step's gather plan for this KV group (gather.step_plan), else it is
+    planned here."""
     if q.dtype not in HALF_DTYPES or not _reads_cache(q, k_cache):
         return torch_ref.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
                                          window, return_lse, kv_scales=kv_scales)
@@ -59,7 +60,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if decode_only and not return_lse:
         return _decode(q, k_cache, v_cache, block_table, seq_lens, scale, window, host, kv_scales)
     host = host or HostBatch.of(query_start_loc.tolist(), seq_lens.tolist())
-    plan = step_gather(host, seq_lens, block_table, k_cache.shape[1], window, derived)
+    planned = isinstance(derived, GatherPlan) and derived.window == window
+    plan = derived if planned else gather.plan_gather(host, seq_lens, block_table, k_cache.shape[1], window)
     # flash_attn_varlen_func takes bf16/fp16: an fp8 cache's keys are widened as they are gathered; K's scale
     # multiplies the softmax scale and V's the output (1 for a 16-bit cache)
     k, v = plan.gather(k_cache).to(q.dtype), plan.gather(v_cache).to(q.dtype)
@@ -68,6 +70,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if v_scale == 1.0:
         return result
     return (result[0] * v_scale, result[1]) if return_lse else result * v_scale
+
+
+paged_attention.step_metadata = gather.step_plan
 
 
 def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_size: int, max_len: int,

@@ -1,13 +1,15 @@
 """Where the keys each sequence's queries can see sit in the paged cache, for flash_attn_varlen_func's packed K/V.
 
 The plan depends only on the step's lengths, the KV group's block table, its block size and the layer's window, so
-it is built once per step and group (on the host, from HostBatch) and every layer of the group gathers with it.
+it is built once per step and group (on the host, from HostBatch: step_plan, the attention kernel's step metadata)
+and every layer of the group gathers with it.
 """
 from dataclasses import dataclass
 
 import torch
 
-from atomlite.model_ops.context import HostBatch
+from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
+from atomlite.model_ops.kv_spec import KVSpec
 
 
 @dataclass
@@ -16,6 +18,7 @@ class GatherPlan:
     offsets: torch.Tensor  # [Tk] int64, its slot in that block
     cu_seqlens_k: torch.Tensor  # [B + 1] int32
     max_seqlen_k: int
+    window: int | None  # the window it was planned for
 
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
         """[num_blocks, block_size, Hkv, D] -> the visible keys (or values), packed [Tk, Hkv, D]."""
@@ -44,15 +47,13 @@ def plan_gather(host: HostBatch, seq_lens: torch.Tensor, block_table: torch.Tens
     index = torch.stack([seq, positions // block_size, positions % block_size]).to(block_table.device)
     blocks = block_table[index[0], index[1]].long()
     return GatherPlan(blocks, index[2], cu.to(device=block_table.device, dtype=torch.int32),
-                      int(counts.max()) if len(lens) else 0)
+                      int(counts.max()) if len(lens) else 0, window)
 
 
-def step_gather(host: HostBatch, seq_lens: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                window: int | None, derived: dict | None) -> GatherPlan:
-    """The step's plan for this group and window: built by the first layer that asks, then kept in `derived`."""
-    if derived is None:
-        return plan_gather(host, seq_lens, block_table, block_size, window)
-    key = (GatherPlan, block_size, window)
-    if key not in derived:
-        derived[key] = plan_gather(host, seq_lens, block_table, block_size, window)
-    return derived[key]
+def step_plan(ctx: ForwardContext, group: GroupBatch, spec: KVSpec, block_size: int) -> GatherPlan | None:
+    """The step's plan for a KV group, for all its layers; None for a decode-only step, whose kernel reads the block
+    table itself, or where the host does not know the lengths."""
+    host = ctx.host
+    if host is None or host.seq_lens is None or host.decode_only:
+        return None
+    return plan_gather(host, ctx.seq_lens, group.block_table, block_size, spec.window)

@@ -84,3 +84,21 @@ def mxfp4_linear(x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
         kwargs["dtype"] = x.dtype
     y = detect.call(F.GEMM_A4W4, **kwargs)
     return y[:m].reshape(*x.shape[:-1], n)
+
+
+class AiterMXFP4Linear:
+    """The MXFP4 linear as the layer calls it (dispatch's mxfp4_linear): the weight re-laid out once at load,
+    where the layer's own packed tensors are then dropped; gemm_a4w4 per call."""
+
+    def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    PreparedWeight]:
+        prepared = prepare_weight(weight, scale)
+        dropped = torch.empty(0, dtype=torch.uint8, device=weight.device)
+        return dropped, dropped, prepared
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, prepared: PreparedWeight,
+               quantize_x: bool, summed: bool = True) -> torch.Tensor:
+        return mxfp4_linear(x, prepared)
+
+
+MXFP4_LINEAR = AiterMXFP4Linear()

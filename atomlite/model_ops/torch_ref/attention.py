@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
+from atomlite.model_ops.kv_spec import UNIT_SCALES
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
 
@@ -56,15 +56,16 @@ def _widen(cached: torch.Tensor, scale: float) -> torch.Tensor:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
-                    host: HostBatch | None = None, derived: dict | None = None,
+                    host: HostBatch | None = None, derived: object | None = None,
                     kv_scales: tuple[float, float] = UNIT_SCALES):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
     logical block); seq_lens [B] keys per sequence including this step's queries; query_start_loc [B+1].
     With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
-    host: the same lengths on the host, when the caller has them; derived: where a backend may keep what it derives
-    from this step's batch for this KV group (GroupBatch.derived). The reference needs neither.
+    host: the same lengths on the host, when the caller has them; derived: what a backend's step_metadata built from
+    this step's batch for this KV group (GroupBatch.derived). The reference needs neither: it reads the lengths
+    back from the device (so a CUDA/HIP graph cannot capture it; see GRAPH_UNSAFE).
     kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
     """
     k_scale, v_scale = kv_scales

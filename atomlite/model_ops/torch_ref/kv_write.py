@@ -1,7 +1,6 @@
 import torch
 
-
-UNIT_SCALES = (1.0, 1.0)
+from atomlite.model_ops.kv_spec import UNIT_SCALES
 
 
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
@@ -11,11 +10,6 @@ def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> t
         limit = torch.finfo(dtype).max
         x = (x.float() / scale).clamp(-limit, limit)
     return x.to(dtype)
-
-
-def cache_scales(cache: torch.Tensor, kv_scales: tuple[float, float]) -> tuple[float, float]:
-    """The (K, V) scales a cache's rows are read with: kv_scales for an fp8 cache, 1 for a 16-bit one."""
-    return kv_scales if cache.element_size() == 1 else UNIT_SCALES
 
 
 def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,

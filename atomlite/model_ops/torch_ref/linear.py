@@ -4,5 +4,5 @@ import torch.nn.functional as F
 
 def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.Tensor:
     """y = x W^T: torch's GEMM (cuBLAS / hipBLASLt on a GPU). summed=False lets a linear return its output as
-    PartialSums (model_ops.partial_sums) for a consumer that adds them; this one always returns the tensor."""
+    PartialSums (model_ops.carriers) for a consumer that adds them; this one always returns the tensor."""
     return F.linear(x, weight)

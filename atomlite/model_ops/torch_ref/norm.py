@@ -1,6 +1,6 @@
 import torch
 
-from atomlite.model_ops.partial_sums import NormedPair, PartialSums, summed as added_up
+from atomlite.model_ops.carriers import NormedPair, PartialSums, summed as added_up
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

@@ -1,7 +1,8 @@
 import torch
 
-from atomlite.model_ops.partial_sums import summed
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, write_kv
+from atomlite.model_ops.carriers import summed
+from atomlite.model_ops.kv_spec import UNIT_SCALES
+from atomlite.model_ops.torch_ref.kv_write import write_kv
 from atomlite.model_ops.torch_ref.norm import rms_norm
 from atomlite.model_ops.torch_ref.rope import apply_rope
 

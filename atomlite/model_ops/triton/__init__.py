@@ -5,8 +5,8 @@ from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.attention.paged import paged_attention
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.attention.kv_write import write_kv
-from atomlite.model_ops.triton.moe.gemm import moe_experts, mxfp4_moe_experts
-from atomlite.model_ops.triton.mxfp4.gemm import mxfp4_gemm
+from atomlite.model_ops.triton.moe.gemm import moe_experts
+from atomlite.model_ops.triton.mxfp4.family import MXFP4_EXPERTS, MXFP4_LINEAR
 from atomlite.model_ops.triton.norm.rms_norm import MAX_DIM, rms_norm
 from atomlite.model_ops.triton.norm.residual import rms_norm_residual
 from atomlite.model_ops.triton.attention.qk_norm_rope import qk_norm_rope
@@ -24,10 +24,20 @@ OPS = {
     "qk_norm_rope": qk_norm_rope,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "moe_experts": moe_experts,  # routing, gate_up, down and the sum over a token's experts: capture-safe
-    "mxfp4_linear": mxfp4_gemm,
-    "mxfp4_moe_experts": mxfp4_moe_experts,  # the same kernels on packed FP4 weights
+    "mxfp4_linear": MXFP4_LINEAR,  # mxfp4_gemm, with the weights padded at load
+    "mxfp4_moe_experts": MXFP4_EXPERTS,  # the moe_experts kernels on packed FP4 weights
     "router_topk": router_topk,
     "router": router,  # the logits GEMM and router_topk in one launch at decode
+}
+
+CAPABILITIES = {
+    "linear": {"writes_partial_sums"},
+    "rms_norm_residual": {"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows"},
+    "qk_norm_rope": {"reads_partial_sums"},
+    "attention": {"writes_quantized_rows"},  # from its split-KV merge
+    "moe_experts": {"writes_partial_sums"},  # each slot's term
+    "mxfp4_linear": {"writes_partial_sums", "reads_quantized_rows", "reads_gated_input"},
+    "mxfp4_moe_experts": {"writes_partial_sums"},
 }
 
 MAX_HEAD_DIM = 512

@@ -16,7 +16,7 @@ from vllm.model_executor.layers.attention import Attention as VllmAttention
 from atomlite.config import load_model_spec
 from atomlite.errors import ConfigError
 from atomlite.loader import finish_loading, kv_scale_of, load_tensor, resolve
-from atomlite.model_ops import dispatch
+from atomlite.model_ops import dispatch, fusion
 from atomlite.model_ops.context import ForwardContext
 from atomlite.models.gemma4 import Gemma4ForCausalLM
 from atomlite.plugin.vllm.backend import AtomliteAttentionBackend, vllm_platform
@@ -38,13 +38,10 @@ class VllmPagedAttention(nn.Module):
                 ctx: ForwardContext) -> torch.Tensor:
         return self.vllm_attn(q, k, v).view(q.shape[0], self.num_heads, self.head_dim)
 
-    def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext,
-                    feeding: nn.Module | None = None) -> torch.Tensor:
-        """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself. With
-        feeding (the linear reading the output) the output comes as its input, [T, H * D]."""
+    def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext) -> torch.Tensor:
+        """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself."""
         q, k, v = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin)
-        out = self.forward(q, k, v, ctx)
-        return out if feeding is None else out.flatten(1)
+        return self.forward(q, k, v, ctx)
 
 
 def _checkpoint_dir(vllm_config: VllmConfig) -> Path:
@@ -69,6 +66,7 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
             layer.self_attn.attn = VllmPagedAttention(
                 old.num_heads, old.num_kv_heads, old.head_dim, old.scale, old.window, vllm_config,
                 name.format(i), None if target is None else name.format(target), old.prepare_qkv)
+        fusion.link(self)  # after the swap: vLLM's attention layer takes part in no fusion
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

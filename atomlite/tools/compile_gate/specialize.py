@@ -37,7 +37,8 @@ class Specialization:
 
 
 def _kernel_name(kernel) -> str:
-    return f"{kernel.module.rsplit('.', 1)[-1]}.{kernel.fn.__name__}"
+    """family.module.function for atomlite's kernels (e.g. mxfp4.gemm._mxfp4_gemm_kernel); module.function else."""
+    return f"{kernel.module.removeprefix('atomlite.model_ops.triton.')}.{kernel.fn.__name__}"
 
 
 def specialize(workload: str, launch: KernelLaunch, target: GPUTarget) -> tuple[Specialization, dict]:

@@ -4,7 +4,7 @@ Triton is called on meta tensors at the engine's default batch shapes, and the l
 
 Weights are MXFP4 as a Quark W4A4 export of the config would store them (the example configs are bf16; the MXFP4
 launches are what such a checkpoint adds): dynamic activation quantization, scales within the fast expansion's
-range (wide_scales False) and the lookup kernel's (lookup_scales True), as real weights have them.
+range (wide_scales False) and the lookup kernel's (lookup_scales True), as real weights have them (SCALES).
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,21 +12,23 @@ from pathlib import Path
 import torch
 
 from atomlite.config import LayerAttention, ModelSpec, load_model_spec
-from atomlite.model_ops import dispatch
+from atomlite.model_ops import dispatch, triton as triton_ops
+from atomlite.model_ops.carriers import NormedPair, PartialSums, as_heads, split_columns
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
-from atomlite.model_ops.partial_sums import NormedPair, PartialSums, as_heads, split_columns
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
 from atomlite.model_ops.triton.gemm.skinny import MAX_ROWS as SKINNY_MAX_ROWS
 
-EXAMPLE_CONFIGS = Path(__file__).resolve().parents[4] / "examples" / "configs"
+EXAMPLE_CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 GEMMA4_CONFIGS = ("gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it")
 BLOCK_SIZE = 16  # the engine's default --block-size
 NUM_BLOCKS = 4096
 SPLIT_K_SLICES = 4  # the most K splits a decode projection makes (pick_config's)
+SCALES = ScaleFacts(wide_scales=False, lookup_scales=True)
 
 # The sm_90 block-scaled path multiplies by cuBLAS (torch's scaled_mm), which has no meta kernel: the gate needs
 # only the Triton launches around it, so on meta the GEMM just hands back its output.
@@ -68,13 +70,14 @@ class Recorder:
     step: Step
     launches: list[tuple[str, KernelLaunch]]
 
-    def call(self, op: str, shape: dict, *args, **kwargs) -> None:
+    def call(self, op: str, shape: dict, *args, method: str | None = None, **kwargs) -> None:
+        """method: which call of an MXFP4 op's family object (its ops-table entry) to make."""
         choice = dispatch.choose(op, self.platform, **shape)
-        if choice.backend != "triton":
+        if choice.fn is not triton_ops.OPS[op]:  # another backend's kernel: nothing for the gate to compile
             return
         label = f"{self.model} {self.step.name} {op}[{','.join(f'{k}={v}' for k, v in shape.items())}]"
         with recording(self.platform) as launches:
-            choice.fn(*args, **kwargs)
+            (choice.fn if method is None else getattr(choice.fn, method))(*args, **kwargs)
         self.launches += [(label, launch) for launch in launches]
 
 
@@ -128,7 +131,7 @@ def _key_rule(spec: ModelSpec, layer: LayerAttention) -> KFromV:
 
 
 def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int, gated: bool = False) -> None:
-    """gated: the MLP's down projection fed [gate | up] (MXFP4Linear.forward_gated), where its path takes that."""
+    """gated: the MLP's down projection fed [gate | up] (a GatedInput), where its path takes that."""
     k_padded = -(-k // K_ALIGN) * K_ALIGN
     weight, scale = meta(n, k_padded // 2, dtype=torch.uint8), meta(n, k_padded // 32, dtype=torch.uint8)
     x = meta(rows, 2 * k if gated else k)
@@ -136,7 +139,10 @@ def _mxfp4_linear(r: Recorder, op: str, rows: int, n: int, k: int, gated: bool =
         with recording(r.platform):  # the path as the target platform picks it
             if not gated_path(rows, n, x, True, lookup_scales=True):
                 return
-    r.call(op, dict(n=n, k=k, dynamic_input=True), x, weight, scale, True, False, lookup_scales=True, gated=gated)
+    if gated:
+        r.call(op, dict(n=n, k=k, dynamic_input=True), x, weight, scale, SCALES, method="matmul_gated")
+    else:
+        r.call(op, dict(n=n, k=k, dynamic_input=True), x, weight, scale, SCALES, True, method="matmul")
 
 
 def _mxfp4_projections(hf: dict, layers: list[LayerAttention]) -> set[tuple[int, int]]:
@@ -169,11 +175,11 @@ def _moe_experts(r: Recorder, hf: dict) -> None:
         packed += [meta(experts, rows, k_padded // 2, dtype=torch.uint8),
                    meta(experts, rows, k_padded // 32, dtype=torch.uint8)]
     r.call("mxfp4_moe_experts", dict(experts=experts, dtype=torch.bfloat16, dynamic_input=True),
-           meta(tokens, hidden), *packed, *routing, True, False)
+           meta(tokens, hidden), *packed, *routing, SCALES, True, method="experts")
 
 
 def _split_k_output(rows: int, n: int) -> PartialSums:
-    """A projection's output as split-K slices (Linear.forward(summed=False)); the norms read it so."""
+    """A projection's output as split-K slices (a linked Linear's PartialSums); the norms read it so."""
     return PartialSums(meta(SPLIT_K_SLICES, rows, n, dtype=torch.float32), torch.bfloat16)
 
 

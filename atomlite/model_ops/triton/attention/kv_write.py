@@ -3,7 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
+from atomlite.model_ops.kv_spec import UNIT_SCALES
+from atomlite.model_ops.triton.attention.tuning import KV_WRITE_SMALL_ROW, KV_WRITE_WARPS, KV_WRITE_WARPS_LARGE_ROW
 from atomlite.model_ops.triton.common import cache_max, run_kernel
 
 
@@ -55,4 +56,4 @@ def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | No
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), BLOCK_SIZE=v_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d, STORE_K=store_k,
         CACHE_MAX=cache_max(v_cache),
-        num_warps=4 if block_h * block_d <= 4096 else 8)
+        num_warps=KV_WRITE_WARPS if block_h * block_d <= KV_WRITE_SMALL_ROW else KV_WRITE_WARPS_LARGE_ROW)

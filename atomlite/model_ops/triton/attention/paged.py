@@ -7,6 +7,7 @@ with Lq queries and Lk keys sits at position Lk - Lq + i. With a window, tiles w
 skipped and rows of blocks before it are never loaded (their block-table entries may point to a null block).
 With SPLIT_KV the key range is cut into splits whose partial results split_kv.combine merges.
 """
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -14,25 +15,23 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.context import HostBatch
+from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.k_from_v import KFromV
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES, cache_scales
+from atomlite.model_ops.kv_spec import UNIT_SCALES, KVSpec, cache_scales
 from atomlite.model_ops.triton.attention import split_kv
+from atomlite.model_ops.triton.attention.tuning import (BUILD_KEYS_BLOCK, BUILD_KEYS_WARPS, DECODE_BLOCK_M,
+                                                        DECODE_BLOCK_N, DECODE_BLOCK_N_WIDE_VALUES,
+                                                        DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
+                                                        DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
+                                                        PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
+                                                        ROCM_DECODE_WIDE, ROCM_PREFILL_HEAVY, SHORT_WALK,
+                                                        SHORT_WALK_STAGES, WIDE_HEAD_DIM, AttnConfig)
 from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting, pdl_launch,
                                               platform_of, run_kernel)
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows
+from atomlite.model_ops.carriers import InputQuantization, QuantizedRows
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
-
-
-@dataclass(frozen=True)
-class AttnConfig:
-    block_m: int  # rows per program: query positions x heads of one GQA group
-    block_n: int  # keys per tile
-    num_warps: int
-    num_stages: int
-    num_splits: int = 1
 
 
 @triton.jit
@@ -320,43 +319,35 @@ def rotated_width(rotary_pairs: int) -> int:
 
 def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int,
                 derive_k: bool = False, window: int | None = None) -> AttnConfig:
-    """Tile shapes by head_dim and batch shape; decode-like batches (about one query per sequence) get split-KV."""
+    """Tile shapes by head_dim and batch shape (tuning.py); decode-like batches (about one query per sequence) get
+    split-KV."""
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
     platform = platform_of(q.device)
-    # Rebuilding keys from V, or widening an fp8 cache, holds more per lane: on AMD the tiles below spilled 1-51
-    # VGPRs there (compile gate); 32 x 16 prefill tiles on 4 warps, and 16-key decode tiles on gfx942, fit.
+    # Rebuilding keys from V, or widening an fp8 cache, holds more per lane: AMD takes smaller tiles there.
     heavy = platform.kind == "rocm" and (derive_k or cache.element_size() == 1)
-    if num_tokens <= 2 * num_seqs:
+    if num_tokens <= DECODE_QUERIES_PER_SEQ * num_seqs:
         num_pairs, max_keys = num_seqs * cache.shape[2], block_table.shape[1] * cache.shape[1]
         if platform.kind == "rocm":
-            block_n = 16 if heavy and platform.arch == "gfx942" else 32 if head_dim >= 512 or wide else 64
-            return AttnConfig(16, block_n, 4, 3, split_kv.num_splits(q.device, num_pairs, max_keys, block_n))
+            tiles = (ROCM_DECODE_HEAVY_GFX942 if heavy and platform.arch == "gfx942"
+                     else ROCM_DECODE_WIDE if head_dim >= WIDE_HEAD_DIM or wide else ROCM_DECODE)
+            splits = split_kv.num_splits(q.device, num_pairs, max_keys, tiles.block_n)
+            return dataclasses.replace(tiles, num_splits=splits)
         return _decode_config(q.device, head_dim, wide, num_pairs, min(max_keys, window or max_keys))
-    # AMD's MFMA layouts hold more of a tile per lane: the bf16 tiles below spilled 98-379 VGPRs on gfx942 and
-    # gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
-    small = wide or platform.kind == "rocm"
     if heavy:
-        return AttnConfig(32, 16, 4, 2)
-    if head_dim >= 512:
-        return AttnConfig(64, 16 if small else 32, 8, 2)
-    if head_dim >= 256:
-        return AttnConfig(64 if small else 128, 32 if small else 64, 8, 2)
-    return AttnConfig(128, 64, 8 if head_dim >= 128 else 4, 3)
-
-
-SHORT_WALK = 2  # key tiles per split up to which an unpipelined loop wins
+        return ROCM_PREFILL_HEAVY
+    _, fast, small = next(row for row in PREFILL_TILES if head_dim >= row[0])
+    return small if wide or platform.kind == "rocm" else fast
 
 
 def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: int, keys: int) -> AttnConfig:
-    """Split-KV decode tiles, measured on an H100 and an H200 (bench/decode_attention.py): with few tiles per split
-    the loop's software pipeline costs more than it hides (26B-A4B sliding layer at 544 keys: 7.9 us unpipelined
-    against 13.5 with 3 stages), so a split walks one or two tiles unpipelined, or more with 2 stages. keys: the
-    most keys a query sees (the table's width, or the window)."""
-    block_n = 32 if wide else 64
-    splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=1)
+    """Split-KV decode tiles on NVIDIA: a split walks up to SHORT_WALK key tiles unpipelined, or more with
+    LONG_WALK_STAGES (tuning.py). keys: the most keys a query sees (the table's width, or the window)."""
+    block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
+    splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT)
     walk = triton.cdiv(keys, block_n * splits)
-    return AttnConfig(16, block_n, 8 if head_dim >= 512 else 4, 1 if walk <= SHORT_WALK else 2, splits)
+    return AttnConfig(DECODE_BLOCK_M, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,
+                      SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
@@ -417,9 +408,6 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     return (out, lse) if return_lse else out
 
 
-BUILD_KEYS_BLOCK = 16
-
-
 def build_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, row_starts: torch.Tensor,
                total_keys: int, max_seq_len: int, k_from_v: KFromV, dtype: torch.dtype) -> BuiltKeys:
     """K = rope(V * w) of every key of the batch's sequences, from the V cache."""
@@ -431,7 +419,7 @@ def build_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch
                    k_from_v.cos, k_from_v.sin, keys, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
                    block_table.stride(0), k_from_v.cos.stride(0), keys.stride(0), HEAD_DIM=head_dim,
                    ROT=k_from_v.rotary_pairs, ROT_P=rotated_width(k_from_v.rotary_pairs), BLOCK_SIZE=block_size,
-                   BLOCK_T=BUILD_KEYS_BLOCK, num_warps=4)
+                   BLOCK_T=BUILD_KEYS_BLOCK, num_warps=BUILD_KEYS_WARPS)
     return BuiltKeys(keys, row_starts)
 
 
@@ -440,22 +428,27 @@ def key_row_starts(seq_lens: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(seq_lens[:-1])], dtype=torch.int64).to(device, non_blocking=True)
 
 
+def step_metadata(ctx: ForwardContext, group: GroupBatch, spec: KVSpec, block_size: int) -> torch.Tensor | None:
+    """Per step and KV group: where each sequence's rows start among the keys a prefill on V-only layers without a
+    window builds once (_keys_for_prefill); None where no layer of the group builds them."""
+    host = ctx.host
+    if not spec.k_from_v or spec.window is not None or host is None or host.seq_lens is None or host.decode_only:
+        return None
+    return key_row_starts(host.seq_lens, group.block_table.device)
+
+
 def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
-                      derived: dict | None) -> BuiltKeys | None:
+                      derived: object | None) -> BuiltKeys | None:
     """A prefill's query tiles would each rebuild the same keys (twice the softmax's work per tile, measured 2x
     slower at S = 8192, head_dim 512): build them once, where the host knows the lengths and the keys take no
     more memory than q (so the forward's measured activation peak covers them). Decode builds in the kernel: one
-    tile per key either way."""
+    tile per key either way. derived: step_metadata's row starts, else they are made here."""
     if host is None or host.seq_lens is None or host.decode_only:
         return None
     total = sum(host.seq_lens)
     if total * v_cache.shape[2] * v_cache.shape[3] > q.numel():
         return None
-    row_starts = derived.get("built_key_row_starts") if derived is not None else None
-    if row_starts is None:
-        row_starts = key_row_starts(host.seq_lens, q.device)
-        if derived is not None:
-            derived["built_key_row_starts"] = row_starts
+    row_starts = derived if isinstance(derived, torch.Tensor) else key_row_starts(host.seq_lens, q.device)
     dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)
     return build_keys(v_cache, block_table, seq_lens, row_starts, total, host.max_seq_len, k_from_v, dtype)
 
@@ -463,11 +456,11 @@ def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torch.Tensor,
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
-                    host: HostBatch | None = None, derived: dict | None = None,
+                    host: HostBatch | None = None, derived: object | None = None,
                     kv_scales: tuple[float, float] = UNIT_SCALES, quantize: InputQuantization | None = None):
-    """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, the group's
-    per-step cache) let a prefill on V-only layers build its keys once (_keys_for_prefill). quantize: see launch
-    (the output may come as QuantizedRows)."""
+    """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, what
+    step_metadata built for the step) let a prefill on V-only layers build its keys once (_keys_for_prefill).
+    quantize: see launch (the output may come as QuantizedRows)."""
     group = q.shape[1] // v_cache.shape[2]
     built = None
     if k_from_v is not None and window is None:
@@ -478,3 +471,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,
                   config, k_from_v, built, v_scale, quantize)
+
+
+paged_attention.step_metadata = step_metadata

@@ -6,16 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
-from atomlite.model_ops.torch_ref.kv_write import UNIT_SCALES
+from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.kv_spec import UNIT_SCALES
+from atomlite.model_ops.triton.attention.tuning import (MANY_TOKENS, MANY_TOKENS_WARP_FACTOR, QK_NORM_ROPE_WARPS,
+                                                        QK_NORM_ROPE_WARPS_WIDE_HEAD, QK_NORM_ROPE_WIDE_HEAD_DIM,
+                                                        TOKENS_PER_PROGRAM)
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
                                               pdl_launch, run_kernel)
 from atomlite.model_ops.triton.norm.residual import load_row
-
-
-# Prefill rows are short (one head): a program takes TOKENS_PER_PROGRAM tokens of a head at once from
-# MANY_TOKENS on (at 2048 tokens of 26B-A4B, one token a program ran 3x slower than its bytes).
-MANY_TOKENS, TOKENS_PER_PROGRAM = 64, 8
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -143,6 +141,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         half = head_dim // 2
         pdl = dependent_launches(q.device)
         block_t = TOKENS_PER_PROGRAM if num_tokens >= MANY_TOKENS else 1
+        warps = QK_NORM_ROPE_WARPS_WIDE_HEAD if head_dim >= QK_NORM_ROPE_WIDE_HEAD_DIM else QK_NORM_ROPE_WARPS
         run_kernel(_prepare_kernel, (triton.cdiv(num_tokens, block_t), num_q_heads + 2 * num_kv_heads),
                    q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,
                    q if k_weight is None else k_weight, cos, sin,
@@ -154,5 +153,5 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
                    STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
-                   PDL=pdl, num_warps=(4 if head_dim >= 512 else 2) * (2 if block_t > 1 else 1), **pdl_launch(pdl))
+                   PDL=pdl, num_warps=warps * (MANY_TOKENS_WARP_FACTOR if block_t > 1 else 1), **pdl_launch(pdl))
     return q_out, k_out, v_out

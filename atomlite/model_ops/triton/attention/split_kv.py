@@ -4,21 +4,23 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.triton.attention.tuning import (COMBINE_WARPS, MAX_SPLITS, MIN_TILES_PER_SPLIT,
+                                                        SPLIT_PROGRAMS_PER_SM)
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, num_sms, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import QuantizedRows, store_quantized
-
-MAX_SPLITS = 16
-MIN_TILES_PER_SPLIT = 4
+from atomlite.model_ops.carriers import QuantizedRows
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
 
 
 def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int,
                min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
-    """The most splits (a power of two) that keep all programs in one wave of about two per multiprocessor, each
-    still walking min_tiles key tiles: a partly filled second wave costs more than the splits gain."""
+    """The most splits (a power of two) that keep all programs in one wave of about SPLIT_PROGRAMS_PER_SM per
+    multiprocessor, each still walking min_tiles key tiles: a partly filled second wave costs more than the splits
+    gain."""
     splits = 1
     affordable = max_keys // (block_n * min_tiles)
-    while splits * 2 <= min(affordable, MAX_SPLITS) and num_pairs * splits * 2 <= 2 * num_sms(device):
+    while (splits * 2 <= min(affordable, MAX_SPLITS)
+           and num_pairs * splits * 2 <= SPLIT_PROGRAMS_PER_SM * num_sms(device)):
         splits *= 2
     return splits
 
@@ -67,5 +69,6 @@ def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, l
         part_out, part_lse, out, lse if lse is not None else part_lse, values, scales, splits, num_heads,
         part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1), values.stride(0), scales.stride(0),
         SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,
-        STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, PDL=pdl, num_warps=4,
+        STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, PDL=pdl,
+        num_warps=COMBINE_WARPS,
         **pdl_launch(pdl))

@@ -2,32 +2,16 @@
 BLOCK_N rows of W over one slice of K, and the K slices (split-K) multiply the programs until they fill the GPU; a
 second kernel adds the slices' fp32 partials. Larger batches go to torch (cuBLAS / hipBLASLt), which wins there.
 """
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
                                               run_kernel)
-
-MAX_ROWS = 16
-
-
-@dataclass(frozen=True)
-class SkinnyConfig:
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    programs_per_sm: int = 2  # programs resident per multiprocessor (shared memory: stages x tiles)
-    min_k_tiles: int = 4  # each split walks at least this many BLOCK_K tiles
-
-
-DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
-NARROW_K_CONFIG = SkinnyConfig(64, 64, 4, 4)  # K a multiple of 64 but not 128 (Gemma-4-26B-A4B's MLP down: 2112)
+from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, SUM_BLOCK, SUM_WARPS,
+                                                   SkinnyConfig)
 
 
 def config_for(k: int) -> SkinnyConfig:
@@ -131,9 +115,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
     if splits > 1 and not summed and x.dim() == 2:
         return PartialSums(part, x.dtype)
     if splits > 1:
-        block = 1024
-        run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, block)), part, out, m, n, splits, part.stride(0),
-                   out.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=block, num_warps=4)
+        run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, SUM_BLOCK)), part, out, m, n, splits, part.stride(0),
+                   out.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
     return out.reshape(*x.shape[:-1], n)
 
 

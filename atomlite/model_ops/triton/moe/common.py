@@ -7,8 +7,9 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import gdc_wait, pdl_launch, run_kernel
+from atomlite.model_ops.triton.moe.tuning import SUM_SLOTS_BLOCK, SUM_SLOTS_WARPS
 from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
 
 
@@ -64,9 +65,6 @@ def _sum_slots_kernel(pair_out, out, N, TOP_K: tl.constexpr, BLOCK_N: tl.constex
     tl.store(out + token * N + rn, total.to(out.dtype.element_ty), mask=rn < N)
 
 
-SUM_BLOCK = 1024
-
-
 def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtype, dependent: bool = False,
               summed: bool = True) -> torch.Tensor | PartialSums:
     """out [tokens, hidden] = each token's top_k rows of pair_out summed in slot order; dependent: a programmatic
@@ -76,7 +74,7 @@ def sum_slots(pair_out: torch.Tensor, tokens: int, top_k: int, dtype: torch.dtyp
     if not summed:
         return PartialSums(pair_out.view(tokens, top_k, hidden).transpose(0, 1), dtype)
     out = torch.empty((tokens, hidden), dtype=dtype, device=pair_out.device)
-    block = min(SUM_BLOCK, triton.next_power_of_2(hidden))
+    block = min(SUM_SLOTS_BLOCK, triton.next_power_of_2(hidden))
     run_kernel(_sum_slots_kernel, (tokens, triton.cdiv(hidden, block)), pair_out, out, hidden, TOP_K=top_k,
-               BLOCK_N=block, PDL=dependent, num_warps=4, **pdl_launch(dependent))
+               BLOCK_N=block, PDL=dependent, num_warps=SUM_SLOTS_WARPS, **pdl_launch(dependent))
     return out

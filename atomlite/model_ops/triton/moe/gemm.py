@@ -7,54 +7,25 @@ gelu_tanh(gate) * up per row; down scales each row by its routing weight and wri
 launch sums each token's top_k rows in slot order: deterministic, no atomics. Tiles the routing leaves unused exit
 at once. Weights are float [E, N, K], or MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to
 K_ALIGN) expanded in registers as mxfp4_gemm's portable path does. The ops (moe_experts, mxfp4_moe_experts) hand
-batches of up to moe_gemv.MAX_PAIRS pairs to moe_gemv's kernels instead, which need no routing.
+batches of up to tuning.GEMV_MAX_PAIRS pairs to moe_gemv's kernels instead, which need no routing.
 """
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
 from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
 from atomlite.model_ops.triton.moe.gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe.routing import ExpertTiles, group_by_expert
+from atomlite.model_ops.triton.moe.tuning import (DECODE, DECODE_MAX_ROWS_PER_EXPERT, FP32_MAX_STAGES, MEDIUM,
+                                                  MEDIUM_MAX_ROWS_PER_EXPERT, NVIDIA_PREFILL, PREFILL, ROCM_MAX_STAGES,
+                                                  MoeConfig, ProjectionTiles)
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile
 from atomlite.model_ops.triton.mxfp4.quant import quantize_dequantize
 from atomlite.quant import mxfp4
-
-
-@dataclass(frozen=True, slots=True)
-class ProjectionTiles:
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-
-
-@dataclass(frozen=True, slots=True)
-class MoeConfig:
-    """block_m rows per tile (shared by both projections: the routing's tiles); per projection its N and K tiles."""
-    block_m: int
-    gate_up: ProjectionTiles
-    down: ProjectionTiles
-
-
-# Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
-# grow with the rows each expert gets. All fit gfx942's LDS and sm_90 (compile gate); bench/moe_layer.py --sweep
-# times them against other tiles. NVIDIA_PREFILL at 2048 tokens of 26B-A4B (H100, graphs): 1054 us bf16 and 1157 us
-# MXFP4, against 1145 and 1249 us for PREFILL; ROCm keeps PREFILL until tiles are timed on an MI300X / MI355X (the
-# NVIDIA ones compile there with 2-3 waves per SIMD against PREFILL's 4-8).
-DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
-MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
-PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
-NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
-DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48
-ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
-FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL on 4 stages needs 240 KiB (H100: 227)
 
 
 def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False) -> MoeConfig:

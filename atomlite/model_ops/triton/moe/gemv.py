@@ -8,45 +8,22 @@ quantizes the row it reads, per 32-column block, in registers); the slot sum (mo
 slot order (deterministic). Products are fp32 multiply-adds over [BLOCK_N, BLOCK_K] tiles (one row is no matrix
 product), and the next weight tile is loaded while this one is used.
 """
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import run_kernel
 from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.moe.tuning import (GEMV_BF16, GEMV_MAX_PAIRS, GEMV_MXFP4, GEMV_ONE_TILE_DOWN, GemvConfig,
+                                                  GemvTiles)
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile, _expansion_mode
 from atomlite.quant import mxfp4
 
 
-@dataclass(frozen=True, slots=True)
-class GemvTiles:
-    block_n: int
-    block_k: int
-    num_warps: int
-
-
-@dataclass(frozen=True, slots=True)
-class GemvConfig:
-    gate_up: GemvTiles
-    down: GemvTiles
-
-
-# Enough programs for every SM at one token (8 pairs): 704 / 16 x 8 gate_up and 2816 / 32 x 8 down programs on
-# Gemma-4-26B-A4B. bench/moe_layer.py --sweep times others.
-BF16 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 64, 4))
-MXFP4 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 128, 4))
-# A float down whose K (the experts' inner size) fits one tile: each row in one load, nothing loaded ahead (26B-A4B's
-# K = 704 in 1024-wide tiles: 13.7 against 15.4 us alone, bench/moe_layer.py --kernels on an H100)
-ONE_TILE_DOWN = GemvTiles(8, 1024, 4)
-MAX_PAIRS = 32  # beyond, experts repeat often enough that reading each once (moe_gemm's tiles) wins
-
-
 def use_gemv(num_pairs: int) -> bool:
-    return num_pairs <= MAX_PAIRS
+    return num_pairs <= GEMV_MAX_PAIRS
 
 
 @triton.jit
@@ -146,9 +123,9 @@ def _down_gemv_kernel(inner, w, w_scale, topk_ids, topk_weights, pair_out, K, N,
 
 def bf16_config(inner_size: int) -> GemvConfig:
     """The few-pairs tiles for float (not MXFP4) experts of this inner size."""
-    if inner_size <= ONE_TILE_DOWN.block_k:
-        return GemvConfig(BF16.gate_up, ONE_TILE_DOWN)
-    return BF16
+    if inner_size <= GEMV_ONE_TILE_DOWN.block_k:
+        return GemvConfig(GEMV_BF16.gate_up, GEMV_ONE_TILE_DOWN)
+    return GEMV_BF16
 
 
 def _modes(x: torch.Tensor, weights: ExpertWeights) -> dict:
@@ -167,7 +144,7 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
     num_pairs = tokens * top_k
     if num_pairs == 0:
         return torch.empty_like(x)
-    config = config or (MXFP4 if gate_up.mxfp4 else bf16_config(gate_up.weight.shape[1] // 2))
+    config = config or (GEMV_MXFP4 if gate_up.mxfp4 else bf16_config(gate_up.weight.shape[1] // 2))
     for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
         if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK):
             raise ValueError(f"MXFP4 expert weights (padded along K to a multiple of {K_ALIGN}) are read in K tiles "

@@ -9,35 +9,19 @@ copies' sums halved at the end (exact). moe_gemv's fp32 multiply-adds expand eve
 3.7x the bytes' time at one token (bench/moe_layer.py, H100); here that expansion is five bit operations per eight
 codes.
 """
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, num_sms, pdl_launch, platform_of,
                                               run_kernel)
 from atomlite.model_ops.triton.moe.common import ExpertWeights, sum_slots
+from atomlite.model_ops.triton.moe.tuning import FP8_GEMV, FP8_GEMV_PROGRAMS_PER_SM, FP8_GEMV_WARPS, Fp8GemvConfig
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import (STEP_K, _blockwise_k_order, _dependent_launch, _e8m0_to_float,
                                                       _expand_e4m3, quantize_activations, supported)
 
 PERIOD = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Fp8GemvConfig:
-    gate_up_block_n: int  # rows of [gate | up] per program
-    down_block_n: int
-    num_stages: int = 3
-    # K ranges of gate_up in separate programs (the inner quantization sums them); None: the fewest that give
-    # every multiprocessor two programs (one token: 2 splits; measured 20.0 us against 21.8 for one, H100)
-    gate_up_splits: int | None = None
-
-
-# 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B; 64-row tiles take Hopper's warpgroup MMAs, where
-# 16 and 32 rows ran 1.7-2x slower (bench/moe_layer.py --sweep, H100)
-DEFAULT = Fp8GemvConfig(64, 64)
 
 
 def usable(x: torch.Tensor, gate_up: ExpertWeights, quantize_x: bool) -> bool:
@@ -140,13 +124,13 @@ def _gate_up_splits(x: torch.Tensor, num_pairs: int, n: int, k: int, config: Fp8
     if config.gate_up_splits is not None:
         return config.gate_up_splits
     programs, splits = num_pairs * triton.cdiv(n, config.gate_up_block_n), 1
-    while programs * splits < 2 * num_sms(x.device) and splits < k // STEP_K:
+    while programs * splits < FP8_GEMV_PROGRAMS_PER_SM * num_sms(x.device) and splits < k // STEP_K:
         splits += 1
     return splits
 
 
 def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, config: Fp8GemvConfig = DEFAULT,
+                     topk_ids: torch.Tensor, config: Fp8GemvConfig = FP8_GEMV,
                      summed: bool = True) -> torch.Tensor | PartialSums:
     """moe_gemv.gemv_experts for MXFP4 experts with dynamic MXFP4 activations (x and the inner activations are
     quantized as the reference does), on weights padded along K to a multiple of 256 (pad_to_k_align)."""
@@ -171,7 +155,8 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
     run_kernel(_gate_up_fp8_kernel, (num_pairs, triton.cdiv(2 * inner_size, config.gate_up_block_n), splits), xq,
                x_scale, gate_up.weight, gate_up.scale, ids, gate_up_out, 2 * inner_size, k_split, k_gate_up,
                xq.stride(0), x_scale.stride(0), *gate_up.strides(), gate_up_out.stride(1), gate_up_out.stride(0),
-               TOP_K=top_k, PTX=ptx, BLOCK_N=config.gate_up_block_n, num_warps=4, num_stages=config.num_stages,
+               TOP_K=top_k, PTX=ptx, BLOCK_N=config.gate_up_block_n, num_warps=FP8_GEMV_WARPS,
+               num_stages=config.num_stages,
                **_pdl(x))
     inner_q, inner_scale = quantize_activations(gate_up_out if splits > 1 else gate_up_out[0], k_down, PERIOD,
                                                 gated=True)
@@ -179,5 +164,5 @@ def gemv_experts_fp8(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeight
     run_kernel(_down_fp8_kernel, (num_pairs, triton.cdiv(hidden, config.down_block_n)), inner_q, inner_scale,
                down.weight, down.scale, ids, weights, pair_out, hidden, k_down, inner_q.stride(0),
                inner_scale.stride(0), *down.strides(), pair_out.stride(0), PTX=ptx, BLOCK_N=config.down_block_n,
-               num_warps=4, num_stages=config.num_stages, **_pdl(x))
+               num_warps=FP8_GEMV_WARPS, num_stages=config.num_stages, **_pdl(x))
     return sum_slots(pair_out, tokens, top_k, x.dtype, dependent=_dependent_launch(x), summed=summed)

@@ -9,10 +9,10 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import dependent_launches, interpreting, pdl_launch, run_kernel
 from atomlite.model_ops.triton.gemm import skinny as skinny_gemm
 from atomlite.model_ops.triton.gemm.skinny import linear, split_k_tile
+from atomlite.model_ops.triton.moe.tuning import ROUTER_MAX_ROWS as MAX_ROWS  # bench/router.py lifts it
+from atomlite.model_ops.triton.moe.tuning import ROUTER_MAX_SPLITS, ROUTER_TOPK_WARPS, ROUTER_WARPS
 
-MAX_ROWS = 2  # the last program picks each row's experts in turn: apart, 3 launches beat it from 4 rows (H100)
 BLOCK_N, BLOCK_K = skinny_gemm.DEFAULT_CONFIG.block_n, skinny_gemm.DEFAULT_CONFIG.block_k  # its tiles: split_k_tile
-MAX_SPLITS = 32
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def router_topk(scores: torch.Tensor, expert_scale: torch.Tensor, top_k: int) ->
             scores = scores.contiguous()
         run_kernel(_router_topk_kernel, (num_tokens,), scores, expert_scale, weights, ids, num_experts,
                    scores.stride(0), TOP_K=top_k, BLOCK_K=triton.next_power_of_2(top_k),
-                   BLOCK_E=triton.next_power_of_2(num_experts), num_warps=4)
+                   BLOCK_E=triton.next_power_of_2(num_experts), num_warps=ROUTER_TOPK_WARPS)
     return weights, ids
 
 
@@ -118,7 +118,7 @@ def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
         x = x.contiguous()
     (m, k), num_experts = x.shape, weight.shape[0]
     k_tiles = k // BLOCK_K
-    k_per_split = triton.cdiv(k_tiles, MAX_SPLITS) * BLOCK_K
+    k_per_split = triton.cdiv(k_tiles, ROUTER_MAX_SPLITS) * BLOCK_K
     splits = triton.cdiv(k, k_per_split)
     part = torch.empty((splits, m, num_experts), dtype=torch.float32, device=x.device)
     weights, ids = _empty_routing(m, top_k, x.device)
@@ -127,5 +127,6 @@ def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
                _arrival_counter(x.device), weights, ids, m, k, k_per_split, x.stride(0), weight.stride(0),
                NUM_EXPERTS=num_experts, TOP_K=top_k, BLOCK_TOP=triton.next_power_of_2(top_k),
                BLOCK_E=triton.next_power_of_2(num_experts), SPLITS_P2=triton.next_power_of_2(splits), BLOCK_M=16,
-               BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), PDL=pdl, num_warps=4, **pdl_launch(pdl))
+               BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), PDL=pdl, num_warps=ROUTER_WARPS,
+               **pdl_launch(pdl))
     return weights, ids

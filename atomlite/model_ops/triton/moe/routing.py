@@ -11,10 +11,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
-
-PAIR_CHUNK = 64  # pairs per one-hot [PAIR_CHUNK, experts] step
-TILE_CHUNK = 64  # tile-table entries written per step
-ONE_PROGRAM_MAX_PAIRS = 512  # up to this many pairs one program counts and places them all: a single launch
+from atomlite.model_ops.triton.moe.tuning import ONE_PROGRAM_MAX_PAIRS, PAIR_CHUNK, ROUTING_WARPS, TILE_CHUNK
 
 
 @dataclass(frozen=True)
@@ -126,8 +123,8 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
     chunk_counts = torch.empty((1 if one_program else chunks, experts), **int32)  # unread by one program
     if not one_program:
         run_kernel(_count_kernel, (chunks,), ids, chunk_counts, num_pairs, CHUNK=PAIR_CHUNK, EXPERTS=experts,
-                   num_warps=4)
+                   num_warps=ROUTING_WARPS)
     run_kernel(_place_kernel, (1 if one_program else chunks,), ids, chunk_counts, out.pair_of_row,
                out.tile_expert, out.tile_rows, num_pairs, chunks, tiles, ONE_PROGRAM=one_program, BLOCK_M=block_m,
-               EXPERTS=experts, CHUNK=PAIR_CHUNK, TILE_CHUNK=TILE_CHUNK, num_warps=4)
+               EXPERTS=experts, CHUNK=PAIR_CHUNK, TILE_CHUNK=TILE_CHUNK, num_warps=ROUTING_WARPS)
     return out

@@ -23,6 +23,8 @@ from atomlite.model_ops.triton.common import interpreting, platform_of, run_kern
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import _nvidia_capability
 from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
 from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
+from atomlite.model_ops.triton.mxfp4.tuning import (BLOCKWISE_EXPAND_ROWS, BLOCKWISE_EXPAND_WARPS,
+                                                    BLOCKWISE_QUANTIZE_ROWS, BLOCKWISE_QUANTIZE_WARPS)
 
 GROUP = 128  # K per block scale of the GEMM
 STEP_K = 256  # K per program of the kernels below; weights are padded to a multiple of it at load time
@@ -148,8 +150,6 @@ def _expand_kernel(w, w_scale, wq, factors, N, stride_wn, stride_sn, stride_qn, 
     _store_factors(factors, top, step, rn, rn < N, N)
 
 
-# 32 rows and 8 warps per program quantized at copy speed, 16 rows x 4 warps 11% slower (H100).
-QUANTIZE_ROWS, QUANTIZE_WARPS, EXPAND_ROWS = 32, 8, 64
 # cuBLAS's block-scaled fp8 GEMM refuses some row counts (CUBLAS_STATUS_NOT_SUPPORTED in mixed steps of 31B MXFP4):
 # the activations are quantized into rows padded to a multiple of 16, the padding's results dropped
 ROWS_ALIGN = 16
@@ -162,8 +162,9 @@ def quantize_activations(x: torch.Tensor, k_padded: int, m_out: int | None = Non
     m_out = m if m_out is None else m_out
     xq = torch.empty((m_out, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     factors = torch.empty((k_padded // GROUP, m_out), dtype=torch.float32, device=x.device)
-    run_kernel(_quantize_kernel, (triton.cdiv(m_out, QUANTIZE_ROWS), k_padded // STEP_K),
-        x, xq, factors, m, m_out, k, x.stride(0), xq.stride(0), BLOCK_M=QUANTIZE_ROWS, num_warps=QUANTIZE_WARPS)
+    run_kernel(_quantize_kernel, (triton.cdiv(m_out, BLOCKWISE_QUANTIZE_ROWS), k_padded // STEP_K),
+        x, xq, factors, m, m_out, k, x.stride(0), xq.stride(0), BLOCK_M=BLOCKWISE_QUANTIZE_ROWS,
+        num_warps=BLOCKWISE_QUANTIZE_WARPS)
     return xq, factors.T
 
 
@@ -179,10 +180,11 @@ def expand_weight(weight: torch.Tensor, weight_scale: torch.Tensor, wq: torch.Te
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     factors = _factor_rows(factors, n, k_padded)
     ptx = platform_of(wq.device).kind == "cuda" and not interpreting()
-    run_kernel(_expand_kernel, (k_padded // STEP_K, triton.cdiv(n, EXPAND_ROWS)),
+    run_kernel(_expand_kernel, (k_padded // STEP_K, triton.cdiv(n, BLOCKWISE_EXPAND_ROWS)),
         weight.view(torch.int32) if ptx else weight, weight_scale, wq.view(torch.int32) if ptx else wq, factors, n,
         weight.stride(0) // 4 if ptx else weight.stride(0), weight_scale.stride(0),
-        wq.stride(0) // 4 if ptx else wq.stride(0), PTX=ptx, BLOCK_N=EXPAND_ROWS, num_warps=4)
+        wq.stride(0) // 4 if ptx else wq.stride(0), PTX=ptx, BLOCK_N=BLOCKWISE_EXPAND_ROWS,
+        num_warps=BLOCKWISE_EXPAND_WARPS)
     return wq[:n], factors
 
 

@@ -32,53 +32,25 @@ try:
 except ImportError:  # a Triton without host tensor descriptors: pointer loads only
     TensorDescriptor = None
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums, QuantizedRows
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
                                               nvidia_capability, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
+from atomlite.model_ops.triton.mxfp4.tuning import (FP8_QUANTIZE_ROWS, FP8_QUANTIZE_WARPS, GROUP_N, PER_BLOCK_32,
+                                                    SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES, SPLIT_K_FEWEST_TILES,
+                                                    SUM_BLOCK, SUM_WARPS, TILES, Fp8Config)
 
-MAX_M = 64  # per-block fp8 measured faster than the bf16 kernel at 64 rows, slower at 256 (H100 sweep)
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
-# With fewer output tiles than this, K is split so that every SM streams weights: 4 ways under
-# SPLIT_K_BELOW_TILES / 2 tiles, else 2 (bench/fp4_gemm.py --sweep on an H100).
-SPLIT_K_BELOW_TILES = 200
-
-
-@dataclass(frozen=True, slots=True)
-class Fp8Config:
-    block_m: int  # rows of x per tile
-    block_n: int
-    num_warps: int
-    num_stages: int
-    split_k: int = 1
-    period: int = 1  # P of the module docstring: 1, 2, 4 or 8
-    # Weight tiles by TMA where there is one (weight_loads): for these tiles 1 us slower to 2 us faster than
-    # pointer loads, by shape and rows (H100), so off.
-    tma: bool = False
-
-    def __post_init__(self):
-        if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
-            raise ValueError(f"fp8 GEMM tiles take period 1, 2, 4 or 8 with block_m * period from 16 to 128; "
-                             f"got period {self.period}, block_m {self.block_m}")
-
-
-# Best of bench/fp4_gemm.py --sweep on an H100 for Gemma-4-31B shapes.
-BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
-BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
-QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
-PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)  # 2 tiles at 32 rows
-PER_BLOCK_32 = Fp8Config(block_m=32, block_n=64, num_warps=4, num_stages=3)
-TILES = [(2, BLOCK_DIAGONAL_2), (4, BLOCK_DIAGONAL_4), (8, QUAD_DIAGONAL_8), (32, PAIR_DIAGONAL_16),
-         (MAX_M, PER_BLOCK_32)]  # (up to this many rows, tile config)
 
 
 def pick_config(m: int, n: int) -> Fp8Config:
+    """The tile of TILES that holds m rows; K split where the output has few tiles (tuning.py)."""
     config = next((config for rows, config in TILES if m <= rows), PER_BLOCK_32)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
-    split_k = 4 if tiles < SPLIT_K_BELOW_TILES // 2 else 2
+    split_k = SPLIT_K_FEWEST_TILES if tiles < SPLIT_K_BELOW_TILES // 2 else SPLIT_K_FEW_TILES
     return dataclasses.replace(config, split_k=split_k)
 
 
@@ -361,31 +333,6 @@ def _fp8_gemm_kernel(xq, x_scale, w, w_scale, out, partials, M, N, K_SPLIT, K_EN
 
 
 @dataclass(frozen=True, slots=True)
-class InputQuantization:
-    """How a GEMM of this module wants its x quantized, for a kernel before it that writes x in that form (a norm):
-    the block-diagonal period and the weight's padded K."""
-    period: int
-    k_padded: int
-
-
-@dataclass(frozen=True, slots=True)
-class QuantizedRows:
-    """x [rows, K] quantized as quantize_activations writes it (values [period * rows, K'] e4m3, block scales fp32
-    [rows, K'/32]), by the kernel that computed x; dtype is x's (the GEMM's output dtype)."""
-    values: torch.Tensor
-    scales: torch.Tensor
-    rows: int
-    period: int
-    dtype: torch.dtype
-
-    @staticmethod
-    def empty(rows: int, form: InputQuantization, dtype: torch.dtype, device: torch.device) -> "QuantizedRows":
-        values = torch.empty((form.period * rows, form.k_padded), dtype=torch.float8_e4m3fn, device=device)
-        scales = torch.empty((rows, form.k_padded // 32), dtype=torch.float32, device=device)
-        return QuantizedRows(values, scales, rows, form.period, dtype)
-
-
-@dataclass(frozen=True, slots=True)
 class SplitLaunch:
     """What a split-K launch of an [M, N] output needs besides its inputs (shared with mxfp4_gemm_lookup)."""
     grid: tuple[int, int]
@@ -406,9 +353,6 @@ def split_launch(m: int, dtype: torch.dtype, device: torch.device, n: int, k_pad
     return SplitLaunch(grid, k_split, split_k, out, partials)
 
 
-SUM_BLOCK = 1024  # output elements per program of _sum_splits_kernel
-
-
 def sum_splits(launch: SplitLaunch, pdl: bool, summed: bool = True) -> torch.Tensor | PartialSums:
     """launch.out, after the GEMM just launched: with K split, the sum of its partials (or with summed=False the
     partials themselves, for a consumer that adds them). With pdl the GEMM let this kernel launch early
@@ -420,7 +364,7 @@ def sum_splits(launch: SplitLaunch, pdl: bool, summed: bool = True) -> torch.Ten
         m, n = launch.out.shape
         run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
             launch.partials, launch.out, m, n, launch.out.stride(0), SPLIT_K=launch.split_k, BLOCK=SUM_BLOCK, PDL=pdl,
-            num_warps=4, **pdl_launch(pdl))
+            num_warps=SUM_WARPS, **pdl_launch(pdl))
     return launch.out
 
 
@@ -435,11 +379,11 @@ def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
     steps = k_padded // STEP_K
     xq = torch.empty((period * m, k_padded), dtype=torch.float8_e4m3fn, device=x.device)
     x_scale = torch.empty((m, k_padded // 32), dtype=torch.float32, device=x.device)
-    block_m = 16 if period == 1 else 1
+    block_m = FP8_QUANTIZE_ROWS if period == 1 else 1  # store_quantized takes one row when period > 1
     pdl = _dependent_launch(x)
     run_kernel(_quantize_kernel, (triton.cdiv(m, block_m), steps),
         x, xq, x_scale, m, k, rows.stride(0), xq.stride(0), x_scale.stride(0), x.stride(0) if parts > 1 else 0,
-        PERIOD=period, BLOCK_M=block_m, STEP=STEP_K, PDL=pdl, GATED=gated, PARTS=parts, num_warps=4,
+        PERIOD=period, BLOCK_M=block_m, STEP=STEP_K, PDL=pdl, GATED=gated, PARTS=parts, num_warps=FP8_QUANTIZE_WARPS,
         **pdl_launch(pdl))
     return xq, x_scale
 
@@ -481,7 +425,7 @@ def fp8_gemm(quantized: tuple[torch.Tensor, torch.Tensor], m: int, dtype: torch.
         xq, x_scale, w, weight_scale, launch.out, launch.partials, m, n, launch.k_split,
         k_padded, xq.stride(0), x_scale.stride(0), weight.stride(0), weight_scale.stride(0), launch.out.stride(0),
         PTX=platform_of(weight.device).kind == "cuda", SPLIT_K=launch.split_k, PERIOD=config.period,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=GROUP_N, PDL=pdl, TMA=tma, num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl_launch(pdl))
     return sum_splits(launch, pdl, summed)

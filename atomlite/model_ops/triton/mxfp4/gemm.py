@@ -23,51 +23,34 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import InputQuantization, PartialSums
 from atomlite.model_ops.triton.mxfp4 import blockwise as mxfp4_gemm_blockwise
 from atomlite.model_ops.triton.mxfp4 import fp8_tiles as mxfp4_gemm_fp8
 from atomlite.model_ops.triton.mxfp4 import lookup as mxfp4_gemm_lookup
 from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4.blockwise import BlockwiseConfig
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import Fp8Config, InputQuantization
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import Fp8Config
 from atomlite.model_ops.triton.mxfp4.lookup import LookupConfig
 from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_dequantize
 from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
+from atomlite.model_ops.triton.mxfp4.tuning import (BLOCKWISE_MIN_M, DECODE, DECODE_MAX_M, DECODE_MAX_SPLIT_K,
+                                                    DECODE_PROGRAMS, DEQUANTIZE_BLOCK_N, DEQUANTIZE_MIN_M,
+                                                    DEQUANTIZE_WARPS, FP8_MAX_M, LARGE_PREFILL, LONG_K,
+                                                    LONG_K_SLAB_VALUES, LOOKUP_MIN_M, MIN_DECODE_TILES, PREFILL,
+                                                    PREFILL_MAX_M, SHORT_K_SLAB_VALUES, SLAB_VALUES, GemmConfig)
 from atomlite.quant import mxfp4
 
 # Weights are padded along K to this at load time (zero bytes decode to 0), so the K loop needs no weight mask.
 K_ALIGN = 256
-DECODE_MAX_M = 32
-
-
-@dataclass(frozen=True, slots=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_n: int = 8
-    prefetch: bool = False  # load the next weight tile into registers during this one
-    split_k: int = 1  # K splits, summed with fp32 atomics; pick_config sets it when N has too few tiles
-
-
-# Best of bench/fp4_gemm.py --sweep on an H200 for Gemma-4-31B shapes.
-DECODE = GemmConfig(block_m=16, block_n=64, block_k=256, num_warps=4, num_stages=4, prefetch=True)
-PREFILL = GemmConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
-LARGE_PREFILL = GemmConfig(block_m=256, block_n=128, block_k=64, num_warps=8, num_stages=3)
-# Decode with fewer N tiles than MIN_DECODE_TILES splits K (up to 4 ways) towards two programs per SM of an
-# H100/H200 (132 SMs), so that every SM streams weights.
-MIN_DECODE_TILES, DECODE_PROGRAMS = 100, 264
 
 
 def pick_config(m: int, n: int) -> GemmConfig:
     if m > DECODE_MAX_M:
-        return PREFILL if m <= 256 else LARGE_PREFILL
+        return PREFILL if m <= PREFILL_MAX_M else LARGE_PREFILL
     tiles = triton.cdiv(n, DECODE.block_n)
     if tiles >= MIN_DECODE_TILES:
         return DECODE
-    return dataclasses.replace(DECODE, split_k=min(4, triton.cdiv(DECODE_PROGRAMS, tiles)))
+    return dataclasses.replace(DECODE, split_k=min(DECODE_MAX_SPLIT_K, triton.cdiv(DECODE_PROGRAMS, tiles)))
 
 
 @triton.jit
@@ -254,12 +237,6 @@ class DequantizeConfig:
     rows: int
 
 
-DEQUANTIZE_MIN_M = 512
-# Slabs of about 2048 x 21504 values (84 MiB in bf16): the best slab measured 2048 rows at K=21504 and 8192 rows at
-# K=5376 (bench/fp4_gemm.py --sweep, H100, M=2048).
-SLAB_VALUES = 2048 * 21504
-
-
 def _slab_rows(k: int, values: int) -> int:
     """Weight rows per slab of about `values` values at K = k: a multiple of 256, at least 256."""
     return max(256, values // k // 256 * 256)
@@ -267,15 +244,6 @@ def _slab_rows(k: int, values: int) -> int:
 
 def dequantize_config(k: int) -> DequantizeConfig:
     return DequantizeConfig(rows=_slab_rows(k, SLAB_VALUES))
-
-
-# At 128 rows the bf16 kernel measured as fast on 21504 x 5376, 2.7x slower on 5376 x 21504, 1.8x on 8192 x 5376.
-BLOCKWISE_MIN_M = 128
-# e4m3 slabs (H100, M = 128 to 2048; bench/fp4_gemm.py --sweep times them): for long K, slabs of about
-# 4096 x 21504 values (84 MiB), whose GEMMs hide the next slab's expansion; for K up to 8192, one slab of up to
-# 256 MiB, since two slabs' GEMMs measured slower than one (21504 x 5376 at M = 2048: 546 us in 4096-row slabs, 519
-# in one).
-LONG_K, LONG_K_SLAB_VALUES, SHORT_K_SLAB_VALUES = 8192, 4096 * 21504, 2 ** 28
 
 
 def blockwise_config(k: int) -> BlockwiseConfig:
@@ -292,11 +260,11 @@ def _dequantized_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
         return torch.empty((slab_rows, weight.shape[1] * 2), dtype=x.dtype, device=x.device)
 
     def launch(slab: torch.Tensor, first: int, count: int) -> None:
-        block_n, block_k = 64, K_ALIGN
+        block_n, block_k = DEQUANTIZE_BLOCK_N, K_ALIGN
         run_kernel(_dequantize_kernel, (triton.cdiv(count, block_n), slab.shape[1] // block_k),
             weight[first:], weight_scale[first:], slab, count, weight.stride(0), weight_scale.stride(0),
             slab.stride(0), FP32=fp32, WIDE_SCALES=wide_scales, PTX=ptx, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=4)
+            num_warps=DEQUANTIZE_WARPS)
 
     def multiply(x_ready: torch.Tensor, slab: torch.Tensor, count: int, out_view: torch.Tensor) -> None:
         torch.matmul(x_ready, slab[:count, :k].T, out=out_view)
@@ -314,8 +282,8 @@ def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bo
     """The kernel and tile config for this call: for small M where x is MXFP4-quantized and fp8 MMAs exist, the
     lookup kernel (5-64 rows, lookup_scales) or the fp8 tiles; for large M the block-scaled fp8 GEMM (quantized
     bf16 x on sm_90) or the vendor GEMM on bf16 slabs; the bf16-expanding kernel otherwise."""
-    if quantize_x and m <= mxfp4_gemm_fp8.MAX_M and mxfp4_gemm_fp8.supported(x):
-        if m >= mxfp4_gemm_lookup.MIN_M and lookup_scales:
+    if quantize_x and m <= FP8_MAX_M and mxfp4_gemm_fp8.supported(x):
+        if m >= LOOKUP_MIN_M and lookup_scales:
             return mxfp4_gemm_lookup.pick_config(m, n)
         return mxfp4_gemm_fp8.pick_config(m, n)
     if m >= BLOCKWISE_MIN_M and quantize_x and mxfp4_gemm_blockwise.supported(x, n):

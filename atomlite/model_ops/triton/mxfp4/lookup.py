@@ -25,24 +25,23 @@ Weights whose nonzero blocks all have scale bytes in LOOKUP_SCALE_BYTES qualify 
 others take the fp8 tiles. A block of zero codes is exact whatever its scale: table entry 0 stays 0.
 """
 import dataclasses
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import PartialSums
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (gdc_launch_dependents, gdc_wait, interpreting, pdl_launch, platform_of,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import (SPLIT_K_BELOW_TILES, STEP_K, _dependent_launch,
-                                                      _program_tile, _store, _weight_rows, _weight_tile,
-                                                      activation_tile, split_launch, sum_splits, weight_loads)
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import (STEP_K, _dependent_launch, _program_tile, _store, _weight_rows,
+                                                      _weight_tile, activation_tile, split_launch, sum_splits,
+                                                      weight_loads)
 from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
+from atomlite.model_ops.triton.mxfp4.tuning import (GROUP_N, LOOKUP_QUANTIZE_ROWS, LOOKUP_QUANTIZE_WARPS, ROWS_16,
+                                                    ROWS_32, ROWS_64, SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES,
+                                                    SPLIT_K_FEWEST_TILES, LookupConfig)
 
 STEP = tl.constexpr(STEP_K)  # for use inside the kernels
-MIN_M = 5  # up to mxfp4_gemm_fp8.MAX_M rows; at 1-4 rows the fp8 tiles measured as fast or faster (H100)
-# Rows of x per quantization program (one 256-K step each): 4 measured 0.3-4 us faster than 1 at 8-64 rows (H100).
-QUANTIZE_ROWS = 4
 # Table bytes for scale byte 127: e5m2 of the magnitudes 0, 0.5, 1, 1.5 (low word) and 2, 3, 4, 6 (high word)
 # times 2^6. Byte 0 of the low word is a placeholder (0x50), masked to 0 after the scale is added: it carries the
 # borrow of a negative scale into byte 1 the way the other bytes do.
@@ -54,31 +53,14 @@ LUT_LOW, LUT_HIGH = 0x56545050, 0x5E5C5A58
 LOOKUP_SCALE_BYTES = range(127 - 19, 127 + 8)
 
 
-@dataclass(frozen=True, slots=True)
-class LookupConfig:
-    block_m: int  # rows of x per tile (the MMA's N): 16, 32 or 64
-    block_n: int
-    num_warps: int
-    num_stages: int
-    split_k: int = 1
-    # Weight tiles by TMA where there is one (mxfp4_gemm_fp8.weight_loads): 0.2-2.2 us faster than pointer loads
-    # at 8-32 rows, 2.3-5.7 us at 64 (H100).
-    tma: bool = True
-
-
-ROWS_16 = LookupConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
-ROWS_32 = dataclasses.replace(ROWS_16, block_m=32)
-ROWS_64 = dataclasses.replace(ROWS_16, block_m=64)
-
-
 def pick_config(m: int, n: int) -> LookupConfig:
-    """The smallest row tile that holds m; K split 4 ways under SPLIT_K_BELOW_TILES / 2 output tiles, 2 ways under
-    SPLIT_K_BELOW_TILES (bench/fp4_gemm.py --sweep, H100)."""
+    """The smallest row tile that holds m; K split where the output has few tiles (tuning.py)."""
     config = ROWS_16 if m <= 16 else ROWS_32 if m <= 32 else ROWS_64
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     if tiles >= SPLIT_K_BELOW_TILES:
         return config
-    return dataclasses.replace(config, split_k=4 if tiles < SPLIT_K_BELOW_TILES // 2 else 2)
+    split_k = SPLIT_K_FEWEST_TILES if tiles < SPLIT_K_BELOW_TILES // 2 else SPLIT_K_FEW_TILES
+    return dataclasses.replace(config, split_k=split_k)
 
 
 def scale_bytes_fit(weight: torch.Tensor, weight_scale: torch.Tensor) -> bool:
@@ -239,9 +221,9 @@ def quantize_activations(x: torch.Tensor, k_padded: int, ptx: bool,
     xq = torch.empty((m, k_padded), dtype=torch.float8_e5m2 if ptx else torch.float32, device=x.device)
     x_shift = torch.empty((m, steps), dtype=torch.float32, device=x.device)
     pdl = ptx and _dependent_launch(x)
-    run_kernel(_quantize_kernel, (triton.cdiv(m, QUANTIZE_ROWS), steps),
-        x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=QUANTIZE_ROWS,
-        PDL=pdl, GATED=gated, num_warps=4, **pdl_launch(pdl))
+    run_kernel(_quantize_kernel, (triton.cdiv(m, LOOKUP_QUANTIZE_ROWS), steps),
+        x, xq, x_shift, m, k, x.stride(0), xq.stride(0), x_shift.stride(0), BLOCK_M=LOOKUP_QUANTIZE_ROWS,
+        PDL=pdl, GATED=gated, num_warps=LOOKUP_QUANTIZE_WARPS, **pdl_launch(pdl))
     return xq, x_shift
 
 
@@ -271,6 +253,6 @@ def lookup_gemm(quantized: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, w
         xq, x_shift, w, weight_scale.view(torch.int32), launch.out, launch.partials, m, n,
         launch.k_split, k_padded, xq.stride(0), x_shift.stride(0), weight.stride(0) // 4,
         weight_scale.stride(0) // 4, launch.out.stride(0), PTX=xq.dtype != torch.float32, SPLIT_K=launch.split_k,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=8, PDL=pdl, TMA=tma, num_warps=config.num_warps,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_N=GROUP_N, PDL=pdl, TMA=tma, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_launch(pdl))
     return sum_splits(launch, pdl, summed)

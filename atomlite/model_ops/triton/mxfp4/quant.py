@@ -5,6 +5,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.mxfp4.tuning import (QUANTIZE_DEQUANTIZE_BLOCK_K, QUANTIZE_DEQUANTIZE_ROWS,
+                                                    QUANTIZE_DEQUANTIZE_WARPS)
 
 
 @triton.jit
@@ -54,8 +56,8 @@ def _quantize_dequantize_kernel(x, out, M, K, stride_xm, stride_om, BLOCK_M: tl.
 def quantize_dequantize(x: torch.Tensor) -> torch.Tensor:
     """Dynamic MXFP4 activation quantization of x [M, K] (K a multiple of 32), in x's dtype."""
     out = torch.empty_like(x)
-    block_m, block_k = 16, 256
+    block_m, block_k = QUANTIZE_DEQUANTIZE_ROWS, QUANTIZE_DEQUANTIZE_BLOCK_K
     grid = (triton.cdiv(x.shape[0], block_m), triton.cdiv(x.shape[1], block_k))
     run_kernel(_quantize_dequantize_kernel, grid, x, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
-                                      BLOCK_M=block_m, BLOCK_K=block_k, num_warps=4)
+                                      BLOCK_M=block_m, BLOCK_K=block_k, num_warps=QUANTIZE_DEQUANTIZE_WARPS)
     return out

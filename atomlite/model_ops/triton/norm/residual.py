@@ -10,10 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.partial_sums import NormedPair, PartialSums
+from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, QuantizedRows
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import InputQuantization, QuantizedRows, store_quantized
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
+from atomlite.model_ops.triton.norm.tuning import MAX_WARPS, RESIDUAL_VALUES_PER_WARP
 
 
 @triton.jit
@@ -147,7 +148,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b, values.stride(0),
                    scales.stride(0), k_padded, HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts,
                    PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1), PAIR=pair, PARTS_B=parts_b,
-                   BLOCK_D=block_d, num_warps=min(16, max(1, block_d // 256)), **options)
+                   BLOCK_D=block_d, num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None

@@ -8,6 +8,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, run_kernel
+from atomlite.model_ops.triton.norm.tuning import (INTERPRETER_MAX_ROWS, INTERPRETER_PROGRAM_VALUES, MAX_WARPS,
+                                                   RMS_MAX_ROWS, RMS_PROGRAM_VALUES, RMS_VALUES_PER_WARP)
 
 MAX_DIM = 65536
 
@@ -50,11 +52,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         return out
     xr, inner, sxo, sxi = _as_rows(x)
     block_d = triton.next_power_of_2(dim)
-    block_rows = max(1, min(16, 2048 // block_d))
+    block_rows = max(1, min(RMS_MAX_ROWS, RMS_PROGRAM_VALUES // block_d))
     if interpreting():
-        block_rows = max(1, min(64, 16384 // block_d))
+        block_rows = max(1, min(INTERPRETER_MAX_ROWS, INTERPRETER_PROGRAM_VALUES // block_d))
     run_kernel(_rms_norm_kernel, (triton.cdiv(num_rows, block_rows),),
         xr, weight if weight is not None else xr, out, num_rows, inner, dim, eps, sxo, sxi,
         HAS_WEIGHT=weight is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
-        num_warps=min(16, max(1, block_rows * block_d // 512)))
+        num_warps=min(MAX_WARPS, max(1, block_rows * block_d // RMS_VALUES_PER_WARP)))
     return out

@@ -1,0 +1,73 @@
+"""Launch constants of the attention kernels (paged attention, the split-KV merge, the KV write, q/k norm + RoPE):
+the one place to read and retune them. Timings quoted are H100 / H200; the AMD tiles are bounded by the compile gate's
+spill reports (python -m atomlite.cli plan --kernels --compile)."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    block_m: int  # rows per program: query positions x heads of one GQA group
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+    num_splits: int = 1
+
+
+# A batch with at most this many queries per sequence is decode-like: split-KV tiles.
+DECODE_QUERIES_PER_SEQ = 2
+# From this head_dim on, decode tiles are the wide-head ones below.
+WIDE_HEAD_DIM = 512
+
+# NVIDIA decode (bench/decode_attention.py, H100 and H200): with few tiles per split the loop's software pipeline
+# costs more than it hides (26B-A4B sliding layer at 544 keys: 7.9 us unpipelined against 13.5 with 3 stages), so
+# a split walks up to SHORT_WALK key tiles unpipelined, or more with LONG_WALK_STAGES.
+DECODE_BLOCK_M = 16
+DECODE_BLOCK_N = 64
+DECODE_BLOCK_N_WIDE_VALUES = 32  # 4-byte values (fp32, or any dtype under the interpreter)
+DECODE_WARPS = 4
+DECODE_WARPS_WIDE_HEAD = 8
+DECODE_MIN_TILES_PER_SPLIT = 1
+SHORT_WALK = 2
+SHORT_WALK_STAGES, LONG_WALK_STAGES = 1, 2
+
+# AMD decode: key tiles halved for head_dim >= WIDE_HEAD_DIM or 4-byte values; on gfx942, keys rebuilt from V or an
+# fp8 cache widened hold more per lane, and only 16-key tiles fit (wider ones spilled 1-51 VGPRs).
+ROCM_DECODE = AttnConfig(16, 64, 4, 3)
+ROCM_DECODE_WIDE = AttnConfig(16, 32, 4, 3)
+ROCM_DECODE_HEAVY_GFX942 = AttnConfig(16, 16, 4, 3)
+
+# Prefill tiles by head_dim: (from this head_dim on, tiles for 2-byte values on NVIDIA, tiles for AMD or 4-byte
+# values). AMD's MFMA layouts hold more of a tile per lane: the NVIDIA tiles spilled 98-379 VGPRs on gfx942 and
+# gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
+PREFILL_TILES = [
+    (512, AttnConfig(64, 32, 8, 2), AttnConfig(64, 16, 8, 2)),
+    (256, AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 8, 2)),
+    (128, AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 3)),
+    (0, AttnConfig(128, 64, 4, 3), AttnConfig(128, 64, 4, 3)),
+]
+# AMD prefill with keys rebuilt from V or an fp8 cache widened: 32 x 16 tiles on 4 warps fit (larger ones spilled).
+ROCM_PREFILL_HEAVY = AttnConfig(32, 16, 4, 2)
+
+# Split-KV: splits (a power of two, at most MAX_SPLITS) keep every program in one wave of about SPLIT_PROGRAMS_PER_SM
+# per multiprocessor, each split walking at least MIN_TILES_PER_SPLIT key tiles: a partly filled second wave costs
+# more than the splits gain. The merge kernel is compiled for MAX_SPLITS whatever the split count (one compile).
+MAX_SPLITS = 16
+MIN_TILES_PER_SPLIT = 4
+SPLIT_PROGRAMS_PER_SM = 2
+COMBINE_WARPS = 4
+
+# Keys rebuilt from V once per prefill (build_keys): BUILD_KEYS_BLOCK positions a program.
+BUILD_KEYS_BLOCK = 16
+BUILD_KEYS_WARPS = 4
+
+# KV write: one token a program; more warps for rows of more than KV_WRITE_SMALL_ROW values (all heads of a token).
+KV_WRITE_SMALL_ROW = 4096
+KV_WRITE_WARPS, KV_WRITE_WARPS_LARGE_ROW = 4, 8
+
+# q/k norm + RoPE: prefill rows are short (one head), so from MANY_TOKENS on a program takes TOKENS_PER_PROGRAM
+# tokens of a head at once (at 2048 tokens of 26B-A4B, one token a program ran 3x slower than its bytes), with
+# MANY_TOKENS_WARP_FACTOR times the warps.
+MANY_TOKENS, TOKENS_PER_PROGRAM = 64, 8
+QK_NORM_ROPE_WARPS, QK_NORM_ROPE_WARPS_WIDE_HEAD = 2, 4
+QK_NORM_ROPE_WIDE_HEAD_DIM = 512  # from this head_dim on, QK_NORM_ROPE_WARPS_WIDE_HEAD
+MANY_TOKENS_WARP_FACTOR = 2

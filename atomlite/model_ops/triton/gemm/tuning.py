@@ -1,0 +1,22 @@
+"""Launch constants of the skinny decode GEMM (skinny.py, and the MoE router that reuses its tiles): the one place to
+read and retune them."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 2  # programs resident per multiprocessor (shared memory: stages x tiles)
+    min_k_tiles: int = 4  # each split walks at least this many BLOCK_K tiles
+
+
+MAX_ROWS = 16  # decode-sized batches; beyond, torch's GEMM (cuBLAS / hipBLASLt) wins
+DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
+NARROW_K_CONFIG = SkinnyConfig(64, 64, 4, 4)  # K a multiple of 64 but not 128 (Gemma-4-26B-A4B's MLP down: 2112)
+
+# The sum of the split-K partials: SUM_BLOCK outputs per program.
+SUM_BLOCK = 1024
+SUM_WARPS = 4

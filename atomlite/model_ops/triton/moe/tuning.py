@@ -1,0 +1,96 @@
+"""Launch constants of the fused MoE kernels (routing, grouped GEMMs, few-pair GEMVs, router): the one place to read
+and retune them. Sweeps are bench/moe_layer.py --sweep and bench/router.py."""
+from dataclasses import dataclass
+
+# --- the grouped GEMMs (gemm.py): (token, slot) pairs grouped by expert into tiles of block_m rows ---
+
+@dataclass(frozen=True, slots=True)
+class ProjectionTiles:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """block_m rows per tile (shared by both projections: the routing's tiles); per projection its N and K tiles."""
+    block_m: int
+    gate_up: ProjectionTiles
+    down: ProjectionTiles
+
+
+# Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
+# grow with the rows each expert gets. All fit gfx942's LDS and sm_90 (compile gate). NVIDIA_PREFILL at 2048 tokens
+# of 26B-A4B (H100, graphs): 1054 us bf16 and 1157 us MXFP4, against 1145 and 1249 us for PREFILL; ROCm keeps
+# PREFILL until tiles are timed on an MI300X / MI355X (the NVIDIA ones compile there with 2-3 waves per SIMD against
+# PREFILL's 4-8).
+DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
+MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
+PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
+NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
+DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48  # pairs per expert up to which DECODE, MEDIUM run
+ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
+FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL on 4 stages needs 240 KiB (H100: 227)
+
+# --- routing (routing.py) ---
+
+PAIR_CHUNK = 64  # pairs per one-hot [PAIR_CHUNK, experts] step
+TILE_CHUNK = 64  # tile-table entries written per step
+ONE_PROGRAM_MAX_PAIRS = 512  # up to this many pairs one program counts and places them all: a single launch
+ROUTING_WARPS = 4
+
+# --- few pairs, one program each (gemv.py, gemv_fp8.py) ---
+
+@dataclass(frozen=True, slots=True)
+class GemvTiles:
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    gate_up: GemvTiles
+    down: GemvTiles
+
+
+GEMV_MAX_PAIRS = 32  # beyond, experts repeat often enough that reading each once (the grouped GEMMs' tiles) wins
+# Enough programs for every SM at one token (8 pairs): 704 / 16 x 8 gate_up and 2816 / 32 x 8 down programs on
+# Gemma-4-26B-A4B.
+GEMV_BF16 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 64, 4))
+GEMV_MXFP4 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 128, 4))
+# A float down whose K (the experts' inner size) fits one tile: each row in one load, nothing loaded ahead (26B-A4B's
+# K = 704 in 1024-wide tiles: 13.7 against 15.4 us alone, bench/moe_layer.py --kernels on an H100)
+GEMV_ONE_TILE_DOWN = GemvTiles(8, 1024, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8GemvConfig:
+    gate_up_block_n: int  # rows of [gate | up] per program
+    down_block_n: int
+    num_stages: int = 3
+    # K ranges of gate_up in separate programs (the inner quantization sums them); None: the fewest that give
+    # every multiprocessor FP8_GEMV_PROGRAMS_PER_SM programs (one token: 2 splits; measured 20.0 us against 21.8 for
+    # one, H100)
+    gate_up_splits: int | None = None
+
+
+# 22 x 8 gate_up and 44 x 8 down programs at one token of 26B-A4B; 64-row tiles take Hopper's warpgroup MMAs, where
+# 16 and 32 rows ran 1.7-2x slower (H100)
+FP8_GEMV = Fp8GemvConfig(64, 64)
+FP8_GEMV_PROGRAMS_PER_SM = 2
+FP8_GEMV_WARPS = 4
+
+# --- the sum of each token's top_k rows (common.py) ---
+
+SUM_SLOTS_BLOCK, SUM_SLOTS_WARPS = 1024, 4
+
+# --- the router (router.py) ---
+
+# The one-launch router up to ROUTER_MAX_ROWS tokens: its last program picks each row's experts in turn; apart, 3
+# launches beat it from 4 rows (H100).
+ROUTER_MAX_ROWS = 2
+ROUTER_MAX_SPLITS = 32  # K slices of the logits GEMM
+ROUTER_WARPS = 4
+ROUTER_TOPK_WARPS = 4

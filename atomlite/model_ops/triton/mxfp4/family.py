@@ -1,0 +1,93 @@
+"""The MXFP4 linear and experts on Triton as the layers call them (dispatch's mxfp4_linear and mxfp4_moe_experts):
+the weights laid out once at load (K padded to K_ALIGN, and what their scales allow: ScaleFacts), then the GEMMs,
+with the capabilities the ops table declares for them: quantized rows in, a gated input, partial sums out."""
+from dataclasses import dataclass
+
+import torch
+
+from atomlite.model_ops.carriers import InputQuantization, PartialSums, QuantizedRows
+from atomlite.model_ops.triton.moe.gemm import mxfp4_moe_experts
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantized_fp8_gemm
+from atomlite.model_ops.triton.mxfp4.gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
+                                                  pad_to_k_align)
+from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleFacts:
+    """What load time learns of a weight's e8m0 scales; each default is always right, the other value faster."""
+    wide_scales: bool = True  # needs_wide_scales: a scale above 2 needs the exact expansion
+    lookup_scales: bool = False  # scale_bytes_fit: the lookup kernel takes this weight
+
+
+UNCHECKED = ScaleFacts()
+
+
+class TritonMXFP4Linear:
+    """y = x W^T on the packed weight (mxfp4_gemm picks the kernel per call)."""
+
+    def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    ScaleFacts]:
+        weight, scale = pad_to_k_align(weight, scale)
+        return weight, scale, ScaleFacts(needs_wide_scales(scale), scale_bytes_fit(weight, scale))
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, facts: ScaleFacts | None,
+               quantize_x: bool, summed: bool = True) -> torch.Tensor | PartialSums:
+        facts = facts or UNCHECKED
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        return mxfp4_gemm(x, weight, scale, quantize_x, facts.wide_scales, lookup_scales=facts.lookup_scales,
+                          summed=summed)
+
+    def input_quantization(self, x: torch.Tensor, weight: torch.Tensor, facts: ScaleFacts | None,
+                           quantize_x: bool) -> InputQuantization | None:
+        """The form in which the kernel computing x (2-D) may write it quantized, where this call runs the fp8
+        tiles; else None."""
+        if not quantize_x or x.dim() != 2:
+            return None
+        return input_quantization(x.shape[0], weight, x, True, (facts or UNCHECKED).lookup_scales)
+
+    def matmul_quantized(self, x: QuantizedRows, weight: torch.Tensor, scale: torch.Tensor,
+                         summed: bool = True) -> torch.Tensor | PartialSums:
+        return quantized_fp8_gemm(x, weight, scale, summed)
+
+    def takes_gated(self, gate_up: torch.Tensor, out_features: int, facts: ScaleFacts | None,
+                    quantize_x: bool) -> bool:
+        """Whether matmul_gated runs for these [gate | up] rows: on the paths whose input quantization applies
+        the activation as it reads them (fp8 and lookup tiles)."""
+        lookup_scales = (facts or UNCHECKED).lookup_scales
+        return gate_up.stride(-1) == 1 and gated_path(gate_up.shape[0], out_features, gate_up, quantize_x,
+                                                      lookup_scales)
+
+    def matmul_gated(self, gate_up: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     facts: ScaleFacts | None, summed: bool = True) -> torch.Tensor | PartialSums:
+        facts = facts or UNCHECKED
+        return mxfp4_gemm(gate_up, weight, scale, True, facts.wide_scales, lookup_scales=facts.lookup_scales,
+                          gated=True, summed=summed)
+
+
+class TritonMXFP4Experts:
+    """The fused MoE kernels on packed FP4 weights: each expert's projection padded along K at load."""
+
+    def prepare_weights(self, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                        down_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           ScaleFacts]:
+        gate_up, gate_up_scale = self._padded_per_expert(gate_up, gate_up_scale)
+        down, down_scale = self._padded_per_expert(down, down_scale)
+        wide = needs_wide_scales(gate_up_scale) or needs_wide_scales(down_scale)
+        return gate_up, gate_up_scale, down, down_scale, ScaleFacts(wide_scales=wide)
+
+    @staticmethod
+    def _padded_per_expert(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        padded = [pad_to_k_align(weight[e], scale[e]) for e in range(weight.shape[0])]
+        return torch.stack([w for w, _ in padded]), torch.stack([s for _, s in padded])
+
+    def experts(self, x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                down_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                facts: ScaleFacts | None, quantize_x: bool, summed: bool = True) -> torch.Tensor | PartialSums:
+        return mxfp4_moe_experts(x, gate_up, gate_up_scale, down, down_scale, topk_weights, topk_ids, quantize_x,
+                                 (facts or UNCHECKED).wide_scales, summed=summed)
+
+
+MXFP4_LINEAR = TritonMXFP4Linear()
+MXFP4_EXPERTS = TritonMXFP4Experts()

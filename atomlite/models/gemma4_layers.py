@@ -1,0 +1,178 @@
+"""Gemma 4's decoder layer and its sublayers: attention, the MLP, the MoE router (shared/docs/GEMMA4.md).
+
+Each forward reads as the math; which kernel computes what, and in which form one layer's output reaches the next,
+is decided once by model_ops.fusion.link from the dataflow each layer declares.
+"""
+import torch
+from torch import nn
+
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.activation import GeluTanhAndMul
+from atomlite.model_ops.attention import Attention
+from atomlite.model_ops.branches import side_by_side
+from atomlite.model_ops.carriers import as_heads, merged_heads, split_columns
+from atomlite.model_ops.context import ForwardContext
+from atomlite.model_ops.fusion import Feeds, NormedSum
+from atomlite.model_ops.linear import Linear, copy_weight
+from atomlite.model_ops.linear_builder import LinearBuilder
+from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.rope import RotaryEmbedding
+
+OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branches fill the GPU by themselves
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
+                 key_rope: RotaryEmbedding | None = None):
+        super().__init__()
+        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
+        self.head_dim = layer.head_dim
+        kv_dim = layer.num_kv_heads * self.head_dim
+        # One GEMM for q, k and v (no v on k_eq_v layers: V comes from raw k; q alone on KV-sharing layers), unless
+        # the checkpoint quantizes them differently: then one projection each.
+        kv_parts = [] if shares_kv else [kv_dim] if layer.k_eq_v else [kv_dim, kv_dim]
+        self.qkv_sizes = [heads * self.head_dim] + kv_parts
+        self.qkv_names = ["q_proj", "k_proj", "v_proj"][:len(self.qkv_sizes)]
+        parts = [f"{prefix}.{name}" for name in self.qkv_names]
+        self.fused_qkv = lin.can_fuse(parts)
+        if self.fused_qkv:
+            self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, self.qkv_sizes, parts)
+        else:
+            for name, size in zip(self.qkv_names, self.qkv_sizes):
+                setattr(self, name, lin.linear(f"{prefix}.{name}", hidden, size))
+        self.q_norm = RMSNorm(self.head_dim, eps)
+        if not shares_kv:
+            self.k_norm = RMSNorm(self.head_dim, eps)
+        self.shares_kv = shares_kv
+        self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
+        self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
+
+    @property
+    def input_linear(self) -> nn.Module | None:
+        """The one linear that reads this sublayer's input (None with separate q/k/v projections)."""
+        return self.qkv_proj if self.fused_qkv else None
+
+    def dataflow(self):
+        if self.fused_qkv:
+            yield Feeds(self.qkv_proj, self.attn)
+        yield Feeds(self.attn, self.o_proj)
+
+    def forward(self, x, cos, sin, ctx: ForwardContext):
+        """x: the normed input."""
+        if self.fused_qkv:
+            parts = split_columns(self.qkv_proj(x), self.qkv_sizes)
+        else:
+            parts = [getattr(self, name)(x) for name in self.qkv_names]
+        q, k, v, k_weight = as_heads(parts[0], self.head_dim), None, None, None
+        if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
+            k, v, k_weight = (as_heads(parts[1], self.head_dim), as_heads(parts[-1], self.head_dim),
+                              self.k_norm.weight)
+        out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx)
+        return self.o_proj(merged_heads(out))
+
+
+class Gemma4MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, lin: LinearBuilder, prefix: str):
+        super().__init__()
+        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate])
+        self.act = GeluTanhAndMul(intermediate)
+        self.down_proj = lin.linear(f"{prefix}.down_proj", intermediate, hidden)
+
+    def dataflow(self):
+        yield Feeds(self.act, self.down_proj)
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class Gemma4Router(nn.Module):
+    """norm(x) * scale * hidden^-0.5 -> proj -> the top-k experts (router_topk). The weightless norm and the two
+    scalings are one norm whose weight is scale * hidden^-0.5 (made after loading)."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, eps: float, lin: LinearBuilder, prefix: str):
+        super().__init__()
+        self.proj = lin.linear(f"{prefix}.proj", hidden, num_experts)
+        self.scale = nn.Parameter(torch.empty(hidden), requires_grad=False)
+        self.per_expert_scale = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+        self.scale.weight_loader = self.per_expert_scale.weight_loader = copy_weight
+        self.top_k, self.root_size = top_k, hidden ** -0.5
+        self.norm = RMSNorm(hidden, eps, learned=False)
+        self._topk = dispatch.choose("router_topk", experts=num_experts).fn
+        # a plain bf16/fp16 projection goes into the one-launch router with the top-k; a quantized one runs apart
+        self._route = dispatch.choose("router", experts=num_experts).fn if type(self.proj) is Linear else None
+
+    def process_after_loading(self) -> None:
+        self.norm.weight = (self.scale.float() * self.root_size).to(self.scale.dtype)
+
+    def forward(self, x):
+        normed = self.norm(x)
+        if self._route is not None:
+            return self._route(normed, self.proj.weight, self.per_expert_scale, self.top_k)
+        return self._topk(self.proj(normed), self.per_expert_scale, self.top_k)
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str,
+                 key_rope: RotaryEmbedding | None = None):
+        super().__init__()
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope)
+        wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
+        self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, RMSNorm(hidden, eps))
+        self.layer_scalar = nn.Parameter(torch.empty(1), requires_grad=False)
+        self.layer_scalar.weight_loader = copy_weight
+        self.moe = bool(cfg.get("enable_moe_block"))
+        if self.moe:
+            self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
+            self.experts = lin.experts(f"{prefix}.experts", cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
+            self.experts.top_k = cfg["top_k_experts"]
+            for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                         "pre_feedforward_layernorm_2"):
+                setattr(self, name, RMSNorm(hidden, eps))
+        self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
+        if self.ple_dim:
+            self.per_layer_input_gate = lin.linear(f"{prefix}.per_layer_input_gate", hidden, self.ple_dim)
+            self.ple_act = nn.GELU(approximate="tanh")
+            self.per_layer_projection = lin.linear(f"{prefix}.per_layer_projection", self.ple_dim, hidden)
+            self.post_per_layer_input_norm = RMSNorm(hidden, eps)
+
+    def dataflow(self, next_norm: RMSNorm, next_reader: nn.Module | None):
+        """What reads what (model_ops.fusion). next_norm is applied to this layer's output next (the next layer's
+        input norm, or the final norm); next_reader, where one linear alone does, reads that."""
+        yield from self.self_attn.dataflow()
+        yield from self.mlp.dataflow()
+        yield Feeds(self.self_attn.o_proj, self.post_attention_layernorm)
+        feed_forward_inputs = (self.pre_feedforward_layernorm,)
+        if self.moe:
+            feed_forward_inputs += (self.router.norm, self.pre_feedforward_layernorm_2)
+        yield NormedSum(self.post_attention_layernorm, feed_forward_inputs, self.mlp.gate_up_proj)
+        yield Feeds(self.mlp.down_proj, self.post_feedforward_layernorm)
+        if self.moe:  # both branches reach the update through post_feedforward_layernorm_1.joined
+            yield Feeds(self.experts, self.post_feedforward_layernorm)
+            yield Feeds(self.post_feedforward_layernorm_1, self.post_feedforward_layernorm)
+        if not self.ple_dim:  # with per-layer inputs, h changes between the update and next_norm
+            yield NormedSum(self.post_feedforward_layernorm, (next_norm,), next_reader)
+
+    def forward(self, h, ple, cos, sin, ctx):
+        """h: the residual stream, in and out."""
+        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
+        h = self.post_attention_layernorm.add_to_residual(attn, h)
+        m = self._moe_feed_forward(h) if self.moe else self.mlp(self.pre_feedforward_layernorm(h))
+        if not self.ple_dim:
+            return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar)
+        h = self.post_feedforward_layernorm.add_to_residual(m, h)
+        gated = self.ple_act(self.per_layer_input_gate(h)) * ple
+        return (h + self.post_per_layer_input_norm(self.per_layer_projection(gated))) * self.layer_scalar
+
+    def _moe_feed_forward(self, h):
+        x, experts_in = self.pre_feedforward_layernorm(h), self.pre_feedforward_layernorm_2(h)
+        # At decode the router is latency-bound: beside the MLP's weight stream its loads queue behind the MLP's
+        # (measured 11.8 against 5 us alone), and the experts wait for it; so it runs first, alone. The experts'
+        # chain of launches (gate_up, then down) then overlaps the MLP, which only streams weights.
+        route = self.router(h)
+        experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), h.device,
+                                  overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
+        return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
