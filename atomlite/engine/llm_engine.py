@@ -387,8 +387,3 @@ class LLMEngine:
         self._generators.pop(seq.seq_id, None)
         self.structured.drop(seq)
         self.requests.pop(seq.request_id, None)
-
-    def decode(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
