@@ -26,9 +26,10 @@ class VllmPagedAttention(nn.Module):
     """atomlite's attention interface, attn(q, k, v, ctx) -> [T, H, D], served by a vLLM Attention layer."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
-                 vllm_config: VllmConfig, layer_name: str, shares_with: str | None, prepare_qkv):
+                 vllm_config: VllmConfig, layer_name: str, shares_with: str | None, prepare_kernel):
         super().__init__()
-        self.num_heads, self.head_dim, self.prepare_qkv = num_heads, head_dim, prepare_qkv
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.prepare_kernel, self.prepare_qkv = prepare_kernel, prepare_kernel.fn
         self.vllm_attn = VllmAttention(num_heads, head_dim, scale, num_kv_heads=num_kv_heads,
                                        cache_config=vllm_config.cache_config, per_layer_sliding_window=window,
                                        prefix=layer_name, kv_sharing_target_layer_name=shares_with,
@@ -37,6 +38,10 @@ class VllmPagedAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 ctx: ForwardContext) -> torch.Tensor:
         return self.vllm_attn(q, k, v).view(q.shape[0], self.num_heads, self.head_dim)
+
+    def can(self, capability: str) -> bool:
+        """What the q/k/v prepare takes in (a fused projection's partial sums); its output goes to vLLM as is."""
+        return capability.startswith("reads_") and self.prepare_kernel.can(capability)
 
     def forward_raw(self, q, k, v, q_weight, k_weight, eps: float, cos, sin, ctx: ForwardContext) -> torch.Tensor:
         """atomlite's fused norms + RoPE without its KV write: vLLM's attention layer stores K and V itself."""
@@ -65,7 +70,7 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
             target = self.model.share_targets.get(i)
             layer.self_attn.attn = VllmPagedAttention(
                 old.num_heads, old.num_kv_heads, old.head_dim, old.scale, old.window, vllm_config,
-                name.format(i), None if target is None else name.format(target), old.prepare_qkv)
+                name.format(i), None if target is None else name.format(target), old.prepare_kernel)
         fusion.link(self)  # after the swap: vLLM's attention layer takes part in no fusion
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
