@@ -34,9 +34,10 @@ def test_attention_left_to_the_torch_reference_makes_decode_eager_and_says_why(c
     assert reason == f"off, decode runs eager: {key} ({why}) cannot be captured"
     if device == "cuda":
         assert llm.engine.graph_note == f"decode graphs: {reason}" and llm.engine.runner.graphs is None
-    outputs = llm.generate(PROMPTS, greedy(NEW_TOKENS))
-    for prompt, out in zip(PROMPTS, outputs):
-        assert out.outputs[0].token_ids == hf_greedy(ref, prompt, NEW_TOKENS), len(prompt)
+    prompts, new_tokens = (PROMPTS, NEW_TOKENS) if device == "cuda" else (PROMPTS[1:], 4)  # the interpreter is slow
+    outputs = llm.generate(prompts, greedy(new_tokens))
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == hf_greedy(ref, prompt, new_tokens), len(prompt)
 
 
 def assert_greedy_under_transformers(ref, prompt: list[int], tokens: list[int], tolerance: float) -> None:
