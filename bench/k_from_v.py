@@ -34,8 +34,10 @@ def compare(name: str, args, rule: KFromV, bytes_both: int) -> None:
     scale = HEAD_DIM ** -0.5
     both = lambda: tri.paged_attention(q, k_cache, v_cache, table, seq_lens, starts, scale)  # noqa: E731
     v_only = lambda: tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule)  # noqa: E731
-    # as the engine calls it: the step's lengths on the host; a prefill then builds its keys once
-    host, derived = HostBatch.of(starts.tolist(), seq_lens.tolist()), {}
+    # as the engine calls it: the step's lengths on the host and, for a prefill, the row starts of the keys it then
+    # builds once (the step metadata the engine builds once per step, outside the timed call)
+    host = HostBatch.of(starts.tolist(), seq_lens.tolist())
+    derived = None if host.decode_only else tri_attention.key_row_starts(host.seq_lens, q.device)
     def v_engine():
         return tri.paged_attention(q, None, v_cache, table, seq_lens, starts, scale, k_from_v=rule, host=host,
                                    derived=derived)
