@@ -44,6 +44,10 @@ ENGINE_OPTIONS = [
                                          "quantized for an fp8 KV cache (Quark); fp8 = e4m3 (e4m3fnuz on gfx942), "
                                          "half the bytes of bf16, with the checkpoint's per-layer scales where "
                                          "they describe the cache, else 1."),
+    click.option("--speculative-config", default=None,
+                 help='Speculative decoding, as JSON in vLLM\'s names: {"method": "mtp", "model": ASSISTANT_DIR, '
+                      '"num_speculative_tokens": 4} (a Gemma 4 assistant) or {"method": "ngram", '
+                      '"num_speculative_tokens": 4, "prompt_lookup_max": 5} (drafts from the prompt).'),
 ]
 
 
@@ -54,7 +58,7 @@ def engine_options(fn):
 
 
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching")  # engine flags that change how steps run, not the KV plan
+                "no_prefix_caching", "speculative_config")  # engine flags that change how steps run, not the KV plan
 
 
 def without_options(*names: str):
@@ -72,7 +76,7 @@ def model_dir(kw: dict) -> str:
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
-            "kv_cache_dtype")
+            "kv_cache_dtype", "speculative_config")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from atomlite.speculative_config import SpeculativeConfig
 from atomlite.errors import ConfigError
 from atomlite.hub import config_snapshot, is_repo_id
 from atomlite.registry import MODELS
@@ -157,9 +158,11 @@ class EngineConfig:
     overlap_decode: bool = True  # launch the next decode step before reading this one's tokens
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
+    speculative_config: SpeculativeConfig | dict | str | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.model_spec = load_model_spec(self.model)
         self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
         limit = self.model_spec.max_position_embeddings

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
+from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config, Gemma4ForCausalLM,
+                          Gemma4ForConditionalGeneration, Gemma4TextConfig)
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
@@ -20,6 +21,11 @@ VARIANTS = {
                 layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3
                 + ["full_attention"]),
 }
+
+# The assistant's own decoder; its attention shapes follow the target's (its layers read the target's KV).
+ASSISTANT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, hidden_size_per_layer_input=0,
+                 vocab_size_per_layer_input=0, enable_moe_block=False, use_double_wide_mlp=False,
+                 num_kv_shared_layers=0, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
 
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
@@ -66,3 +72,24 @@ def _write_hub_form(out: Path, variant: str, overrides: dict) -> None:
     text["global_head_dim"] = merged["global_head_dim"]
     text["num_global_key_value_heads"] = merged["num_global_key_value_heads"]
     path.write_text(json.dumps(raw, indent=2))
+
+
+def assistant_config(variant: str, ordered: bool = False, **target_overrides) -> Gemma4AssistantConfig:
+    """A tiny assistant for the target text_config(variant, **target_overrides); ordered: centroid logits."""
+    target = {**BASE, **VARIANTS[variant], **target_overrides}
+    text = Gemma4TextConfig(**{**target, **ASSISTANT})
+    return Gemma4AssistantConfig(text_config=text.to_dict(), backbone_hidden_size=target["hidden_size"],
+                                 use_ordered_embeddings=ordered, num_centroids=8, centroid_intermediate_top_k=3)
+
+
+def build_assistant(variant: str, out: Path, seed: int = 0, ordered: bool = False, **target_overrides):
+    """Save a tiny random assistant checkpoint for that target to out; return the float32 transformers model."""
+    torch.manual_seed(seed)
+    model = Gemma4AssistantForCausalLM(assistant_config(variant, ordered, **target_overrides))
+    randomize(model, seed)
+    if ordered:
+        ordering = model.masked_embedding.token_ordering
+        ordering.copy_(torch.randperm(ordering.numel(), generator=torch.Generator().manual_seed(seed)))
+    model = model.float().eval()
+    model.save_pretrained(out)
+    return model

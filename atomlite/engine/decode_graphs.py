@@ -155,8 +155,11 @@ class DecodeGraphs:
     """Runs decode-only steps of up to max_batch sequences from per-bucket graphs (or, with capture=False, eagerly
     from the same static buffers)."""
 
-    def __init__(self, model, builder: StepInputBuilder, max_batch: int, max_model_len: int, capture: bool = True):
+    def __init__(self, model, builder: StepInputBuilder, max_batch: int, max_model_len: int, capture: bool = True,
+                 keep_hidden: bool = False):
         self.model, self.device, self.capture = model, builder.device, capture
+        self.keep_hidden = keep_hidden  # a drafter reads the final hidden states too
+        self.hidden: torch.Tensor | None = None  # [max_batch, hidden], written by every replay when kept
         self.builder = builder
         self.sizes = graph_batch_sizes(max_batch)
         self.inputs = StaticDecodeInputs(builder, max_batch, max_model_len)
@@ -177,6 +180,10 @@ class DecodeGraphs:
         if self.logits is None:
             self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=torch.float32, device=self.device)
         self.logits[:bucket].copy_(logits)
+        if self.keep_hidden:
+            if self.hidden is None:
+                self.hidden = hidden.new_empty((self.sizes[-1], hidden.shape[-1]))
+            self.hidden[:bucket].copy_(hidden)
         return self.logits[:bucket]
 
     @torch.inference_mode()

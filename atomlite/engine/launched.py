@@ -34,3 +34,27 @@ class LaunchedStep:
         if self._copied is not None:
             self._copied.synchronize()
         return self._host_ids.tolist()
+
+    def runs(self) -> list[list[int]]:
+        """Each sequence's new tokens: one each."""
+        return [[token] for token in self.tokens()]
+
+    def logprobs_of(self, i: int, j: int) -> torch.Tensor:
+        return self.logprobs[i]
+
+
+@dataclass
+class VerifiedStep:
+    """A step whose sequences may each get several tokens (accepted drafts, then one more), decided on the host
+    already: nothing runs ahead of a step that verifies drafts, since the next drafts depend on what it accepts."""
+    seqs: list[Sequence]
+    token_runs: list[list[int]]
+    first_rows: list[int]  # each sequence's first logit row: its run's token j came from row first + j
+    logprobs: torch.Tensor | None  # [rows, vocab] log_softmax of the step's logits, where a sequence asked for them
+    verified: list[Sequence]  # the sequences that verified drafts (their computed tokens are settled after)
+
+    def runs(self) -> list[list[int]]:
+        return self.token_runs
+
+    def logprobs_of(self, i: int, j: int) -> torch.Tensor:
+        return self.logprobs[self.first_rows[i] + j]

@@ -13,13 +13,16 @@ from atomlite.engine.decode_graphs import graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
-from atomlite.engine.launched import LaunchedStep
+from atomlite.engine.launched import LaunchedStep, VerifiedStep
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.logits_controls import TokenHistory
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
+from atomlite.engine.spec.drafters import build_drafter, drafting_allowed
+from atomlite.engine.spec.stats import SpecStats
+from atomlite.engine.spec.verify import VerifyRows, verify
 from atomlite.engine.structured import StructuredOutputs
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
@@ -65,6 +68,19 @@ def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
     else:
         load_checkpoint(model, config.model_spec)
     return model.eval()
+
+
+def build_assistant_for(config: EngineConfig, target, kernels: KernelChoices | None = None):
+    """The MTP assistant of config.speculative_config, built beside target (its KV read from target's cache);
+    None for other drafters."""
+    spec = config.speculative_config
+    if spec is None or spec.method != "mtp":
+        return None
+    from atomlite.models.gemma4_assistant import build_assistant, load_assistant_spec
+    device = config.torch_device
+    with dispatch.use(detect_platform(device), config.kernel_backend, kernels):
+        return build_assistant(load_assistant_spec(spec.model), target, device, config.torch_dtype,
+                               config.load_format, config.seed)
 
 
 def load_checkpoint(model, spec) -> None:
@@ -117,6 +133,7 @@ class LLMEngine:
         self.device = config.torch_device
         self.kernels = KernelChoices()
         self.model = build_model(config, self.kernels)
+        self.assistant = build_assistant_for(config, self.model, self.kernels)
         cache_dtype = config.kv_dtype(detect_platform(self.device))
         self.kv_specs = specs = self.model.kv_specs(cache_dtype)
         self.kv_scales_note = apply_kv_scales(self.model, specs, config.model_spec.kv_cache_quant, cache_dtype)
@@ -131,6 +148,10 @@ class LLMEngine:
         self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device)
+        self._hidden_rows: dict[int, int] = {}  # seq_id -> its row of runner.hidden: the state before its newest token
+        spec = config.speculative_config
+        self.set_drafter(build_drafter(spec, self.assistant, self.kv, self.device),
+                         spec.num_speculative_tokens if spec else 0)
         self.graph_note = self._set_up_decode_graphs()
         self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
@@ -147,6 +168,17 @@ class LLMEngine:
         self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
         self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
+
+    def set_drafter(self, drafter, num_speculative_tokens: int) -> None:
+        """Speculative decoding with drafter (spec.drafters), k drafts per step; None turns it off. The engine sets
+        its own from speculative_config; benchmarks and tests set measurement drafters (ReplayDrafter)."""
+        self.drafter, self.num_speculative_tokens = drafter, num_speculative_tokens
+        self.runner.keep_hidden = drafter is not None and drafter.needs_hidden
+        graphs = self.runner.graphs
+        if self.runner.keep_hidden and graphs is not None and not graphs.keep_hidden:
+            raise ValueError("a drafter that reads the target's hidden states must be set before decode graphs are "
+                             "captured (speculative_config)")
+        self.spec_stats = SpecStats(num_speculative_tokens)
 
     def _plan_from_profile(self, specs) -> KVPlan:
         config = self.config
@@ -186,6 +218,8 @@ class LLMEngine:
         lines += self.kv_plan.describe()
         if self.kv_scales_note:
             lines.append(self.kv_scales_note)
+        if self.config.speculative_config is not None:
+            lines.append(self.config.speculative_config.describe())
         lines.append(self.graph_note)
         if self.warmup_note:
             lines.append(self.warmup_note)
@@ -245,6 +279,10 @@ class LLMEngine:
         done = self._take_tokens(launched)
         if self._ahead is not None:
             self._settle_ahead()
+        if isinstance(launched, VerifiedStep):
+            self._settle_verified(launched)
+        if self.drafter is not None:
+            self._draft(done)
         now = time.monotonic()
         return [self._update(seq, now) for seq in done]
 
@@ -266,7 +304,7 @@ class LLMEngine:
         return EngineStats(len(scheduler.running), len(scheduler.waiting),
                            [(spec.kind, used, total) for spec, used, total in self.kv.usage()],
                            scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits,
-                           self.iteration_tokens)
+                           self.iteration_tokens, spec=self.spec_stats.snapshot() if self.drafter else None)
 
     def _run_scheduled(self) -> LaunchedStep | None:
         """The scheduler's next batch, launched; None when no sequence samples from it."""
@@ -279,10 +317,16 @@ class LLMEngine:
         bitmask = self._grammar_bitmask(sample_seqs)  # built on the host while the GPU runs the forward just launched
         self.iteration_tokens.append(sum(num_new for _, num_new in batch))
         self._record_prompt_logprobs(logits, rows.prompt)
+        self._hidden_rows = {seq.seq_id: row for seq, row in rows.sample}
+        verifying = {seq.seq_id for seq, _ in rows.verify}
         for seq, num_new in batch:
+            if seq.seq_id in verifying:
+                continue  # what it computed is known once its drafts are decided (_settle_verified)
             seq.num_computed_tokens += num_new
             self.kv.update_block_hashes(seq)
             self.kv.release_out_of_window(seq)
+        if rows.verify:
+            return self._verified(logits, rows, bitmask)
         if not rows.sample:
             return None
         sample_rows = [row for _, row in rows.sample]
@@ -311,7 +355,8 @@ class LLMEngine:
         bucket holds them. A batch with a structured_outputs row runs its forward ahead but samples once the host
         has the tokens (UnsampledStep): the next mask depends on the token still on its way."""
         scheduler = self.scheduler
-        return (self.config.overlap_decode and not scheduler.waiting and scheduler.running == seqs
+        return (self.config.overlap_decode and self.drafter is None and not scheduler.waiting
+                and scheduler.running == seqs
                 and len(seqs) <= scheduler.max_num_batched_tokens and self.runner.can_run_ahead(len(seqs))
                 and not any(self._last_token_pending(seq) for seq in seqs))
 
@@ -339,13 +384,16 @@ class LLMEngine:
         """Appends each sequence's sampled token (skipping sequences aborted since the launch) and checks whether
         it finished; returns the sequences that got one."""
         done = []
-        for i, (seq, token) in enumerate(zip(launched.seqs, launched.tokens())):
+        for i, (seq, run) in enumerate(zip(launched.seqs, launched.runs())):
             if seq.is_finished:
                 continue
-            seq.token_ids.append(token)
-            if seq.params.logprobs is not None:
-                seq.logprobs.append(token_logprobs(launched.logprobs[i], token, seq.params.logprobs))
-            self._check_finished(seq, token)
+            for j, token in enumerate(run):
+                seq.token_ids.append(token)
+                if seq.params.logprobs is not None:
+                    seq.logprobs.append(token_logprobs(launched.logprobs_of(i, j), token, seq.params.logprobs))
+                self._check_finished(seq, token)
+                if seq.is_finished:
+                    break
             done.append(seq)
         return done
 
@@ -360,6 +408,62 @@ class LLMEngine:
         elif isinstance(self._ahead, UnsampledStep):  # the grammars have seen the tokens: masks, then sampling
             seqs = self._ahead.seqs
             self._ahead = self._sample(self._ahead.logits, seqs, bitmask=self._grammar_bitmask(seqs))
+
+    # -- speculative decoding -------------------------------------------------------------------------------
+    def _verified(self, logits: torch.Tensor, rows, bitmask: torch.Tensor | None) -> VerifiedStep:
+        """A step with sequences verifying drafts: the plain rows sampled as usual, the drafts decided (verify.py);
+        all tokens on the host before the step returns."""
+        seqs, runs, first_rows = [], [], []
+        if rows.sample:
+            plain = [seq for seq, _ in rows.sample]
+            sample_rows = [row for _, row in rows.sample]
+            runs += self._sample(logits[sample_rows], plain, bitmask=bitmask).runs()
+            seqs += plain
+            first_rows += sample_rows
+        checking = VerifyRows([seq for seq, _ in rows.verify], [row for _, row in rows.verify],
+                              [list(seq.spec_token_ids) for seq, _ in rows.verify])
+        runs += verify(logits, checking, self._generators, self.generator, self.eos_token_ids)
+        seqs += checking.seqs
+        first_rows += checking.first_rows
+        self.spec_stats.record(checking.drafts, runs[len(runs) - len(checking.seqs):])
+        want_logprobs = any(s.params.logprobs is not None for s in seqs)
+        return VerifiedStep(seqs, runs, first_rows, torch.log_softmax(logits, dim=-1) if want_logprobs else None,
+                            checking.seqs)
+
+    def _settle_verified(self, step: VerifiedStep) -> None:
+        """The verifying sequences' KV holds their accepted tokens, the rejected drafts' entries beyond it are left
+        to be overwritten; their full blocks get prefix-cache hashes and out-of-window blocks go."""
+        for seq, first_row in zip(step.seqs[len(step.seqs) - len(step.verified):],
+                                  step.first_rows[len(step.seqs) - len(step.verified):]):
+            seq.spec_token_ids = []
+            if seq.is_finished:
+                continue
+            accepted = len(seq.token_ids) - 2 - seq.num_computed_tokens  # its run: accepted drafts, then one token
+            seq.num_computed_tokens += 1 + accepted
+            self._hidden_rows[seq.seq_id] = first_row + accepted
+            self.kv.update_block_hashes(seq)
+            self.kv.release_out_of_window(seq)
+
+    def _draft(self, seqs: list[Sequence]) -> None:
+        """Drafts for the next step, for each sequence that may take them and has room for at least one."""
+        config, k = self.config, self.num_speculative_tokens
+        chosen, ks = [], []
+        for seq in seqs:
+            room = min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
+                       config.max_model_len - len(seq.token_ids) - 1)
+            if (room > 0 and not seq.is_finished and seq.num_uncomputed == 1 and drafting_allowed(seq)
+                    and not self.structured.is_constrained(seq)
+                    and (not self.drafter.needs_hidden or seq.seq_id in self._hidden_rows)):
+                chosen.append(seq)
+                ks.append(room)
+        if not chosen:
+            return
+        hidden = None
+        if self.drafter.needs_hidden:
+            rows = torch.tensor([self._hidden_rows[seq.seq_id] for seq in chosen], device=self.device)
+            hidden = self.runner.hidden[rows]
+        for seq, drafts in zip(chosen, self.drafter.propose(chosen, hidden, ks)):
+            seq.spec_token_ids = drafts
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, prompt_rows) -> None:
         for seq, first_row, first_pos, count in prompt_rows:

@@ -1,6 +1,6 @@
 """Turns a scheduled batch into one forward pass, eager or replayed from a decode graph (its inputs built one way for
 both: step_inputs), then the logits of just the rows that need them."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -12,15 +12,17 @@ from atomlite.engine.step_inputs import StepInputBuilder, step_metadata_by_group
 
 @dataclass
 class StepRows:
-    """Which logit rows belong to whom: one sampling row per finishing-prefill/decoding sequence, and a run of
-    rows per sequence that wants prompt logprobs (row r scores the prompt token after position r)."""
+    """Which logit rows belong to whom: one sampling row per finishing-prefill/decoding sequence; k + 1 rows per
+    sequence verifying k drafts (its newest token's, then each draft's); and a run of rows per sequence that wants
+    prompt logprobs (row r scores the prompt token after position r)."""
     sample: list[tuple[Sequence, int]]
     prompt: list[tuple[Sequence, int, int, int]]  # (seq, first row, first position, count)
     indices: list[int]
+    verify: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, first of its k + 1 rows)
 
 
 def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
-    sample, prompt, indices, offset = [], [], [], 0
+    sample, prompt, verify, indices, offset = [], [], [], [], 0
     for seq, num_new in batch:
         start = seq.num_computed_tokens
         if seq.params.prompt_logprobs is not None:
@@ -28,11 +30,15 @@ def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
             if count:
                 prompt.append((seq, len(indices), start, count))
                 indices.extend(range(offset, offset + count))
-        if start + num_new == len(seq.token_ids):
+        drafts = len(seq.spec_token_ids)
+        if drafts and start + num_new == len(seq.token_ids) + drafts:
+            verify.append((seq, len(indices)))
+            indices.extend(range(offset + num_new - drafts - 1, offset + num_new))
+        elif start + num_new == len(seq.token_ids):
             sample.append((seq, len(indices)))
             indices.append(offset + num_new - 1)
         offset += num_new
-    return StepRows(sample, prompt, indices)
+    return StepRows(sample, prompt, indices, verify)
 
 
 class ModelRunner:
@@ -40,12 +46,14 @@ class ModelRunner:
         self.model, self.kv, self.device = model, kv, device
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
-        self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model, kv))
+        self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model.attention_layers()))
         self.graphs: DecodeGraphs | None = None
+        self.keep_hidden = False  # a drafter reads the target's hidden states: keep the rows of the last step
+        self.hidden: torch.Tensor | None = None  # [rows, hidden] of the last step, aligned with its logits' rows
 
     def use_decode_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> DecodeGraphs:
         """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
-        self.graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture)
+        self.graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture, self.keep_hidden)
         if capture:
             self.graphs.capture_all()
         return self.graphs
@@ -65,10 +73,13 @@ class ModelRunner:
         """-> fp32 logits of the needed rows, and which rows they are."""
         rows = _rows(batch)
         if self.graphs is not None and self.graphs.supports(batch):
-            return self.graphs.run(batch), rows
+            logits = self.graphs.run(batch)
+            self.hidden = self.graphs.hidden[:len(batch)] if self.keep_hidden else None
+            return logits, rows
         ids, ctx = self.inputs.context(self.inputs.build(batch))
         hidden = self.model(ids, ctx)
         if not rows.indices:
             return torch.empty(0), rows
         selected = hidden[torch.tensor(rows.indices, device=self.device)]
+        self.hidden = selected if self.keep_hidden else None
         return self.model.compute_logits(selected).float(), rows

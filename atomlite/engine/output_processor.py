@@ -2,7 +2,7 @@
 part of each that is new, and logprob entries with their tokens' texts. One place for both the offline `LLM` and
 the server (which runs it in the API process, away from the engine)."""
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.updates import SeqUpdate
@@ -54,6 +54,8 @@ class RequestState:
         return self.finish_reason is not None
 
     def update(self, u: SeqUpdate) -> Delta:
+        if self.params.stop and len(u.token_ids) > 1:
+            return self._update_token_by_token(u)
         first = not self.token_ids and self.finish_reason is None
         self.token_ids += u.token_ids
         if u.logprobs is not None:
@@ -67,6 +69,21 @@ class RequestState:
         elif u.finish_reason is not None:
             self.finish_reason, self.text = u.finish_reason, self.detokenizer.finish()
         return self._delta(u, first)
+
+    def _update_token_by_token(self, u: SeqUpdate) -> Delta:
+        """Several tokens at once (accepted drafts) under stop strings: each is taken as if it came alone, so the
+        output ends at the token that completed a stop string, as it does without drafts."""
+        delta = None
+        for i, token in enumerate(u.token_ids):
+            last = i == len(u.token_ids) - 1
+            one = replace(u, token_ids=[token], logprobs=None if u.logprobs is None else u.logprobs[i:i + 1],
+                          finish_reason=u.finish_reason if last else None,
+                          prompt_logprobs=u.prompt_logprobs if i == 0 else None)
+            step = self.update(one)
+            delta = step if delta is None else delta.merged(step)
+            if self.finished:
+                break
+        return delta
 
     def _text_tokens(self, u: SeqUpdate) -> list[int]:
         """The tokens whose text the client sees: with special tokens kept in the text, the special token that

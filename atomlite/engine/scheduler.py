@@ -63,9 +63,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = self._fit_running(seq, min(seq.num_uncomputed, budget))
+            num_new = self._fit_running(seq, min(seq.num_uncomputed + len(seq.spec_token_ids), budget))
             if num_new == 0:
                 break
+            del seq.spec_token_ids[max(0, num_new - seq.num_uncomputed):]  # drafts past the budget are dropped
             scheduled.append((seq, num_new))
             budget -= num_new
             i += 1
@@ -74,7 +75,11 @@ class Scheduler:
         return scheduled
 
     def _fit_running(self, seq: Sequence, num_new: int) -> int:
-        """Allocate for seq, preempting later sequences (then shrinking a lone chunk); 0 if seq itself yielded."""
+        """Allocate for seq, preempting later sequences (then shrinking a lone chunk); 0 if seq itself yielded.
+        Drafts never cost another sequence its blocks: where they do not fit, seq goes on without them."""
+        if seq.spec_token_ids and not self.kv.allocate(seq, num_new):
+            seq.spec_token_ids = []
+            num_new = min(num_new, seq.num_uncomputed)
         while not self.kv.allocate(seq, num_new):
             victim = self.running[-1]
             if victim is not seq:

@@ -29,6 +29,7 @@ class Sequence:
     block_tables: list[BlockTable] = field(default_factory=list)  # one per KV group
     block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
     released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts the next step verifies after token_ids
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     finish_reason: str | None = None
@@ -55,6 +56,11 @@ class Sequence:
         """Output tokens start.. on, without copying the ones before (per-step work must not grow with length)."""
         return self.token_ids[self.num_prompt_tokens + start:]
 
+    def input_ids(self, first: int, count: int) -> list[int]:
+        """The ids of positions first..first+count-1: token_ids, then the drafts being verified."""
+        ids = self.token_ids[first:first + count]
+        return ids if len(ids) == count else ids + self.spec_token_ids[:count - len(ids)]
+
     @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
@@ -66,4 +72,5 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         self.num_computed_tokens = self.num_cached_tokens = 0
         self.block_tables, self.block_hashes, self.released_until = [], [], []
+        self.spec_token_ids = []
         self.status = Status.WAITING

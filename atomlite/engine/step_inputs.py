@@ -30,13 +30,14 @@ class StepInputs:
         return len(self.seq_lens)
 
 
-def step_metadata_by_group(model, kv: KVCacheManager) -> dict[int, StepMetadata]:
-    """Each KV group's per-step metadata function: its layers' attention kernel's step_metadata, where it has one."""
+def step_metadata_by_group(attention_layers) -> dict[int, StepMetadata]:
+    """Each KV group's per-step metadata function: the attention kernel's step_metadata of the layers bound to it
+    (bind_cache), where it has one."""
     found: dict[int, set] = {}
-    for layer, attention in enumerate(model.attention_layers()):
+    for attention in attention_layers:
         build = getattr(attention, "step_metadata", None)
         if build is not None:
-            found.setdefault(kv.layer_group[layer], set()).add(build)
+            found.setdefault(attention.group_id, set()).add(build)
     for group, builds in found.items():
         if len(builds) > 1:
             names = ", ".join(sorted(f"{b.__module__}.{b.__qualname__}" for b in builds))
@@ -64,12 +65,23 @@ class StepInputBuilder:
             seq_index = np.repeat(seq_index, counts)
         ids = None
         if ids_known:
-            new_ids = (seq.token_ids[first:first + n] for (seq, n), first in zip(batch, firsts))
+            new_ids = (seq.input_ids(first, n) for (seq, n), first in zip(batch, firsts))
             ids = np.fromiter(itertools.chain.from_iterable(new_ids), dtype=np.int64, count=starts[-1])
         tables = [self._table(batch, group.id) for group in self.kv.groups]
         block_index, offset = np.divmod(positions, self.kv.block_size)
         slots = [table[seq_index, block_index] * np.int64(self.kv.block_size) + offset for table in tables]
         return StepInputs(ids, positions, starts, [f + n for f, n in zip(firsts, counts)], slots, tables)
+
+    def build_draft(self, seqs: list[Sequence]) -> StepInputs:
+        """A drafter's step: one query per sequence at its newest token's position p, which sees the target's keys
+        0..p-1 (the kernels place a query at seq_len - 1) and writes no KV."""
+        positions = np.array([len(seq.token_ids) - 1 for seq in seqs], dtype=np.int64)
+        batch = [(seq, 1) for seq in seqs]
+        tables = [self._table(batch, group.id) for group in self.kv.groups]
+        ids = np.array([seq.token_ids[-1] for seq in seqs], dtype=np.int64)
+        no_slots = np.full(len(seqs), -1, dtype=np.int64)
+        return StepInputs(ids, positions, list(range(len(seqs) + 1)), positions.tolist(),
+                          [no_slots] * len(tables), tables)
 
     @staticmethod
     def _table(batch: list[tuple[Sequence, int]], group_id: int) -> np.ndarray:

@@ -33,4 +33,5 @@ class EngineStats:
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int  # of those, tokens found
     iteration_tokens: list[int] = field(default_factory=list)
+    spec: object = None  # the drafts' acceptance counters (spec.stats.SpecStats), with speculative decoding
     num_added: int = 0  # requests the engine has taken in, so a client can count the ones still on their way

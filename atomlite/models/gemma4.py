@@ -19,7 +19,7 @@ from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
-from atomlite.models.gemma4_layers import Gemma4DecoderLayer
+from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
 
 
 def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
@@ -34,6 +34,16 @@ def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
     return targets
 
 
+def ropes_by_kind(spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
+    """One RotaryEmbedding per attention kind of spec's layers."""
+    ropes = nn.ModuleDict()
+    for kind in sorted({layer.kind for layer in spec.layers}):
+        head_dim = next(layer.head_dim for layer in spec.layers if layer.kind == kind)
+        inv_freq = inv_freq_from_params(head_dim, spec.rope_parameters(kind))
+        ropes[kind] = RotaryEmbedding(head_dim, inv_freq, max_positions)
+    return ropes
+
+
 class Gemma4Model(nn.Module):
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -46,7 +56,7 @@ class Gemma4Model(nn.Module):
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
         self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
-        self.ropes = self._build_ropes(spec, max_positions)
+        self.ropes = ropes_by_kind(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
@@ -58,15 +68,6 @@ class Gemma4Model(nn.Module):
         if self.ple_dim:
             self._build_per_layer_embeddings(cfg, len(spec.layers), lin)
         self.kinds = kinds
-
-    @staticmethod
-    def _build_ropes(spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
-        ropes = nn.ModuleDict()
-        for kind in sorted({layer.kind for layer in spec.layers}):
-            head_dim = next(layer.head_dim for layer in spec.layers if layer.kind == kind)
-            inv_freq = inv_freq_from_params(head_dim, spec.rope_parameters(kind))
-            ropes[kind] = RotaryEmbedding(head_dim, inv_freq, max_positions)
-        return ropes
 
     def _key_from_value_layers(self, spec: ModelSpec) -> set[int]:
         """k_eq_v layers store V alone (K = rope(V * w_k)), unless a KV-sharing layer reads their cache: that
@@ -90,11 +91,7 @@ class Gemma4Model(nn.Module):
         return (self.per_layer_projection_norm(context) + tokens) * 2.0 ** -0.5
 
     def dataflow(self):
-        """Each layer's edges (model_ops.fusion); its output goes on to the next layer's input norm, read by that
-        layer's fused q/k/v projection where it has one, and the last layer's to the final norm."""
-        following = [(layer.input_layernorm, layer.self_attn.input_linear) for layer in self.layers[1:]]
-        for layer, (next_norm, next_reader) in zip(self.layers, following + [(self.norm, None)]):
-            yield from layer.dataflow(next_norm, next_reader)
+        return decoder_dataflow(self.layers, self.norm)
 
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(ids)

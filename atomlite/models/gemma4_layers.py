@@ -22,8 +22,11 @@ OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branche
 
 
 class Gemma4Attention(nn.Module):
+    """owner_key_norm: for a KV-sharing layer whose owner's cache holds V alone (k_from_v, with key_rope the
+    owner's RoPE), the owner's k_norm, whose weight rebuilds K."""
+
     def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: RotaryEmbedding | None = None):
+                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None):
         super().__init__()
         hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
@@ -44,6 +47,8 @@ class Gemma4Attention(nn.Module):
         if not shares_kv:
             self.k_norm = RMSNorm(self.head_dim, eps)
         self.shares_kv = shares_kv
+        # out of the module tree: the owner's model holds and loads it
+        self.owner_key_norms = () if owner_key_norm is None else (owner_key_norm,)
         self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
         self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
 
@@ -67,6 +72,8 @@ class Gemma4Attention(nn.Module):
         if not self.shares_kv:  # V is v_norm of the raw k projection on k_eq_v layers (parts[-1] is k then)
             k, v, k_weight = (as_heads(parts[1], self.head_dim), as_heads(parts[-1], self.head_dim),
                               self.k_norm.weight)
+        elif self.owner_key_norms:
+            k_weight = self.owner_key_norms[0].weight
         out = self.attn.forward_raw(q, k, v, self.q_norm.weight, k_weight, self.q_norm.eps, cos, sin, ctx)
         return self.o_proj(merged_heads(out))
 
@@ -113,10 +120,11 @@ class Gemma4Router(nn.Module):
 
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: RotaryEmbedding | None = None):
+                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope)
+        self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope,
+                                         owner_key_norm)
         wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
         self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -176,3 +184,11 @@ class Gemma4DecoderLayer(nn.Module):
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), h.device,
                                   overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
+
+
+def decoder_dataflow(layers: nn.ModuleList, final_norm: RMSNorm):
+    """A stack's edges (model_ops.fusion): each layer's output goes on to the next layer's input norm, read by that
+    layer's fused q/k/v projection where it has one, and the last layer's to the final norm."""
+    following = [(layer.input_layernorm, layer.self_attn.input_linear) for layer in layers[1:]]
+    for layer, (next_norm, next_reader) in zip(layers, following + [(final_norm, None)]):
+        yield from layer.dataflow(next_norm, next_reader)

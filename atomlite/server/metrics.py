@@ -37,6 +37,15 @@ class ServerMetrics:
         self.decode_time = Histogram("atomlite:request_decode_time_seconds", "First token to last token",
                                      buckets=REQUEST_BUCKETS, registry=r)
         self.finished = Counter("atomlite:request_finished", "Finished requests by reason", ["reason"], registry=r)
+        self.spec_drafts = Counter("atomlite:spec_decode_num_drafts", "Draft rounds verified (speculative decoding)",
+                                   registry=r)
+        self.spec_draft_tokens = Counter("atomlite:spec_decode_num_draft_tokens", "Draft tokens proposed",
+                                         registry=r)
+        self.spec_accepted = Counter("atomlite:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                     registry=r)
+        self.spec_accepted_per_pos = Counter("atomlite:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft", ["position"],
+                                             registry=r)
 
     def update_engine(self, stats, previous) -> None:
         """The engine's gauges, its totals' growth since `previous` (None at first) and its forward passes."""
@@ -50,6 +59,16 @@ class ServerMetrics:
             counter.inc(getattr(stats, name) - (getattr(previous, name) if previous is not None else 0))
         for tokens in stats.iteration_tokens:
             self.iteration_tokens.observe(tokens)
+        if stats.spec is not None:
+            self._update_spec(stats.spec, getattr(previous, "spec", None))
+
+    def _update_spec(self, spec, previous) -> None:
+        for counter, name in ((self.spec_drafts, "num_drafts"), (self.spec_draft_tokens, "num_draft_tokens"),
+                              (self.spec_accepted, "num_accepted_tokens")):
+            counter.inc(getattr(spec, name) - (getattr(previous, name) if previous is not None else 0))
+        for position, accepted in enumerate(spec.accepted_per_pos):
+            before = previous.accepted_per_pos[position] if previous is not None else 0
+            self.spec_accepted_per_pos.labels(position=str(position)).inc(accepted - before)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

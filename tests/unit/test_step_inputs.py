@@ -80,8 +80,8 @@ class AttentionStub:
     def __init__(self, kernel):
         self.step_metadata = getattr(kernel, "step_metadata", None)
 
-    def bind_cache(self, *cache):
-        pass
+    def bind_cache(self, k_cache, v_cache, group_id):
+        self.group_id = group_id
 
 
 class StubModel:
