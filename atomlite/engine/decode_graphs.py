@@ -36,9 +36,11 @@ def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
     return next((b for b in sizes if b >= num_seqs), None)
 
 
-def is_decode_only(batch: list[tuple[Sequence, int]]) -> bool:
-    """Every sequence adds exactly its last token and samples from it."""
-    return all(n == 1 and seq.num_computed_tokens + 1 == len(seq.token_ids) for seq, n in batch)
+def is_decode_only(batch: list[tuple[Sequence, int]], queries_per_seq: int = 1) -> bool:
+    """Every sequence adds exactly its last token and samples from it (queries_per_seq 1), or adds its last token
+    and queries_per_seq - 1 drafts that it verifies."""
+    return all(n == queries_per_seq and seq.num_computed_tokens + 1 == len(seq.token_ids)
+               and len(seq.spec_token_ids) == queries_per_seq - 1 for seq, n in batch)
 
 
 def graphs_off_reason(device: torch.device, enforce_eager: bool, kernels: KernelChoices) -> str | None:
@@ -62,23 +64,24 @@ def _static(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor
 
 class StaticDecodeInputs:
     """Token ids, positions, sequence lengths, and per KV group the slot mapping and block table, for up to
-    max_batch sequences of up to max_model_len tokens."""
+    max_batch sequences of up to max_model_len tokens, each adding queries_per_seq tokens."""
 
-    def __init__(self, builder: StepInputBuilder, max_batch: int, max_model_len: int):
+    def __init__(self, builder: StepInputBuilder, max_batch: int, max_model_len: int, queries_per_seq: int = 1):
         kv, device = builder.kv, builder.device
         pin = device.type == "cuda"
-        self.builder = builder
+        self.builder, self.queries = builder, queries_per_seq
         width = math.ceil(max_model_len / kv.block_size)
         self.capacity = width * kv.block_size  # keys a table row can address
         # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
         # than one copy per row; block tables are large (max_model_len wide), so only their used rows move.
-        self.rows = _static((2 + len(kv.groups), max_batch), torch.int64, device, pin)
+        self.rows = _static((2 + len(kv.groups), max_batch * queries_per_seq), torch.int64, device, pin)
         self.ids, self.positions = (tuple(t[i] for t in self.rows) for i in range(2))
         self.slots = [tuple(t[2 + g] for t in self.rows) for g in range(len(kv.groups))]
         self.seq_lens = _static(max_batch, torch.int32, device, pin)
         self.tables = [_static((max_batch, width), torch.int32, device, pin) for _ in kv.groups]
-        # one query per sequence, so query starts never change
-        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        # the same number of queries per sequence, so query starts never change
+        self.query_start_loc = torch.arange(0, (max_batch + 1) * queries_per_seq, queries_per_seq,
+                                            dtype=torch.int32, device=device)
         self.group_ids = [g.id for g in kv.groups]
         # numpy views of the host mirrors, made once: the step's inputs go into them
         self.host_rows = [t[1].numpy() for t in (self.ids, self.positions, self.seq_lens)]
@@ -91,11 +94,12 @@ class StaticDecodeInputs:
         """Views of the first `bucket` rows; the same tensors every step, as a graph needs. What the host knows is
         what holds for every step of the bucket: one query per row and the tables' capacity."""
         if bucket not in self._contexts:
-            groups = {gid: GroupBatch(slots[0][:bucket], table[0][:bucket])
+            q, tokens = self.queries, bucket * self.queries
+            groups = {gid: GroupBatch(slots[0][:tokens], table[0][:bucket])
                       for gid, slots, table in zip(self.group_ids, self.slots, self.tables)}
-            host = HostBatch(list(range(bucket + 1)), None, max_query_len=1, max_seq_len=self.capacity,
-                             decode_only=True)
-            ctx = ForwardContext(self.positions[0][:bucket], self.query_start_loc[:bucket + 1],
+            host = HostBatch(list(range(0, tokens + 1, q)), None, max_query_len=q, max_seq_len=self.capacity,
+                             decode_only=q == 1)
+            ctx = ForwardContext(self.positions[0][:tokens], self.query_start_loc[:bucket + 1],
                                  self.seq_lens[0][:bucket], groups, host)
             self.builder.attach_metadata(ctx)
             _check_nothing_kept(ctx)
@@ -104,16 +108,17 @@ class StaticDecodeInputs:
 
     def fill(self, inputs: StepInputs, bucket: int) -> None:
         """The step's rows, then padding rows up to bucket; one host-to-device copy per buffer."""
-        n = inputs.num_seqs
+        n, q = inputs.num_seqs, self.queries
         if self._copied is not None:
             self._copied.synchronize()
         ids, positions, seq_lens = self.host_rows
         if inputs.ids is not None:
-            ids[:n] = inputs.ids
-        positions[:n], seq_lens[:n] = inputs.positions, inputs.seq_lens
-        ids[n:bucket], positions[n:bucket], seq_lens[n:bucket] = 0, 0, 1
+            ids[:n * q] = inputs.ids
+        positions[:n * q], seq_lens[:n] = inputs.positions, inputs.seq_lens
+        # padding sequences: their queries see keys 0.. of the null block (never written, so finite)
+        ids[n * q:bucket * q], positions[n * q:bucket * q], seq_lens[n:bucket] = 0, 0, q
         for (slots, table), built_slots, built_table in zip(self.host_groups, inputs.slots, inputs.tables):
-            _fill_group(slots, table, built_slots, built_table, bucket)
+            _fill_group(slots, table, built_slots, built_table, n * q, bucket * q, bucket)
         for device, host in (self.rows, self.seq_lens):
             device.copy_(host, non_blocking=True)
         for device, host in self.tables:
@@ -123,9 +128,9 @@ class StaticDecodeInputs:
 
 
 def _fill_group(slots: np.ndarray, table: np.ndarray, built_slots: np.ndarray, built_table: np.ndarray,
-                bucket: int) -> None:
+                tokens: int, padded_tokens: int, bucket: int) -> None:
     n, width = built_table.shape
-    slots[:n], slots[n:bucket] = built_slots, -1
+    slots[:tokens], slots[tokens:padded_tokens] = built_slots, -1
     table[:n, :width] = built_table
     # Padding rows read key 0 of their row's first block: whatever block id is left there is a valid one.
     table[n:bucket, 0] = NULL_BLOCK
@@ -153,38 +158,39 @@ class CaptureReport:
 
 class DecodeGraphs:
     """Runs decode-only steps of up to max_batch sequences from per-bucket graphs (or, with capture=False, eagerly
-    from the same static buffers)."""
+    from the same static buffers). With queries_per_seq q > 1, the steps of sequences verifying q - 1 drafts each
+    (every row's logits are kept)."""
 
     def __init__(self, model, builder: StepInputBuilder, max_batch: int, max_model_len: int, capture: bool = True,
-                 keep_hidden: bool = False):
+                 keep_hidden: bool = False, queries_per_seq: int = 1):
         self.model, self.device, self.capture = model, builder.device, capture
         self.keep_hidden = keep_hidden  # a drafter reads the final hidden states too
-        self.hidden: torch.Tensor | None = None  # [max_batch, hidden], written by every replay when kept
-        self.builder = builder
+        self.hidden: torch.Tensor | None = None  # [max_batch * q, hidden], written by every replay when kept
+        self.builder, self.queries = builder, queries_per_seq
         self.sizes = graph_batch_sizes(max_batch)
-        self.inputs = StaticDecodeInputs(builder, max_batch, max_model_len)
-        self.logits: torch.Tensor | None = None  # [max_batch, vocab] fp32, written by every replay
+        self.inputs = StaticDecodeInputs(builder, max_batch, max_model_len, queries_per_seq)
+        self.logits: torch.Tensor | None = None  # [max_batch * q, vocab] fp32, written by every replay
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.report: CaptureReport | None = None
 
     def supports(self, batch: list[tuple[Sequence, int]]) -> bool:
-        return self.fits(len(batch)) and is_decode_only(batch)
+        return self.fits(len(batch)) and is_decode_only(batch, self.queries)
 
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
     def _forward(self, bucket: int) -> torch.Tensor:
-        ctx = self.inputs.context(bucket)
-        hidden = self.model(self.inputs.ids[0][:bucket], ctx)
+        ctx, rows = self.inputs.context(bucket), bucket * self.queries
+        hidden = self.model(self.inputs.ids[0][:rows], ctx)
         logits = self.model.compute_logits(hidden).float()
         if self.logits is None:
-            self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=torch.float32, device=self.device)
-        self.logits[:bucket].copy_(logits)
+            self.logits = logits.new_empty((self.sizes[-1] * self.queries, logits.shape[-1]))
+        self.logits[:rows].copy_(logits)
         if self.keep_hidden:
             if self.hidden is None:
-                self.hidden = hidden.new_empty((self.sizes[-1], hidden.shape[-1]))
-            self.hidden[:bucket].copy_(hidden)
-        return self.logits[:bucket]
+                self.hidden = hidden.new_empty((self.sizes[-1] * self.queries, hidden.shape[-1]))
+            self.hidden[:rows].copy_(hidden)
+        return self.logits[:rows]
 
     @torch.inference_mode()
     def capture_all(self) -> CaptureReport:
@@ -193,7 +199,8 @@ class DecodeGraphs:
         torch.cuda.empty_cache()  # as each capture does: both readings then hold no released-later cached blocks
         reserved_before = torch.cuda.memory_reserved(self.device)
         start, pool = time.perf_counter(), None
-        for bucket in tqdm(list(reversed(self.sizes)), desc="Decode graphs", unit="graph", delay=1.0):
+        desc = "Decode graphs" if self.queries == 1 else f"Verify graphs ({self.queries} tokens per sequence)"
+        for bucket in tqdm(list(reversed(self.sizes)), desc=desc, unit="graph", delay=1.0):
             self.inputs.fill(self.builder.build([]), bucket)
             for _ in range(2):  # compiles each kernel variant at this shape outside the capture
                 self._forward(bucket)
@@ -212,14 +219,14 @@ class DecodeGraphs:
         return self.report
 
     def run(self, batch: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> fp32 logits [len(batch), vocab] of a decode-only batch. ids: the input token ids on the device, one
+        """-> fp32 logits [len(batch) * queries_per_seq, vocab] of a decode-only batch. ids: the input token ids on the device, one
         per sequence, for a step launched before the host has them (each sequence's position is then its
         num_computed_tokens, its last host token not yet appended)."""
-        bucket = bucket_for(len(batch), self.sizes)
+        bucket, rows = bucket_for(len(batch), self.sizes), len(batch) * self.queries
         self.inputs.fill(self.builder.build(batch, ids_known=ids is None), bucket)
         if ids is not None:
             self.inputs.ids[0][:len(batch)].copy_(ids)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
-            return self.logits[:len(batch)]
-        return self._forward(bucket)[:len(batch)]
+            return self.logits[:rows]
+        return self._forward(bucket)[:rows]

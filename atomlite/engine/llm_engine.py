@@ -202,7 +202,13 @@ class LLMEngine:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""
         off = self._graphs_off()
         if off is None:
-            return self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
+            note = self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
+            k = self.num_speculative_tokens
+            verify_batch = min(self._graph_batch(), self.config.max_num_batched_tokens // (k + 1))
+            if self.drafter is not None and verify_batch:
+                verify = self.runner.use_verify_graphs(k, verify_batch, self.config.max_model_len).report
+                note += f"; verify steps ({k} drafts per sequence): {verify.describe().removeprefix('decode graphs: ')}"
+            return note
         note = f"decode graphs: {off}"
         if self.device.type == "cuda" and not self.config.enforce_eager:
             logger.warning(note)  # a GPU decoding eager though nobody asked for it: slower, and the user should know

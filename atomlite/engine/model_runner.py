@@ -48,6 +48,7 @@ class ModelRunner:
             attn.bind_cache(*kv.cache_for_layer(layer))
         self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model.attention_layers()))
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None
         self.keep_hidden = False  # a drafter reads the target's hidden states: keep the rows of the last step
         self.hidden: torch.Tensor | None = None  # [rows, hidden] of the last step, aligned with its logits' rows
 
@@ -57,6 +58,15 @@ class ModelRunner:
         if capture:
             self.graphs.capture_all()
         return self.graphs
+
+    def use_verify_graphs(self, num_drafts: int, max_batch: int, max_model_len: int,
+                          capture: bool = True) -> DecodeGraphs:
+        """Steps of up to max_batch sequences that each verify num_drafts drafts, from their own graphs."""
+        self.verify_graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture,
+                                          self.keep_hidden, queries_per_seq=num_drafts + 1)
+        if capture:
+            self.verify_graphs.capture_all()
+        return self.verify_graphs
 
     def can_run_ahead(self, num_seqs: int) -> bool:
         """Whether a decode step of num_seqs sequences can run before the host has its input ids."""
@@ -72,9 +82,10 @@ class ModelRunner:
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
         """-> fp32 logits of the needed rows, and which rows they are."""
         rows = _rows(batch)
-        if self.graphs is not None and self.graphs.supports(batch):
-            logits = self.graphs.run(batch)
-            self.hidden = self.graphs.hidden[:len(batch)] if self.keep_hidden else None
+        graphs = next((g for g in (self.graphs, self.verify_graphs) if g is not None and g.supports(batch)), None)
+        if graphs is not None:
+            logits = graphs.run(batch)
+            self.hidden = graphs.hidden[:len(logits)] if self.keep_hidden else None
             return logits, rows
         ids, ctx = self.inputs.context(self.inputs.build(batch))
         hidden = self.model(ids, ctx)

@@ -143,3 +143,26 @@ def test_bad_speculative_config_is_a_clear_error(checkpoints, config, message):
     path, _ = checkpoints.get("dense")
     with pytest.raises(ConfigError, match=message):
         LLM(str(path), dtype="float32", device="cpu", speculative_config=config)
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "oracle"])
+def test_verify_steps_from_static_buffers_give_the_same_tokens(checkpoints, random_assistant, drafter):
+    """The verify graphs' static buffers (run eagerly here; captured on a GPU) with mixed sequence lengths, batch
+    buckets with padding sequences, and the drafter reading hidden states from them."""
+    path, _ = checkpoints.get("dense")
+    params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    base = LLM(str(path), dtype="float32", device="cpu")
+    want = outputs(base, PROMPTS, params)
+    llm = LLM(str(path), dtype="float32", device="cpu", **spec_args(drafter, random_assistant))
+    k = 3
+    if drafter == "oracle":
+        with_drafter(llm, drafter, scripts_of(PROMPTS, want))
+        k = 4
+    engine = llm.engine
+    engine.runner.use_decode_graphs(8, engine.config.max_model_len, capture=False)
+    graphs = engine.runner.use_verify_graphs(k, 8, engine.config.max_model_len, capture=False)
+    calls, run = [], graphs.run
+    graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
+    assert outputs(llm, PROMPTS, params) == want
+    assert calls and max(calls) > 1, calls
+    assert engine.spec_stats.num_drafts > 0
