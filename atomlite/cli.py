@@ -333,6 +333,34 @@ def throughput(num_prompts, input_len, output_len, seed, json_path, **kw):
     _bench_report(engine, "throughput", rows, probes, settings, json_path)
 
 
+@bench.command()
+@engine_options
+@click.option("--input-len", type=int, default=512, show_default=True, help="Prompt tokens.")
+@click.option("--output-len", type=int, default=128, show_default=True, help="Tokens generated per prompt.")
+@click.option("--repeats", "--num-iters", "repeats", type=int, default=3, show_default=True,
+              help="Prompts decoded one after another by each drafter.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@BENCH_JSON
+def speculative(input_len, output_len, repeats, seed, json_path, **kw):
+    """Speculative decoding at batch 1 against no drafts, in one run: oracle drafts (all accepted), rejected drafts
+    (none), the verify step against a decode step, and --speculative-config's own drafter (required)."""
+    from atomlite.benchmarks.report import device_name, write_json
+    from atomlite.benchmarks.speculative import format_speculative, run_speculative
+    if min(input_len, repeats) < 1 or output_len < 2:
+        fail("--input-len and --repeats must be at least 1, --output-len at least 2")
+    if not kw.get("speculative_config"):
+        fail('bench speculative needs --speculative-config, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    engine = _bench_engine(kw)
+    rows = run_speculative(engine, input_len, output_len, repeats, seed)
+    spec = engine.config.model_spec
+    click.echo("\n".join([f"device: {device_name(engine.device)}; model: {spec.path} (load format "
+                          f"{engine.config.load_format}); {input_len}-token prompts, {output_len} tokens each",
+                          engine.graph_note, *format_speculative(rows)]))
+    write_json(json_path, {"benchmark": "speculative", "device": device_name(engine.device), "model": str(spec.path),
+                           "graphs": engine.graph_note, "results": rows,
+                           "settings": dict(input_len=input_len, output_len=output_len, repeats=repeats)})
+
+
 @bench.command(name="serve")
 @click.option("--base-url", default="http://127.0.0.1:8000", show_default=True,
               help="Server root (atomlite serve or any OpenAI-compatible server).")

@@ -22,6 +22,13 @@ latency() {  # MODEL [extra flags]: the bench/README "Decode from graphs" row
         --input-len 512 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 2048 --repeats 5 "$@"
 }
 
+speculative() {  # MODEL [flags]: the bench/README speculative decoding rows (batch 1, k = 4)
+    local model=$1; shift
+    python -m atomlite.cli bench speculative --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
+        --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}' --input-len 512 --output-len 128 \
+        --repeats 3 --max-num-seqs 1 --max-model-len 2048 "$@"
+}
+
 latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats): the quick A/B row
     python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
         --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
@@ -100,6 +107,9 @@ stage() {
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
+        spec-31b) speculative gemma-4-31B-it ;;
+        spec-26b) speculative gemma-4-26B-A4B-it ;;
+        tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;

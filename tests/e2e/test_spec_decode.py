@@ -166,3 +166,24 @@ def test_verify_steps_from_static_buffers_give_the_same_tokens(checkpoints, rand
     assert outputs(llm, PROMPTS, params) == want
     assert calls and max(calls) > 1, calls
     assert engine.spec_stats.num_drafts > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("drafter", ["mtp", "oracle", "ngram"])
+def test_verify_graphs_on_the_gpu_give_the_same_tokens(checkpoints, random_assistant, drafter):
+    """Captured decode and verify graphs (float32, a fixed cache): greedy output equals decoding without drafts."""
+    path, _ = checkpoints.get("dense")
+    args = dict(dtype="float32", device="cuda", kv_cache_memory=256 * 2**20)
+    params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    want = outputs(LLM(str(path), **args), PROMPTS, params)
+    if drafter == "oracle":  # verify graphs are captured for the configured k: n-gram's, then the oracle swapped in
+        llm = LLM(str(path), **args, speculative_config={**NGRAM, "num_speculative_tokens": 4})
+        with_drafter(llm, drafter, scripts_of(PROMPTS, want))
+    else:
+        llm = LLM(str(path), **args, **spec_args(drafter, random_assistant))
+    assert "verify steps" in llm.engine.graph_note
+    graphs = llm.engine.runner.verify_graphs
+    calls, run = [], graphs.run
+    graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
+    assert outputs(llm, PROMPTS, params) == want
+    assert calls
