@@ -451,14 +451,14 @@ class LLMEngine:
             self.kv.release_out_of_window(seq)
 
     def _draft(self, seqs: list[Sequence]) -> None:
-        """Drafts for the next step, for each sequence that may take them and has room for at least one."""
-        config, k = self.config, self.num_speculative_tokens
+        """Drafts for the next step, for each sequence that may take them and has more than one token to come. A
+        short proposal is padded to k with its last token (verification is exact whatever is proposed), so that
+        verify steps keep one shape and replay from graphs; tokens past max_tokens are dropped when taken."""
         chosen, ks = [], []
         for seq in seqs:
-            room = min(k, seq.params.max_tokens - seq.num_output_tokens - 1,
-                       config.max_model_len - len(seq.token_ids) - 1)
-            if (room > 0 and not seq.is_finished and seq.num_uncomputed == 1 and drafting_allowed(seq)
-                    and not self.structured.is_constrained(seq)
+            room = min(self.num_speculative_tokens, self.config.max_model_len - len(seq.token_ids) - 1)
+            if (room > 0 and not seq.is_finished and seq.params.max_tokens - seq.num_output_tokens > 1
+                    and seq.num_uncomputed == 1 and drafting_allowed(seq) and not self.structured.is_constrained(seq)
                     and (not self.drafter.needs_hidden or seq.seq_id in self._hidden_rows)):
                 chosen.append(seq)
                 ks.append(room)
@@ -468,8 +468,8 @@ class LLMEngine:
         if self.drafter.needs_hidden:
             rows = torch.tensor([self._hidden_rows[seq.seq_id] for seq in chosen], device=self.device)
             hidden = self.runner.hidden[rows]
-        for seq, drafts in zip(chosen, self.drafter.propose(chosen, hidden, ks)):
-            seq.spec_token_ids = drafts
+        for seq, k, drafts in zip(chosen, ks, self.drafter.propose(chosen, hidden, ks)):
+            seq.spec_token_ids = drafts + drafts[-1:] * (k - len(drafts)) if drafts else []
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, prompt_rows) -> None:
         for seq, first_row, first_pos, count in prompt_rows:
