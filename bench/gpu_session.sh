@@ -109,6 +109,10 @@ stage() {
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
         spec-31b) speculative gemma-4-31B-it ;;
         spec-26b) speculative gemma-4-26B-A4B-it ;;
+        verify-31b) python bench/verify_step.py --model examples/configs/gemma-4-31B-it ;;
+        verify-26b) python bench/verify_step.py --model examples/configs/gemma-4-26B-A4B-it ;;
+        train-assistant) python -m atomlite.demo.train_assistant --device cuda --max-seconds "${TRAIN_SECONDS:-220}" \
+                             --out /tmp/assistant && tar -C /tmp -cf "$OUT/assistant.tar" assistant ;;
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;

@@ -1,9 +1,11 @@
-"""The tiny bundled demo model (model/) and the tools that make it (data.py, train.py, tokenizer.py)."""
+"""The tiny bundled demo model (model/), its speculative-decoding assistant (assistant/), and the tools that make
+them (data.py, train.py, train_assistant.py, tokenizer.py)."""
 from pathlib import Path
 
 from atomlite.errors import ConfigError
 
 DEMO_DIR = Path(__file__).parent / "model"
+DEMO_ASSISTANT_DIR = Path(__file__).parent / "assistant"
 
 
 def demo_model_dir() -> Path:

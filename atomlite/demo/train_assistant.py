@@ -32,12 +32,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from atomlite.demo import DEMO_DIR
+from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
 from atomlite.demo.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, optimizer, probe_set,
                                  round_weights)
 
-ASSISTANT_DIR = Path(__file__).parent / "assistant"
 ASSISTANT_SIZE = dict(hidden_size=128, intermediate_size=512, num_attention_heads=4,
                       layer_types=["sliding_attention", "full_attention"])
 DRAFTS = 4
@@ -301,7 +300,7 @@ def train(args, start: float) -> list[float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=ASSISTANT_DIR)
+    parser.add_argument("--out", type=Path, default=DEMO_ASSISTANT_DIR)
     parser.add_argument("--target", type=Path, default=DEMO_DIR, help="the frozen model the assistant drafts for")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=3000)

@@ -155,3 +155,21 @@ def test_split_kv_merge_writes_the_output_quantized_as_the_fp8_gemm_reads_it(per
     assert torch.equal(quantized.scales, scales)
     padded = InputQuantization(period, 4 * head_dim + 256)
     assert torch.equal(tri.launch(*args, 0.125, None, False, config, quantize=padded), out)
+
+
+@pytest.mark.parametrize("group", [2, 8])
+def test_verify_step_queries_take_split_kv_tiles_and_match_reference(group):
+    """A verify step: each sequence's newest token and 4 drafts, the host's lengths known (an eager step) or not (a
+    graph replay): split-KV tiles that hold a sequence's 5 queries x the GQA group in one program."""
+    from atomlite.model_ops.context import HostBatch
+    seed = torch.randint(0, 2**31, ()).item()
+    q_lens, k_lens = [5, 5, 5], [300, 5, 77]
+    args = paged_batch(q_lens, k_lens, 2 * group, 2, 64, 16, torch.float32, None, DEVICE, seed)
+    starts = [0, 5, 10, 15]
+    for host in (HostBatch.of(starts, k_lens), HostBatch(starts, None, 5, 320, False)):
+        config = tri.pick_config(args[0], args[1], args[3], group, max_query_len=host.max_query_len)
+        assert config.num_splits > 1 or DEVICE == "cpu"
+        if DEVICE != "cpu":
+            assert config.block_m >= min(64, 5 * group)
+        out, lse = tri.paged_attention(*args, 0.125, None, True, host=host)
+        assert_close_to_reference(out, lse, args, 0.125, None)

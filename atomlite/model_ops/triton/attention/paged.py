@@ -21,6 +21,7 @@ from atomlite.model_ops.kv_spec import UNIT_SCALES, KVSpec, cache_scales
 from atomlite.model_ops.triton.attention import split_kv
 from atomlite.model_ops.triton.attention.tuning import (BUILD_KEYS_BLOCK, BUILD_KEYS_WARPS, DECODE_BLOCK_M,
                                                         DECODE_BLOCK_N, DECODE_BLOCK_N_WIDE_VALUES,
+                                                        DECODE_MAX_BLOCK_M, DECODE_MAX_QUERY_LEN,
                                                         DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
                                                         DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
                                                         PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
@@ -317,36 +318,48 @@ def rotated_width(rotary_pairs: int) -> int:
     return max(16, triton.next_power_of_2(rotary_pairs))
 
 
+def decode_like(num_tokens: int, num_seqs: int, max_query_len: int | None) -> bool:
+    """A few queries per sequence (decode; a verify step's newest token and drafts): split-KV tiles. Without the
+    host's longest query, the mean query length decides."""
+    if max_query_len is not None:
+        return max_query_len <= DECODE_MAX_QUERY_LEN
+    return num_tokens <= DECODE_QUERIES_PER_SEQ * num_seqs
+
+
 def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, group: int,
-                derive_k: bool = False, window: int | None = None) -> AttnConfig:
-    """Tile shapes by head_dim and batch shape (tuning.py); decode-like batches (about one query per sequence) get
-    split-KV."""
+                derive_k: bool = False, window: int | None = None, max_query_len: int | None = None) -> AttnConfig:
+    """Tile shapes by head_dim and batch shape (tuning.py); decode-like batches get split-KV."""
     head_dim, num_tokens, num_seqs = q.shape[2], q.shape[0], block_table.shape[0]
     wide = q.element_size() > 2 or interpreting()
     platform = platform_of(q.device)
     # Rebuilding keys from V, or widening an fp8 cache, holds more per lane: AMD takes smaller tiles there.
     heavy = platform.kind == "rocm" and (derive_k or cache.element_size() == 1)
-    if num_tokens <= DECODE_QUERIES_PER_SEQ * num_seqs:
+    if decode_like(num_tokens, num_seqs, max_query_len):
         num_pairs, max_keys = num_seqs * cache.shape[2], block_table.shape[1] * cache.shape[1]
         if platform.kind == "rocm":
             tiles = (ROCM_DECODE_HEAVY_GFX942 if heavy and platform.arch == "gfx942"
                      else ROCM_DECODE_WIDE if head_dim >= WIDE_HEAD_DIM or wide else ROCM_DECODE)
             splits = split_kv.num_splits(q.device, num_pairs, max_keys, tiles.block_n)
             return dataclasses.replace(tiles, num_splits=splits)
-        return _decode_config(q.device, head_dim, wide, num_pairs, min(max_keys, window or max_keys))
+        rows = group * (max_query_len or 1)
+        return _decode_config(q.device, head_dim, wide, num_pairs, min(max_keys, window or max_keys), rows)
     if heavy:
         return ROCM_PREFILL_HEAVY
     _, fast, small = next(row for row in PREFILL_TILES if head_dim >= row[0])
     return small if wide or platform.kind == "rocm" else fast
 
 
-def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: int, keys: int) -> AttnConfig:
+def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: int, keys: int,
+                   rows: int = 1) -> AttnConfig:
     """Split-KV decode tiles on NVIDIA: a split walks up to SHORT_WALK key tiles unpipelined, or more with
-    LONG_WALK_STAGES (tuning.py). keys: the most keys a query sees (the table's width, or the window)."""
+    LONG_WALK_STAGES (tuning.py). keys: the most keys a query sees (the table's width, or the window). rows: a
+    sequence's queries times the GQA group, which one program takes whole up to DECODE_MAX_BLOCK_M (each key tile
+    then loaded once for all of them)."""
     block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
     splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT)
     walk = triton.cdiv(keys, block_n * splits)
-    return AttnConfig(DECODE_BLOCK_M, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,
+    block_m = max(DECODE_BLOCK_M, min(DECODE_MAX_BLOCK_M, triton.next_power_of_2(rows)))
+    return AttnConfig(block_m, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,
                       SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
 
 
@@ -432,7 +445,8 @@ def step_metadata(ctx: ForwardContext, group: GroupBatch, spec: KVSpec, block_si
     """Per step and KV group: where each sequence's rows start among the keys a prefill on V-only layers without a
     window builds once (_keys_for_prefill); None where no layer of the group builds them."""
     host = ctx.host
-    if not spec.k_from_v or spec.window is not None or host is None or host.seq_lens is None or host.decode_only:
+    if (not spec.k_from_v or spec.window is not None or host is None or host.seq_lens is None
+            or decode_like(0, 0, host.max_query_len)):
         return None
     return key_row_starts(host.seq_lens, group.block_table.device)
 
@@ -443,7 +457,7 @@ def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host:
     slower at S = 8192, head_dim 512): build them once, where the host knows the lengths and the keys take no
     more memory than q (so the forward's measured activation peak covers them). Decode builds in the kernel: one
     tile per key either way. derived: step_metadata's row starts, else they are made here."""
-    if host is None or host.seq_lens is None or host.decode_only:
+    if host is None or host.seq_lens is None or decode_like(0, 0, host.max_query_len):
         return None
     total = sum(host.seq_lens)
     if total * v_cache.shape[2] * v_cache.shape[3] > q.numel():
@@ -466,7 +480,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     if k_from_v is not None and window is None:
         built = _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
     config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None,
-                         window=window)
+                         window=window, max_query_len=host.max_query_len if host is not None else None)
     k_scale, v_scale = cache_scales(v_cache, kv_scales)
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,

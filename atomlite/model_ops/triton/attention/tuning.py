@@ -13,7 +13,11 @@ class AttnConfig:
     num_splits: int = 1
 
 
-# A batch with at most this many queries per sequence is decode-like: split-KV tiles.
+# A batch whose longest query is at most DECODE_MAX_QUERY_LEN tokens (a decode step, or a verify step's newest token
+# and its drafts) is decode-like: split-KV tiles; without the host's lengths, one with at most DECODE_QUERIES_PER_SEQ
+# queries per sequence on average. A 5-token verify step of 31B at batch 1 took 2.8 ms of attention on prefill tiles
+# (a few programs walking every key) against 0.64 ms for one token on split-KV tiles (H100).
+DECODE_MAX_QUERY_LEN = 8
 DECODE_QUERIES_PER_SEQ = 2
 # From this head_dim on, decode tiles are the wide-head ones below.
 WIDE_HEAD_DIM = 512
@@ -22,6 +26,7 @@ WIDE_HEAD_DIM = 512
 # costs more than it hides (26B-A4B sliding layer at 544 keys: 7.9 us unpipelined against 13.5 with 3 stages), so
 # a split walks up to SHORT_WALK key tiles unpipelined, or more with LONG_WALK_STAGES.
 DECODE_BLOCK_M = 16
+DECODE_MAX_BLOCK_M = 64  # a verify step's queries x GQA group in one program, up to this many rows
 DECODE_BLOCK_N = 64
 DECODE_BLOCK_N_WIDE_VALUES = 32  # 4-byte values (fp32, or any dtype under the interpreter)
 DECODE_WARPS = 4
