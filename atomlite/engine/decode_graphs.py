@@ -70,6 +70,7 @@ class StaticDecodeInputs:
         kv, device = builder.kv, builder.device
         pin = device.type == "cuda"
         self.builder, self.queries = builder, queries_per_seq
+        self.label = "Decode graphs" if queries_per_seq == 1 else f"Verify graphs ({queries_per_seq} tokens a sequence)"
         width = math.ceil(max_model_len / kv.block_size)
         self.capacity = width * kv.block_size  # keys a table row can address
         # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
@@ -167,6 +168,7 @@ class DecodeGraphs:
         self.keep_hidden = keep_hidden  # a drafter reads the final hidden states too
         self.hidden: torch.Tensor | None = None  # [max_batch * q, hidden], written by every replay when kept
         self.builder, self.queries = builder, queries_per_seq
+        self.label = "Decode graphs" if queries_per_seq == 1 else f"Verify graphs ({queries_per_seq} tokens a sequence)"
         self.sizes = graph_batch_sizes(max_batch)
         self.inputs = StaticDecodeInputs(builder, max_batch, max_model_len, queries_per_seq)
         self.logits: torch.Tensor | None = None  # [max_batch * q, vocab] fp32, written by every replay
@@ -199,8 +201,7 @@ class DecodeGraphs:
         torch.cuda.empty_cache()  # as each capture does: both readings then hold no released-later cached blocks
         reserved_before = torch.cuda.memory_reserved(self.device)
         start, pool = time.perf_counter(), None
-        desc = "Decode graphs" if self.queries == 1 else f"Verify graphs ({self.queries} tokens per sequence)"
-        for bucket in tqdm(list(reversed(self.sizes)), desc=desc, unit="graph", delay=1.0):
+        for bucket in tqdm(list(reversed(self.sizes)), desc=self.label, unit="graph", delay=1.0):
             self.inputs.fill(self.builder.build([]), bucket)
             for _ in range(2):  # compiles each kernel variant at this shape outside the capture
                 self._forward(bucket)

@@ -141,7 +141,7 @@ class LLMEngine:
         if config.kv_cache_memory is None and self.device.type == "cuda":
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
                                          min(config.max_num_batched_tokens, config.max_model_len),
-                                         self._graph_batch(), config.block_size)
+                                         self._graph_tokens(), config.block_size)
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -198,6 +198,12 @@ class LLMEngine:
             return 0
         return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
 
+    def _graph_tokens(self) -> int:
+        """The tokens whose activations the graph pools hold: the largest decode batch's, and with drafts also a
+        verify step's (k + 1 per sequence), profiled as one batch of that many tokens."""
+        spec = self.config.speculative_config
+        return self._graph_batch() * (1 if spec is None else spec.num_speculative_tokens + 2)
+
     def _set_up_decode_graphs(self) -> str:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""
         off = self._graphs_off()
@@ -208,6 +214,9 @@ class LLMEngine:
             if self.drafter is not None and verify_batch:
                 verify = self.runner.use_verify_graphs(k, verify_batch, self.config.max_model_len).report
                 note += f"; verify steps ({k} drafts per sequence): {verify.describe().removeprefix('decode graphs: ')}"
+            if hasattr(self.drafter, "use_graphs"):
+                drafts = self.drafter.use_graphs(self._graph_batch(), self.config.max_model_len, k).report
+                note += f"; draft steps: {drafts.describe().removeprefix('decode graphs: ')}"
             return note
         note = f"decode graphs: {off}"
         if self.device.type == "cuda" and not self.config.enforce_eager:

@@ -182,8 +182,25 @@ def test_verify_graphs_on_the_gpu_give_the_same_tokens(checkpoints, random_assis
     else:
         llm = LLM(str(path), **args, **spec_args(drafter, random_assistant))
     assert "verify steps" in llm.engine.graph_note
+    assert ("draft steps" in llm.engine.graph_note) == (drafter == "mtp")
     graphs = llm.engine.runner.verify_graphs
     calls, run = [], graphs.run
     graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
     assert outputs(llm, PROMPTS, params) == want
     assert calls
+
+
+def test_draft_rounds_from_static_buffers_give_the_eager_drafts(checkpoints, random_assistant):
+    """The assistant's rounds through the draft graphs' static buffers (eager here, captured on a GPU), batch
+    buckets padded: the same drafts as the eager rounds, so the same output and acceptance."""
+    path, _ = checkpoints.get("dense")
+    params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    eager = LLM(str(path), dtype="float32", device="cpu", **spec_args("mtp", random_assistant))
+    want = outputs(eager, PROMPTS, params)
+    llm = LLM(str(path), dtype="float32", device="cpu", **spec_args("mtp", random_assistant))
+    graphs = llm.engine.drafter.use_graphs(8, llm.engine.config.max_model_len, 3, capture=False)
+    calls, propose = [], graphs.propose
+    graphs.propose = lambda seqs, hidden: (calls.append(len(seqs)), propose(seqs, hidden))[1]
+    assert outputs(llm, PROMPTS, params) == want
+    assert calls and max(calls) > 1
+    assert llm.engine.spec_stats.accepted_per_pos == eager.engine.spec_stats.accepted_per_pos

@@ -7,6 +7,7 @@ it (the state that predicted that token), and each of its k steps feeds its own 
 import torch
 
 from atomlite.engine.sequence import Sequence
+from atomlite.engine.spec.draft_graphs import DraftGraphs
 from atomlite.engine.spec.ngram import propose_ngram
 from atomlite.engine.step_inputs import StepInputBuilder, step_metadata_by_group
 
@@ -31,9 +32,23 @@ class AssistantDrafter:
         for attention, target_layer in zip(layers, assistant.target_kv_layers):
             attention.bind_cache(*kv.cache_for_layer(target_layer))
         self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(layers))
+        self.graphs: DraftGraphs | None = None
+
+    def use_graphs(self, max_batch: int, max_model_len: int, num_drafts: int, capture: bool = True) -> DraftGraphs:
+        """Rounds of num_drafts steps for up to max_batch sequences from static buffers (graphs when capture)."""
+        weight = self.assistant.pre_projection.weight
+        self.graphs = DraftGraphs(self.assistant, self.inputs, max_batch, max_model_len, num_drafts,
+                                  self.assistant.spec.backbone_hidden_size, weight.dtype, capture)
+        if capture:
+            self.graphs.capture_all()
+        return self.graphs
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], hidden: torch.Tensor, ks: list[int]) -> list[list[int]]:
+        graphs = self.graphs
+        if graphs is not None and graphs.fits(len(seqs)) and max(ks) <= graphs.num_drafts:
+            rows = graphs.propose(seqs, hidden).tolist()
+            return [row[:k] for row, k in zip(rows, ks)]
         ids, ctx = self.inputs.context(self.inputs.build_draft(seqs))
         guesses = []
         for _ in range(max(ks)):
