@@ -52,8 +52,8 @@ class Runs:
 
 def _row(name: str, result: dict, base: dict, note: str) -> dict:
     return {"metric": name, "ms_per_token": result["s_per_token"] * 1e3, "tok_per_s": 1 / result["s_per_token"],
-            "ratio": result["s_per_token"] / base["s_per_token"], "acceptance_length": result["acceptance_length"],
-            "note": note}
+            "ratio": result["s_per_token"] / base["s_per_token"],
+            "acceptance_length": result["acceptance_length"] if result["drafts"] else None, "note": note}
 
 
 def run_speculative(engine: LLMEngine, input_len: int, output_len: int, repeats: int, seed: int) -> list[dict]:

@@ -70,17 +70,26 @@ def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
     return model.eval()
 
 
-def build_assistant_for(config: EngineConfig, target, kernels: KernelChoices | None = None):
-    """The MTP assistant of config.speculative_config, built beside target (its KV read from target's cache);
-    None for other drafters."""
+def assistant_spec_for(config: EngineConfig):
+    """The MTP assistant's spec of config.speculative_config, checked against the model's config.json (so that a
+    wrong assistant fails before any weight loads); None for other drafters."""
     spec = config.speculative_config
     if spec is None or spec.method != "mtp":
         return None
-    from atomlite.models.gemma4_assistant import build_assistant, load_assistant_spec
+    from atomlite.models.gemma4_assistant import check_compatible, load_assistant_spec
+    assistant = load_assistant_spec(spec.model)
+    check_compatible(assistant, config.model_spec)
+    return assistant
+
+
+def build_assistant_for(config: EngineConfig, assistant_spec, target, kernels: KernelChoices | None = None):
+    """The MTP assistant built beside target (its KV read from target's cache); None without one."""
+    if assistant_spec is None:
+        return None
+    from atomlite.models.gemma4_assistant import build_assistant
     device = config.torch_device
     with dispatch.use(detect_platform(device), config.kernel_backend, kernels):
-        return build_assistant(load_assistant_spec(spec.model), target, device, config.torch_dtype,
-                               config.load_format, config.seed)
+        return build_assistant(assistant_spec, target, device, config.torch_dtype, config.load_format, config.seed)
 
 
 def load_checkpoint(model, spec) -> None:
@@ -132,8 +141,9 @@ class LLMEngine:
         self.config = config
         self.device = config.torch_device
         self.kernels = KernelChoices()
+        assistant_spec = assistant_spec_for(config)
         self.model = build_model(config, self.kernels)
-        self.assistant = build_assistant_for(config, self.model, self.kernels)
+        self.assistant = build_assistant_for(config, assistant_spec, self.model, self.kernels)
         cache_dtype = config.kv_dtype(detect_platform(self.device))
         self.kv_specs = specs = self.model.kv_specs(cache_dtype)
         self.kv_scales_note = apply_kv_scales(self.model, specs, config.model_spec.kv_cache_quant, cache_dtype)

@@ -83,9 +83,10 @@ def _check_assistant(spec: AssistantSpec, config: Path) -> None:
                           f"num_centroids ({spec.num_centroids}) and 0 < centroid_intermediate_top_k <= num_centroids")
 
 
-def check_compatible(spec: AssistantSpec, target: Gemma4ForCausalLM) -> None:
-    """ConfigError unless the assistant was made for a target of this shape."""
-    text, target_hf = spec.text.hf, target.spec.hf
+def check_compatible(spec: AssistantSpec, target: ModelSpec) -> None:
+    """ConfigError unless the assistant was made for a target of this shape (config.json alone: before any weight
+    is read)."""
+    text, target_hf = spec.text.hf, target.hf
     where = f"assistant {spec.text.path}"
     if spec.backbone_hidden_size != target_hf["hidden_size"]:
         raise ConfigError(f"{where} drafts for a target of hidden size {spec.backbone_hidden_size}, but the target has "
@@ -93,7 +94,7 @@ def check_compatible(spec: AssistantSpec, target: Gemma4ForCausalLM) -> None:
     if text["vocab_size"] != target_hf["vocab_size"]:
         raise ConfigError(f"{where} has vocab_size {text['vocab_size']}, the target {target_hf['vocab_size']}: use "
                           f"the assistant released with this target model")
-    missing = sorted({layer.kind for layer in spec.text.layers} - set(target.model.kinds))
+    missing = sorted({layer.kind for layer in spec.text.layers} - {layer.kind for layer in target.layers})
     if missing:
         raise ConfigError(f"{where} has {', '.join(missing)} attention layers, whose KV it reads from the target's "
                           f"layers of that kind, but the target has none")
@@ -180,7 +181,7 @@ class Gemma4AssistantForCausalLM(nn.Module):
 
     def __init__(self, spec: AssistantSpec, target: Gemma4ForCausalLM, max_positions: int):
         super().__init__()
-        check_compatible(spec, target)
+        check_compatible(spec, target.spec)
         cfg = spec.text.hf
         self.spec = spec
         self.target_kv_layers = [kv_owner(target, layer.kind) for layer in spec.text.layers]

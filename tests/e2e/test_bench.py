@@ -12,6 +12,7 @@ from atomlite import LLM
 from atomlite.benchmarks.roofline import kv_bytes_read, weight_bytes_read
 from atomlite.cli import main
 from atomlite.config import EngineConfig
+from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.model_ops.platform import Platform
 from atomlite.plan import meta_model
 from helpers import greedy, random_prompt
@@ -98,6 +99,35 @@ def test_bench_serve_streams_every_request_from_a_running_server(random_model_di
 def test_bench_serve_without_a_server_is_one_line(tmp_path):
     result = CliRunner().invoke(main, ["bench", "serve", "--base-url", "http://127.0.0.1:9", "--num-prompts", "1"])
     assert result.exit_code == 2 and "no OpenAI-compatible server answered" in result.output
+
+
+def test_bench_speculative_prints_its_five_rows_and_the_demo_assistants_acceptance(tmp_path):
+    out = tmp_path / "speculative.json"
+    spec = json.dumps({"method": "mtp", "model": str(DEMO_ASSISTANT_DIR), "num_speculative_tokens": 4})
+    result = CliRunner().invoke(main, ["bench", "speculative", "--model", str(DEMO_DIR), "--device", "cpu",
+                                       "--speculative-config", spec, "--input-len", "8", "--output-len", "12",
+                                       "--repeats", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {r["metric"]: r for r in json.loads(out.read_text())["results"]}
+    names = ["no drafts", "oracle drafts, k=4", "rejected drafts, k=4", "verify step of 5 tokens", "mtp drafts, k=4"]
+    assert [name for name in rows if not name.startswith(" ")] == names  # indented rows qualify the row above
+    assert [line.split("  ")[0] for line in result.output.splitlines() if line.startswith(tuple(names))] == names
+    base, oracle, rejected, verify, mtp = (rows[name] for name in names)
+    assert oracle["identical_to_no_drafts"] and oracle["acceptance_length"] == 5  # every draft accepted
+    assert rejected["acceptance_length"] == 1
+    assert mtp["identical_to_no_drafts"] and mtp["acceptance_length"] > 1
+    assert result.output.count("output identical to no drafts") == 2
+    for row in (base, oracle, rejected, mtp):
+        assert row["ratio"] == pytest.approx(row["ms_per_token"] / base["ms_per_token"])
+        assert row["tok_per_s"] == pytest.approx(1e3 / row["ms_per_token"])
+    assert verify["ms_per_token"] > 0 and verify["tok_per_s"] is None
+
+
+def test_bench_speculative_without_a_config_is_one_line():
+    result = CliRunner().invoke(main, ["bench", "speculative", "--model", str(DEMO_DIR), "--device", "cpu"])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: bench speculative needs --speculative-config, e.g. ")
+    assert result.output.count("\n") == 1
 
 
 def test_decode_roofline_bytes_of_31b():
