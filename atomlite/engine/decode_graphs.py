@@ -56,6 +56,14 @@ def graphs_off_reason(device: torch.device, enforce_eager: bool, kernels: Kernel
     return None
 
 
+def verify_graphs_off_reason(model) -> str | None:
+    """Why verify steps (several queries per sequence) cannot replay from graphs where decode steps do: an attention
+    kernel that needs the host's lengths for them (AITER's gathers keys per step); None when they can."""
+    kernels = {attention.attend_kernel for attention in model.attention_layers()}
+    unable = sorted({f"{k.backend} attention" for k in kernels if not k.can("graphs_multi_query")})
+    return f"{', '.join(unable)} needs the host's lengths for them" if unable else None
+
+
 def _static(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A device buffer and its host mirror (pinned where that makes the copy asynchronous)."""
     host = torch.zeros(shape, dtype=dtype, pin_memory=pin)

@@ -9,7 +9,7 @@ import torch
 
 from atomlite.config import EngineConfig
 from atomlite.errors import ConfigError
-from atomlite.engine.decode_graphs import graphs_off_reason
+from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
@@ -221,7 +221,10 @@ class LLMEngine:
             note = self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
             k = self.num_speculative_tokens
             verify_batch = min(self._graph_batch(), self.config.max_num_batched_tokens // (k + 1))
-            if self.drafter is not None and verify_batch:
+            verify_off = verify_graphs_off_reason(self.model)
+            if self.drafter is not None and verify_off is not None:
+                note += f"; verify steps run eager: {verify_off}"
+            elif self.drafter is not None and verify_batch:
                 verify = self.runner.use_verify_graphs(k, verify_batch, self.config.max_model_len).report
                 note += f"; verify steps ({k} drafts per sequence): {verify.describe().removeprefix('decode graphs: ')}"
             if hasattr(self.drafter, "use_graphs"):

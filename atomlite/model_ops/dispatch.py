@@ -35,6 +35,8 @@ CAPABILITIES = {
     "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
     "writes_normed_pair": "leaves two branches' output norms unjoined (NormedPair)",
     "writes_gated_input": "leaves [gate | up] for the GEMM after it to activate (GatedInput)",
+    "graphs_multi_query": "replays from a graph steps of several queries per sequence (speculative decoding's "
+                          "verify steps) without the host's lengths",
 }
 
 

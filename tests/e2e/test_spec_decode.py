@@ -204,3 +204,14 @@ def test_draft_rounds_from_static_buffers_give_the_eager_drafts(checkpoints, ran
     assert outputs(llm, PROMPTS, params) == want
     assert calls and max(calls) > 1
     assert llm.engine.spec_stats.accepted_per_pos == eager.engine.spec_stats.accepted_per_pos
+
+
+def test_verify_graphs_need_an_attention_kernel_that_finds_the_batch_on_the_device(checkpoints):
+    """Triton's attention replays verify steps from graphs; one that needs the host's lengths for several queries
+    per sequence (AITER's, which gathers keys per step; the reference here) leaves verify steps eager, and says so."""
+    from atomlite.engine.decode_graphs import verify_graphs_off_reason
+    path, _ = checkpoints.get("dense")
+    triton = LLM(str(path), dtype="float32", device="cpu", kernel_backend="triton")
+    assert verify_graphs_off_reason(triton.engine.model) is None
+    reference = LLM(str(path), dtype="float32", device="cpu", kernel_backend="torch")
+    assert verify_graphs_off_reason(reference.engine.model) == "torch attention needs the host's lengths for them"

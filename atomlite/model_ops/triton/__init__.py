@@ -34,7 +34,8 @@ CAPABILITIES = {
     "linear": {"writes_partial_sums"},
     "rms_norm_residual": {"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows"},
     "qk_norm_rope": {"reads_partial_sums"},
-    "attention": {"writes_quantized_rows"},  # from its split-KV merge
+    "attention": {"writes_quantized_rows", "graphs_multi_query"},  # from its split-KV merge; the batch is found
+                                                                  # on the device
     "moe_experts": {"writes_partial_sums"},  # each slot's term
     "mxfp4_linear": {"writes_partial_sums", "reads_quantized_rows", "reads_gated_input"},
     "mxfp4_moe_experts": {"writes_partial_sums"},
