@@ -247,11 +247,11 @@ def train(args, start: float) -> None:
     print(f"done in {time.monotonic() - start:.0f}s", flush=True)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEMO_DIR)
+def training_options(parser: argparse.ArgumentParser, out: Path, steps: int) -> argparse.ArgumentParser:
+    """The options this recipe and the assistant's (train_assistant.py) share."""
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=12000)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -261,10 +261,16 @@ def parse_args() -> argparse.Namespace:
                         help="compile the step with torch.compile (falls back to eager if compiling fails)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="on a GPU, compute the step under bf16 autocast (the weights stay float32)")
-    parser.add_argument("--probe-every", type=int, default=500,
-                        help="every N steps print held-out gsm8k/MMLU answer accuracy (0: never)")
     parser.add_argument("--max-seconds", type=float, default=0,
                         help="stop training after this many seconds from the start and save what there is (0: never)")
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    training_options(parser, DEMO_DIR, 12000)
+    parser.add_argument("--probe-every", type=int, default=500,
+                        help="every N steps print held-out gsm8k/MMLU answer accuracy (0: never)")
     return parser.parse_args()
 
 

@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
 from atomlite.demo.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, optimizer, probe_set,
-                                 round_weights)
+                                 round_weights, training_options)
 
 ASSISTANT_SIZE = dict(hidden_size=128, intermediate_size=512, num_attention_heads=4,
                       layer_types=["sliding_attention", "full_attention"])
@@ -300,25 +300,12 @@ def train(args, start: float) -> list[float]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=DEMO_ASSISTANT_DIR)
+    training_options(parser, DEMO_ASSISTANT_DIR, 3000)
     parser.add_argument("--target", type=Path, default=DEMO_DIR, help="the frozen model the assistant drafts for")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads of the training process")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="compile the step with torch.compile (falls back to eager if compiling fails)")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="on a GPU, compute the step under bf16 autocast (the weights stay float32)")
     parser.add_argument("--eval-prompts", type=int, default=64,
                         help="held-out gsm8k and MMLU prompts each (at most 64) for the final accepted-length "
                              "measure, besides the README's question")
     parser.add_argument("--eval-tokens", type=int, default=48, help="greedy tokens generated after each prompt")
-    parser.add_argument("--max-seconds", type=float, default=0,
-                        help="stop training after this many seconds from the start and save what there is (0: never)")
     args = parser.parse_args(argv)
     if args.eval_tokens < DRAFTS:
         parser.error(f"--eval-tokens {args.eval_tokens} leaves no full round of {DRAFTS} drafts: "

@@ -1,5 +1,4 @@
 """The synchronous engine: add requests, step, collect outputs. Model-agnostic: it reads the model's KV specs."""
-import contextlib
 import math
 import logging
 import time
@@ -32,6 +31,7 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.fusion import link
 from atomlite.model_ops.platform import Platform, detect_platform
+from atomlite.models.construction import default_dtype
 from atomlite.registry import model_class
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
@@ -40,23 +40,13 @@ logger = logging.getLogger("atomlite")
 CPU_DEFAULT_KV_BYTES = 2 * 2**30
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def construct_model(config: EngineConfig, device: torch.device | str, platform: Platform,
                     kernels: KernelChoices | None = None):
     """The model's modules for config, on device (meta: no memory), with kernels chosen for platform (and recorded
     in `kernels` when given)."""
     spec = config.model_spec
     with (dispatch.use(platform, config.kernel_backend, kernels), torch.device(device),
-          _default_dtype(config.torch_dtype)):
+          default_dtype(config.torch_dtype)):
         return link(model_class(spec.architecture)(spec, max_positions=config.max_model_len))
 
 

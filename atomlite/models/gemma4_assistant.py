@@ -7,7 +7,6 @@ the target's last layer of its kind), the final norm, and post_projection back t
 draft step takes in place of the target's hidden state. Every step of a round sits at the newest token's position p
 and sees the target's keys 0..p-1, as in transformers' SinglePositionMultiTokenCandidateGenerator.
 """
-import contextlib
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,6 +26,7 @@ from atomlite.model_ops.fusion import link
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
+from atomlite.models.construction import default_dtype
 from atomlite.models.gemma4 import Gemma4ForCausalLM, ropes_by_kind
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
 
@@ -221,21 +221,11 @@ class Gemma4AssistantForCausalLM(nn.Module):
         return self._logits_linear(normed, self.model.embed_tokens.weight)
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def construct_assistant(spec: AssistantSpec, target: Gemma4ForCausalLM, device: torch.device | str,
                         dtype: torch.dtype, max_positions: int) -> Gemma4AssistantForCausalLM:
     """The assistant's modules on device, its parameters in dtype, linked (model_ops.fusion); kernels as the active
     dispatch.use block chooses them."""
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), default_dtype(dtype):
         return link(Gemma4AssistantForCausalLM(spec, target, max_positions))
 
 
