@@ -58,7 +58,7 @@ class ModelSpec:
         return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -67,7 +67,7 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
 
 
-def _layer_attention(text: dict) -> list[LayerAttention]:
+def layer_attention(text: dict) -> list[LayerAttention]:
     num_layers = text["num_hidden_layers"]
     layer_types = text.get("layer_types") or [
         "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)]
@@ -90,19 +90,25 @@ def _layer_attention(text: dict) -> list[LayerAttention]:
     return layers
 
 
-def _checkpoint_dtype(raw: dict, text: dict) -> torch.dtype:
+def checkpoint_dtype(raw: dict, text: dict) -> torch.dtype:
     name = text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
     return getattr(torch, name) if isinstance(getattr(torch, str(name), None), torch.dtype) else torch.bfloat16
 
 
+def checkpoint_folder(model: str | Path) -> tuple[Path, str | None]:
+    """(the folder, the hub repo id or None): a hub repo id (org/name, when no such folder exists) resolves to its
+    config snapshot in the Hugging Face cache."""
+    repo_id = str(model) if is_repo_id(str(model)) else None
+    return (config_snapshot(repo_id) if repo_id else Path(model)), repo_id
+
+
 def load_model_spec(model: str | Path) -> ModelSpec:
     """The spec of a checkpoint folder, or of a hub repo id (org/name) when no such folder exists."""
-    repo_id = str(model) if is_repo_id(str(model)) else None
-    path = config_snapshot(repo_id) if repo_id else Path(model)
+    path, repo_id = checkpoint_folder(model)
     if not path.is_dir():
         raise ConfigError(f"model folder {path} does not exist: pass a checkpoint folder or a Hugging Face hub "
                           f"repo id (org/name)")
-    raw = _read_json(path / "config.json")
+    raw = read_json(path / "config.json")
     architectures = raw.get("architectures") or []
     arch = next((a for a in architectures if a in MODELS), None)
     if arch is None:
@@ -114,10 +120,10 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     if "quantization_config" in raw and "quantization_config" not in text:
         text["quantization_config"] = raw["quantization_config"]
     try:
-        layers = _layer_attention(text)
+        layers = layer_attention(text)
     except KeyError as e:
         raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
-    return ModelSpec(path, arch, text, layers, _checkpoint_dtype(raw, text), multimodal, repo_id)
+    return ModelSpec(path, arch, text, layers, checkpoint_dtype(raw, text), multimodal, repo_id)
 
 
 def parse_memory_size(text: str | int | None) -> int | None:

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from atomlite.config import LayerAttention, ModelSpec, _checkpoint_dtype, _layer_attention, _read_json
+from atomlite.config import (LayerAttention, ModelSpec, checkpoint_dtype, checkpoint_folder, layer_attention,
+                             read_json)
 from atomlite.errors import ConfigError
-from atomlite.hub import config_snapshot, fetch_weights, is_repo_id
+from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
@@ -47,24 +48,23 @@ class AssistantSpec:
 
 def load_assistant_spec(path: str | Path) -> AssistantSpec:
     """The spec of an assistant checkpoint folder, or of a hub repo id (org/name) when no such folder exists."""
-    repo_id = str(path) if is_repo_id(str(path)) else None
-    folder = config_snapshot(repo_id) if repo_id else Path(path)
+    folder, repo_id = checkpoint_folder(path)
     if not folder.is_dir():
         raise ConfigError(f"assistant folder {folder} does not exist: pass a Gemma 4 assistant checkpoint folder or "
                           f"hub repo id (e.g. google/gemma-4-E2B-it-assistant)")
     config = folder / "config.json"
-    raw = _read_json(config)
+    raw = read_json(config)
     if raw.get("model_type") != ASSISTANT_MODEL_TYPE or not isinstance(raw.get("text_config"), dict):
         raise ConfigError(f"{config} has model_type {raw.get('model_type')!r}: an assistant checkpoint has model_type "
                           f"{ASSISTANT_MODEL_TYPE!r} and a text_config; pass the target's assistant (e.g. "
                           f"google/gemma-4-E2B-it-assistant)")
     text = dict(raw["text_config"])
     try:
-        layers = _layer_attention(text)
+        layers = layer_attention(text)
     except KeyError as e:
         raise ConfigError(f"{config} text_config lacks {e.args[0]!r}") from None
     own = {f.name: raw[f.name] for f in fields(AssistantSpec) if f.name != "text" and f.name in raw}
-    model = ModelSpec(folder, "Gemma4AssistantForCausalLM", text, layers, _checkpoint_dtype(raw, text), False, repo_id)
+    model = ModelSpec(folder, "Gemma4AssistantForCausalLM", text, layers, checkpoint_dtype(raw, text), False, repo_id)
     spec = AssistantSpec(model, **own)
     _check_assistant(spec, config)
     return spec
