@@ -135,6 +135,13 @@ def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str | t
     return by_file
 
 
+def read_tensor(f, name: str, param, shard: int | None) -> torch.Tensor:
+    """The checkpoint tensor, or only the part of it that param keeps where it says which (read_shard: a
+    tensor-parallel shard), read through safetensors' slices so the rest is never read."""
+    reader = getattr(param, "read_shard", None)
+    return f.get_tensor(name) if reader is None else reader(f.get_slice(name), shard)
+
+
 def load_weights(model, model_dir: str | Path) -> None:
     model_dir = Path(model_dir)
     params = dict(model.named_parameters())
@@ -151,7 +158,8 @@ def load_weights(model, model_dir: str | Path) -> None:
                     if isinstance(target, tuple):
                         model.checkpoint_kv_scales[target] = f.get_tensor(name).float().item()
                     else:
-                        load_tensor(params, name, target, shard, f.get_tensor(name), f" in {file}")
+                        tensor = read_tensor(f, name, params.get(target), shard)
+                        load_tensor(params, name, target, shard, tensor, f" in {file}")
                         loaded.add((target, shard))
                     bar.update()
     finish_loading(model, loaded, f"checkpoint {model_dir}")

@@ -2,7 +2,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from atomlite.distributed import Shard, TensorParallel
 from atomlite.model_ops.linear import copy_weight
+from atomlite.model_ops.sharding import read_narrowed
 
 
 class ScaledEmbedding(nn.Module):
@@ -16,3 +18,19 @@ class ScaledEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight) * torch.tensor(self.scale, dtype=self.weight.dtype)
+
+
+class VocabParallelEmbedding(ScaledEmbedding):
+    """A ScaledEmbedding holding rows `vocab` of the table: each rank looks up the ids it holds, zeros for the
+    others, and the all-reduce adds the one row each id has."""
+
+    def __init__(self, vocab: Shard, dim: int, scale: float, tp: TensorParallel):
+        super().__init__(vocab.size, dim, scale)
+        self.vocab, self.tp = vocab, tp
+        read_narrowed(self.weight, 0, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab.start
+        outside = (local < 0) | (local >= self.vocab.size)
+        rows = super().forward(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0))

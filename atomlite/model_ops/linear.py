@@ -3,6 +3,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.sharding import ReducesOutput
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -55,3 +56,7 @@ class MergedLinear(Linear):
         start, size = self.shard_offsets[shard], self.shard_sizes[shard]
         check_shape(param, loaded, (size, self.in_features))
         param.data[start:start + size].copy_(loaded)
+
+
+class RowParallelLinear(ReducesOutput, Linear):
+    """A Linear holding a slice of the input dim (in_features is the slice's): its output is all-reduced."""

@@ -3,6 +3,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.linear import copy_weight
+from atomlite.model_ops.sharding import ReducesOutput
 
 
 class Experts(nn.Module):
@@ -36,3 +37,7 @@ class Experts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.num_experts}, backend={self.backend}"
+
+
+class ShardedExperts(ReducesOutput, Experts):
+    """Experts holding a slice of the intermediate size (gate, up and down alike): the output is all-reduced."""

@@ -4,6 +4,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import GatedInput, InputQuantization, PartialSums, QuantizedRows
+from atomlite.model_ops.sharding import ReducesOutput
 from atomlite.quant.quark import LinearQuantSpec
 
 
@@ -102,3 +103,7 @@ class MXFP4MergedLinear(MXFP4Linear):
     def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
         start, size = self.shard_offsets[shard], self.shard_sizes[shard]
         load_exact(param[start:start + size], loaded)
+
+
+class RowParallelMXFP4Linear(ReducesOutput, MXFP4Linear):
+    """An MXFP4Linear holding a slice of the input dim, on 32-element block boundaries: its output is all-reduced."""

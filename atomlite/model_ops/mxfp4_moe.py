@@ -6,6 +6,7 @@ from torch import nn
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.mxfp4_linear import load_exact
+from atomlite.model_ops.sharding import ReducesOutput
 from atomlite.quant.quark import LinearQuantSpec
 
 
@@ -73,3 +74,8 @@ class MXFP4Experts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"experts={self.gate_up_proj.shape[0]}, intermediate={self.intermediate}, backend={self.backend}"
+
+
+class ShardedMXFP4Experts(ReducesOutput, MXFP4Experts):
+    """MXFP4Experts holding a slice of the intermediate size, on 32-element block boundaries: the output is
+    all-reduced."""

@@ -9,13 +9,15 @@ import re
 import torch
 from torch import nn
 
+from atomlite import distributed
 from atomlite.config import ModelSpec
+from atomlite.distributed import TensorParallel, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
-from atomlite.model_ops.embedding import ScaledEmbedding
+from atomlite.model_ops.embedding import ScaledEmbedding, VocabParallelEmbedding
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
@@ -44,6 +46,14 @@ def ropes_by_kind(spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
     return ropes
 
 
+def token_embedding(vocab_size: int, hidden: int, tp: TensorParallel) -> ScaledEmbedding:
+    """The (tied) token table: vocab-parallel under tensor parallelism, its rows also the logits' weights."""
+    vocab = split(vocab_size, tp.rank, tp.size, "vocab_size")
+    if vocab.whole:
+        return ScaledEmbedding(vocab_size, hidden, math.sqrt(hidden))
+    return VocabParallelEmbedding(vocab, hidden, math.sqrt(hidden), tp)
+
+
 class Gemma4Model(nn.Module):
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -55,7 +65,7 @@ class Gemma4Model(nn.Module):
         self.share_targets = kv_share_targets(kinds, cfg.get("num_kv_shared_layers") or 0)
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
-        self.embed_tokens = ScaledEmbedding(cfg["vocab_size"], hidden, math.sqrt(hidden))
+        self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, lin.tp)
         self.ropes = ropes_by_kind(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
         self.layers = nn.ModuleList(
@@ -119,16 +129,19 @@ class Gemma4ForCausalLM(nn.Module):
         self.spec = spec
         self.model = Gemma4Model(spec, max_positions)
         self.softcap = spec.hf.get("final_logit_softcapping")
-        self._logits_linear = dispatch.choose("linear", n=spec.hf["vocab_size"], k=spec.hf["hidden_size"]).fn
+        self.tp = distributed.current()
+        vocab_rows = self.model.embed_tokens.weight.shape[0]  # this rank's part of the vocabulary
+        self._logits_linear = dispatch.choose("linear", n=vocab_rows, k=spec.hf["hidden_size"]).fn
 
     def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:
+        """One per layer; the KV heads are this rank's (all of them in a single process)."""
         specs = []
-        for i, layer in enumerate(self.spec.layers):
+        for i, (layer, decoder) in enumerate(zip(self.spec.layers, self.model.layers)):
             if i in self.model.share_targets:
                 specs.append(KVSpec("shared", target=self.model.share_targets[i]))
             else:
                 window = self.model.window if layer.kind == "sliding" else None
-                specs.append(KVSpec(layer.kind, layer.num_kv_heads, layer.head_dim, dtype, window,
+                specs.append(KVSpec(layer.kind, decoder.self_attn.num_kv_heads, layer.head_dim, dtype, window,
                                     k_from_v=i in self.model.key_from_value))
         return specs
 
@@ -167,7 +180,7 @@ class Gemma4ForCausalLM(nn.Module):
         return self.model(ids, ctx)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self._logits_linear(hidden, self.model.embed_tokens.weight)
+        logits = self.tp.all_gather_last(self._logits_linear(hidden, self.model.embed_tokens.weight))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -6,6 +6,7 @@ is decided once by model_ops.fusion.link from the dataflow each layer declares.
 import torch
 from torch import nn
 
+from atomlite.distributed import Shard, TensorParallel, kv_heads_of_rank, split
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
@@ -21,6 +22,15 @@ from atomlite.model_ops.rope import RotaryEmbedding
 OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branches fill the GPU by themselves
 
 
+def attention_heads_of_rank(cfg: dict, layer, tp: TensorParallel) -> tuple[Shard, Shard]:
+    """The query heads and KV heads a rank keeps (distributed.kv_heads_of_rank: KV heads replicated where fewer
+    than the ranks)."""
+    heads = split(cfg["num_attention_heads"], tp.rank, tp.size, "num_attention_heads")
+    kv_key = "num_global_key_value_heads" if layer.kind == "full" and layer.k_eq_v else "num_key_value_heads"
+    kv_heads = kv_heads_of_rank(layer.num_kv_heads, cfg["num_attention_heads"], tp.rank, tp.size, kv_key)
+    return heads, kv_heads
+
+
 class Gemma4Attention(nn.Module):
     """owner_key_norm: for a KV-sharing layer whose owner's cache holds V alone (k_from_v, with key_rope the
     owner's RoPE), the owner's k_norm, whose weight rebuilds K."""
@@ -28,29 +38,32 @@ class Gemma4Attention(nn.Module):
     def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
                  key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None):
         super().__init__()
-        hidden, heads, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
-        kv_dim = layer.num_kv_heads * self.head_dim
+        heads, kv_heads = attention_heads_of_rank(cfg, layer, lin.tp)
+        self.num_kv_heads = kv_heads.size
         # One GEMM for q, k and v (no v on k_eq_v layers: V comes from raw k; q alone on KV-sharing layers), unless
-        # the checkpoint quantizes them differently: then one projection each.
-        kv_parts = [] if shares_kv else [kv_dim] if layer.k_eq_v else [kv_dim, kv_dim]
-        self.qkv_sizes = [heads * self.head_dim] + kv_parts
+        # the checkpoint quantizes them differently: then one projection each. Each holds this rank's heads.
+        kv_rows = kv_heads.scaled(self.head_dim)
+        kv_parts = [] if shares_kv else [kv_rows] if layer.k_eq_v else [kv_rows, kv_rows]
+        qkv_rows = [heads.scaled(self.head_dim)] + kv_parts
+        self.qkv_sizes = [rows.size for rows in qkv_rows]
         self.qkv_names = ["q_proj", "k_proj", "v_proj"][:len(self.qkv_sizes)]
         parts = [f"{prefix}.{name}" for name in self.qkv_names]
         self.fused_qkv = lin.can_fuse(parts)
         if self.fused_qkv:
-            self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, self.qkv_sizes, parts)
+            self.qkv_proj = lin.merged(f"{prefix}.qkv_proj", hidden, [r.total for r in qkv_rows], parts, qkv_rows)
         else:
-            for name, size in zip(self.qkv_names, self.qkv_sizes):
-                setattr(self, name, lin.linear(f"{prefix}.{name}", hidden, size))
+            for name, rows in zip(self.qkv_names, qkv_rows):
+                setattr(self, name, lin.linear(f"{prefix}.{name}", hidden, rows.total, rows))
         self.q_norm = RMSNorm(self.head_dim, eps)
         if not shares_kv:
             self.k_norm = RMSNorm(self.head_dim, eps)
         self.shares_kv = shares_kv
         # out of the module tree: the owner's model holds and loads it
         self.owner_key_norms = () if owner_key_norm is None else (owner_key_norm,)
-        self.o_proj = lin.linear(f"{prefix}.o_proj", heads * self.head_dim, hidden)
-        self.attn = Attention(heads, layer.num_kv_heads, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
+        self.o_proj = lin.row_parallel(f"{prefix}.o_proj", heads.scaled(self.head_dim), hidden)
+        self.attn = Attention(heads.size, kv_heads.size, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
 
     @property
     def input_linear(self) -> nn.Module | None:
@@ -81,9 +94,11 @@ class Gemma4Attention(nn.Module):
 class Gemma4MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, lin: LinearBuilder, prefix: str):
         super().__init__()
-        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate])
-        self.act = GeluTanhAndMul(intermediate)
-        self.down_proj = lin.linear(f"{prefix}.down_proj", intermediate, hidden)
+        part = split(intermediate, lin.tp.rank, lin.tp.size, "intermediate_size")
+        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate],
+                                       rows=[part, part])
+        self.act = GeluTanhAndMul(part.size)
+        self.down_proj = lin.row_parallel(f"{prefix}.down_proj", part, hidden)
 
     def dataflow(self):
         yield Feeds(self.act, self.down_proj)

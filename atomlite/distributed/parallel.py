@@ -1,0 +1,51 @@
+"""The tensor-parallel group a model is built for, read by its layers at construction (like dispatch.use)."""
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This process's rank among `size` processes that each hold one shard of every sharded weight. At size 1 the
+    collectives return their input: a single-process model runs no extra op."""
+    rank: int = 0
+    size: int = 1
+    group: object = None  # the torch.distributed process group; None: the default one
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of x (each rank's partial result of a row-parallel product)."""
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The ranks' x side by side on the last dim, rank 0 first (column-parallel outputs made whole)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+SINGLE = TensorParallel()
+_active: ContextVar[TensorParallel] = ContextVar("atomlite_tensor_parallel", default=SINGLE)
+
+
+def current() -> TensorParallel:
+    """The group of the enclosing `use` block; a single process outside one."""
+    return _active.get()
+
+
+@contextlib.contextmanager
+def use(tp: TensorParallel):
+    """Layers built inside this block hold tp.rank's shard of their weights and join shards over tp."""
+    token = _active.set(tp)
+    try:
+        yield tp
+    finally:
+        _active.reset(token)

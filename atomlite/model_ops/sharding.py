@@ -1,0 +1,66 @@
+"""What a tensor-parallel layer adds to its single-process class: its output all-reduced, and its checkpoint tensors
+read narrowed to the rank's shard.
+
+A row-parallel layer (o_proj, down_proj, the experts) holds a slice of its input dim, so each rank's output is a
+partial sum that the all-reduce completes; it must not hand on PartialSums to a fused consumer (model_ops.fusion),
+since those would skip the all-reduce: it never declares writes_partial_sums.
+
+The loader reads a parameter that has a read_shard(sliced, part) attribute through it, sliced being the checkpoint
+tensor (a safetensors slice, or a tensor), so a rank reads only the rows or columns it keeps.
+"""
+import torch
+
+from atomlite.distributed import Shard, TensorParallel
+
+PARTIAL_OUTPUT = "writes_partial_sums"
+
+
+class ReducesOutput:
+    """Mixin before a layer class: forward's output is summed over the ranks of tp."""
+
+    def __init__(self, *args, tp: TensorParallel, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tp = tp
+
+    def forward(self, *args):
+        return self.tp.all_reduce(super().forward(*args))
+
+    def can(self, capability: str) -> bool:
+        return capability != PARTIAL_OUTPUT and super().can(capability)
+
+
+def along(dim: int, shard: Shard) -> tuple[slice, ...]:
+    return (slice(None),) * dim + (slice(shard.start, shard.stop),)
+
+
+def read_narrowed(param: torch.nn.Parameter, dim: int, shards: Shard | list[Shard]) -> None:
+    """param's checkpoint tensors are read narrowed on dim to shard (shards[part] for each part of a fused one)."""
+    def read(sliced, part: int | None):
+        shard = shards if isinstance(shards, Shard) else shards[part]
+        return sliced[along(dim, shard)]
+    param.read_shard = read
+
+
+
+
+
+def read_stacked_experts(gate_up: torch.nn.Parameter, down: torch.nn.Parameter, part: Shard) -> None:
+    """Float experts stored stacked: gate_up [E, 2I, H] keeps part of the gate rows and the same part of the up
+    rows; down [E, H, I] keeps part of its columns."""
+    def read_gate_up(sliced, _):
+        up = Shard(part.total + part.start, part.size, 2 * part.total)
+        return torch.cat([sliced[along(1, part)], sliced[along(1, up)]], dim=1)
+    gate_up.read_shard = read_gate_up
+    read_narrowed(down, 2, part)
+
+
+def read_per_expert_mxfp4(gate_up: torch.nn.Parameter, gate_up_scale: torch.nn.Parameter,
+                          down: torch.nn.Parameter, down_scale: torch.nn.Parameter, part: Shard, block: int,
+                          what: str) -> None:
+    """MXFP4 experts stored one tensor per expert and projection: gate and up [I, H/2] (scales [I, H/32]) keep
+    part of their rows; down [H, I/2] (scales [H, I/32]) part of its packed columns and scale blocks."""
+    scale_columns = part.in_blocks(block, what)
+    for param in (gate_up, gate_up_scale):
+        read_narrowed(param, 0, part)
+    read_narrowed(down, 1, part.in_blocks(2, what))
+    read_narrowed(down_scale, 1, scale_columns)
