@@ -9,6 +9,7 @@ from atomlite.engine.client import AsyncEngine
 from atomlite.server.api import Server
 from atomlite.server.chat import ChatOptions
 from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
+from atomlite.server.body_parsing import BodyParser
 from atomlite.server.errors import APIError, install_error_handlers
 from atomlite.server.metrics import ServerMetrics
 from atomlite.server.routes import add_routes
@@ -32,13 +33,16 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
               max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions()) -> FastAPI:
     """The app over an engine client, started with the app unless already started."""
     server = Server(engine, model_name, api_key, chat_options)
+    bodies = BodyParser()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        await asyncio.to_thread(bodies.start)
         if not engine.started:
             await asyncio.to_thread(engine.start)
         yield
         await asyncio.to_thread(engine.shutdown)
+        bodies.stop()
 
     app = FastAPI(title="atomlite", lifespan=lifespan)
     app.state.server = server
@@ -48,6 +52,6 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
-    add_routes(app, server, Depends(authorized), engine.metrics)
+    add_routes(app, server, Depends(authorized), engine.metrics, bodies.dependency)
     app.add_middleware(BodyLimit, max_bytes=max_request_size)
     return app

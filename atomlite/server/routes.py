@@ -4,11 +4,12 @@ import contextlib
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from atomlite.server.api import ClientGone, EventStream, Server, collect, merge, sse
+from atomlite.server.body_parsing import document_bodies, documented_body
 from atomlite.server.errors import APIError
 from atomlite.server.chat import OutputParsers
 from atomlite.server.formatting import chat_finish_reason, merged_delta, usage
@@ -17,8 +18,10 @@ from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, D
 CLIENT_CLOSED = 499
 
 
-def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
+def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
+    """body(Model): the dependency that gives a request's body validated as Model (body_parsing)."""
     fmt = server.fmt
+    document_bodies(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
 
     @app.get("/health")
     async def health():
@@ -43,8 +46,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
         server.check_model(model_id)
         return model_card()
 
-    @app.post("/v1/completions", dependencies=[auth])
-    async def completions(req: CompletionRequest, request: Request):
+    @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
+    async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         server.check_model(req.model)
         prompts = server.completion_prompts(req.prompt)
         max_tokens = req.max_tokens or 16
@@ -65,8 +68,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
             return Response(status_code=CLIENT_CLOSED)
         return fmt.completion(request_id, choices, req.echo, want_logprobs, req.return_token_ids)
 
-    @app.post("/v1/chat/completions", dependencies=[auth])
-    async def chat(req: ChatCompletionRequest, request: Request):
+    @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=documented_body(ChatCompletionRequest))
+    async def chat(request: Request, req: ChatCompletionRequest = Depends(body(ChatCompletionRequest))):
         server.check_model(req.model)
         ids = server.chat_prompt(req)
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
@@ -93,8 +96,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
                 "chat_template": getattr(tok, "chat_template", None), "model_max_length": server.max_model_len,
                 "tokenizer_class": type(tok).__name__}
 
-    @app.post("/tokenize", dependencies=[auth])
-    async def tokenize(req: TokenizeRequest):
+    @app.post("/tokenize", dependencies=[auth], openapi_extra=documented_body(TokenizeRequest))
+    async def tokenize(req: TokenizeRequest = Depends(body(TokenizeRequest))):
         server.check_model(req.model)
         tok = server.need_tokenizer("tokenize")
         if req.prompt is not None:
@@ -103,8 +106,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics) -> None:
             tokens = server.chat_template.render(req.messages)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
 
-    @app.post("/detokenize", dependencies=[auth])
-    async def detokenize(req: DetokenizeRequest):
+    @app.post("/detokenize", dependencies=[auth], openapi_extra=documented_body(DetokenizeRequest))
+    async def detokenize(req: DetokenizeRequest = Depends(body(DetokenizeRequest))):
         server.check_model(req.model)
         server.need_tokenizer("detokenize")
         vocab = server.engine.vocab_size

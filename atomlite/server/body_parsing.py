@@ -1,0 +1,81 @@
+"""Request bodies validated away from the event loop that answers /health. pydantic-core holds the GIL while it
+parses (a 3.6 MiB body of token ids: 1.4 s, and a thread beside the loop stalled it as long), so a body over
+IN_PROCESS_BYTES goes to a worker process of its own, started with the app; smaller ones take a few ms on the
+loop. Errors come back as the error list FastAPI's validation handler reads, so both answer alike."""
+import asyncio
+import concurrent.futures
+import multiprocessing
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from atomlite.server.errors import APIError
+
+IN_PROCESS_BYTES = 256 * 2**10
+
+
+def _validate(model: type[BaseModel], body: bytes):
+    """-> (the request, None) or (None, the validation errors)."""
+    try:
+        return model.model_validate_json(body), None
+    except ValidationError as e:
+        return None, e.errors(include_url=False, include_context=False)
+
+
+def _load_models() -> None:
+    """The worker's first job: the request models imported before a request waits on them."""
+    import atomlite.server.protocol  # noqa: F401
+
+
+class BodyParser:
+    def __init__(self):
+        self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def start(self) -> None:
+        """The worker process, spawned (not forked: the API process has threads) and warmed up."""
+        self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self.pool.submit(_load_models).result()
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    def dependency(self, model: type[BaseModel]):
+        """A FastAPI dependency giving the request body as `model`."""
+        async def parse(request: Request) -> BaseModel:
+            body = await request.body()
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError:
+                raise APIError(400, "the request body is not valid JSON text (it must be UTF-8)") from None
+            if len(body) > IN_PROCESS_BYTES and self.pool is not None:
+                parsed, errors = await asyncio.wrap_future(self.pool.submit(_validate, model, body))
+            else:
+                parsed, errors = _validate(model, body)
+            if errors:
+                raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
+            return parsed
+        return parse
+
+
+def documented_body(model: type[BaseModel]) -> dict:
+    """A route's openapi_extra naming `model` as its JSON body (FastAPI documents only the bodies it parses)."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def document_bodies(app, models: list[type[BaseModel]]) -> None:
+    """The app's OpenAPI schema, with these models (and the models they use) among its components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in models:
+            described = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(described.pop("$defs", {}))
+            components[model.__name__] = described
+        return schema
+    app.openapi = openapi
