@@ -4,6 +4,7 @@ IN_PROCESS_BYTES goes to a worker process of its own, started with the app; smal
 loop. Errors come back as the error list FastAPI's validation handler reads, so both answer alike."""
 import asyncio
 import concurrent.futures
+import importlib
 import multiprocessing
 
 from fastapi import Request
@@ -25,7 +26,7 @@ def _validate(model: type[BaseModel], body: bytes):
 
 def _load_models() -> None:
     """The worker's first job: the request models imported before a request waits on them."""
-    import atomlite.server.protocol  # noqa: F401
+    importlib.import_module("atomlite.server.protocol")
 
 
 class BodyParser:
@@ -33,9 +34,10 @@ class BodyParser:
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def start(self) -> None:
-        """The worker process, spawned (not forked: the API process has threads) and warmed up."""
+        """The worker process, spawned (not forked: the API process has threads); it imports the request models
+        while the server starts, and the first large body waits for that if it comes sooner."""
         self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-        self.pool.submit(_load_models).result()
+        self.pool.submit(_load_models)
 
     def stop(self) -> None:
         if self.pool is not None:

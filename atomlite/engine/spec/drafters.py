@@ -36,9 +36,9 @@ class AssistantDrafter:
 
     def use_graphs(self, max_batch: int, max_model_len: int, num_drafts: int, capture: bool = True) -> DraftGraphs:
         """Rounds of num_drafts steps for up to max_batch sequences from static buffers (graphs when capture)."""
-        weight = self.assistant.pre_projection.weight
+        dtype = self.assistant.model.norm.weight.dtype  # the models' activations' (a quantized weight's is not)
         self.graphs = DraftGraphs(self.assistant, self.inputs, max_batch, max_model_len, num_drafts,
-                                  self.assistant.spec.backbone_hidden_size, weight.dtype, capture)
+                                  self.assistant.spec.backbone_hidden_size, dtype, capture)
         if capture:
             self.graphs.capture_all()
         return self.graphs
