@@ -212,7 +212,9 @@ def test_verify_graphs_need_an_attention_kernel_that_finds_the_batch_on_the_devi
     per sequence (AITER's, which gathers keys per step; the reference here) leaves verify steps eager, and says so."""
     from atomlite.engine.decode_graphs import verify_graphs_off_reason
     path, _ = checkpoints.get("dense")
-    triton = LLM(str(path), dtype="float32", device="cpu", kernel_backend="triton")
+    # Triton runs CPU tensors only under the interpreter (set where no GPU is): elsewhere, on the GPU
+    on_gpu = dict(device="cuda", enforce_eager=True, kv_cache_memory=64 * 2**20) if torch.cuda.is_available() else {}
+    triton = LLM(str(path), dtype="float32", **{"device": "cpu", **on_gpu}, kernel_backend="triton")
     assert verify_graphs_off_reason(triton.engine.model) is None
     reference = LLM(str(path), dtype="float32", device="cpu", kernel_backend="torch")
     assert verify_graphs_off_reason(reference.engine.model) == "torch attention needs the host's lengths for them"
