@@ -44,6 +44,9 @@ ENGINE_OPTIONS = [
                                          "quantized for an fp8 KV cache (Quark); fp8 = e4m3 (e4m3fnuz on gfx942), "
                                          "half the bytes of bf16, with the checkpoint's per-layer scales where "
                                          "they describe the cache, else 1."),
+    click.option("--tensor-parallel-size", "-tp", "tensor_parallel_size", type=int, default=1, show_default=True,
+                 help="Processes, one per GPU, that each hold a shard of every layer; atomlite starts them itself "
+                      "(on CPU they join over gloo)."),
     click.option("--speculative-config", default=None,
                  help='Speculative decoding, as JSON in vLLM\'s names: {"method": "mtp", "model": ASSISTANT_DIR, '
                       '"num_speculative_tokens": 4} (a Gemma 4 assistant) or {"method": "ngram", '
@@ -76,7 +79,7 @@ def model_dir(kw: dict) -> str:
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
-            "kv_cache_dtype", "speculative_config")
+            "kv_cache_dtype", "speculative_config", "tensor_parallel_size")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]
@@ -493,8 +496,6 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
                    "registers, spills, LDS / shared memory and occupancy.")
 def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     """Print KV groups, bytes per token, weight bytes and how many sequences fit, from config.json alone."""
-    import torch
-
     from atomlite.config import EngineConfig, parse_memory_size
     from atomlite.model_ops.dispatch import KernelChoices
     from atomlite.model_ops.platform import detect_platform, parse_platform
@@ -504,9 +505,10 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
         if seq_len is not None:
             args["max_model_len"] = seq_len
+        if args["device"] == "auto":
+            args["device"] = "cpu"  # the model is built on meta: planning -tp 8 needs none of this machine's GPUs
         config = EngineConfig(model=model_dir(kw), **args)
-        device = config.torch_device if config.device != "auto" else torch.device("cpu")
-        platform = parse_platform(platform_text) if platform_text else detect_platform(device)
+        platform = parse_platform(platform_text) if platform_text else detect_platform(config.torch_device)
         choices = KernelChoices()
         lines, _ = plan_report(config, budget, platform, choices)
         if kernels:

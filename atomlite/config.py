@@ -165,6 +165,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
     speculative_config: SpeculativeConfig | dict | str | None = None
+    tensor_parallel_size: int = 1  # processes (GPUs) that each hold a shard of every layer
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -195,8 +196,26 @@ class EngineConfig:
             raise ConfigError(f"--load-format {self.load_format} is not one of {', '.join(LOAD_FORMATS)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]")
+        self._check_tensor_parallel()
         if self.max_graph_batch is not None and self.max_graph_batch < 1:
             raise ConfigError(f"--max-graph-batch {self.max_graph_batch} must be at least 1 (or use --enforce-eager)")
+
+    def _check_tensor_parallel(self):
+        size = self.tensor_parallel_size
+        if not isinstance(size, int) or size < 1:
+            raise ConfigError(f"--tensor-parallel-size {size!r} must be an integer >= 1")
+        if size == 1:
+            return
+        if self.device.startswith("cuda:"):
+            raise ConfigError(f"--device {self.device} picks one GPU, and --tensor-parallel-size {size} puts rank r "
+                              f"on GPU r: use --device cuda (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES choose the GPUs)")
+        if self.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < size:
+            raise ConfigError(f"--tensor-parallel-size {size} needs {size} GPUs; {torch.cuda.device_count()} are "
+                              f"visible")
+        spec = self.speculative_config
+        if spec is not None and spec.method == "mtp":
+            raise ConfigError("speculative_config method 'mtp' does not run under tensor parallelism yet: use "
+                              "method 'ngram', or --tensor-parallel-size 1")
 
     @property
     def torch_device(self) -> torch.device:

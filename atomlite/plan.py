@@ -1,13 +1,18 @@
 """`atomlite plan`: what a checkpoint will need, from config.json alone (the model is built on the meta device)."""
+from atomlite import distributed
 from atomlite.config import EngineConfig
+from atomlite.distributed import TensorParallel
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
 from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.platform import Platform
 
 
-def meta_model(config: EngineConfig, platform: Platform, kernels: KernelChoices | None = None):
-    return construct_model(config, "meta", platform, kernels)
+def meta_model(config: EngineConfig, platform: Platform, kernels: KernelChoices | None = None, rank: int = 0):
+    """The model as rank builds it under config.tensor_parallel_size (the whole model at size 1)."""
+    # size > 1 with no process group runs no collective at construction, so any rank builds in this one process
+    with distributed.use(TensorParallel(rank, config.tensor_parallel_size)):
+        return construct_model(config, "meta", platform, kernels)
 
 
 def weight_bytes(model) -> int:
@@ -16,17 +21,32 @@ def weight_bytes(model) -> int:
 
 def plan_report(config: EngineConfig, budget: int, platform: Platform,
                 kernels: KernelChoices | None = None) -> tuple[list[str], KVPlan]:
-    """What the checkpoint needs under budget; the kernels its layers get on platform are recorded in `kernels`."""
+    """What the checkpoint needs under budget (per rank under tensor parallelism: ranks hold equal shards, so rank
+    0's numbers hold for every rank); the kernels its layers get on platform are recorded in `kernels`."""
     model = meta_model(config, platform, kernels)
-    plan = plan_kv_cache(model.kv_specs(config.kv_dtype(platform)), budget, config.block_size, config.max_model_len)
-    spec = config.model_spec
-    lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})",
-             f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
-             f"weights {weight_bytes(model) / 2**30:.2f} GiB",
-             f"max model len: {config.max_model_len}"]
     specs = model.kv_specs(config.kv_dtype(platform))
+    plan = plan_kv_cache(specs, budget, config.block_size, config.max_model_len)
+    spec = config.model_spec
+    lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})"]
+    lines += tensor_parallel_lines(config.tensor_parallel_size)
+    lines += [f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
+              f"{weights_text(weight_bytes(model), config.tensor_parallel_size)}",
+              f"max model len: {config.max_model_len}"]
     shared = sum(s.kind == "shared" for s in specs)
     if shared:
         lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")
     lines += plan.describe()
     return lines, plan
+
+
+def tensor_parallel_lines(size: int) -> list[str]:
+    if size == 1:
+        return []
+    return [f"tensor parallel: {size} ranks; weights and KV cache below are each rank's "
+            f"(--kv-cache-memory is per rank, one GPU each)"]
+
+
+def weights_text(rank_bytes: int, size: int) -> str:
+    if size == 1:
+        return f"weights {rank_bytes / 2**30:.2f} GiB"
+    return f"weights {rank_bytes / 2**30:.2f} GiB per rank ({size * rank_bytes / 2**30:.2f} GiB in all)"

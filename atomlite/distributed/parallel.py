@@ -23,6 +23,20 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """x as rank 0 holds it, on every rank (in place; x contiguous)."""
+        if self.size > 1:
+            dist.broadcast(x, src=0, group=self.group)
+        return x
+
+    def min_over_ranks(self, value: int, device: torch.device) -> int:
+        """The smallest of the ranks' values (a per-rank memory budget that every rank must fit)."""
+        if self.size == 1:
+            return value
+        x = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.all_reduce(x, op=dist.ReduceOp.MIN, group=self.group)
+        return int(x.item())
+
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """The ranks' x side by side on the last dim, rank 0 first (column-parallel outputs made whole)."""
         if self.size == 1:

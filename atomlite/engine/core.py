@@ -146,9 +146,11 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
             send(outputs, ("failed", f"the engine could not start: {type(e).__name__}: {e}\n"
                                      f"{traceback.format_exc()}"), parent_pid)
             raise
-        if not send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
-            return
-        EngineCore(engine, commands, outputs, parent_pid).run()
+        try:
+            if send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
+                EngineCore(engine, commands, outputs, parent_pid).run()
+        finally:
+            engine.close()
     finally:
         commands.close(0)
         outputs.close()

@@ -227,14 +227,15 @@ class DecodeGraphs:
                                     torch.cuda.memory_reserved(self.device) - reserved_before)
         return self.report
 
-    def run(self, batch: list[tuple[Sequence, int]], ids: torch.Tensor | None = None) -> torch.Tensor:
-        """-> fp32 logits [len(batch) * queries_per_seq, vocab] of a decode-only batch. ids: the input token ids on the device, one
-        per sequence, for a step launched before the host has them (each sequence's position is then its
-        num_computed_tokens, its last host token not yet appended)."""
-        bucket, rows = bucket_for(len(batch), self.sizes), len(batch) * self.queries
-        self.inputs.fill(self.builder.build(batch, ids_known=ids is None), bucket)
+    def run(self, inputs: StepInputs, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """-> fp32 logits [num_seqs * queries_per_seq, vocab] of a decode-only step's inputs (StepInputBuilder.build).
+        ids: the input token ids on the device, one per sequence, for a step launched before the host has them
+        (inputs built with ids_known=False)."""
+        num_seqs = inputs.num_seqs
+        bucket, rows = bucket_for(num_seqs, self.sizes), num_seqs * self.queries
+        self.inputs.fill(inputs, bucket)
         if ids is not None:
-            self.inputs.ids[0][:len(batch)].copy_(ids)
+            self.inputs.ids[0][:num_seqs].copy_(ids)
         if bucket in self.graphs:
             self.graphs[bucket].replay()
             return self.logits[:rows]

@@ -1,110 +1,30 @@
 """The synchronous engine: add requests, step, collect outputs. Model-agnostic: it reads the model's KV specs."""
-import math
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
 
 from atomlite.config import EngineConfig
-from atomlite.errors import ConfigError
-from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
-from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_scales import apply_kv_scales
-from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.distributed.parallel import SINGLE
 from atomlite.engine.launched import LaunchedStep, VerifiedStep
-from atomlite.engine.memory_profile import MemoryProfile, profile_memory
-from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.logits_controls import TokenHistory
+from atomlite.engine.rank import EngineRank, construct_model
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
-from atomlite.engine.spec.drafters import build_drafter, drafting_allowed
+from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
 from atomlite.engine.spec.verify import VerifyRows, verify
 from atomlite.engine.structured import StructuredOutputs
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
-from atomlite.hub import fetch_weights
-from atomlite.loader import load_dummy_weights, load_weights, resolve
-from atomlite.model_ops import dispatch
-from atomlite.model_ops.dispatch import KernelChoices
-from atomlite.model_ops.fusion import link
-from atomlite.model_ops.platform import Platform, detect_platform
-from atomlite.models.construction import default_dtype
-from atomlite.registry import model_class
+from atomlite.model_ops.platform import detect_platform
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
 
 logger = logging.getLogger("atomlite")
-CPU_DEFAULT_KV_BYTES = 2 * 2**30
-
-
-def construct_model(config: EngineConfig, device: torch.device | str, platform: Platform,
-                    kernels: KernelChoices | None = None):
-    """The model's modules for config, on device (meta: no memory), with kernels chosen for platform (and recorded
-    in `kernels` when given)."""
-    spec = config.model_spec
-    with (dispatch.use(platform, config.kernel_backend, kernels), torch.device(device),
-          default_dtype(config.torch_dtype)):
-        return link(model_class(spec.architecture)(spec, max_positions=config.max_model_len))
-
-
-def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
-    device = config.torch_device
-    model = construct_model(config, device, detect_platform(device), kernels)
-    if config.load_format == "dummy":
-        load_dummy_weights(model, config.seed)
-    else:
-        load_checkpoint(model, config.model_spec)
-    return model.eval()
-
-
-def assistant_spec_for(config: EngineConfig):
-    """The MTP assistant's spec of config.speculative_config, checked against the model's config.json (so that a
-    wrong assistant fails before any weight loads); None for other drafters."""
-    spec = config.speculative_config
-    if spec is None or spec.method != "mtp":
-        return None
-    from atomlite.models.gemma4_assistant import check_compatible, load_assistant_spec
-    assistant = load_assistant_spec(spec.model)
-    check_compatible(assistant, config.model_spec)
-    return assistant
-
-
-def build_assistant_for(config: EngineConfig, assistant_spec, target, kernels: KernelChoices | None = None):
-    """The MTP assistant built beside target (its KV read from target's cache); None without one."""
-    if assistant_spec is None:
-        return None
-    from atomlite.models.gemma4_assistant import build_assistant
-    device = config.torch_device
-    with dispatch.use(detect_platform(device), config.kernel_backend, kernels):
-        return build_assistant(assistant_spec, target, device, config.torch_dtype, config.load_format, config.seed)
-
-
-def load_checkpoint(model, spec) -> None:
-    """The checkpoint's weights into model; for a hub repo id, its shards are fetched into the hub cache first."""
-    if spec.repo_id is not None:
-        fetch_weights(spec.repo_id, spec.path, lambda name: resolve(model, name) is not None)
-    load_weights(model, spec.path)
-
-
-def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan, minimum: int) -> int:
-    """CPU without --kv-cache-memory: room for max_num_seqs full sequences, at most CPU_DEFAULT_KV_BYTES."""
-    wanted = one_seq_plan.seq_bytes * config.max_num_seqs + 2 * sum(g.block_bytes for g in one_seq_plan.groups)
-    return max(min(wanted, CPU_DEFAULT_KV_BYTES), minimum)
-
-
-def plan_for(config: EngineConfig, specs) -> KVPlan:
-    if config.kv_cache_memory is not None:
-        return plan_kv_cache(specs, config.kv_cache_memory, config.block_size, config.max_model_len)
-    one = plan_kv_cache(specs, 2**62, config.block_size, config.max_model_len)
-    # One sequence plus each group's null block, where the planner splits a budget by each group's share of a
-    # sequence: the group whose null block is the largest part of its share sets the minimum (+ a block of slack
-    # per group, as the split rounds down).
-    minimum = max(math.ceil(one.seq_bytes * (g.blocks_per_seq + 1) / g.blocks_per_seq) for g in one.groups)
-    minimum += sum(g.block_bytes for g in one.groups)
-    return plan_kv_cache(specs, default_kv_budget(config, one, minimum), config.block_size, config.max_model_len)
 
 
 def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
@@ -130,29 +50,22 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.torch_device
-        self.kernels = KernelChoices()
-        assistant_spec = assistant_spec_for(config)
-        self.model = build_model(config, self.kernels)
-        self.assistant = build_assistant_for(config, assistant_spec, self.model, self.kernels)
-        cache_dtype = config.kv_dtype(detect_platform(self.device))
-        self.kv_specs = specs = self.model.kv_specs(cache_dtype)
-        self.kv_scales_note = apply_kv_scales(self.model, specs, config.model_spec.kv_cache_quant, cache_dtype)
-        self.memory: MemoryProfile | None = None
-        if config.kv_cache_memory is None and self.device.type == "cuda":
-            self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
-                                         min(config.max_num_batched_tokens, config.max_model_len),
-                                         self._graph_tokens(), config.block_size)
-            self.kv_plan = self._plan_from_profile(specs)
-        else:
-            self.kv_plan = plan_for(config, specs)
-        self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
-                                 config.enable_prefix_caching)
-        self.runner = ModelRunner(self.model, self.kv, self.device)
+        self.workers = self._start_workers(config)
+        if self.workers is not None:
+            weakref.finalize(self, self.workers.close)  # an engine dropped (or alive at exit) stops its ranks
+        try:
+            self._build(config, EngineRank(config, self.workers.tp if self.workers else SINGLE))
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig, rank: EngineRank) -> None:
+        self.kernels, self.model, self.assistant, self.kv_specs = rank.kernels, rank.model, rank.assistant, rank.kv_specs
+        self.kv_scales_note, self.memory, self.kv_plan = rank.kv_scales_note, rank.memory, rank.kv_plan
+        self.kv, self.runner, self.graph_note = rank.kv, rank.runner, rank.graph_note
+        self.runner.followers = self.workers
         self._hidden_rows: dict[int, int] = {}  # seq_id -> its row of runner.hidden: the state before its newest token
-        spec = config.speculative_config
-        self.set_drafter(build_drafter(spec, self.assistant, self.kv, self.device),
-                         spec.num_speculative_tokens if spec else 0)
-        self.graph_note = self._set_up_decode_graphs()
+        self.set_drafter(rank.drafter, rank.num_speculative_tokens)
         self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len)
@@ -169,6 +82,23 @@ class LLMEngine:
         self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
 
+    @staticmethod
+    def _start_workers(config: EngineConfig):
+        """Ranks 1..N-1 under tensor parallelism (engine.workers); None on one. A size the model's shapes cannot be
+        split by fails here, before any process starts (its error names the config key)."""
+        if config.tensor_parallel_size == 1:
+            return None
+        from atomlite import distributed
+        from atomlite.engine.workers import Workers
+        with distributed.use(distributed.TensorParallel(0, config.tensor_parallel_size)):
+            construct_model(config, "meta", detect_platform(config.torch_device))
+        return Workers(config)
+
+    def close(self) -> None:
+        """Stops the other tensor-parallel ranks' processes (a single-rank engine has none)."""
+        if self.workers is not None:
+            self.workers.close()
+
     def set_drafter(self, drafter, num_speculative_tokens: int) -> None:
         """Speculative decoding with drafter (spec.drafters), k drafts per step; None turns it off. The engine sets
         its own from speculative_config; benchmarks and tests set measurement drafters (ReplayDrafter)."""
@@ -179,52 +109,6 @@ class LLMEngine:
             raise ValueError("a drafter that reads the target's hidden states must be set before decode graphs are "
                              "captured (speculative_config)")
         self.spec_stats = SpecStats(num_speculative_tokens)
-
-    def _plan_from_profile(self, specs) -> KVPlan:
-        config = self.config
-        try:
-            return plan_kv_cache(specs, max(self.memory.kv_budget, 0), config.block_size, config.max_model_len)
-        except ConfigError as e:
-            raise ConfigError(f"{self.memory.describe()}: {e}; or raise --gpu-memory-utilization, lower "
-                              f"--max-num-batched-tokens") from None
-
-    def _graphs_off(self) -> str | None:
-        return graphs_off_reason(self.device, self.config.enforce_eager, self.kernels)
-
-    def _graph_batch(self) -> int:
-        """The largest decode batch replayed from a graph; 0 when decode runs eager."""
-        config = self.config
-        if self._graphs_off() is not None:
-            return 0
-        return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
-
-    def _graph_tokens(self) -> int:
-        """The tokens whose activations the graph pools hold: the largest decode batch's, and with drafts also a
-        verify step's (k + 1 per sequence), profiled as one batch of that many tokens."""
-        spec = self.config.speculative_config
-        return self._graph_batch() * (1 if spec is None else spec.num_speculative_tokens + 2)
-
-    def _set_up_decode_graphs(self) -> str:
-        """Captures decode graphs where they can run; returns the startup line that says what happened."""
-        off = self._graphs_off()
-        if off is None:
-            note = self.runner.use_decode_graphs(self._graph_batch(), self.config.max_model_len).report.describe()
-            k = self.num_speculative_tokens
-            verify_batch = min(self._graph_batch(), self.config.max_num_batched_tokens // (k + 1))
-            verify_off = verify_graphs_off_reason(self.model)
-            if self.drafter is not None and verify_off is not None:
-                note += f"; verify steps run eager: {verify_off}"
-            elif self.drafter is not None and verify_batch:
-                verify = self.runner.use_verify_graphs(k, verify_batch, self.config.max_model_len).report
-                note += f"; verify steps ({k} drafts per sequence): {verify.describe().removeprefix('decode graphs: ')}"
-            if hasattr(self.drafter, "use_graphs"):
-                drafts = self.drafter.use_graphs(self._graph_batch(), self.config.max_model_len, k).report
-                note += f"; draft steps: {drafts.describe().removeprefix('decode graphs: ')}"
-            return note
-        note = f"decode graphs: {off}"
-        if self.device.type == "cuda" and not self.config.enforce_eager:
-            logger.warning(note)  # a GPU decoding eager though nobody asked for it: slower, and the user should know
-        return note
 
     def describe(self) -> list[str]:
         """The startup report: the model, memory split, KV plan, decode graphs and each op's kernel."""
@@ -238,6 +122,9 @@ class LLMEngine:
             lines.append(self.kv_scales_note)
         if self.config.speculative_config is not None:
             lines.append(self.config.speculative_config.describe())
+        if self.workers is not None:
+            lines.append(f"tensor parallel: {self.workers.tp.size} ranks ({torch.distributed.get_backend()}); the "
+                         f"memory, KV plan and kernels here are rank 0's, and each rank's are the same")
         lines.append(self.graph_note)
         if self.warmup_note:
             lines.append(self.warmup_note)

@@ -1,13 +1,18 @@
 """Turns a scheduled batch into one forward pass, eager or replayed from a decode graph (its inputs built one way for
-both: step_inputs), then the logits of just the rows that need them."""
+both: step_inputs), then the logits of just the rows that need them. Under tensor parallelism rank 0's runner
+sends each step's inputs to the other ranks' runners, which run the same forward on their shards (follow)."""
 from dataclasses import dataclass, field
 
 import torch
 
+from atomlite.distributed import TensorParallel
+from atomlite.distributed.parallel import SINGLE
 from atomlite.engine.decode_graphs import DecodeGraphs
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder, step_metadata_by_group
+from atomlite.engine.step_inputs import StepInputBuilder, StepInputs, step_metadata_by_group
+
+DECODE, VERIFY = 0, 1  # which graphs replay a step (RunnerStep.graphs)
 
 
 @dataclass
@@ -41,9 +46,20 @@ def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
     return StepRows(sample, prompt, indices, verify)
 
 
+@dataclass
+class RunnerStep:
+    """One forward pass as every rank runs it: its inputs, and either the graphs that replay it (DECODE, VERIFY;
+    inputs.ids None: the input ids are on rank 0's device, sampled by the step before) or, eager, the rows whose
+    logits it computes."""
+    inputs: StepInputs
+    graphs: int | None = None
+    indices: list[int] = field(default_factory=list)
+
+
 class ModelRunner:
-    def __init__(self, model, kv: KVCacheManager, device: torch.device):
-        self.model, self.kv, self.device = model, kv, device
+    def __init__(self, model, kv: KVCacheManager, device: torch.device, tp: TensorParallel = SINGLE):
+        self.model, self.kv, self.device, self.tp = model, kv, device, tp
+        self.followers = None  # rank 0 of several: where each step goes to the other ranks (engine.workers)
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
         self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model.attention_layers()))
@@ -76,21 +92,49 @@ class ModelRunner:
     def execute_ahead(self, seqs: list[Sequence], ids: torch.Tensor) -> torch.Tensor:
         """-> fp32 logits [len(seqs), vocab] of a decode step whose input ids (one per sequence, on the device) the
         step before sampled and the host has not read: each sequence's token at position num_computed_tokens."""
-        return self.graphs.run([(seq, 1) for seq in seqs], ids)
+        inputs = self.inputs.build([(seq, 1) for seq in seqs], ids_known=False)
+        return self._replay(RunnerStep(inputs, DECODE), ids)
 
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
         """-> fp32 logits of the needed rows, and which rows they are."""
         rows = _rows(batch)
-        graphs = next((g for g in (self.graphs, self.verify_graphs) if g is not None and g.supports(batch)), None)
-        if graphs is not None:
-            logits = graphs.run(batch)
-            self.hidden = graphs.hidden[:len(logits)] if self.keep_hidden else None
-            return logits, rows
-        ids, ctx = self.inputs.context(self.inputs.build(batch))
+        which = next((i for i, g in enumerate((self.graphs, self.verify_graphs))
+                      if g is not None and g.supports(batch)), None)
+        inputs = self.inputs.build(batch)
+        if which is not None:
+            return self._replay(RunnerStep(inputs, which)), rows
+        return self._eager(RunnerStep(inputs, indices=rows.indices)), rows
+
+    @torch.inference_mode()
+    def follow(self, step: RunnerStep) -> None:
+        """A rank other than 0: its shards' part of rank 0's step (whose collectives join them)."""
+        if step.graphs is None:
+            self._eager(step)
+        else:
+            self._replay(step, torch.empty(step.inputs.num_seqs, dtype=torch.int64, device=self.device))
+
+    def _replay(self, step: RunnerStep, ids: torch.Tensor | None = None) -> torch.Tensor:
+        self._send(step)
+        if step.inputs.ids is not None:
+            ids = None
+        elif self.tp.size > 1:
+            ids = self.tp.broadcast(ids)  # rank 0 sampled them on its device: every rank reads them from there
+        graphs = (self.graphs, self.verify_graphs)[step.graphs]
+        logits = graphs.run(step.inputs, ids)
+        self.hidden = graphs.hidden[:len(logits)] if self.keep_hidden else None
+        return logits
+
+    def _eager(self, step: RunnerStep) -> torch.Tensor:
+        self._send(step)
+        ids, ctx = self.inputs.context(step.inputs)
         hidden = self.model(ids, ctx)
-        if not rows.indices:
-            return torch.empty(0), rows
-        selected = hidden[torch.tensor(rows.indices, device=self.device)]
+        if not step.indices:
+            return torch.empty(0)
+        selected = hidden[torch.tensor(step.indices, device=self.device)]
         self.hidden = selected if self.keep_hidden else None
-        return self.model.compute_logits(selected).float(), rows
+        return self.model.compute_logits(selected).float()
+
+    def _send(self, step: RunnerStep) -> None:
+        if self.followers is not None:
+            self.followers.send(step)

@@ -59,7 +59,7 @@ def _with_static_decode(llm: LLM, max_batch: int, capture: bool) -> list[int]:
     engine = llm.engine
     graphs = engine.runner.use_decode_graphs(max_batch, engine.config.max_model_len, capture=capture)
     calls, run = [], graphs.run
-    graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
+    graphs.run = lambda inputs, ids=None: (calls.append(inputs.num_seqs), run(inputs, ids))[1]
     return calls
 
 
@@ -123,7 +123,7 @@ def test_graph_replay_gives_eager_tokens(checkpoints, setting, count):
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.graphs, llm.engine.graph_note
     replays, run = [], graphs.run
-    graphs.run = lambda batch, *ids: (replays.append(bool(ids)), run(batch, *ids))[1]
+    graphs.run = lambda inputs, ids=None: (replays.append(ids is not None), run(inputs, ids))[1]
     got = _generate(llm, count)
     assert got == [out.token_ids for out in eager], _divergence(got, eager)
     assert replays
@@ -173,7 +173,7 @@ def test_moe_model_graph_replay_gives_eager_tokens(checkpoints):
     graphs = llm.engine.runner.graphs
     assert graphs is not None and graphs.graphs, llm.engine.graph_note
     replays, run = [], graphs.run
-    graphs.run = lambda batch, *ids: (replays.append(len(batch)), run(batch, *ids))[1]
+    graphs.run = lambda inputs, ids=None: (replays.append(inputs.num_seqs), run(inputs, ids))[1]
     assert _generate(llm, 5) == expected
     assert replays
 

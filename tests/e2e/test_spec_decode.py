@@ -163,7 +163,7 @@ def test_verify_steps_from_static_buffers_give_the_same_tokens(checkpoints, rand
     engine.runner.use_decode_graphs(8, engine.config.max_model_len, capture=False)
     graphs = engine.runner.use_verify_graphs(k, 8, engine.config.max_model_len, capture=False)
     calls, run = [], graphs.run
-    graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
+    graphs.run = lambda inputs, ids=None: (calls.append(inputs.num_seqs), run(inputs, ids))[1]
     assert outputs(llm, PROMPTS, params) == want
     assert calls and max(calls) > 1, calls
     assert engine.spec_stats.num_drafts > 0
@@ -186,7 +186,7 @@ def test_verify_graphs_on_the_gpu_give_the_same_tokens(checkpoints, random_assis
     assert ("draft steps" in llm.engine.graph_note) == (drafter == "mtp")
     graphs = llm.engine.runner.verify_graphs
     calls, run = [], graphs.run
-    graphs.run = lambda batch, *ids: (calls.append(len(batch)), run(batch, *ids))[1]
+    graphs.run = lambda inputs, ids=None: (calls.append(inputs.num_seqs), run(inputs, ids))[1]
     assert outputs(llm, PROMPTS, params) == want
     assert calls
 

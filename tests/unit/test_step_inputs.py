@@ -127,7 +127,7 @@ def test_a_decode_graph_refuses_metadata_it_would_replay_from_another_step():
     runner = ModelRunner(StubModel(kernel_with_metadata([])), kv, CPU)
     graphs = runner.use_decode_graphs(max_batch=4, max_model_len=MAX_LEN, capture=False)
     with pytest.raises(RuntimeError, match="graph replay would reuse"):
-        graphs.run(decoding(kv, [5]))
+        graphs.run(runner.inputs.build(decoding(kv, [5])))
 
 
 def test_triton_builds_key_row_starts_for_prefills_of_v_only_groups_only():

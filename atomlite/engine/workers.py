@@ -1,0 +1,147 @@
+"""The ranks after rank 0 under tensor parallelism, one process per GPU, started by rank 0's engine (no torchrun).
+
+Each worker builds its EngineRank (its shards, its KV cache, its graphs) exactly as rank 0 builds its own, joined to
+rank 0 by torch.distributed (nccl, which is RCCL on ROCm; gloo on CPU). Then it follows: rank 0's runner sends it
+every step's inputs (a RunnerStep, over a ZeroMQ socket), and it runs the same forward on its shards, the
+collectives joining the ranks. Rank 0 alone schedules, samples and talks to the API server.
+
+A worker stops when told (close), when rank 0's process is gone, or never by a signal: Ctrl-C and SIGTERM are rank
+0's to handle, which then stops every rank. A worker that dies leaves rank 0 waiting in a collective for ever, so
+rank 0 exits at once, saying which rank died.
+"""
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from atomlite.distributed import TensorParallel
+from atomlite.distributed.local import free_port
+
+logger = logging.getLogger("atomlite.workers")
+POLL_MS = 500  # how often an idle worker checks that rank 0's process still lives
+STOP_WAIT_S = 30  # how long close waits for the workers to exit before killing them
+STARTUP_TIMEOUT = timedelta(minutes=30)  # joining the group: a large checkpoint loads first on every rank
+
+
+def join_group(rank: int, size: int, port: int, device: torch.device) -> TensorParallel:
+    """This process as rank `rank` of the tensor-parallel group (the default process group)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=STARTUP_TIMEOUT)
+    return TensorParallel(rank, size)
+
+
+class Workers:
+    """Rank 0's handle on ranks 1..size-1: starts them and joins the group (tp), sends them each step (send),
+    stops them (close)."""
+
+    def __init__(self, config):
+        size = config.tensor_parallel_size
+        port, self._context = free_port(), zmq.Context()
+        self._sockets, self._processes = [], []
+        self._closing = False
+        for rank in range(1, size):
+            socket = self._context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.LINGER, 0)
+            address = f"tcp://127.0.0.1:{socket.bind_to_random_port('tcp://127.0.0.1')}"
+            self._sockets.append(socket)
+            self._processes.append(_spawn(config, rank, size, port, address))
+        threading.Thread(target=self._watch, name="atomlite-tp-watch", daemon=True).start()
+        self.tp = join_group(0, size, port, config.torch_device)
+
+    def send(self, step) -> None:
+        data = pickle.dumps(step, protocol=5)
+        for socket in self._sockets:
+            socket.send(data, copy=False)
+
+    def close(self) -> None:
+        """Stops every worker (killing those that do not stop in time) and leaves the group."""
+        if self._closing:
+            return
+        self._closing = True
+        for socket in self._sockets:
+            try:
+                socket.send(pickle.dumps(None), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # a worker still starting reads nothing: it is killed below
+        for process in self._processes:
+            try:
+                process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for socket in self._sockets:
+            socket.close(0)
+        self._context.term()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes]
+
+    def _watch(self) -> None:
+        while not self._closing:
+            for rank, process in enumerate(self._processes, start=1):
+                code = process.poll()
+                if code is not None and not self._closing:
+                    logger.error("tensor-parallel rank %d exited (exit code %d; its log above says why): the ranks "
+                                 "left cannot go on, so this process exits too", rank, code)
+                    os._exit(1)
+            threading.Event().wait(POLL_MS / 1000)
+
+
+def _spawn(config, rank: int, size: int, port: int, address: str) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-m", "atomlite.engine.workers"], stdin=subprocess.PIPE)
+    process.stdin.write(pickle.dumps((config, rank, size, port, address, os.getpid(),
+                                      logging.getLogger().level)))
+    process.stdin.close()
+    return process
+
+
+def follow(runner, socket: zmq.Socket, parent_pid: int) -> None:
+    """Runs rank 0's steps until told to stop or rank 0's process is gone."""
+    while True:
+        if not socket.poll(POLL_MS):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        step = pickle.loads(socket.recv())
+        if step is None:
+            return
+        runner.follow(step)
+
+
+def worker_main() -> None:
+    config, rank, size, port, address, parent_pid, log_level = pickle.loads(sys.stdin.buffer.read())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format=f"%(name)s (rank {rank}): %(message)s")
+    device = config.torch_device
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # the ranks share the cores
+    from atomlite.engine.rank import EngineRank
+    context = zmq.Context()
+    socket = context.socket(zmq.PULL)
+    socket.connect(address)  # before the build: rank 0's first steps wait here, not in its send
+    try:
+        engine_rank = EngineRank(config, join_group(rank, size, port, device))
+        follow(engine_rank.runner, socket, parent_pid)
+    finally:
+        socket.close(0)
+        context.term()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker_main()

@@ -1,0 +1,107 @@
+"""Tensor parallelism through the engine on CPU: LLM(tensor_parallel_size=2) starts its second rank itself (gloo), and
+gives the single-process engine's greedy tokens and logprobs (float32, 1e-4) for batched prompts through chunked
+prefill and decode: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4; and with
+n-gram speculative decoding (verify steps). `atomlite serve --tensor-parallel-size 2` answers the OpenAI client
+and stops every rank on SIGTERM."""
+import signal
+import time
+
+import psutil
+import pytest
+from openai import OpenAI
+
+from atomlite import LLM, SamplingParams
+from atomlite.accuracy.runner import SERVED_NAME, start_server
+from atomlite.errors import ConfigError
+from helpers import random_prompt
+from test_tensor_parallel import mxfp4_copy
+
+PROMPTS = [random_prompt(n, seed=n) for n in (5, 23, 11)]
+ENGINE_ARGS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_batched_tokens=16)
+PARAMS = SamplingParams(max_tokens=6, temperature=0, logprobs=3, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cases(checkpoints, tmp_path_factory) -> dict:
+    wide = checkpoints.get("dense", intermediate_size=128)[0]  # 64 per rank: whole MXFP4 blocks
+    return {"dense": checkpoints.get("dense")[0], "moe": checkpoints.get("moe")[0],
+            "ple": checkpoints.get("ple")[0],
+            "one_kv_head": checkpoints.get("dense", num_key_value_heads=1)[0],
+            "mxfp4": mxfp4_copy(wide, tmp_path_factory.mktemp("tp-engine") / "mxfp4")}
+
+
+def generate(path, params=PARAMS, **args) -> list:
+    llm = LLM(str(path), **ENGINE_ARGS, **args)
+    try:
+        return [out.outputs[0] for out in llm.generate(PROMPTS, params)]
+    finally:
+        llm.engine.close()
+
+
+def assert_same(sharded: list, single: list) -> None:
+    for got, want in zip(sharded, single, strict=True):
+        assert got.token_ids == want.token_ids
+        for got_step, want_step in zip(got.logprobs, want.logprobs, strict=True):
+            assert got_step.keys() == want_step.keys()
+            for token, logprob in want_step.items():
+                assert abs(got_step[token] - logprob) <= 1e-4
+
+
+@pytest.mark.parametrize("case", ["dense", "moe", "ple", "one_kv_head", "mxfp4"])
+def test_two_ranks_give_the_single_engine_tokens_and_logprobs(cases, case):
+    assert_same(generate(cases[case], tensor_parallel_size=2), generate(cases[case]))
+
+
+def test_verify_steps_of_ngram_drafts_run_on_both_ranks(cases):
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    assert_same(generate(cases["dense"], tensor_parallel_size=2, speculative_config=spec),
+                generate(cases["dense"]))
+
+
+def test_close_stops_the_other_ranks(cases):
+    llm = LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2)
+    workers = [psutil.Process(pid) for pid in llm.engine.workers.pids]
+    assert "tensor parallel: 2 ranks (gloo)" in "\n".join(llm.engine.describe())
+    llm.engine.close()
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def test_a_size_the_heads_cannot_be_split_by_fails_before_any_rank_starts(cases):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ConfigError, match="num_attention_heads = 4 is not divisible by the tensor-parallel size 3"):
+        LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=3)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_mtp_under_tensor_parallelism_is_refused(cases):
+    with pytest.raises(ConfigError, match="does not run under tensor parallelism"):
+        LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2,
+            speculative_config={"method": "mtp", "model": str(cases["dense"]), "num_speculative_tokens": 2})
+
+
+def test_serve_with_two_ranks_answers_and_stops_every_rank_on_sigterm(random_model_dir, tmp_path):
+    proc, base = start_server(random_model_dir, ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+                                                 "--tensor-parallel-size", "2"], tmp_path / "server.log")
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+        client = OpenAI(base_url=f"{base}/v1", api_key="none")
+        chat = client.chat.completions.create(model=SERVED_NAME, max_tokens=8,
+                                              messages=[{"role": "user", "content": "Hello"}])
+        assert chat.choices[0].message.content is not None
+        stream = client.completions.create(model=SERVED_NAME, prompt="The sky is", max_tokens=8, stream=True)
+        assert sum(1 for _ in stream) >= 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p.pid for p in ranks if _alive(p)], (tmp_path / "server.log").read_text()
+    finally:
+        proc.kill()
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
