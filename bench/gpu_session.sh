@@ -11,6 +11,7 @@
 #   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
 OUT=${OUT:-/tmp/atomlite-gpu}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -32,6 +33,12 @@ speculative() {  # MODEL [flags]: the bench/README speculative decoding rows (ba
 latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats): the quick A/B row
     python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
         --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
+}
+
+tp_latency() {  # MODEL TP: the bench/README tensor-parallel rows (TTFT of 2048 tokens, TPOT at batch 1 and 16)
+    python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
+        --input-len 2048 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 4096 --repeats 5 \
+        --tensor-parallel-size "$2"
 }
 
 load() {  # MODEL [flags]: the throughput-under-load row (256 x 512 in / 256 out, up to 256 at once)
@@ -114,6 +121,9 @@ stage() {
         train-assistant) python -m atomlite.demo.train_assistant --device cuda --max-seconds "${TRAIN_SECONDS:-220}" \
                              --out /tmp/assistant && tar -C /tmp -cf "$OUT/assistant.tar" assistant ;;
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
+        tp-31b) tp_latency gemma-4-31B-it 2 && tp_latency gemma-4-31B-it 1 ;;  # nvidia-h100-x2
+        tp-26b) tp_latency gemma-4-26B-A4B-it 2 && tp_latency gemma-4-26B-A4B-it 1 ;;
+        tests-tp) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_tensor_parallel_engine.py -k gpus ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;

@@ -97,6 +97,8 @@ class LLMEngine:
     def close(self) -> None:
         """Stops the other tensor-parallel ranks' processes (a single-rank engine has none)."""
         if self.workers is not None:
+            if hasattr(self, "runner"):
+                self.runner.release_graphs()
             self.workers.close()
 
     def set_drafter(self, drafter, num_speculative_tokens: int) -> None:

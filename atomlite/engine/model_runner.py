@@ -84,6 +84,13 @@ class ModelRunner:
             self.verify_graphs.capture_all()
         return self.verify_graphs
 
+    def release_graphs(self) -> None:
+        """Drops the captured graphs (before the collectives they captured go away)."""
+        self.graphs = self.verify_graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
     def can_run_ahead(self, num_seqs: int) -> bool:
         """Whether a decode step of num_seqs sequences can run before the host has its input ids."""
         return self.graphs is not None and self.graphs.fits(num_seqs)

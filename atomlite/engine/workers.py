@@ -28,6 +28,7 @@ from atomlite.distributed.local import free_port
 logger = logging.getLogger("atomlite.workers")
 POLL_MS = 500  # how often an idle worker checks that rank 0's process still lives
 STOP_WAIT_S = 30  # how long close waits for the workers to exit before killing them
+LEAVE_WAIT_S = 20
 STARTUP_TIMEOUT = timedelta(minutes=30)  # joining the group: a large checkpoint loads first on every rank
 
 
@@ -39,6 +40,21 @@ def join_group(rank: int, size: int, port: int, device: torch.device) -> TensorP
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=STARTUP_TIMEOUT)
     return TensorParallel(rank, size)
+
+
+def leave_group() -> None:
+    """Leaves the process group, so that the process may join another. nccl's graceful shutdown waits on the other
+    ranks and on the graphs that captured its kernels (it was seen to hang for good), so an nccl group is aborted:
+    each rank frees its own communicator. Gives up after LEAVE_WAIT_S, saying so."""
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    leave = abort if dist.get_backend() == "nccl" and abort is not None else dist.destroy_process_group
+    leaving = threading.Thread(target=leave, name="atomlite-tp-leave", daemon=True)
+    leaving.start()
+    leaving.join(LEAVE_WAIT_S)
+    if leaving.is_alive():
+        logger.warning("the tensor-parallel group did not shut down in %d s; leaving it as it is", LEAVE_WAIT_S)
 
 
 class Workers:
@@ -74,6 +90,7 @@ class Workers:
                 socket.send(pickle.dumps(None), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass  # a worker still starting reads nothing: it is killed below
+        leave_group()
         for process in self._processes:
             try:
                 process.wait(STOP_WAIT_S)
@@ -83,8 +100,6 @@ class Workers:
         for socket in self._sockets:
             socket.close(0)
         self._context.term()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     @property
     def pids(self) -> list[int]:
@@ -137,10 +152,11 @@ def worker_main() -> None:
     try:
         engine_rank = EngineRank(config, join_group(rank, size, port, device))
         follow(engine_rank.runner, socket, parent_pid)
+        engine_rank.runner.release_graphs()
     finally:
         socket.close(0)
         context.term()
-        dist.destroy_process_group()
+        leave_group()
 
 
 if __name__ == "__main__":

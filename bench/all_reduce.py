@@ -1,0 +1,59 @@
+"""All-reduce latency as a tensor-parallel decode step pays it: N all-reduces of [rows, hidden] bf16 captured in one
+CUDA/HIP graph, replayed; per all-reduce time = replay time / N. One process per GPU (atomlite.distributed.local).
+    python bench/all_reduce.py --size 2 --hidden 5376 --rows 1,16,64
+Run it under different NCCL_PROTO / NCCL_ALGO settings to compare them (keep NCCL_NVLS_ENABLE=0)."""
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+from atomlite.distributed.local import run_local
+
+CALLS, REPLAYS = 120, 20  # 120: two per layer of a 60-layer model
+
+
+def _time_graph(graph, replays: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def _rank(tp, hidden: int, rows: list[int]) -> None:
+    torch.cuda.set_device(tp.rank)
+    for count in rows:
+        x = torch.ones(count, hidden, dtype=torch.bfloat16, device="cuda")
+        dist.all_reduce(x)  # the communicator starts outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(CALLS):
+                dist.all_reduce(x)
+        ms = _time_graph(graph, REPLAYS)
+        if tp.rank == 0:
+            print(f"ranks {tp.size}, [{count}, {hidden}] bf16: {ms * 1000 / CALLS:.1f} us per all-reduce "
+                  f"({CALLS} in one graph; NCCL_PROTO={os.environ.get('NCCL_PROTO', '-')}, "
+                  f"NCCL_ALGO={os.environ.get('NCCL_ALGO', '-')})", flush=True)
+        del graph
+    torch.cuda.synchronize()
+    dist.barrier()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=5376)
+    parser.add_argument("--rows", default="1,16,64")
+    args = parser.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    run_local(_rank, args.size, args.hidden, [int(r) for r in args.rows.split(",")], backend="nccl")
+
+
+if __name__ == "__main__":
+    main()
