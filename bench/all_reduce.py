@@ -1,5 +1,6 @@
 """All-reduce latency as a tensor-parallel decode step pays it: N all-reduces of [rows, hidden] bf16 captured in one
-CUDA/HIP graph, replayed; per all-reduce time = replay time / N. One process per GPU (atomlite.distributed.local).
+CUDA/HIP graph, replayed; per all-reduce time = replay time / N; through the collective library (nccl) and through
+atomlite's one-shot kernel over peer memory, on the same rows. One process per GPU (atomlite.distributed.local).
     python bench/all_reduce.py --size 2 --hidden 5376 --rows 1,16,64
 Run it under different NCCL_PROTO / NCCL_ALGO settings to compare them (keep NCCL_NVLS_ENABLE=0)."""
 import argparse
@@ -9,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from atomlite.distributed.local import run_local
+from atomlite.distributed.peer_memory import PeerMemory
 
 CALLS, REPLAYS = 120, 20  # 120: two per layer of a 60-layer model
 
@@ -27,20 +29,25 @@ def _time_graph(graph, replays: int) -> float:
 
 def _rank(tp, hidden: int, rows: list[int]) -> None:
     torch.cuda.set_device(tp.rank)
+    peers = PeerMemory(tp.rank, tp.size, torch.device("cuda", tp.rank))
     for count in rows:
         x = torch.ones(count, hidden, dtype=torch.bfloat16, device="cuda")
         dist.all_reduce(x)  # the communicator starts outside the capture
         torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(CALLS):
-                dist.all_reduce(x)
-        ms = _time_graph(graph, REPLAYS)
-        if tp.rank == 0:
-            print(f"ranks {tp.size}, [{count}, {hidden}] bf16: {ms * 1000 / CALLS:.1f} us per all-reduce "
-                  f"({CALLS} in one graph; NCCL_PROTO={os.environ.get('NCCL_PROTO', '-')}, "
-                  f"NCCL_ALGO={os.environ.get('NCCL_ALGO', '-')})", flush=True)
-        del graph
+        ways = {"nccl": dist.all_reduce}
+        if peers.fits(x):
+            ways["one-shot"] = peers.all_reduce
+        for name, reduce in ways.items():
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(CALLS):
+                    reduce(x)
+            ms = _time_graph(graph, REPLAYS)
+            if tp.rank == 0:
+                print(f"ranks {tp.size}, [{count}, {hidden}] bf16, {name}: {ms * 1000 / CALLS:.1f} us per all-reduce "
+                      f"({CALLS} in one graph; NCCL_PROTO={os.environ.get('NCCL_PROTO', '-')}, "
+                      f"NCCL_ALGO={os.environ.get('NCCL_ALGO', '-')})", flush=True)
+            del graph
     torch.cuda.synchronize()
     dist.barrier()
 

@@ -123,7 +123,9 @@ stage() {
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         tp-31b) tp_latency gemma-4-31B-it 2 && tp_latency gemma-4-31B-it 1 ;;  # nvidia-h100-x2
         tp-26b) tp_latency gemma-4-26B-A4B-it 2 && tp_latency gemma-4-26B-A4B-it 1 ;;
-        tests-tp) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_tensor_parallel_engine.py -k gpus ;;
+        tests-tp) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_one_shot_all_reduce.py \
+                      tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # nvidia-h100-x2
+        all-reduce) python bench/all_reduce.py ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;

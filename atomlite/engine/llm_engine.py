@@ -63,6 +63,7 @@ class LLMEngine:
         self.kernels, self.model, self.assistant, self.kv_specs = rank.kernels, rank.model, rank.assistant, rank.kv_specs
         self.kv_scales_note, self.memory, self.kv_plan = rank.kv_scales_note, rank.memory, rank.kv_plan
         self.kv, self.runner, self.graph_note = rank.kv, rank.runner, rank.graph_note
+        self.all_reduce_note = rank.all_reduce_note
         self.runner.followers = self.workers
         self._hidden_rows: dict[int, int] = {}  # seq_id -> its row of runner.hidden: the state before its newest token
         self.set_drafter(rank.drafter, rank.num_speculative_tokens)
@@ -126,7 +127,8 @@ class LLMEngine:
             lines.append(self.config.speculative_config.describe())
         if self.workers is not None:
             lines.append(f"tensor parallel: {self.workers.tp.size} ranks ({torch.distributed.get_backend()}); the "
-                         f"memory, KV plan and kernels here are rank 0's, and each rank's are the same")
+                         f"memory, KV plan and kernels here are rank 0's, and each rank's are the same; "
+                         f"{self.all_reduce_note}")
         lines.append(self.graph_note)
         if self.warmup_note:
             lines.append(self.warmup_note)

@@ -9,6 +9,7 @@ import torch
 from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
+from atomlite.distributed.peer_memory import with_peer_memory
 from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
@@ -99,8 +100,11 @@ def plan_for(config: EngineConfig, specs) -> KVPlan:
 
 class EngineRank:
     def __init__(self, config: EngineConfig, tp: TensorParallel = distributed.parallel.SINGLE):
-        self.config, self.tp = config, tp
         self.device = config.torch_device
+        self.all_reduce_note = ""
+        if tp.size > 1:
+            tp, self.all_reduce_note = with_peer_memory(tp, self.device)
+        self.config, self.tp = config, tp
         self.kernels = KernelChoices()
         assistant_spec = assistant_spec_for(config)
         with distributed.use(tp):

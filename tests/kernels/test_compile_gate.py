@@ -15,7 +15,8 @@ GEMMA4_KERNELS = {
     "mxfp4.gemm._mxfp4_gemm_kernel", "mxfp4.gemm._dequantize_kernel", "mxfp4.quant._quantize_dequantize_kernel",
     "moe.routing._count_kernel", "moe.routing._place_kernel", "moe.gemm._gate_up_kernel", "moe.gemm._down_kernel",
     "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
-    "moe.router._router_topk_kernel", "moe.router._router_kernel"}
+    "moe.router._router_topk_kernel", "moe.router._router_kernel",
+    "all_reduce._one_shot_all_reduce_kernel"}  # tensor parallelism's decode all-reduce
 
 
 @pytest.fixture(scope="module")

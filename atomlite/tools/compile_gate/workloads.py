@@ -18,6 +18,8 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
+from atomlite.distributed.peer_memory import MAX_BYTES as PEER_MAX_BYTES
+from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
@@ -79,6 +81,23 @@ class Recorder:
         with recording(self.platform) as launches:
             (choice.fn if method is None else getattr(choice.fn, method))(*args, **kwargs)
         self.launches += [(label, launch) for launch in launches]
+
+    def record(self, label: str, launcher, *args) -> None:
+        """A launcher outside the dispatch table (the tensor-parallel all-reduce), called as the engine calls it."""
+        with recording(self.platform) as launches:
+            launcher(*args)
+        self.launches += [(f"{self.model} {self.step.name} {label}", launch) for launch in launches]
+
+
+def _tensor_parallel_all_reduce(r: Recorder, hidden: int) -> None:
+    """The one-shot all-reduce of a decode step's [tokens, hidden] rows, at 2 and 8 ranks."""
+    numel = r.step.tokens * hidden
+    if numel * 2 > PEER_MAX_BYTES:
+        return  # a prefill's rows go through the collective library
+    for world in (2, 8):
+        r.record(f"one_shot_all_reduce[world={world}]", one_shot_all_reduce, meta(numel),
+                 meta(world, dtype=torch.int64), meta(world, dtype=torch.int64),
+                 meta(MAX_PROGRAMS, dtype=torch.int64), PEER_MAX_BYTES // 2, 0, world)
 
 
 def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window: int | None) -> None:
@@ -201,6 +220,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     hidden = hf["hidden_size"]
     x, weight = meta(tokens, hidden), meta(hidden)
     r.call("rms_norm", dict(dim=hidden), x, weight, 1e-6)
+    _tensor_parallel_all_reduce(r, hidden)
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, None, weight)  # after attention
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), weight)  # after the MLP
     _norms_of_projections(r, spec)

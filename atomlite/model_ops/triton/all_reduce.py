@@ -1,0 +1,58 @@
+"""One-shot all-reduce over peer memory, for the small rows of decode steps, where a collective's latency, not its
+bandwidth, sets the time.
+
+Every rank has mapped every other rank's buffer and signal pad (distributed.peer_memory). Program p of each rank
+copies its slice of x into its own buffer, raises its flag in slot p of every rank's pad, waits until every rank's
+flag in its own pad's slot p is up, then sums the ranks' slices itself, in rank order (so every rank gets the same
+bits) in fp32, into x. A flag is the call's epoch, which program p counts in `epochs`: it grows by one per call, on
+every rank alike, also across graph replays. Two buffer slots alternate by epoch: a rank that is one call ahead
+writes the slot its peers are not reading (it passed this call's barrier only after they all finished the last one).
+"""
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import run_kernel
+
+BLOCK = 2048
+MAX_PROGRAMS = 512  # signal slots per rank; also keeps every program resident, as the barrier needs
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
+                                WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    epoch = tl.load(epochs + pid) + 1
+    slot = (epoch % 2) * slot_elems
+    mine = tl.load(buffers + RANK).to(tl.pointer_type(x.dtype.element_ty))
+    tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
+    tl.debug_barrier()  # the whole slice is stored before the flag says so
+    for r in tl.static_range(WORLD):
+        pad = tl.load(signals + r).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(pad + pid * WORLD + RANK, epoch, sem="release", scope="sys")
+    own = tl.load(signals + RANK).to(tl.pointer_type(tl.int64))
+    for r in tl.static_range(WORLD):
+        while tl.atomic_add(own + pid * WORLD + r, 0, sem="acquire", scope="sys") < epoch:
+            pass
+    tl.debug_barrier()
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
+        total += tl.load(peer + slot + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
+    tl.store(epochs + pid, epoch)
+
+
+def programs_for(numel: int) -> int:
+    return triton.cdiv(numel, BLOCK)
+
+
+def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int, world: int):
+    """x (contiguous, at most slot_elems elements and MAX_PROGRAMS * BLOCK) summed over the ranks, in place.
+    buffers, signals: int64 [world] device tensors of the ranks' buffer and pad addresses; epochs: this rank's int64
+    [MAX_PROGRAMS] counters."""
+    n = x.numel()
+    run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, buffers, signals, epochs, n, slot_elems,
+               RANK=rank, WORLD=world, BLOCK=BLOCK, num_warps=8)
+    return x
