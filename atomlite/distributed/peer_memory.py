@@ -19,8 +19,8 @@ MAX_RANKS = 8
 def refusal(device: torch.device, size: int) -> str | None:
     """Why a group of `size` ranks on device reduces through nccl/gloo instead; None when the one-shot kernel
     serves its small all-reduces."""
-    if os.environ.get("ATOMLITE_ONE_SHOT_ALL_REDUCE", "1") == "0":
-        return "ATOMLITE_ONE_SHOT_ALL_REDUCE=0"
+    if os.environ.get("ATOMLITE_ONE_SHOT_ALL_REDUCE", "0") != "1":
+        return "the one-shot kernel is off until checked on GPUs; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on"
     if device.type != "cuda":
         return "no GPU"
     if torch.version.hip is not None:

@@ -21,9 +21,11 @@ class ReducesOutput:
     def __init__(self, *args, tp: TensorParallel, **kwargs):
         super().__init__(*args, **kwargs)
         self.tp = tp
+        self.reduce_output = True  # False: the layer around it all-reduces this output together with another
 
     def forward(self, *args):
-        return self.tp.all_reduce(super().forward(*args))
+        out = super().forward(*args)
+        return self.tp.all_reduce(out) if self.reduce_output else out
 
     def can(self, capability: str) -> bool:
         return capability != PARTIAL_OUTPUT and super().can(capability)

@@ -152,6 +152,9 @@ class Gemma4DecoderLayer(nn.Module):
             self.router = Gemma4Router(hidden, cfg["num_experts"], cfg["top_k_experts"], eps, lin, f"{prefix}.router")
             self.experts = lin.experts(f"{prefix}.experts", cfg["num_experts"], hidden, cfg["moe_intermediate_size"])
             self.experts.top_k = cfg["top_k_experts"]
+            self.tp = lin.tp
+            if self.tp.size > 1:  # the two branches' partial sums are all-reduced together (_moe_feed_forward)
+                self.experts.reduce_output = self.mlp.down_proj.reduce_output = False
             for name in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                          "pre_feedforward_layernorm_2"):
                 setattr(self, name, RMSNorm(hidden, eps))
@@ -198,6 +201,8 @@ class Gemma4DecoderLayer(nn.Module):
         route = self.router(h)
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), h.device,
                                   overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
+        if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
+            m, experts = self.tp.all_reduce(torch.stack((m, experts))).unbind(0)
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
 
 
