@@ -2,8 +2,10 @@
 gives the single-process engine's greedy tokens and logprobs (float32, 1e-4) for batched prompts through chunked
 prefill and decode: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4; and with
 n-gram speculative decoding (verify steps). `atomlite serve --tensor-parallel-size 2` answers the OpenAI client
-and stops every rank on SIGTERM."""
+and stops every rank on SIGTERM; a rank that dies takes the others down with it, none is left waiting."""
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -123,3 +125,39 @@ def test_two_gpus_replaying_graphs_give_the_single_gpu_tokens(cases, case):
         for got_step, want_step in zip(got.logprobs, want.logprobs):
             token = max(want_step, key=want_step.get)
             assert abs(got_step[token] - want_step[token]) <= 1e-3
+
+
+RANKS_SCRIPT = """
+import sys
+from atomlite import LLM, SamplingParams
+llm = LLM(sys.argv[1], device="cpu", dtype="float32", max_model_len=128, tensor_parallel_size=2)
+print(llm.engine.workers.pids[0], flush=True)
+while True:
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=20, ignore_eos=True))
+"""
+
+
+def _start_ranks(path) -> tuple[subprocess.Popen, psutil.Process]:
+    proc = subprocess.Popen([sys.executable, "-c", RANKS_SCRIPT, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, psutil.Process(int(proc.stdout.readline()))
+
+
+def test_a_worker_that_dies_stops_rank_0_instead_of_leaving_it_waiting(cases):
+    proc, worker = _start_ranks(cases["dense"])
+    try:
+        worker.kill()
+        assert proc.wait(60) != 0
+    finally:
+        proc.kill()
+
+
+def test_a_worker_whose_rank_0_dies_exits(cases):
+    proc, worker = _start_ranks(cases["dense"])
+    try:
+        proc.kill()
+        proc.wait()
+        worker.wait(60)  # raises psutil.TimeoutExpired if it lingers
+    finally:
+        if _alive(worker):
+            worker.kill()
