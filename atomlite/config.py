@@ -202,7 +202,7 @@ class EngineConfig:
 
     def _check_tensor_parallel(self):
         size = self.tensor_parallel_size
-        if not isinstance(size, int) or size < 1:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ConfigError(f"--tensor-parallel-size {size!r} must be an integer >= 1")
         if size == 1:
             return

@@ -24,10 +24,15 @@ def loaded_library(name: str) -> str:
 
 
 class Runtime:
-    def __init__(self):
+    """The runtime library's calls on one GPU: it is made current in the library itself, which need not be the
+    copy whose current device torch set."""
+
+    def __init__(self, device: torch.device):
         torch.cuda.init()
         name, self.prefix = ("libamdhip64", "hip") if torch.version.hip else ("libcudart", "cuda")
         self.lib = ctypes.CDLL(loaded_library(name))
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._call("SetDevice", ctypes.c_int(index))
 
     def _call(self, function: str, *args) -> None:
         error = getattr(self.lib, self.prefix + function)(*args)

@@ -27,6 +27,9 @@ def refusal(device: torch.device, size: int) -> str | None:
         return "not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way there)"
     if size > MAX_RANKS:
         return f"more than {MAX_RANKS} ranks"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if not all(torch.cuda.can_device_access_peer(index, peer) for peer in range(size) if peer != index):
+        return "the GPUs cannot read each other's memory (no peer access)"
     return None
 
 
@@ -34,6 +37,8 @@ def with_peer_memory(tp: TensorParallel, device: torch.device) -> tuple[TensorPa
     """tp with the one-shot all-reduce attached where it can run (every rank calls this together), and the startup
     line that says which all-reduce the group uses."""
     why = refusal(device, tp.size)
+    if not tp.min_over_ranks(why is None, device) and why is None:
+        why = "another rank cannot use the one-shot kernel"  # all ranks reduce one way, or their calls never pair
     if why is not None:
         return tp, f"all-reduce: {dist.get_backend(tp.group)} ({why})"
     peers = PeerMemory(tp.rank, tp.size, device, tp.group)
@@ -47,7 +52,7 @@ class PeerMemory:
 
     def __init__(self, rank: int, size: int, device: torch.device, group=None):
         self.rank, self.size = rank, size
-        runtime = Runtime()
+        runtime = Runtime(device)
         pad_offset = 2 * MAX_BYTES
         with torch.cuda.device(device):
             own = runtime.malloc(pad_offset + MAX_PROGRAMS * size * 8)  # zeroed: no flag is up

@@ -96,6 +96,10 @@ class EngineCore:
             return self.engine.step()
         except Exception as e:  # a bug, not user input: fail the requests in flight, keep serving new ones
             logger.exception("engine step failed; aborting the requests in flight")
+            if getattr(self.engine, "workers", None) is not None:
+                # the other ranks may have run collectives this rank did not: they no longer pair up
+                raise RuntimeError("a step failed under tensor parallelism, leaving the ranks out of step; the "
+                                   "engine stops") from e
             failed = list(self.engine.requests)
             for request_id in failed:
                 self.engine.abort(request_id)

@@ -37,6 +37,13 @@ def check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> N
                          f"{max_model_len}, which must leave room for at least one new token")
 
 
+def close_ranks(runner, workers) -> None:
+    """The graphs that captured the group's collectives go first, then the other ranks."""
+    if runner is not None:
+        runner.release_graphs()
+    workers.close()
+
+
 @dataclass
 class UnsampledStep:
     """A decode step launched ahead whose rows are sampled only after the host has appended the tokens it read:
@@ -51,13 +58,14 @@ class LLMEngine:
         self.config = config
         self.device = config.torch_device
         self.workers = self._start_workers(config)
-        if self.workers is not None:
-            weakref.finalize(self, self.workers.close)  # an engine dropped (or alive at exit) stops its ranks
         try:
             self._build(config, EngineRank(config, self.workers.tp if self.workers else SINGLE))
         except BaseException:
             self.close()
             raise
+        if self.workers is not None:
+            self.workers.started = True
+            weakref.finalize(self, close_ranks, self.runner, self.workers)  # dropped, or alive at exit
 
     def _build(self, config: EngineConfig, rank: EngineRank) -> None:
         self.kernels, self.model, self.assistant, self.kv_specs = rank.kernels, rank.model, rank.assistant, rank.kv_specs
@@ -98,9 +106,7 @@ class LLMEngine:
     def close(self) -> None:
         """Stops the other tensor-parallel ranks' processes (a single-rank engine has none)."""
         if self.workers is not None:
-            if hasattr(self, "runner"):
-                self.runner.release_graphs()
-            self.workers.close()
+            close_ranks(getattr(self, "runner", None), self.workers)
 
     def set_drafter(self, drafter, num_speculative_tokens: int) -> None:
         """Speculative decoding with drafter (spec.drafters), k drafts per step; None turns it off. The engine sets

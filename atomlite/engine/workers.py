@@ -9,6 +9,7 @@ A worker stops when told (close), when rank 0's process is gone, or never by a s
 0's to handle, which then stops every rank. A worker that dies leaves rank 0 waiting in a collective for ever, so
 rank 0 exits at once, saying which rank died.
 """
+import ctypes
 import logging
 import os
 import pickle
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -26,9 +28,11 @@ from atomlite.distributed import TensorParallel
 from atomlite.distributed.local import free_port
 
 logger = logging.getLogger("atomlite.workers")
+PR_SET_PDEATHSIG = 1
 POLL_MS = 500  # how often an idle worker checks that rank 0's process still lives
 STOP_WAIT_S = 30  # how long close waits for the workers to exit before killing them
 LEAVE_WAIT_S = 20
+STARTUP_GRACE_S = 10
 STARTUP_TIMEOUT = timedelta(minutes=30)  # joining the group: a large checkpoint loads first on every rank
 
 
@@ -66,14 +70,19 @@ class Workers:
         port, self._context = free_port(), zmq.Context()
         self._sockets, self._processes = [], []
         self._closing = False
-        for rank in range(1, size):
-            socket = self._context.socket(zmq.PUSH)
-            socket.setsockopt(zmq.LINGER, 0)
-            address = f"tcp://127.0.0.1:{socket.bind_to_random_port('tcp://127.0.0.1')}"
-            self._sockets.append(socket)
-            self._processes.append(_spawn(config, rank, size, port, address))
-        threading.Thread(target=self._watch, name="atomlite-tp-watch", daemon=True).start()
-        self.tp = join_group(0, size, port, config.torch_device)
+        self.started = False  # set once every rank is built (LLMEngine): until then a worker's exit may be the
+        try:                  # same error rank 0 is about to raise itself
+            for rank in range(1, size):
+                socket = self._context.socket(zmq.PUSH)
+                socket.setsockopt(zmq.LINGER, 0)
+                address = f"tcp://127.0.0.1:{socket.bind_to_random_port('tcp://127.0.0.1')}"
+                self._sockets.append(socket)
+                self._processes.append(_spawn(config, rank, size, port, address))
+            threading.Thread(target=self._watch, name="atomlite-tp-watch", daemon=True).start()
+            self.tp = join_group(0, size, port, config.torch_device)
+        except BaseException:
+            self.close()
+            raise
 
     def send(self, step) -> None:
         data = pickle.dumps(step, protocol=5)
@@ -110,10 +119,22 @@ class Workers:
             for rank, process in enumerate(self._processes, start=1):
                 code = process.poll()
                 if code is not None and not self._closing:
-                    logger.error("tensor-parallel rank %d exited (exit code %d; its log above says why): the ranks "
-                                 "left cannot go on, so this process exits too", rank, code)
-                    os._exit(1)
+                    self._exit_after(rank, code)
             threading.Event().wait(POLL_MS / 1000)
+
+    def _exit_after(self, rank: int, code: int) -> None:
+        """A worker died: this process exits too, since its next collective would wait for ever. While starting,
+        rank 0 gets STARTUP_GRACE_S to fail with the same error itself (a config or memory error every rank meets),
+        which the caller then sees instead of an exit."""
+        if not self.started:
+            deadline = time.monotonic() + STARTUP_GRACE_S
+            while not self._closing and time.monotonic() < deadline:
+                threading.Event().wait(POLL_MS / 1000)
+            if self._closing:
+                return
+        logger.error("tensor-parallel rank %d exited (exit code %d; its log above says why): the ranks left cannot go "
+                     "on, so this process exits too", rank, code)
+        os._exit(1)
 
 
 def _spawn(config, rank: int, size: int, port: int, address: str) -> subprocess.Popen:
@@ -124,21 +145,34 @@ def _spawn(config, rank: int, size: int, port: int, address: str) -> subprocess.
     return process
 
 
-def follow(runner, socket: zmq.Socket, parent_pid: int) -> None:
-    """Runs rank 0's steps until told to stop or rank 0's process is gone."""
+def follow(runner, socket: zmq.Socket, parent_pid: int) -> bool:
+    """Runs rank 0's steps until told to stop (True) or rank 0's process is gone (False)."""
     while True:
         if not socket.poll(POLL_MS):
             if os.getppid() != parent_pid:
-                return
+                return False
             continue
         step = pickle.loads(socket.recv())
         if step is None:
-            return
+            return True
         runner.follow(step)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL when rank 0's process dies (Linux): a worker may be waiting in a collective on its GPU, where no poll
+    of its parent would run."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: follow's poll of the parent is what remains
+    if os.getppid() != parent_pid:  # it died before the request took
+        os._exit(1)
 
 
 def worker_main() -> None:
     config, rank, size, port, address, parent_pid, log_level = pickle.loads(sys.stdin.buffer.read())
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format=f"%(name)s (rank {rank}): %(message)s")
@@ -151,7 +185,8 @@ def worker_main() -> None:
     socket.connect(address)  # before the build: rank 0's first steps wait here, not in its send
     try:
         engine_rank = EngineRank(config, join_group(rank, size, port, device))
-        follow(engine_rank.runner, socket, parent_pid)
+        if not follow(engine_rank.runner, socket, parent_pid):
+            os._exit(1)  # rank 0 is gone: its GPU work may never end, so nothing waits for it
         engine_rank.runner.release_graphs()
     finally:
         socket.close(0)

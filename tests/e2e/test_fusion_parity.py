@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from atomlite import LLM
-from atomlite.engine import llm_engine
+from atomlite.engine import rank as engine_rank
 from helpers import atomlite_prompt_logprobs, greedy, random_prompt
 
 VOCAB = 96
@@ -23,7 +23,7 @@ def run(path, kernel_backend: str) -> tuple[LLM, torch.Tensor, list[list[int]]]:
 def test_unlinked_model_scores_and_decodes_like_the_linked_one(checkpoints, monkeypatch, variant, kernel_backend):
     path, _ = checkpoints.get(variant)
     linked, linked_logprobs, linked_tokens = run(path, kernel_backend)
-    monkeypatch.setattr(llm_engine, "link", lambda model: model)
+    monkeypatch.setattr(engine_rank, "link", lambda model: model)
     unlinked, logprobs, tokens = run(path, kernel_backend)
     first, unlinked_first = linked.engine.model.model.layers[0], unlinked.engine.model.model.layers[0]
     assert first.post_attention_layernorm.next_norms and not unlinked_first.post_attention_layernorm.next_norms

@@ -74,6 +74,12 @@ def test_a_size_the_heads_cannot_be_split_by_fails_before_any_rank_starts(cases)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
+def test_an_error_every_rank_meets_while_starting_reaches_the_caller(cases):
+    """The worker meets it too and exits first or not: rank 0 raises it rather than exiting for the dead worker."""
+    with pytest.raises(ConfigError, match="kv"):
+        LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2, kv_cache_memory=1024)
+
+
 def test_mtp_under_tensor_parallelism_is_refused(cases):
     with pytest.raises(ConfigError, match="does not run under tensor parallelism"):
         LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2,

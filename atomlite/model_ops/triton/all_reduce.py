@@ -14,7 +14,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import run_kernel
 
 BLOCK = 2048
-MAX_PROGRAMS = 512  # signal slots per rank; also keeps every program resident, as the barrier needs
+MAX_PROGRAMS = 512  # signal slots per rank
 
 
 @triton.jit
