@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from atomlite.distributed.local import run_local
-from atomlite.distributed.peer_memory import PeerMemory
+from atomlite.model_ops.peer_memory import PeerMemory
 
 CALLS, REPLAYS = 120, 20  # 120: two per layer of a 60-layer model
 

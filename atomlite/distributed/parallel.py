@@ -14,7 +14,7 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: object = None  # the torch.distributed process group; None: the default one
-    peers: object = None  # a distributed.peer_memory.PeerMemory: small all-reduces by the one-shot kernel
+    peers: object = None  # a model_ops.peer_memory.PeerMemory: small all-reduces by the one-shot kernel
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of x (each rank's partial result of a row-parallel product); x may be summed in place."""

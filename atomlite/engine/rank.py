@@ -9,7 +9,7 @@ import torch
 from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
-from atomlite.distributed.peer_memory import with_peer_memory
+from atomlite.model_ops.peer_memory import with_peer_memory
 from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache

@@ -40,6 +40,10 @@ CAPABILITIES = {
 }
 
 
+class NoKernel(RuntimeError):
+    """No backend serves an op on this platform (each backend's reason in the message)."""
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     op: str
@@ -147,7 +151,7 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
         if recorder is not None:
             recorder.record(_choice_key(op, shape), choice)
         return choice
-    raise RuntimeError(f"no backend implements {op}")
+    raise NoKernel(f"no backend implements {op} here ({'; '.join(skipped)})")
 
 
 def _choice_key(op: str, shape: dict) -> str:

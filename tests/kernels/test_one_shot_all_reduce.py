@@ -4,7 +4,7 @@ On two GPUs: ranks that map each other's buffers through IPC get the exact sum, 
 import pytest
 import torch
 
-from atomlite.distributed.peer_memory import refusal
+from atomlite.model_ops.peer_memory import refusal
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce, programs_for
 
 WORLD, SLOT = 2, 8192
@@ -46,7 +46,7 @@ def _inputs(shape, call: int, world: int) -> list[torch.Tensor]:
 
 
 def _check_rank(tp, shapes) -> None:
-    from atomlite.distributed.peer_memory import PeerMemory
+    from atomlite.model_ops.peer_memory import PeerMemory
     torch.cuda.set_device(tp.rank)
     device = torch.device("cuda", tp.rank)
     peers = PeerMemory(tp.rank, tp.size, device)

@@ -39,6 +39,10 @@ CAPABILITIES = {
 # What each op reads back to the host, or copies from it, on every call: a CUDA/HIP graph can capture neither.
 LOOP_REASON = "experts run as a per-expert loop that syncs with the host"
 MASKED_WRITE = "stores K/V at the slots a boolean mask selects, whose count the host reads back"
+DECLINED = {
+    "one_shot_all_reduce": "no reference kernel: the group's collective library (nccl, gloo) sums instead",
+}
+
 GRAPH_UNSAFE = {
     "moe_experts": LOOP_REASON,
     "mxfp4_moe_experts": LOOP_REASON,

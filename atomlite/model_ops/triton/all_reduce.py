@@ -1,7 +1,7 @@
 """One-shot all-reduce over peer memory, for the small rows of decode steps, where a collective's latency, not its
 bandwidth, sets the time.
 
-Every rank has mapped every other rank's buffer and signal pad (distributed.peer_memory). Program p of each rank
+Every rank has mapped every other rank's buffer and signal pad (model_ops.peer_memory). Program p of each rank
 copies its slice of x into its own buffer, raises its flag in slot p of every rank's pad, waits until every rank's
 flag in its own pad's slot p is up, then sums the ranks' slices itself, in rank order (so every rank gets the same
 bits) in fp32, into x. A flag is the call's epoch, which program p counts in `epochs`: it grows by one per call, on
@@ -14,7 +14,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import run_kernel
 
 BLOCK = 2048
-MAX_PROGRAMS = 512  # signal slots per rank
+MAX_PROGRAMS = 512  # signal slots per rank (model_ops.peer_memory.MAX_SIGNALS)
 
 
 @triton.jit
@@ -53,6 +53,9 @@ def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int,
     buffers, signals: int64 [world] device tensors of the ranks' buffer and pad addresses; epochs: this rank's int64
     [MAX_PROGRAMS] counters."""
     n = x.numel()
+    if n > slot_elems or programs_for(n) > MAX_PROGRAMS:
+        raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems}) or its "
+                         f"{MAX_PROGRAMS} programs")
     run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, buffers, signals, epochs, n, slot_elems,
                RANK=rank, WORLD=world, BLOCK=BLOCK, num_warps=8)
     return x

@@ -18,7 +18,7 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
-from atomlite.distributed.peer_memory import MAX_BYTES as PEER_MAX_BYTES
+from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts

@@ -10,10 +10,12 @@ import torch.distributed as dist
 
 from atomlite.distributed.ipc import Runtime
 from atomlite.distributed.parallel import TensorParallel
-from atomlite.model_ops.triton.all_reduce import BLOCK, MAX_PROGRAMS, one_shot_all_reduce
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.platform import detect_platform
 
 MAX_BYTES = 1 << 20  # larger all-reduces (prefill) go through the collective library, which has the bandwidth
 MAX_RANKS = 8
+MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the kernel's BLOCK elements each)
 
 
 def refusal(device: torch.device, size: int) -> str | None:
@@ -23,8 +25,6 @@ def refusal(device: torch.device, size: int) -> str | None:
         return "the one-shot kernel is off until checked on GPUs; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on"
     if device.type != "cuda":
         return "no GPU"
-    if torch.version.hip is not None:
-        return "not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way there)"
     if size > MAX_RANKS:
         return f"more than {MAX_RANKS} ranks"
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -36,12 +36,17 @@ def refusal(device: torch.device, size: int) -> str | None:
 def with_peer_memory(tp: TensorParallel, device: torch.device) -> tuple[TensorParallel, str]:
     """tp with the one-shot all-reduce attached where it can run (every rank calls this together), and the startup
     line that says which all-reduce the group uses."""
-    why = refusal(device, tp.size)
+    why, kernel = refusal(device, tp.size), None
+    if why is None:
+        try:
+            kernel = dispatch.choose("one_shot_all_reduce", world=tp.size).fn
+        except dispatch.NoKernel as e:
+            why = str(e)
     if not tp.min_over_ranks(why is None, device) and why is None:
         why = "another rank cannot use the one-shot kernel"  # all ranks reduce one way, or their calls never pair
     if why is not None:
         return tp, f"all-reduce: {dist.get_backend(tp.group)} ({why})"
-    peers = PeerMemory(tp.rank, tp.size, device, tp.group)
+    peers = PeerMemory(tp.rank, tp.size, device, tp.group, kernel)
     return replace(tp, peers=peers), (f"all-reduce: one-shot Triton kernel over peer memory up to "
                                       f"{MAX_BYTES >> 10} KiB (decode steps), {dist.get_backend(tp.group)} beyond")
 
@@ -50,24 +55,25 @@ class PeerMemory:
     """This rank's buffer (two slots of MAX_BYTES) and signal pad, in one allocation, and every rank's addresses of
     them. Built by every rank of the group together (it exchanges the IPC handles); held for the process's life."""
 
-    def __init__(self, rank: int, size: int, device: torch.device, group=None):
+    def __init__(self, rank: int, size: int, device: torch.device, group=None, kernel=None):
+        """kernel: the one_shot_all_reduce op dispatch chose (default: the one it chooses for device)."""
         self.rank, self.size = rank, size
+        self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
         pad_offset = 2 * MAX_BYTES
         with torch.cuda.device(device):
-            own = runtime.malloc(pad_offset + MAX_PROGRAMS * size * 8)  # zeroed: no flag is up
+            own = runtime.malloc(pad_offset + MAX_SIGNALS * size * 8)  # zeroed: no flag is up
             shared = [None] * size
             dist.all_gather_object(shared, runtime.ipc_handle(own), group=group)
             bases = [own if r == rank else runtime.open_ipc_handle(handle) for r, handle in enumerate(shared)]
         self.buffers = torch.tensor(bases, dtype=torch.int64, device=device)
         self.signals = torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64, device=device)
+        self.epochs = torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device)
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
 
     def fits(self, x: torch.Tensor) -> bool:
-        nbytes = x.numel() * x.element_size()
-        return x.is_contiguous() and nbytes <= MAX_BYTES and -(-x.numel() // BLOCK) <= MAX_PROGRAMS
+        return x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return one_shot_all_reduce(x, self.buffers, self.signals, self.epochs, MAX_BYTES // x.element_size(),
-                                   self.rank, self.size)
+        return self.kernel(x, self.buffers, self.signals, self.epochs, MAX_BYTES // x.element_size(), self.rank,
+                           self.size)
