@@ -278,7 +278,10 @@ def _bench_report(engine, kind: str, rows: list[dict], probes, settings: dict, j
     spec = engine.config.model_spec
     header = [f"device: {device_name(engine.device)}; model: {spec.path} ({len(spec.layers)} layers, "
               f"dtype {str(engine.config.torch_dtype).removeprefix('torch.')}, load format "
-              f"{engine.config.load_format})", engine.graph_note,
+              f"{engine.config.load_format})",
+              *([f"tensor parallel: {engine.workers.tp.size} ranks; {engine.all_reduce_note}"]
+                if engine.workers is not None else []),
+              engine.graph_note,
               *([engine.warmup_note] if engine.warmup_note else []),
               *([engine.memory.describe()] if engine.memory is not None else []),
               f"probes: copy {_rate(probes.copy_bytes_per_s, 'B/s')} (read + write), "

@@ -21,10 +21,10 @@ MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the ke
 def refusal(device: torch.device, size: int) -> str | None:
     """Why a group of `size` ranks on device reduces through nccl/gloo instead; None when the one-shot kernel
     serves its small all-reduces."""
-    if os.environ.get("ATOMLITE_ONE_SHOT_ALL_REDUCE", "0") != "1":
-        return "the one-shot kernel is off until checked on GPUs; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on"
     if device.type != "cuda":
         return "no GPU"
+    if os.environ.get("ATOMLITE_ONE_SHOT_ALL_REDUCE", "0") != "1":
+        return "the one-shot kernel is off until checked on GPUs; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on"
     if size > MAX_RANKS:
         return f"more than {MAX_RANKS} ranks"
     index = device.index if device.index is not None else torch.cuda.current_device()
