@@ -53,6 +53,18 @@ def test_two_ranks_give_the_single_engine_tokens_and_logprobs(cases, case):
     assert_same(generate(cases[case], tensor_parallel_size=2), generate(cases[case]))
 
 
+def test_prefix_cache_hits_are_rank_0s_and_read_the_same_blocks_on_both_ranks(cases):
+    """Rank 0 alone keeps the prefix cache; the block tables it sends make the other rank read its own copies."""
+    llm = LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2)
+    try:
+        first = llm.generate(PROMPTS, PARAMS)
+        again = llm.generate(PROMPTS, PARAMS)
+    finally:
+        llm.engine.close()
+    assert again[1].num_cached_tokens == 16  # the one prompt of a full block (23 tokens)
+    assert_same([out.outputs[0] for out in again], [out.outputs[0] for out in first])
+
+
 def test_verify_steps_of_ngram_drafts_run_on_both_ranks(cases):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
     assert_same(generate(cases["dense"], tensor_parallel_size=2, speculative_config=spec),
