@@ -41,6 +41,12 @@ tp_latency() {  # MODEL TP: the bench/README tensor-parallel rows (TTFT of 2048 
         --tensor-parallel-size "$2"
 }
 
+tp_rows() {  # MODEL: TP=2 with the one-shot all-reduce, TP=2 through nccl alone, TP=1; one machine
+    echo "--- TP=2, one-shot all-reduce"; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 tp_latency "$1" 2
+    echo "--- TP=2, nccl"; tp_latency "$1" 2
+    echo "--- TP=1"; tp_latency "$1" 1
+}
+
 load() {  # MODEL [flags]: the throughput-under-load row (256 x 512 in / 256 out, up to 256 at once)
     local model=$1; shift
     python -m atomlite.cli bench throughput --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
@@ -121,8 +127,8 @@ stage() {
         train-assistant) python -m atomlite.demo.train_assistant --device cuda --max-seconds "${TRAIN_SECONDS:-220}" \
                              --out /tmp/assistant && tar -C /tmp -cf "$OUT/assistant.tar" assistant ;;
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
-        tp-31b) tp_latency gemma-4-31B-it 2 && tp_latency gemma-4-31B-it 1 ;;  # nvidia-h100-x2
-        tp-26b) tp_latency gemma-4-26B-A4B-it 2 && tp_latency gemma-4-26B-A4B-it 1 ;;
+        tp-31b) tp_rows gemma-4-31B-it ;;  # nvidia-h100-x2
+        tp-26b) tp_rows gemma-4-26B-A4B-it ;;
         tests-tp) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_one_shot_all_reduce.py \
                       tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # nvidia-h100-x2
         all-reduce) python bench/all_reduce.py ;;
