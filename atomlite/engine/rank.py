@@ -101,11 +101,12 @@ def plan_for(config: EngineConfig, specs) -> KVPlan:
 class EngineRank:
     def __init__(self, config: EngineConfig, tp: TensorParallel = distributed.parallel.SINGLE):
         self.device = config.torch_device
+        self.kernels = KernelChoices()
         self.all_reduce_note = ""
         if tp.size > 1:
-            tp, self.all_reduce_note = with_peer_memory(tp, self.device)
+            with dispatch.use(detect_platform(self.device), config.kernel_backend, self.kernels):
+                tp, self.all_reduce_note = with_peer_memory(tp, self.device)
         self.config, self.tp = config, tp
-        self.kernels = KernelChoices()
         assistant_spec = assistant_spec_for(config)
         with distributed.use(tp):
             self.model = build_model(config, self.kernels)

@@ -6,8 +6,8 @@ every step's inputs (a RunnerStep, over a ZeroMQ socket), and it runs the same f
 collectives joining the ranks. Rank 0 alone schedules, samples and talks to the API server.
 
 A worker stops when told (close), when rank 0's process is gone, or never by a signal: Ctrl-C and SIGTERM are rank
-0's to handle, which then stops every rank. A worker that dies leaves rank 0 waiting in a collective for ever, so
-rank 0 exits at once, saying which rank died.
+0's to handle, which then stops every rank. A worker that dies would leave rank 0 waiting in a collective for ever,
+so rank 0 exits too, saying which rank died (while starting, only if it has not failed on its own by then).
 """
 import ctypes
 import logging
@@ -31,8 +31,8 @@ logger = logging.getLogger("atomlite.workers")
 PR_SET_PDEATHSIG = 1
 POLL_MS = 500  # how often an idle worker checks that rank 0's process still lives
 STOP_WAIT_S = 30  # how long close waits for the workers to exit before killing them
-LEAVE_WAIT_S = 20
-STARTUP_GRACE_S = 10
+LEAVE_WAIT_S = 20  # leave_group
+STARTUP_GRACE_S = 10  # Workers._exit_after
 STARTUP_TIMEOUT = timedelta(minutes=30)  # joining the group: a large checkpoint loads first on every rank
 
 

@@ -76,3 +76,11 @@ def test_two_gpus_sum_exactly_eager_and_from_a_graph():
         pytest.skip("needs two GPUs")
     from atomlite.distributed.local import run_local
     run_local(_check_rank, 2, [(1, 5376), (64, 5376), (3, 1000)], backend="nccl")
+
+
+def test_dispatch_gives_the_one_shot_kernel_to_nvidia_and_says_why_not_to_rocm():
+    from atomlite.model_ops import dispatch
+    from atomlite.model_ops.platform import parse_platform
+    assert dispatch.choose("one_shot_all_reduce", parse_platform("sm_90"), world=2).fn is one_shot_all_reduce
+    with pytest.raises(dispatch.NoKernel, match="not verified on ROCm"):
+        dispatch.choose("one_shot_all_reduce", parse_platform("gfx942"), world=2)
