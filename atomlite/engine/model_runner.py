@@ -118,7 +118,9 @@ class ModelRunner:
         """A rank other than 0: its shards' part of rank 0's step (whose collectives join them)."""
         if step.graphs is None:
             self._eager(step)
-        else:
+        elif step.inputs.ids is not None:
+            self._replay(step)
+        else:  # a step launched ahead: its ids come from rank 0 (_replay's broadcast)
             self._replay(step, torch.empty(step.inputs.num_seqs, dtype=torch.int64, device=self.device))
 
     def _replay(self, step: RunnerStep, ids: torch.Tensor | None = None) -> torch.Tensor:
