@@ -9,7 +9,6 @@ A worker stops when told (close), when rank 0's process is gone, or never by a s
 0's to handle, which then stops every rank. A worker that dies would leave rank 0 waiting in a collective for ever,
 so rank 0 exits too, saying which rank died (while starting, only if it has not failed on its own by then).
 """
-import ctypes
 import logging
 import os
 import pickle
@@ -26,9 +25,9 @@ import zmq
 
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.local import free_port
+from atomlite.lifetime import die_with_parent
 
 logger = logging.getLogger("atomlite.workers")
-PR_SET_PDEATHSIG = 1
 POLL_MS = 500  # how often an idle worker checks that rank 0's process still lives
 STOP_WAIT_S = 30  # how long close waits for the workers to exit before killing them
 LEAVE_WAIT_S = 20  # leave_group
@@ -156,18 +155,6 @@ def follow(runner, socket: zmq.Socket, parent_pid: int) -> bool:
         if step is None:
             return True
         runner.follow(step)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL when rank 0's process dies (Linux): a worker may be waiting in a collective on its GPU, where no poll
-    of its parent would run."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        return  # not Linux: follow's poll of the parent is what remains
-    if os.getppid() != parent_pid:  # it died before the request took
-        os._exit(1)
 
 
 def worker_main() -> None:

@@ -6,11 +6,13 @@ import asyncio
 import concurrent.futures
 import importlib
 import multiprocessing
+import os
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from atomlite.lifetime import die_with_parent
 from atomlite.server.errors import APIError
 
 IN_PROCESS_BYTES = 256 * 2**10
@@ -36,7 +38,8 @@ class BodyParser:
     def start(self) -> None:
         """The worker process, spawned (not forked: the API process has threads); it imports the request models
         while the server starts, and the first large body waits for that if it comes sooner."""
-        self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                           initializer=die_with_parent, initargs=(os.getpid(),))
         self.pool.submit(_load_models)
 
     def stop(self) -> None:
