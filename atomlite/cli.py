@@ -47,6 +47,10 @@ ENGINE_OPTIONS = [
     click.option("--tensor-parallel-size", "-tp", "tensor_parallel_size", type=int, default=1, show_default=True,
                  help="Processes, one per GPU, that each hold a shard of every layer; atomlite starts them itself "
                       "(on CPU they join over gloo)."),
+    click.option("--disable-custom-all-reduce", is_flag=True,
+                 help="Under tensor parallelism, all-reduce through the collective library (NCCL/RCCL) alone. By "
+                      "default a decode graph's small all-reduces run atomlite's one-shot kernel over peer memory "
+                      "where the GPUs can read each other's (NVIDIA)."),
     click.option("--speculative-config", default=None,
                  help='Speculative decoding, as JSON in vLLM\'s names: {"method": "mtp", "model": ASSISTANT_DIR, '
                       '"num_speculative_tokens": 4} (a Gemma 4 assistant) or {"method": "ngram", '
@@ -61,7 +65,7 @@ def engine_options(fn):
 
 
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config")  # engine flags that change how steps run, not the KV plan
+                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce")  # engine flags that change how steps run, not the KV plan
 
 
 def without_options(*names: str):
@@ -79,7 +83,7 @@ def model_dir(kw: dict) -> str:
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
-            "kv_cache_dtype", "speculative_config", "tensor_parallel_size")
+            "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]

@@ -2,9 +2,11 @@
 host work), how busy the GPU is across whole steps in a torch profile, and the kernels that take the time.
 
     PYTHONPATH=. python bench/decode_profile.py --model examples/configs/gemma-4-31B-it [--batch 1] [--steps 16] \
-        [--timeline K]
+        [--timeline K] [--tensor-parallel-size N]
 
-Random weights (--load-format dummy), bf16. Also profiles one prefill of --input-len tokens (eager).
+Random weights (--load-format dummy), bf16. Also profiles one prefill of --input-len tokens (eager). Under tensor
+parallelism the profile is rank 0's, and a graph is not replayed alone (its all-reduces would wait for the other
+ranks): an all-reduce kernel's time there includes its wait for the slowest rank.
 """
 import argparse
 import re
@@ -97,7 +99,7 @@ def profile_decode(engine, batch: int, input_len: int, steps: int, timeline_kern
         walls.append(time.perf_counter() - t0)
     lines = [f"decode batch {batch}: step wall median {statistics.median(walls) * 1e3:.2f} ms"]
     graphs = engine.runner.graphs
-    if graphs is not None and graphs.graphs:
+    if graphs is not None and graphs.graphs and engine.config.tensor_parallel_size == 1:
         from atomlite.engine.decode_graphs import bucket_for
         bucket = bucket_for(batch, graphs.sizes)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -161,15 +163,20 @@ def main():
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--timeline", type=int, default=0, metavar="K",
                    help="also print K kernels of one step in start order, with the gaps between them")
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
                                     max_num_seqs=max(args.batch, 16), max_model_len=2048,
-                                    enforce_eager=args.enforce_eager))
-    print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}")
+                                    enforce_eager=args.enforce_eager,
+                                    tensor_parallel_size=args.tensor_parallel_size,
+                                    gpu_memory_utilization=args.gpu_memory_utilization))
+    print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}; {engine.all_reduce_note}")
     print("\n".join(profile_decode(engine, args.batch, args.input_len, args.steps, args.timeline)), flush=True)
     print("\n".join(profile_prefill(engine, args.input_len)), flush=True)
+    engine.close()
 
 
 if __name__ == "__main__":

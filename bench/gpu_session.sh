@@ -10,7 +10,7 @@
 # On a machine of two GPUs, two sessions run side by side, e.g. the demo training beside the tests:
 #   CUDA_VISIBLE_DEVICES=1 bash bench/gpu_session.sh train-demo & CUDA_VISIBLE_DEVICES=0 bash bench/gpu_session.sh ...
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=.
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # keeps packages installed aside (e.g. --target)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # never NVLink multicast here
 OUT=${OUT:-/tmp/atomlite-gpu}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -38,12 +38,12 @@ latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats
 tp_latency() {  # MODEL TP: the bench/README tensor-parallel rows (TTFT of 2048 tokens, TPOT at batch 1 and 16)
     python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
         --input-len 2048 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 4096 --repeats 5 \
-        --tensor-parallel-size "$2"
+        --tensor-parallel-size "$2" "${@:3}"
 }
 
-tp_rows() {  # MODEL: TP=2 with the one-shot all-reduce, TP=2 through nccl alone, TP=1; one machine
-    echo "--- TP=2, one-shot all-reduce"; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 tp_latency "$1" 2
-    echo "--- TP=2, nccl"; tp_latency "$1" 2
+tp_rows() {  # MODEL: TP=2 (one-shot all-reduce), TP=2 through nccl alone, TP=1; one machine
+    echo "--- TP=2"; tp_latency "$1" 2
+    echo "--- TP=2, nccl"; tp_latency "$1" 2 --disable-custom-all-reduce
     echo "--- TP=1"; tp_latency "$1" 1
 }
 

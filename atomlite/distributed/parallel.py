@@ -20,11 +20,25 @@ class TensorParallel:
         """The sum over ranks of x (each rank's partial result of a row-parallel product); x may be summed in place."""
         if self.size == 1:
             return x
-        if self.peers is not None and self.peers.fits(x):
+        if self.peers is not None and self.peers.serves(x):
             return self.peers.all_reduce(x)
         x = x.contiguous()
         dist.all_reduce(x, group=self.group)
         return x
+
+    def all_reduced(self, *xs: torch.Tensor, hand_over: bool = False) -> tuple:
+        """xs (tensors of one shape) each summed over the ranks, in one collective; with hand_over, where the peer
+        memory's exchange serves them (peers.hand_over), they come back as RankPartials for the kernel that reads
+        them to sum (model_ops.carriers)."""
+        if self.size == 1:
+            return xs
+        if hand_over and self.peers is not None:
+            handed = self.peers.hand_over(xs)
+            if handed is not None:
+                return handed
+        if len(xs) == 1:
+            return (self.all_reduce(xs[0]),)
+        return tuple(self.all_reduce(torch.stack(xs)).unbind(0))
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """x as rank 0 holds it, on every rank (in place; x contiguous)."""

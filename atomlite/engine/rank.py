@@ -105,7 +105,7 @@ class EngineRank:
         self.all_reduce_note = ""
         if tp.size > 1:
             with dispatch.use(detect_platform(self.device), config.kernel_backend, self.kernels):
-                tp, self.all_reduce_note = with_peer_memory(tp, self.device)
+                tp, self.all_reduce_note = with_peer_memory(tp, self.device, config.disable_custom_all_reduce)
         self.config, self.tp = config, tp
         assistant_spec = assistant_spec_for(config)
         with distributed.use(tp):

@@ -1,6 +1,7 @@
 """What one kernel hands the next in place of a plain tensor, where the two are linked (model_ops.fusion): a split-K
 GEMM's slices not yet added, two branches' output norms not yet joined, rows already quantized for the GEMM that
-reads them, and an MLP's [gate | up] whose activation the reading GEMM computes. Kernels and layers both import them
+reads them, an MLP's [gate | up] whose activation the reading GEMM computes, and a row-parallel product's share not
+yet summed over the tensor-parallel ranks. Kernels and layers both import them
 from here; which kernel reads or writes which is a capability of the kernel (dispatch.CAPABILITIES)."""
 from dataclasses import dataclass
 
@@ -33,6 +34,19 @@ class NormedPair:
     @property
     def shape(self) -> torch.Size:
         return self.b.shape
+
+
+@dataclass(frozen=True)
+class RankPartials:
+    """y: the sum over the tensor-parallel ranks of part, this rank's share of a row-parallel product, left for the
+    kernel that reads y to exchange through channel (a model_ops.peer_memory.PeerChannel) and add: the all-reduce's
+    launch is saved. A NormedPair's two sides are RankPartials together or not at all."""
+    part: torch.Tensor
+    channel: object
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.part.shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +103,8 @@ def merged_heads(y: "torch.Tensor | QuantizedRows") -> "torch.Tensor | Quantized
 
 def summed(y: "torch.Tensor | PartialSums") -> torch.Tensor:
     """y as a tensor: a PartialSums added up in slice order, anything else as it is."""
+    if isinstance(y, RankPartials):
+        raise TypeError("RankPartials are summed over the ranks by the kernel that reads them, not here")
     if not isinstance(y, PartialSums):
         return y
     total = y.parts[0].to(torch.float32, copy=True)

@@ -25,16 +25,20 @@ _BACKEND_MODULES = {"aiter": "atomlite.model_ops.aiter", "triton": "atomlite.mod
                     "torch": "atomlite.model_ops.torch_ref"}
 
 # What a kernel may take or give in place of a plain tensor (the forms are model_ops.carriers'), for
-# model_ops.fusion; the last two are done by layers (RMSNorm.joined, GeluTanhAndMul), no kernel declares them.
+# model_ops.fusion; the writes_ forms of a pair, of gated input and of rank partials are done by layers
+# (RMSNorm.joined, GeluTanhAndMul, sharding.ReducesOutput), no kernel declares them.
 CAPABILITIES = {
     "reads_partial_sums": "takes a split-K GEMM's PartialSums for a tensor input and adds them as it reads them",
     "reads_normed_pair": "takes a NormedPair (two branches' output norms) for its input and joins them as it reads",
     "reads_quantized_rows": "takes its input as QuantizedRows that the kernel before it wrote (input_quantization)",
     "reads_gated_input": "takes a GatedInput and computes gelu_tanh(gate) * up as it quantizes its input",
+    "reads_rank_partials": "takes RankPartials (a NormedPair's sides too) and sums them over the tensor-parallel ranks "
+                           "through peer memory as it reads them",
     "writes_partial_sums": "returns its split-K slices unsummed (PartialSums) when called with summed=False",
     "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
     "writes_normed_pair": "leaves two branches' output norms unjoined (NormedPair)",
     "writes_gated_input": "leaves [gate | up] for the GEMM after it to activate (GatedInput)",
+    "writes_rank_partials": "leaves a row-parallel product's share unsummed over the ranks (RankPartials)",
     "graphs_multi_query": "replays from a graph steps of several queries per sequence (speculative decoding's "
                           "verify steps) without the host's lengths",
 }

@@ -6,7 +6,9 @@ The model names its dataflow (model.dataflow()) with two kinds of edge:
   and the consumer can read (capabilities "writes_<form>" / "reads_<form>", dispatch.CAPABILITIES): a projection
   returns PartialSums to a layer that adds split-K slices as it reads them; attention writes QuantizedRows for an
   o_proj that reads them; the MLP's activation hands [gate | up] to a down projection that computes it (GatedInput);
-  an output norm's join with another branch stays a NormedPair for the residual update that joins it.
+  an output norm's join with another branch stays a NormedPair for the residual update that joins it; under tensor
+  parallelism a row-parallel projection's share goes unsummed (RankPartials) to a residual update that sums it over
+  the ranks through peer memory.
 - NormedSum(update, norms, reader): a residual update's sum is normalized next by norms, and reader is the one
   linear reading the first of them. The update's kernel computes those norms in the same pass, the first written
   as the reader's QuantizedRows where both can; each norm returns its result when applied to that sum.
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-FORMS = ("partial_sums", "normed_pair", "quantized_rows", "gated_input")
+FORMS = ("partial_sums", "normed_pair", "quantized_rows", "gated_input", "rank_partials")
 
 
 @dataclass(frozen=True)

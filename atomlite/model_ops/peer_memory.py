@@ -2,8 +2,7 @@
 GPU runtime's IPC (distributed.ipc), so the one-shot all-reduce kernel (model_ops.triton.all_reduce) sums
 the ranks' rows without a collective library: a decode step's all-reduce of [batch, hidden] rows took about 15 us
 through NCCL on two H100s (bench/all_reduce.py), a large share of a step that makes two per layer."""
-import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -11,6 +10,7 @@ import torch.distributed as dist
 from atomlite.distributed.ipc import Runtime
 from atomlite.distributed.parallel import TensorParallel
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.carriers import RankPartials
 from atomlite.model_ops.platform import detect_platform
 
 MAX_BYTES = 1 << 20  # larger all-reduces (prefill) go through the collective library, which has the bandwidth
@@ -18,13 +18,13 @@ MAX_RANKS = 8
 MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the kernel's BLOCK elements each)
 
 
-def refusal(device: torch.device, size: int) -> str | None:
+def refusal(device: torch.device, size: int, disabled: bool = False) -> str | None:
     """Why a group of `size` ranks on device reduces through nccl/gloo instead; None when the one-shot kernel
-    serves its small all-reduces."""
+    serves its small all-reduces. disabled: --disable-custom-all-reduce."""
     if device.type != "cuda":
         return "no GPU"
-    if os.environ.get("ATOMLITE_ONE_SHOT_ALL_REDUCE", "0") != "1":
-        return "the one-shot kernel is off until checked on GPUs; ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on"
+    if disabled:
+        return "--disable-custom-all-reduce"
     if size > MAX_RANKS:
         return f"more than {MAX_RANKS} ranks"
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -33,10 +33,10 @@ def refusal(device: torch.device, size: int) -> str | None:
     return None
 
 
-def with_peer_memory(tp: TensorParallel, device: torch.device) -> tuple[TensorParallel, str]:
+def with_peer_memory(tp: TensorParallel, device: torch.device, disabled: bool = False) -> tuple[TensorParallel, str]:
     """tp with the one-shot all-reduce attached where it can run (every rank calls this together), and the startup
-    line that says which all-reduce the group uses."""
-    why, kernel = refusal(device, tp.size), None
+    line that says which all-reduce the group uses. disabled: --disable-custom-all-reduce."""
+    why, kernel = refusal(device, tp.size, disabled), None
     if why is None:
         try:
             kernel = dispatch.choose("one_shot_all_reduce", world=tp.size).fn
@@ -47,33 +47,73 @@ def with_peer_memory(tp: TensorParallel, device: torch.device) -> tuple[TensorPa
     if why is not None:
         return tp, f"all-reduce: {dist.get_backend(tp.group)} ({why})"
     peers = PeerMemory(tp.rank, tp.size, device, tp.group, kernel)
-    return replace(tp, peers=peers), (f"all-reduce: one-shot Triton kernel over peer memory up to "
-                                      f"{MAX_BYTES >> 10} KiB (decode steps), {dist.get_backend(tp.group)} beyond")
+    return replace(tp, peers=peers), (f"all-reduce: one-shot Triton kernel over peer memory in decode graphs (up to "
+                                      f"{MAX_BYTES >> 10} KiB; summed in the residual update where it reads the "
+                                      f"shares), {dist.get_backend(tp.group)} otherwise")
+
+
+@dataclass(frozen=True)
+class PeerChannel:
+    """The peer memory of one kind of exchanging kernel: every rank's buffer (two slots of MAX_BYTES) and signal pad
+    addresses (int64 [world] device tensors) and this rank's flag counters (int64 [MAX_SIGNALS]). Each kind has its
+    own: a kernel's program p reuses its buffer region and flag only after the peers' program p of the same kind has
+    passed the barrier of the call before."""
+    buffers: torch.Tensor
+    signals: torch.Tensor
+    epochs: torch.Tensor
+    rank: int
+    world: int
+
+    def slot_elems(self, dtype: torch.dtype) -> int:
+        return MAX_BYTES // dtype.itemsize
+
+    def holds(self, rows: int, dim: int, element_size: int) -> bool:
+        """Whether a row-reading kernel's exchange of rows (one program each, a region of two rows of dim) fits."""
+        return rows <= MAX_SIGNALS and rows * 2 * dim * element_size <= MAX_BYTES
 
 
 class PeerMemory:
-    """This rank's buffer (two slots of MAX_BYTES) and signal pad, in one allocation, and every rank's addresses of
-    them. Built by every rank of the group together (it exchanges the IPC handles); held for the process's life."""
+    """This rank's peer channels (the one-shot all-reduce's, and the one of the kernels that read RankPartials) and
+    every rank's addresses of them. Built by every rank of the group together (it exchanges the IPC handles); held
+    for the process's life."""
 
     def __init__(self, rank: int, size: int, device: torch.device, group=None, kernel=None):
         """kernel: the one_shot_all_reduce op dispatch chose (default: the one it chooses for device)."""
         self.rank, self.size = rank, size
         self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
+        self.plain, self.rows = (self._channel(runtime, device, group) for _ in range(2))
+        dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
+
+    def _channel(self, runtime: Runtime, device: torch.device, group) -> PeerChannel:
         pad_offset = 2 * MAX_BYTES
         with torch.cuda.device(device):
-            own = runtime.malloc(pad_offset + MAX_SIGNALS * size * 8)  # zeroed: no flag is up
-            shared = [None] * size
+            own = runtime.malloc(pad_offset + MAX_SIGNALS * self.size * 8)  # zeroed: no flag is up
+            shared = [None] * self.size
             dist.all_gather_object(shared, runtime.ipc_handle(own), group=group)
-            bases = [own if r == rank else runtime.open_ipc_handle(handle) for r, handle in enumerate(shared)]
-        self.buffers = torch.tensor(bases, dtype=torch.int64, device=device)
-        self.signals = torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device)
-        self.epochs = torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device)
-        dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
+            bases = [own if r == self.rank else runtime.open_ipc_handle(handle) for r, handle in enumerate(shared)]
+        return PeerChannel(torch.tensor(bases, dtype=torch.int64, device=device),
+                           torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device),
+                           torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size)
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
 
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether the one-shot kernel all-reduces x: it fits, in a graph being captured (a decode step, whose
+        collectives' latency is its time; an eager step's time is the host's)."""
+        return torch.cuda.is_current_stream_capturing() and self.fits(x)
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return self.kernel(x, self.buffers, self.signals, self.epochs, MAX_BYTES // x.element_size(), self.rank,
-                           self.size)
+        c = self.plain
+        return self.kernel(x, c.buffers, c.signals, c.epochs, c.slot_elems(x.dtype), self.rank, self.size)
+
+    def hand_over(self, parts: tuple[torch.Tensor, ...]) -> tuple[RankPartials, ...] | None:
+        """parts (one or two [rows, dim] shares of the same shape) as RankPartials for a reading kernel to sum, where
+        that kernel's exchange serves them: in a graph being captured (decode steps; an eager step's time is the
+        host's), at most MAX_SIGNALS rows and MAX_BYTES for two such rows; else None (all-reduce them)."""
+        rows, dim = parts[0].reshape(-1, parts[0].shape[-1]).shape
+        if (not torch.cuda.is_current_stream_capturing() or not self.rows.holds(rows, dim, parts[0].element_size())
+                or not all(p.is_contiguous() for p in parts)):
+            return None
+        return tuple(RankPartials(p, self.rows) for p in parts)

@@ -3,7 +3,8 @@ read narrowed to the rank's shard.
 
 A row-parallel layer (o_proj, down_proj, the experts) holds a slice of its input dim, so each rank's output is a
 partial sum that the all-reduce completes; it must not hand on PartialSums to a fused consumer (model_ops.fusion),
-since those would skip the all-reduce: it never declares writes_partial_sums.
+since those would skip the all-reduce: it never declares writes_partial_sums. It may hand on RankPartials, which
+the consumer's kernel sums over the ranks.
 
 The loader reads a parameter that has a read_shard(sliced, part) attribute through it, sliced being the checkpoint
 tensor (a safetensors slice, or a tensor), so a rank reads only the rows or columns it keeps.
@@ -13,22 +14,32 @@ import torch
 from atomlite.distributed import Shard, TensorParallel
 
 PARTIAL_OUTPUT = "writes_partial_sums"
+RANK_PARTIALS = "rank_partials"
 
 
 class ReducesOutput:
-    """Mixin before a layer class: forward's output is summed over the ranks of tp."""
+    """Mixin before a layer class: forward's output is summed over the ranks of tp. Linked to a consumer whose kernel
+    sums RankPartials itself (and where the group has peer memory), it hands its share over as RankPartials instead,
+    in graphs being captured (TensorParallel.all_reduced)."""
 
     def __init__(self, *args, tp: TensorParallel, **kwargs):
         super().__init__(*args, **kwargs)
         self.tp = tp
         self.reduce_output = True  # False: the layer around it all-reduces this output together with another
+        self.hands_rank_partials = False
 
     def forward(self, *args):
         out = super().forward(*args)
-        return self.tp.all_reduce(out) if self.reduce_output else out
+        return self.tp.all_reduced(out, hand_over=self.hands_rank_partials)[0] if self.reduce_output else out
 
     def can(self, capability: str) -> bool:
+        if capability == f"writes_{RANK_PARTIALS}":
+            return self.tp.peers is not None
         return capability != PARTIAL_OUTPUT and super().can(capability)
+
+    def link_consumer(self, consumer, forms: set[str]) -> None:
+        self.hands_rank_partials = RANK_PARTIALS in forms
+        super().link_consumer(consumer, forms - {RANK_PARTIALS})
 
 
 def along(dim: int, shard: Shard) -> tuple[slice, ...]:

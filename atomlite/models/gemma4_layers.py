@@ -202,8 +202,14 @@ class Gemma4DecoderLayer(nn.Module):
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), h.device,
                                   overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
         if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
-            m, experts = self.tp.all_reduce(torch.stack((m, experts))).unbind(0)
+            m, experts = self.tp.all_reduced(m, experts, hand_over=self._hands_rank_partials())
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
+
+    def _hands_rank_partials(self) -> bool:
+        """Whether the branches' shares go to the residual update as RankPartials (summed in its kernel): linked so,
+        both, and joined there."""
+        return (self.experts.hands_rank_partials and self.mlp.down_proj.hands_rank_partials
+                and self.post_feedforward_layernorm_1.joins_lazily)
 
 
 def decoder_dataflow(layers: nn.ModuleList, final_norm: RMSNorm):

@@ -52,3 +52,9 @@ def test_gate_reports_a_kernel_with_inline_ptx_by_name_on_gfx950():
     [message] = failures(results)
     assert message.startswith("gfx950: compile_gate_ptx._ptx_kernel[BLOCK=64; num_warps=1]")
     assert "invalid instruction" in message and results[0].stats is None
+
+
+def test_the_residual_update_compiles_reading_rank_partials_at_two_and_eight_ranks(rocm_results):
+    residual = [r for r in rocm_results if r.kernel == "norm.residual._norm_residual_kernel"]
+    assert {(r.platform, r.constexprs["WORLD"], r.constexprs["PAIR"]) for r in residual} >= {
+        (platform, world, pair) for platform in ROCM for world in (2, 8) for pair in (False, True)}

@@ -94,3 +94,21 @@ def test_link_keeps_each_parameter_under_its_own_name(tmp_path):
         unlinked = Gemma4ForCausalLM(linked.spec, max_positions=64)
     assert [name for name, _ in linked.named_parameters()] == [name for name, _ in unlinked.named_parameters()]
     assert [name for name, _ in linked.named_modules()] == [name for name, _ in unlinked.named_modules()]
+
+
+@pytest.mark.parametrize("peers", [True, False], ids=["peer memory", "no peer memory"])
+def test_under_tensor_parallelism_row_parallel_shares_go_unsummed_to_a_residual_update_that_sums_them(tmp_path,
+                                                                                                        peers):
+    """With the group's peer memory (model_ops.peer_memory) the residual updates sum o_proj's and the MLP's (and
+    the experts') shares over the ranks themselves; without it each share is all-reduced first."""
+    from atomlite import distributed
+    from atomlite.distributed import TensorParallel
+    tp = TensorParallel(rank=0, size=2, peers=object() if peers else None)
+    with distributed.use(tp):
+        model = meta_model(tmp_path, SM90, mxfp4=False, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                           moe_intermediate_size=256).model
+    for layer in model.layers:
+        assert layer.self_attn.o_proj.hands_rank_partials is peers
+        assert layer.mlp.down_proj.hands_rank_partials is peers and layer.experts.hands_rank_partials is peers
+        assert layer._hands_rank_partials() is peers
+        assert not layer.self_attn.o_proj.returns_partial_sums  # a share's split-K slices are summed first

@@ -1,6 +1,7 @@
-"""The one-shot all-reduce over peer memory (tensor parallelism's decode all-reduce). In the interpreter: one rank's
-kernel, its peer's buffer slot and flag set by hand, three calls (the slots alternate, the flags count the calls).
-On two GPUs: ranks that map each other's buffers through IPC get the exact sum, eager and replayed from a graph."""
+"""The one-shot all-reduce over peer memory (tensor parallelism's decode all-reduce), alone and inside the residual
+update that reads RankPartials. In the interpreter: one rank's kernel, its peer's buffer slot and flag set by hand,
+calls that alternate the slots and count the flags. On two GPUs: ranks that map each other's buffers through IPC get
+the exact sum, eager and replayed from a graph."""
 import pytest
 import torch
 
@@ -33,9 +34,57 @@ def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call():
         assert (epochs[:programs] == call).all() and not epochs[programs:].any()
 
 
-def test_the_one_shot_kernel_is_refused_where_it_cannot_run(monkeypatch):
-    assert "ATOMLITE_ONE_SHOT_ALL_REDUCE=1 turns it on" in refusal(torch.device("cuda"), 2)
-    monkeypatch.setenv("ATOMLITE_ONE_SHOT_ALL_REDUCE", "1")
+def _channel(rank: int, buffers, pads, epochs):
+    from atomlite.model_ops.peer_memory import PeerChannel
+    return PeerChannel(torch.tensor([b.data_ptr() for b in buffers]), torch.tensor([p.data_ptr() for p in pads]),
+                       epochs, rank, len(buffers))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
+@pytest.mark.parametrize("pair", [False, True], ids=["one branch", "normed pair"])
+def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair):
+    from atomlite.model_ops import torch_ref
+    from atomlite.model_ops.carriers import NormedPair, RankPartials
+    from atomlite.model_ops.peer_memory import MAX_BYTES, MAX_SIGNALS
+    from atomlite.model_ops.triton.norm.residual import rms_norm_residual
+    rows, dim, slot, sides = 3, 40, MAX_BYTES // 4, 2 if pair else 1
+    generator = torch.Generator().manual_seed(1)
+    buffers = [torch.zeros(2 * slot) for _ in range(WORLD)]
+    pads = [torch.zeros(MAX_SIGNALS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
+    channel = _channel(0, buffers, pads, torch.zeros(MAX_SIGNALS, dtype=torch.int64))
+    weight, next_weight, weight_a, weight_b = (torch.rand(dim, generator=generator) + 0.5 for _ in range(4))
+    for call in (1, 2, 3):
+        mine, peer = ([torch.randn(rows, dim, generator=generator) for _ in range(sides)] for _ in range(2))
+        region = (call % 2) * slot
+        for row in range(rows):  # a program's region holds two rows: a side's, then b side's
+            for side, rows_of_side in enumerate(peer):
+                start = region + row * 2 * dim + side * dim
+                buffers[1][start:start + dim] = rows_of_side[row]
+        pads[0][:rows, 1] = call  # the peer reached this call's barrier
+        residual = torch.randn(rows, dim, generator=generator)
+        shares = [RankPartials(m, channel) for m in mine]
+        totals = [m + p for m, p in zip(mine, peer)]
+        x, want_x = ((NormedPair(*shares, weight_a, weight_b), NormedPair(*totals, weight_a, weight_b)) if pair
+                     else (shares[0], totals[0]))
+        got = rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)
+        want = torch_ref.rms_norm_residual(want_x, residual, weight, 1e-6, None, next_weight)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        start = region + (rows - 1) * 2 * dim
+        assert torch.equal(buffers[0][start:start + dim], mine[0][-1])  # what the peer reads
+        assert (pads[1][:rows, 0] == call).all() and (channel.epochs[:rows] == call).all()
+
+
+def test_a_normed_pair_of_one_share_and_one_sum_is_refused():
+    from atomlite.model_ops.carriers import NormedPair, RankPartials
+    from atomlite.model_ops.triton.norm.residual import rms_norm_residual
+    x, w = torch.randn(2, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="RankPartials together or not at all"):
+        rms_norm_residual(NormedPair(RankPartials(x, None), x, w, w), x, w, 1e-6)
+
+
+def test_the_one_shot_kernel_is_refused_where_it_cannot_run():
+    assert refusal(torch.device("cuda"), 2, disabled=True) == "--disable-custom-all-reduce"
     assert refusal(torch.device("cpu"), 2) == "no GPU"
     assert refusal(torch.device("cuda"), 9) == "more than 8 ranks" or torch.version.hip is not None
 
@@ -68,6 +117,53 @@ def _check_rank(tp, shapes) -> None:
             want = torch.stack(inputs).float().sum(0).to(torch.bfloat16)
             assert torch.equal(static.cpu(), want), (shape, call)
     torch.cuda.synchronize()
+
+
+def _check_residual_update_rank(tp, rows_list) -> None:
+    """The residual update reading RankPartials (one branch, and a pair) equals it reading the all-reduced sum."""
+    from atomlite.model_ops.carriers import NormedPair, RankPartials
+    from atomlite.model_ops.peer_memory import PeerMemory
+    from atomlite.model_ops.triton.norm.residual import rms_norm_residual
+    torch.cuda.set_device(tp.rank)
+    device, dim = torch.device("cuda", tp.rank), 5376
+    peers = PeerMemory(tp.rank, tp.size, device)
+    weights = [w.to(device) for w in _inputs((4, dim), 99, 1)[0].abs().add(0.5).unbind(0)]
+
+    def update(x, residual):
+        return rms_norm_residual(x, residual, weights[0], 1e-6, None, weights[1])
+
+    def form(a, b, share: bool):
+        a, b = (RankPartials(a, peers.rows), RankPartials(b, peers.rows)) if share else (a, b)
+        return a if b is None else NormedPair(a, b, weights[2], weights[3])
+
+    for rows in rows_list:
+        for pair in (False, True):
+            static = [torch.zeros(rows, dim, dtype=torch.bfloat16, device=device) for _ in range(3)]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = update(form(static[0], static[1] if pair else None, True), static[2])
+            for call in range(4):  # eager, then replayed
+                shares = [_inputs((rows, dim), 10 * call + side, tp.size) for side in range(2)]
+                residual = _inputs((rows, dim), 50 + call, 1)[0].to(device)
+                sums = [torch.stack(s).float().sum(0).to(torch.bfloat16).to(device) for s in shares]
+                want = update(form(sums[0], sums[1] if pair else None, False), residual)
+                mine = [s[tp.rank].to(device) for s in shares]
+                got = update(form(mine[0], mine[1] if pair else None, True), residual)
+                for buffer, share in zip(static, mine):
+                    buffer.copy_(share)
+                static[2].copy_(residual)
+                graph.replay()
+                for g, r, w in zip(got, captured, want):
+                    assert torch.equal(g, w) and torch.equal(r, w), (rows, pair, call)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_two_gpus_sum_rank_partials_in_the_residual_update_as_the_all_reduce_would():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    from atomlite.distributed.local import run_local
+    run_local(_check_residual_update_rank, [1, 16, 48], backend="nccl")  # 48 rows of 5376: the most one holds
 
 
 @pytest.mark.gpu

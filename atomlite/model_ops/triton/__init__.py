@@ -34,7 +34,7 @@ OPS = {
 
 CAPABILITIES = {
     "linear": {"writes_partial_sums"},
-    "rms_norm_residual": {"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows"},
+    "rms_norm_residual": {"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows", "reads_rank_partials"},
     "qk_norm_rope": {"reads_partial_sums"},
     "attention": {"writes_quantized_rows", "graphs_multi_query"},  # from its split-KV merge; the batch is found
                                                                   # on the device

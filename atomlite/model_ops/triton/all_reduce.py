@@ -44,6 +44,39 @@ def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK
     tl.store(epochs + pid, epoch)
 
 
+@triton.jit
+def peer_rows_sum(a, b, cols, mask, row, dim, buffers, signals, epochs, slot_elems, RANK: tl.constexpr,
+                  WORLD: tl.constexpr, PAIR: tl.constexpr, dtype: tl.constexpr):
+    """Rows a (and b with PAIR): this rank's shares of row `row`, fp32 holding dtype values; returns each summed over
+    the WORLD ranks in rank order in fp32, rounded to dtype (what the one-shot all-reduce gives). The same exchange
+    as _one_shot_all_reduce_kernel's, by the reading kernel's program `row`, whose region of a buffer slot is always
+    [row * 2 * dim, (row + 1) * 2 * dim): b's half follows a's."""
+    epoch = tl.load(epochs + row) + 1
+    region = (epoch % 2) * slot_elems + row * 2 * dim
+    mine = tl.load(buffers + RANK).to(tl.pointer_type(dtype))
+    tl.store(mine + region + cols, a.to(dtype), mask=mask)
+    if PAIR:
+        tl.store(mine + region + dim + cols, b.to(dtype), mask=mask)
+    tl.debug_barrier()
+    for r in tl.static_range(WORLD):
+        pad = tl.load(signals + r).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(pad + row * WORLD + RANK, epoch, sem="release", scope="sys")
+    own = tl.load(signals + RANK).to(tl.pointer_type(tl.int64))
+    for r in tl.static_range(WORLD):
+        while tl.atomic_add(own + row * WORLD + r, 0, sem="acquire", scope="sys") < epoch:
+            pass
+    tl.debug_barrier()
+    total_a = tl.zeros_like(a)
+    total_b = tl.zeros_like(b)
+    for r in tl.static_range(WORLD):
+        peer = tl.load(buffers + r).to(tl.pointer_type(dtype))
+        total_a += tl.load(peer + region + cols, mask=mask, other=0.0).to(tl.float32)
+        if PAIR:
+            total_b += tl.load(peer + region + dim + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(epochs + row, epoch)
+    return total_a.to(dtype).to(tl.float32), total_b.to(dtype).to(tl.float32)
+
+
 def programs_for(numel: int) -> int:
     return triton.cdiv(numel, BLOCK)
 

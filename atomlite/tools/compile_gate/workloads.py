@@ -13,12 +13,12 @@ import torch
 
 from atomlite.config import LayerAttention, ModelSpec, load_model_spec
 from atomlite.model_ops import dispatch, triton as triton_ops
-from atomlite.model_ops.carriers import NormedPair, PartialSums, as_heads, split_columns
+from atomlite.model_ops.carriers import NormedPair, PartialSums, RankPartials, as_heads, split_columns
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
-from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES
+from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES, PeerChannel
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
@@ -90,14 +90,23 @@ class Recorder:
 
 
 def _tensor_parallel_all_reduce(r: Recorder, hidden: int) -> None:
-    """The one-shot all-reduce of a decode step's [tokens, hidden] rows, at 2 and 8 ranks."""
+    """The one-shot all-reduce of a decode step's [tokens, hidden] rows, at 2 and 8 ranks, and the residual updates
+    that sum RankPartials (one branch; an MoE layer's pair) where one exchange holds the rows."""
     numel = r.step.tokens * hidden
     if numel * 2 > PEER_MAX_BYTES:
         return  # a prefill's rows go through the collective library
+    x, weight = meta(r.step.tokens, hidden), meta(hidden)
     for world in (2, 8):
-        r.record(f"one_shot_all_reduce[world={world}]", one_shot_all_reduce, meta(numel),
-                 meta(world, dtype=torch.int64), meta(world, dtype=torch.int64),
-                 meta(MAX_PROGRAMS, dtype=torch.int64), PEER_MAX_BYTES // 2, 0, world)
+        addresses = meta(world, dtype=torch.int64), meta(world, dtype=torch.int64)
+        epochs = meta(MAX_PROGRAMS, dtype=torch.int64)
+        r.record(f"one_shot_all_reduce[world={world}]", one_shot_all_reduce, meta(numel), *addresses, epochs,
+                 PEER_MAX_BYTES // 2, 0, world)
+        channel = PeerChannel(*addresses, epochs, 0, world)
+        if channel.holds(r.step.tokens, hidden, x.element_size()):
+            share = RankPartials(x, channel)
+            r.call("rms_norm_residual", dict(dim=hidden), share, x, weight, 1e-6, None, weight)
+            r.call("rms_norm_residual", dict(dim=hidden), NormedPair(share, share, weight, weight), x, weight, 1e-6,
+                   meta(1), weight)
 
 
 def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window: int | None) -> None:

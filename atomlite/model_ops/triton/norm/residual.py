@@ -10,7 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, QuantizedRows
+from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, QuantizedRows, RankPartials
+from atomlite.model_ops.triton.all_reduce import peer_rows_sum
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
                                               run_kernel)
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
@@ -43,14 +44,15 @@ def _weight_row(weight, cols, mask):
 
 @triton.jit
 def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, weight_1, out_1,
-                          weight_2, out_2, x_b, weight_a, weight_b, dim, eps, stride_x, stride_r, stride_part,
-                          stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
-                          HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr, PDL: tl.constexpr,
-                          PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr, PARTS_B: tl.constexpr,
-                          BLOCK_D: tl.constexpr):
+                          weight_2, out_2, x_b, weight_a, weight_b, peer_buffers, peer_signals, peer_epochs, dim, eps,
+                          stride_x, stride_r, stride_part, stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
+                          slot_elems, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
+                          PDL: tl.constexpr, PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr,
+                          PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr):
     """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out.
     MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
-    row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. The weights (no kernel writes them) load before a
+    row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. WORLD > 1: x (and x_b) are this rank's shares, summed
+    over the ranks through peer memory first (RankPartials). The weights (no kernel writes them) load before a
     dependent launch waits: at decode they come from memory, while the kernel ahead finishes."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
@@ -77,8 +79,13 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     if PDL:
         gdc_wait()  # for the kernel before, which wrote x
     xf = load_row(x, row * stride_x + cols, mask, stride_part, PARTS, dtype)
+    xf_b = xf
     if PAIR:
         xf_b = load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
+    if WORLD > 1:
+        xf, xf_b = peer_rows_sum(xf, xf_b, cols, mask, row, dim, peer_buffers, peer_signals, peer_epochs, slot_elems,
+                                 RANK, WORLD, PAIR, dtype)
+    if PAIR:
         xf = _normed(xf, w_a, dim, eps, dtype) + _normed(xf_b, w_b, dim, eps, dtype)
         xf = xf.to(dtype).to(tl.float32)
     y = _normed(xf, w, dim, eps, dtype)
@@ -100,13 +107,30 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
             tl.store(out + row * dim + cols, o, mask=mask)
 
 
-def _rows(t: torch.Tensor | PartialSums) -> tuple[torch.Tensor, int, int]:
+def _rows(t: torch.Tensor | PartialSums | RankPartials) -> tuple[torch.Tensor, int, int]:
     """t as [rows, dim] with unit stride along dim (the kernels take one row stride), the stride between its K
-    slices and their count (a PartialSums: its first slice; a tensor: one slice)."""
+    slices and their count (a PartialSums: its first slice; a tensor: one slice; RankPartials: this rank's share)."""
+    if isinstance(t, RankPartials):
+        t = t.part
     if isinstance(t, PartialSums):
         return t.parts[0], t.parts.stride(0), t.parts.shape[0]
     rows = t.reshape(-1, t.shape[-1])
     return (rows if rows.stride(-1) == 1 else rows.contiguous()), 0, 1
+
+
+def _peer_channel(x, pair: bool, rows: int, dim: int, element_size: int):
+    """The PeerChannel through which x's rows are summed over the ranks (RankPartials; a NormedPair's sides both),
+    or None."""
+    sides = (x.a, x.b) if pair else (x,)
+    shared = [isinstance(side, RankPartials) for side in sides]
+    if not any(shared):
+        return None
+    if not all(shared):
+        raise ValueError("a NormedPair's sides are RankPartials together or not at all")
+    channel = sides[0].channel
+    if not channel.holds(rows, dim, element_size):
+        raise ValueError(f"{rows} rows of {dim} exceed what one exchange through peer memory holds")
+    return channel
 
 
 def _launch_options(device: torch.device) -> tuple[bool, dict]:
@@ -137,6 +161,8 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
     if quantize is not None and weights:
         outs[0] = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
         values, scales, k_padded, period = outs[0].values, outs[0].scales, quantize.k_padded, quantize.period
+    channel = _peer_channel(x, pair, rows, dim, residual.element_size())
+    peer = (channel.buffers, channel.signals, channel.epochs) if channel is not None else (weight,) * 3
     if rows:
         block_d = triton.next_power_of_2(max(dim, k_padded))
         pdl, options = _launch_options(residual.device)
@@ -144,11 +170,13 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
         more = list(weights[1:]) + [weight] * (3 - len(weights))
         run_kernel(_norm_residual_kernel, (rows,), rows_x, rows_r, weight,
                    scale if scale is not None else weight, weights[0] if weights else weight, summed, tensors[0],
-                   values, scales, more[0], tensors[1], more[1], tensors[2], rows_b, weight_a, weight_b, dim, eps,
-                   rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b, values.stride(0),
-                   scales.stride(0), k_padded, HAS_SCALE=scale is not None, HAS_NEXT=bool(weights), PARTS=parts,
-                   PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1), PAIR=pair, PARTS_B=parts_b,
-                   BLOCK_D=block_d, num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
+                   values, scales, more[0], tensors[1], more[1], tensors[2], rows_b, weight_a, weight_b, *peer, dim,
+                   eps, rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b,
+                   values.stride(0), scales.stride(0), k_padded,
+                   channel.slot_elems(residual.dtype) if channel is not None else 0, HAS_SCALE=scale is not None,
+                   HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
+                   PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
+                   WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d, num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None
