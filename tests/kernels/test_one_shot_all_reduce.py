@@ -133,12 +133,14 @@ def _check_residual_update_rank(tp, rows_list) -> None:
         return rms_norm_residual(x, residual, weights[0], 1e-6, None, weights[1])
 
     def form(a, b, share: bool):
-        a, b = (RankPartials(a, peers.rows), RankPartials(b, peers.rows)) if share else (a, b)
+        if share:
+            a, b = RankPartials(a, peers.rows), None if b is None else RankPartials(b, peers.rows)
         return a if b is None else NormedPair(a, b, weights[2], weights[3])
 
     for rows in rows_list:
         for pair in (False, True):
             static = [torch.zeros(rows, dim, dtype=torch.bfloat16, device=device) for _ in range(3)]
+            update(form(static[0], static[1] if pair else None, True), static[2])  # compiled before the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 captured = update(form(static[0], static[1] if pair else None, True), static[2])
@@ -163,7 +165,7 @@ def test_two_gpus_sum_rank_partials_in_the_residual_update_as_the_all_reduce_wou
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     from atomlite.distributed.local import run_local
-    run_local(_check_residual_update_rank, [1, 16, 48], backend="nccl")  # 48 rows of 5376: the most one holds
+    run_local(_check_residual_update_rank, 2, [1, 16, 48], backend="nccl")  # 48 rows of 5376: the most one holds
 
 
 @pytest.mark.gpu
