@@ -80,3 +80,22 @@ def use(tp: TensorParallel):
         yield tp
     finally:
         _active.reset(token)
+
+
+_graph_steps: ContextVar[bool] = ContextVar("atomlite_graph_steps", default=False)
+
+
+@contextlib.contextmanager
+def graph_steps():
+    """The forwards that make a decode graph (its warm-up passes and its capture), which every rank runs alike: the
+    small all-reduces in them may take the one-shot path over peer memory (model_ops.peer_memory), whose kernels
+    the warm-up passes then load before the capture."""
+    token = _graph_steps.set(True)
+    try:
+        yield
+    finally:
+        _graph_steps.reset(token)
+
+
+def in_graph_steps() -> bool:
+    return _graph_steps.get()

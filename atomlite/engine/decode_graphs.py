@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from atomlite.distributed.parallel import graph_steps
 from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.sequence import Sequence
 from atomlite.engine.step_inputs import StepInputBuilder, StepInputs
@@ -211,12 +212,13 @@ class DecodeGraphs:
         start, pool = time.perf_counter(), None
         for bucket in tqdm(list(reversed(self.sizes)), desc=self.label, unit="graph", delay=1.0):
             self.inputs.fill(self.builder.build([]), bucket)
-            for _ in range(2):  # compiles each kernel variant at this shape outside the capture
-                self._forward(bucket)
-            torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(bucket)
+            with graph_steps():
+                for _ in range(2):  # compiles each kernel variant at this shape outside the capture
+                    self._forward(bucket)
+                torch.cuda.synchronize(self.device)
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(bucket)
             pool = graph.pool()
             self.graphs[bucket] = graph
         torch.cuda.synchronize(self.device)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from atomlite.distributed.ipc import Runtime
-from atomlite.distributed.parallel import TensorParallel
+from atomlite.distributed.parallel import TensorParallel, in_graph_steps
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import RankPartials
 from atomlite.model_ops.platform import detect_platform
@@ -100,9 +100,10 @@ class PeerMemory:
         return x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
 
     def serves(self, x: torch.Tensor) -> bool:
-        """Whether the one-shot kernel all-reduces x: it fits, in a graph being captured (a decode step, whose
-        collectives' latency is its time; an eager step's time is the host's)."""
-        return torch.cuda.is_current_stream_capturing() and self.fits(x)
+        """Whether the one-shot kernel all-reduces x: it fits, in the forwards that make a decode graph
+        (distributed.parallel.graph_steps: a decode step's collectives' latency is its time; an eager step's time
+        is the host's)."""
+        return in_graph_steps() and self.fits(x)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         c = self.plain
@@ -110,10 +111,10 @@ class PeerMemory:
 
     def hand_over(self, parts: tuple[torch.Tensor, ...]) -> tuple[RankPartials, ...] | None:
         """parts (one or two [rows, dim] shares of the same shape) as RankPartials for a reading kernel to sum, where
-        that kernel's exchange serves them: in a graph being captured (decode steps; an eager step's time is the
-        host's), at most MAX_SIGNALS rows and MAX_BYTES for two such rows; else None (all-reduce them)."""
+        that kernel's exchange serves them: in the forwards that make a decode graph (as serves), at most
+        MAX_SIGNALS rows and MAX_BYTES for two such rows; else None (all-reduce them)."""
         rows, dim = parts[0].reshape(-1, parts[0].shape[-1]).shape
-        if (not torch.cuda.is_current_stream_capturing() or not self.rows.holds(rows, dim, parts[0].element_size())
+        if (not in_graph_steps() or not self.rows.holds(rows, dim, parts[0].element_size())
                 or not all(p.is_contiguous() for p in parts)):
             return None
         return tuple(RankPartials(p, self.rows) for p in parts)

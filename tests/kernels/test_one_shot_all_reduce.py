@@ -140,7 +140,7 @@ def _check_residual_update_rank(tp, rows_list) -> None:
     for rows in rows_list:
         for pair in (False, True):
             static = [torch.zeros(rows, dim, dtype=torch.bfloat16, device=device) for _ in range(3)]
-            update(form(static[0], static[1] if pair else None, True), static[2])  # compiled before the capture
+            update(form(static[0], static[1] if pair else None, True), static[2])  # loaded before the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 captured = update(form(static[0], static[1] if pair else None, True), static[2])
