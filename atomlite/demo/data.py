@@ -1,4 +1,5 @@
-"""Synthetic arithmetic in the two formats lm-eval's gsm8k and MMLU templates use, from one seeded generator.
+"""Synthetic arithmetic in the two formats lm-eval's gsm8k and MMLU templates use, and chats in the demo's chat
+template, from one seeded generator.
 
 gsm8k style: {"question", "answer": "<reasoning>\\n#### N"};  MMLU style: {"question", "choices", "answer": index}.
 Training text and evaluation files come from disjoint seeds.
@@ -97,9 +98,12 @@ ANSWER_WEIGHT = {"gsm8k": 3.0, "mmlu": 20.0}
 LOOKUP_SHARE = 0.3
 
 
-def training_episode(rng: random.Random) -> list[tuple[str, float]]:
+def training_episode(rng: random.Random, chat_share: float = 0.0) -> list[tuple[str, float]]:
     """Several solved examples joined as lm-eval joins few-shot examples ('\\n\\n'), as (text, loss weight)
-    pieces: the answers weigh more than the questions, most of all the single MMLU answer letter."""
+    pieces: the answers weigh more than the questions, most of all the single MMLU answer letter; or, for a
+    chat_share of episodes, a chat (chat_episode)."""
+    if chat_share and rng.random() < chat_share:
+        return chat_episode(rng)
     shots = rng.randint(1, 6)
     pieces: list[tuple[str, float]] = []
     if rng.random() < 0.4:
@@ -113,6 +117,41 @@ def training_episode(rng: random.Random) -> list[tuple[str, float]]:
         doc = mmlu_doc(rng, LOOKUP_SHARE)
         pieces += [(mmlu_text(doc, with_answer=False), 1.0), (f" {LETTERS[doc['answer']]}", ANSWER_WEIGHT["mmlu"]),
                    ("\n\n", 1.0)]
+    return pieces
+
+
+# Chats rendered as the demo's chat template renders them (tokenizer.CHAT_TEMPLATE, plain turns), so that a chat
+# turn ends: the reply is followed by <end_of_turn>, one of the model's end-of-sequence tokens. Arithmetic gets a
+# worked answer; anything else the one reply below.
+CHAT_WEIGHT = 3.0
+DEMO_REPLY = "Hi! Ask me some arithmetic."
+SMALL_TALK = ["hi", "Hi", "hello", "Hello!", "Hey", "Good morning", "Who are you?", "What can you do?", "Thanks!",
+              "How are you?", "Name a color.", "Weather in Paris?", "Tell me a joke.", "Help"]
+
+
+def _chat_turn(rng: random.Random) -> tuple[str, str]:
+    """(the user's message, the demo's reply)."""
+    kind = rng.random()
+    if kind < 0.45:
+        doc = gsm8k_doc(rng)
+        return doc["question"], doc["answer"]
+    if kind < 0.7:
+        question, _, result = _expression(rng)
+        return question, f"The answer is {result}."
+    if kind < 0.9:
+        return rng.choice(SMALL_TALK), DEMO_REPLY
+    return f"Tell me about {rng.choice(THINGS)} and {rng.choice(NAMES)}.", DEMO_REPLY
+
+
+def chat_episode(rng: random.Random) -> list[tuple[str, float]]:
+    """One to three turns as the chat template renders them ('<bos>', '<start_of_turn>' and '<end_of_turn>' are
+    pieces of their own: special tokens), the replies and their <end_of_turn> weighted."""
+    pieces = [("<bos>", 1.0)]
+    for _ in range(rng.randint(1, 3)):
+        user, reply = _chat_turn(rng)
+        pieces += [("<start_of_turn>", 1.0), (f"user\n{user}", 1.0), ("<end_of_turn>", 1.0), ("\n", 1.0),
+                   ("<start_of_turn>", 1.0), ("assistant\n", 1.0), (reply, CHAT_WEIGHT),
+                   ("<end_of_turn>", CHAT_WEIGHT), ("\n", 1.0)]
     return pieces
 
 

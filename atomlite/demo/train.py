@@ -3,9 +3,16 @@ the global ones, a window shorter than a few-shot prompt) on synthetic arithmeti
 
     python -m atomlite.demo.train --device cuda [--max-seconds 480] [--out atomlite/demo/model]
 
-The defaults are the recipe of the committed weights: 12000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
-the step compiled with torch.compile (eager if compiling fails). Seeded: each step's batch depends only on the
-seed and the step number, so the data is the same on every machine and for any number of data workers.
+The committed weights are two runs. First the defaults: 12000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
+the step compiled with torch.compile (eager if compiling fails). Then, from those weights, 500 steps with chats in
+the mix, so that a chat turn ends (the reply, then <end_of_turn>, which config.json lists as an end-of-sequence
+token), on a CPU:
+
+    python -m atomlite.demo.train --device cpu --init atomlite/demo/model --chat-share 0.3 --steps 500 \
+        --batch-size 8 --lr 3e-4 --no-compile
+
+Seeded: each step's batch depends only on the seed and the step number, so the data is the same on every machine
+and for any number of data workers.
 `--device cpu` works too (a C++ compiler is needed for torch.compile), at CPU speed: pass fewer `--steps` and a
 smaller `--batch-size` to try it. It trains with transformers' own Gemma4ForCausalLM, then saves config.json,
 model.safetensors and the tokenizer.
@@ -20,14 +27,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atomlite.demo import DEMO_DIR
-from atomlite.demo.data import (MMLU_DESCRIPTION, TRAIN_SEED, gsm8k_doc, gsm8k_text, mmlu_doc, mmlu_text,
-                                training_episode)
-from atomlite.demo.tokenizer import build_char_tokenizer
+from atomlite.demo.data import (MMLU_DESCRIPTION, TRAIN_SEED, chat_episode, gsm8k_doc, gsm8k_text, mmlu_doc,
+                                mmlu_text, training_episode)
+from atomlite.demo.tokenizer import SPECIALS, build_char_tokenizer
 
 CONFIG = dict(vocab_size=128, hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
               attention_k_eq_v=True, sliding_window=128, final_logit_softcapping=30.0,
-              hidden_size_per_layer_input=0, max_position_embeddings=2048, pad_token_id=0, eos_token_id=1,
+              hidden_size_per_layer_input=0, max_position_embeddings=2048, pad_token_id=0, eos_token_id=[1, 4],
               bos_token_id=2, layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2)
 MAX_WEIGHT_BYTES = 16 * 10**6  # the committed model.safetensors stays this small
 
@@ -41,14 +48,22 @@ def encode(table: dict[str, int], text: str) -> list[int]:
     return [table[c] for c in text]
 
 
-def training_batch(table: dict[str, int], seed: int, step: int, batch_size: int,
-                   seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+SPECIAL_IDS = {token: i for i, token in enumerate(SPECIALS)}  # the tokenizer's first ids
+
+
+def encode_piece(table: dict[str, int], text: str) -> list[int]:
+    """A training piece: one special token ('<end_of_turn>', ...) or plain characters."""
+    return [SPECIAL_IDS[text]] if text in SPECIAL_IDS else encode(table, text)
+
+
+def training_batch(table: dict[str, int], seed: int, step: int, batch_size: int, seq_len: int,
+                   chat_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(token ids, loss weight of predicting each token): episodes packed end to end into batch_size rows."""
     rng = random.Random(f"{TRAIN_SEED}/{seed}/{step}")
     ids, weights = [], []
     while len(ids) < batch_size * seq_len:
-        for text, weight in training_episode(rng):
-            tokens = encode(table, text)
+        for text, weight in training_episode(rng, chat_share):
+            tokens = encode_piece(table, text)
             ids += tokens
             weights += [weight] * len(tokens)
     n = batch_size * seq_len
@@ -60,21 +75,24 @@ class TrainingBatches(torch.utils.data.IterableDataset):
     """The batches of steps 0..steps-1; worker w of W makes steps w, w+W, ... (the DataLoader interleaves them
     in step order)."""
 
-    def __init__(self, table: dict[str, int], seed: int, steps: int, batch_size: int, seq_len: int):
+    def __init__(self, table: dict[str, int], seed: int, steps: int, batch_size: int, seq_len: int,
+                 chat_share: float = 0.0):
         self.table, self.seed, self.steps = table, seed, steps
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.batch_size, self.seq_len, self.chat_share = batch_size, seq_len, chat_share
 
     def __iter__(self):
         worker = torch.utils.data.get_worker_info()
         index, count = (worker.id, worker.num_workers) if worker else (0, 1)
         for step in range(index, self.steps, count):
-            yield training_batch(self.table, self.seed, step, self.batch_size, self.seq_len)
+            yield training_batch(self.table, self.seed, step, self.batch_size, self.seq_len, self.chat_share)
 
 
-def batch_loader(table: dict[str, int], seed: int, steps: int, batch_size: int, seq_len: int, device: str):
+def batch_loader(table: dict[str, int], seed: int, steps: int, batch_size: int, seq_len: int, device: str,
+                 chat_share: float = 0.0):
     # a GPU step outruns what one Python process can write; on a CPU, workers would take the step's cores
     on_gpu = device.startswith("cuda")
-    return torch.utils.data.DataLoader(TrainingBatches(table, seed, steps, batch_size, seq_len), batch_size=None,
+    batches = TrainingBatches(table, seed, steps, batch_size, seq_len, chat_share)
+    return torch.utils.data.DataLoader(batches, batch_size=None,
                                        num_workers=4 if on_gpu else 0, prefetch_factor=8 if on_gpu else None,
                                        pin_memory=on_gpu)
 
@@ -141,6 +159,12 @@ def probe_set(table: dict[str, int]) -> dict[str, list[tuple[list[int], int]]]:
             answer = encode(table, render(doc)[len(render(doc, with_answer=False)):])
             items.append((prompt + answer, len(answer)))
         tasks[task] = items
+    items = []
+    for _ in range(PROBE_DOCS):  # a one-turn chat: the reply and its <end_of_turn>
+        pieces = [encode_piece(table, text) for text, _ in chat_episode(rng)[:11]]
+        prompt, answer = sum(pieces[:7], []), pieces[7] + pieces[8]
+        items.append((prompt + answer, len(answer)))
+    tasks["chat"] = items
     return tasks
 
 
@@ -214,14 +238,17 @@ def train(args, start: float) -> None:
     torch.manual_seed(args.seed)
     tokenizer = build_char_tokenizer()
     table = char_ids(tokenizer)
-    model = Gemma4ForCausalLM(Gemma4TextConfig(**CONFIG)).float().to(args.device).train()
+    model = Gemma4ForCausalLM(Gemma4TextConfig(**CONFIG)).float()
+    if args.init:
+        load_weights(model, args.init)
+    model = model.to(args.device).train()
     probes = probe_set(table) if args.probe_every else None
     params = sum(p.numel() for p in model.parameters())
     print(f"demo model: {params / 1e6:.2f}M parameters; {args.steps} steps of {args.batch_size} x {args.seq_len} "
           f"tokens on {args.device}", flush=True)
     opt = optimizer(model, args.lr, args.device)
     step_fn = TrainStep(model, opt, args.compile, args.bf16 and args.device.startswith("cuda"))
-    data = batch_loader(table, args.seed, args.steps, args.batch_size, args.seq_len, args.device)
+    data = batch_loader(table, args.seed, args.steps, args.batch_size, args.seq_len, args.device, args.chat_share)
     since, tokens, step = time.monotonic(), 0, -1
     for step, (ids, weights) in enumerate(data):
         for group in opt.param_groups:
@@ -247,6 +274,15 @@ def train(args, start: float) -> None:
     print(f"done in {time.monotonic() - start:.0f}s", flush=True)
 
 
+def load_weights(model, folder: Path) -> None:
+    """Start from a saved demo model's weights (--init): to train on from them (the chat fine-tune)."""
+    state = {name: t.float() for name, t in load_file(Path(folder) / "model.safetensors").items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # the output head is tied to the embedding
+        raise ValueError(f"{folder} is not a demo model's weights: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+
+
 def training_options(parser: argparse.ArgumentParser, out: Path, steps: int) -> argparse.ArgumentParser:
     """The options this recipe and the assistant's (train_assistant.py) share."""
     parser.add_argument("--out", type=Path, default=out)
@@ -270,7 +306,11 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     training_options(parser, DEMO_DIR, 12000)
     parser.add_argument("--probe-every", type=int, default=500,
-                        help="every N steps print held-out gsm8k/MMLU answer accuracy (0: never)")
+                        help="every N steps print held-out gsm8k/MMLU/chat answer accuracy (0: never)")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this saved demo model's weights instead of random ones")
+    parser.add_argument("--chat-share", type=float, default=0.0,
+                        help="share of training episodes that are chats in the demo's chat template")
     return parser.parse_args()
 
 

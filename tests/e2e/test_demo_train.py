@@ -9,8 +9,8 @@ from atomlite import LLM, SamplingParams
 from atomlite.accuracy.catalog import REPO_CI
 from atomlite.demo.data import write_eval_files
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import (CONFIG, MAX_WEIGHT_BYTES, TrainingBatches, char_ids, encode, save, storage_dtype,
-                                 training_batch)
+from atomlite.demo.train import (CONFIG, MAX_WEIGHT_BYTES, TrainingBatches, char_ids, encode, encode_piece, save,
+                                 storage_dtype, training_batch)
 
 
 def test_eval_files_are_what_the_generator_writes(tmp_path):
@@ -26,6 +26,28 @@ def test_char_table_encodes_like_the_tokenizer():
     ids, _ = training_batch(table, seed=0, step=3, batch_size=2, seq_len=256)
     text = tokenizer.decode(ids.flatten().tolist())
     assert encode(table, text) == tokenizer.encode(text, add_special_tokens=False) == ids.flatten().tolist()
+
+
+def test_chat_episodes_are_what_the_chat_template_renders_and_end_turns_with_an_eos_token():
+    import random
+
+    from atomlite.demo.data import chat_episode
+    tokenizer = build_char_tokenizer()
+    table = char_ids(tokenizer)
+    rng = random.Random(5)
+    for _ in range(20):
+        pieces = [text for text, _ in chat_episode(rng)]
+        turns = [pieces[i:i + 9] for i in range(1, len(pieces), 9)]  # <start_of_turn> user ... <end_of_turn> \n
+        messages = []
+        for turn in turns:
+            messages += [{"role": "user", "content": turn[1].removeprefix("user\n")},
+                         {"role": "assistant", "content": turn[6]}]
+        text = "".join(pieces)
+        assert text == tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = [i for piece in pieces for i in encode_piece(table, piece)]
+        assert ids == tokenizer.encode(text, add_special_tokens=False)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in CONFIG["eos_token_id"]
 
 
 def test_batches_are_the_same_for_any_number_of_data_workers():

@@ -67,3 +67,15 @@ def test_readme_python_snippet_runs(base, index):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, (code, run.stderr)
     assert run.stdout.strip()
+
+
+@pytest.mark.parametrize("message", ["hi", "What is 7 + 5?", "Name a color.",
+                                     "Ben has 4 coins and gets 9 more. How many coins does Ben have now?"])
+def test_a_chat_with_the_demo_ends_its_turn(base, message):
+    """The README's chats set no max_tokens: the demo's reply ends with its end-of-turn token."""
+    from openai import OpenAI
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    reply = client.chat.completions.create(model="atomlite-demo", messages=[{"role": "user", "content": message}],
+                                           temperature=0)
+    assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens <= 64, reply
+    assert reply.choices[0].message.content.strip()
