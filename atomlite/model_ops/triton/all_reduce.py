@@ -18,6 +18,21 @@ MAX_PROGRAMS = 512  # signal slots per rank (model_ops.peer_memory.MAX_SIGNALS)
 
 
 @triton.jit
+def meet(signals, program, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """The barrier of this call's program `program` on every rank: once the program's stores are done, raise its flag
+    (the call's epoch) in every rank's pad, then wait until every rank's flag in this rank's pad is up."""
+    tl.debug_barrier()  # the whole slice is stored before the flag says so
+    for r in tl.static_range(WORLD):
+        pad = tl.load(signals + r).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(pad + program * WORLD + RANK, epoch, sem="release", scope="sys")
+    own = tl.load(signals + RANK).to(tl.pointer_type(tl.int64))
+    for r in tl.static_range(WORLD):
+        while tl.atomic_add(own + program * WORLD + r, 0, sem="acquire", scope="sys") < epoch:
+            pass
+    tl.debug_barrier()
+
+
+@triton.jit
 def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
                                 WORLD: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -27,15 +42,7 @@ def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK
     slot = (epoch % 2) * slot_elems
     mine = tl.load(buffers + RANK).to(tl.pointer_type(x.dtype.element_ty))
     tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
-    tl.debug_barrier()  # the whole slice is stored before the flag says so
-    for r in tl.static_range(WORLD):
-        pad = tl.load(signals + r).to(tl.pointer_type(tl.int64))
-        tl.atomic_xchg(pad + pid * WORLD + RANK, epoch, sem="release", scope="sys")
-    own = tl.load(signals + RANK).to(tl.pointer_type(tl.int64))
-    for r in tl.static_range(WORLD):
-        while tl.atomic_add(own + pid * WORLD + r, 0, sem="acquire", scope="sys") < epoch:
-            pass
-    tl.debug_barrier()
+    meet(signals, pid, epoch, RANK, WORLD)
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for r in tl.static_range(WORLD):
         peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
@@ -57,15 +64,7 @@ def peer_rows_sum(a, b, cols, mask, row, dim, buffers, signals, epochs, slot_ele
     tl.store(mine + region + cols, a.to(dtype), mask=mask)
     if PAIR:
         tl.store(mine + region + dim + cols, b.to(dtype), mask=mask)
-    tl.debug_barrier()
-    for r in tl.static_range(WORLD):
-        pad = tl.load(signals + r).to(tl.pointer_type(tl.int64))
-        tl.atomic_xchg(pad + row * WORLD + RANK, epoch, sem="release", scope="sys")
-    own = tl.load(signals + RANK).to(tl.pointer_type(tl.int64))
-    for r in tl.static_range(WORLD):
-        while tl.atomic_add(own + row * WORLD + r, 0, sem="acquire", scope="sys") < epoch:
-            pass
-    tl.debug_barrier()
+    meet(signals, row, epoch, RANK, WORLD)
     total_a = tl.zeros_like(a)
     total_b = tl.zeros_like(b)
     for r in tl.static_range(WORLD):
