@@ -275,11 +275,12 @@ def train(args, start: float) -> None:
 
 
 def load_weights(model, folder: Path) -> None:
-    """Start from a saved demo model's weights (--init): to train on from them (the chat fine-tune)."""
+    """Start from the weights saved in folder (--init), to train on from them (the chat fine-tune); the model is
+    built as the one saved there was."""
     state = {name: t.float() for name, t in load_file(Path(folder) / "model.safetensors").items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:  # the output head is tied to the embedding
-        raise ValueError(f"{folder} is not a demo model's weights: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"{folder} does not hold this model's weights: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
 
 

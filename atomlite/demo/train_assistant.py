@@ -19,9 +19,10 @@ context while the data token is noise, and where the target is sure (answers) th
 
 The defaults train 3000 steps of 32 x 512 tokens, lr 1e-3 cosine, bf16 autocast on a GPU, the step compiled with
 torch.compile (eager if that fails), seeded like atomlite/demo/train.py. At the end it prints a held-out mean
-accepted length at DRAFTS drafts (1 + accepted drafts per round, greedy verification) on few-shot gsm8k/MMLU prompts
-and the README's question, measured on the target's own greedy continuations, then saves config.json and
-model.safetensors (bf16 storage, config dtype float32 like the demo model).
+accepted length at DRAFTS drafts (1 + accepted drafts per round, greedy verification) on few-shot gsm8k/MMLU prompts,
+chats and the README's question, measured on the target's own greedy continuations, then saves config.json and
+model.safetensors (bf16 storage, config dtype float32 like the demo model). The shipped weights trained on from the
+defaults' against the chat-tuned demo model (--init, --chat-share; docs/DEMO_MODEL.md has the command).
 """
 import argparse
 import time
@@ -34,8 +35,8 @@ from safetensors.torch import load_file, save_file
 
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, optimizer, probe_set,
-                                 round_weights, training_options)
+from atomlite.demo.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, load_weights, optimizer,
+                                 probe_set, round_weights, training_options)
 
 ASSISTANT_SIZE = dict(hidden_size=128, intermediate_size=512, num_attention_heads=4,
                       layer_types=["sliding_attention", "full_attention"])
@@ -270,12 +271,14 @@ def train(args, start: float) -> list[float]:
     table = char_ids(build_char_tokenizer())
     target = load_target(args.target, args.device)
     assistant = build_assistant(target, args.device)
+    if args.init:
+        load_weights(assistant, args.init)
     params = sum(p.numel() for p in assistant.parameters())
     print(f"assistant: {params / 1e6:.2f}M parameters; {args.steps} steps of {args.batch_size} x {args.seq_len} "
           f"tokens, {DRAFTS} draft steps each, on {args.device}", flush=True)
     opt = optimizer(assistant, args.lr, args.device)
     step_fn = DraftTrainStep(assistant, target, opt, args.compile, args.bf16 and args.device.startswith("cuda"))
-    data = batch_loader(table, args.seed, args.steps, args.batch_size, args.seq_len, args.device)
+    data = batch_loader(table, args.seed, args.steps, args.batch_size, args.seq_len, args.device, args.chat_share)
     losses, since, last = [], time.monotonic(), -1
     for step, (ids, _) in enumerate(data):
         for group in opt.param_groups:
@@ -306,6 +309,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="held-out gsm8k and MMLU prompts each (at most 64) for the final accepted-length "
                              "measure, besides the README's question")
     parser.add_argument("--eval-tokens", type=int, default=48, help="greedy tokens generated after each prompt")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this saved assistant's weights (to train on against a changed target)")
+    parser.add_argument("--chat-share", type=float, default=0.0,
+                        help="share of training episodes that are chats in the demo's chat template")
     args = parser.parse_args(argv)
     if args.eval_tokens < DRAFTS:
         parser.error(f"--eval-tokens {args.eval_tokens} leaves no full round of {DRAFTS} drafts: "
