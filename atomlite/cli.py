@@ -64,8 +64,9 @@ def engine_options(fn):
     return fn
 
 
+# engine flags that change how steps run, not the KV plan
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce")  # engine flags that change how steps run, not the KV plan
+                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce")
 
 
 def without_options(*names: str):

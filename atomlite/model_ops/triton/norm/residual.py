@@ -1,7 +1,9 @@
 """The residual update around a sublayer in one pass: summed = (residual + rms_norm(x) * w) [* scale], and
 optionally the next norm of it, rms_norm(summed) * w_next. Each step rounds to the activation dtype where the
 separate ops would, so the result equals theirs. x may be a split-K GEMM's PartialSums (the kernel adds its K
-slices as it reads the row), or a NormedPair: two branches' output norms summed, each side plain or PartialSums.
+slices as it reads the row), or a NormedPair: two branches' output norms summed, each side plain or PartialSums; and
+under tensor parallelism x (or both sides) may be RankPartials, this rank's share, which the program exchanges with
+the other ranks through peer memory and sums first.
 The next norm's output may be written MXFP4-quantized for the fp8 GEMM that reads it (QuantizedRows): that GEMM's
 quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
 which may let it start early).
@@ -176,7 +178,8 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    channel.slot_elems(residual.dtype) if channel is not None else 0, HAS_SCALE=scale is not None,
                    HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
                    PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
-                   WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d, num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
+                   WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d,
+                   num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None
