@@ -49,8 +49,8 @@ ENGINE_OPTIONS = [
                       "(on CPU they join over gloo)."),
     click.option("--disable-custom-all-reduce", is_flag=True,
                  help="Under tensor parallelism, all-reduce through the collective library (NCCL/RCCL) alone. By "
-                      "default a decode graph's small all-reduces run atomlite's one-shot kernel over peer memory "
-                      "where the GPUs can read each other's (NVIDIA)."),
+                      "default a decode graph's small all-reduces run over peer memory where the GPUs can read each "
+                      "other's: atomlite's one-shot kernel on NVIDIA, AITER's custom all-reduce on ROCm."),
     click.option("--speculative-config", default=None,
                  help='Speculative decoding, as JSON in vLLM\'s names: {"method": "mtp", "model": ASSISTANT_DIR, '
                       '"num_speculative_tokens": 4} (a Gemma 4 assistant) or {"method": "ngram", '

@@ -166,7 +166,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     speculative_config: SpeculativeConfig | dict | str | None = None
     tensor_parallel_size: int = 1  # processes (GPUs) that each hold a shard of every layer
-    disable_custom_all_reduce: bool = False  # all-reduce through nccl/gloo alone (not the one-shot peer-memory kernel)
+    disable_custom_all_reduce: bool = False  # all-reduce through nccl/gloo alone (no custom all-reduce)
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):

@@ -7,10 +7,12 @@
 
 Writes atomlite/model_ops/aiter/signatures.json: version -> function path -> parameters, where a function path is
 what atomlite resolves at runtime: `name` for `aiter.name` (found by following the star-imports of aiter/__init__.py,
-the last one wins, as in Python) or `sub.module.name` for `aiter.sub.module.name`.
+the last one wins, as in Python) or `sub.module.name` for `aiter.sub.module.name`. A class's path pins its __init__,
+`sub.module.Class.method` a method; both without self.
 """
 import argparse
 import ast
+import copy
 import hashlib
 import io
 import json
@@ -44,6 +46,21 @@ def module_functions(source: str) -> dict[str, ast.FunctionDef]:
     """Module-level defs by name; a later def replaces an earlier one, as at import."""
     return {node.name: node for node in module_statements(ast.parse(source).body)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def module_classes(source: str) -> dict[str, ast.ClassDef]:
+    return {node.name: node for node in module_statements(ast.parse(source).body) if isinstance(node, ast.ClassDef)}
+
+
+def method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    """A method of cls as an unbound-free signature: its first parameter (self) dropped."""
+    fn = next((node for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and node.name == name), None)
+    if fn is None:
+        return None
+    fn = copy.deepcopy(fn)
+    (fn.args.posonlyargs or fn.args.args).pop(0)
+    return fn
 
 
 def star_imports(source: str) -> list[str]:
@@ -86,10 +103,19 @@ class Tree:
         return None
 
     def find(self, path: str) -> tuple[str, ast.FunctionDef] | None:
+        """A function; a class (its __init__); or a class's method (`module.Class.method`). Methods without self."""
         module, _, name = path.rpartition(".")
         if module:
             file = self.module_file(module)
-            fn = file and module_functions(self.files[file]).get(name)
+            if file:
+                fn = module_functions(self.files[file]).get(name)
+                cls = module_classes(self.files[file]).get(name)
+                fn = fn or (cls and method(cls, "__init__"))
+                return (file, fn) if fn else None
+            module, _, class_name = module.rpartition(".")
+            file = self.module_file(module)
+            cls = file and module_classes(self.files[file]).get(class_name)
+            fn = cls and method(cls, name)
             return (file, fn) if fn else None
         hit = None
         for dotted in star_imports(self.files["aiter/__init__.py"]):

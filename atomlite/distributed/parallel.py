@@ -7,6 +7,10 @@ import torch
 import torch.distributed as dist
 
 
+class CustomAllReduceUnavailable(RuntimeError):
+    """A custom all-reduce could not be set up on this rank (the group then sums through its collective library)."""
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     """This process's rank among `size` processes that each hold one shard of every sharded weight. At size 1 the
@@ -14,7 +18,10 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: object = None  # the torch.distributed process group; None: the default one
-    peers: object = None  # a model_ops.peer_memory.PeerMemory: small all-reduces by the one-shot kernel
+    # The group's custom all-reduce for small rows (model_ops.peer_memory.PeerMemory, or on ROCm
+    # model_ops.aiter.all_reduce.AiterAllReduce): serves(x), all_reduce(x), hand_over(parts),
+    # hands_over_rank_partials, capture() and close(). None: the collective library sums everything.
+    peers: object = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over ranks of x (each rank's partial result of a row-parallel product); x may be summed in place."""
@@ -39,6 +46,15 @@ class TensorParallel:
         if len(xs) == 1:
             return (self.all_reduce(xs[0]),)
         return tuple(self.all_reduce(torch.stack(xs)).unbind(0))
+
+    def capturing(self):
+        """The block a rank captures its decode graphs in (all of one capture_all, warm-up passes included)."""
+        return self.peers.capture() if self.peers is not None else contextlib.nullcontext()
+
+    def close_peers(self) -> None:
+        """Frees the custom all-reduce's buffers, once no graph that captured it is left."""
+        if self.peers is not None:
+            self.peers.close()
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """x as rank 0 holds it, on every rank (in place; x contiguous)."""

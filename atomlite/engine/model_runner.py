@@ -72,7 +72,8 @@ class ModelRunner:
         """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
         self.graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture, self.keep_hidden)
         if capture:
-            self.graphs.capture_all()
+            with self.tp.capturing():
+                self.graphs.capture_all()
         return self.graphs
 
     def use_verify_graphs(self, num_drafts: int, max_batch: int, max_model_len: int,
@@ -81,15 +82,18 @@ class ModelRunner:
         self.verify_graphs = DecodeGraphs(self.model, self.inputs, max_batch, max_model_len, capture,
                                           self.keep_hidden, queries_per_seq=num_drafts + 1)
         if capture:
-            self.verify_graphs.capture_all()
+            with self.tp.capturing():
+                self.verify_graphs.capture_all()
         return self.verify_graphs
 
     def release_graphs(self) -> None:
-        """Drops the captured graphs (before the collectives they captured go away)."""
+        """Drops the captured graphs (before the collectives they captured go away), then the custom all-reduce's
+        buffers: at close."""
         self.graphs = self.verify_graphs = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
+        self.tp.close_peers()
 
     def can_run_ahead(self, num_seqs: int) -> bool:
         """Whether a decode step of num_seqs sequences can run before the host has its input ids."""

@@ -9,7 +9,7 @@ import torch
 from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
-from atomlite.model_ops.peer_memory import with_peer_memory
+from atomlite.model_ops.peer_memory import with_custom_all_reduce
 from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
@@ -105,7 +105,8 @@ class EngineRank:
         self.all_reduce_note = ""
         if tp.size > 1:
             with dispatch.use(detect_platform(self.device), config.kernel_backend, self.kernels):
-                tp, self.all_reduce_note = with_peer_memory(tp, self.device, config.disable_custom_all_reduce)
+                tp, self.all_reduce_note = with_custom_all_reduce(tp, self.device,
+                                                                   config.disable_custom_all_reduce)
         self.config, self.tp = config, tp
         assistant_spec = assistant_spec_for(config)
         with distributed.use(tp):

@@ -2,13 +2,14 @@
 GPU runtime's IPC (distributed.ipc), so the one-shot all-reduce kernel (model_ops.triton.all_reduce) sums
 the ranks' rows without a collective library: a decode step's all-reduce of [batch, hidden] rows took about 15 us
 through NCCL on two H100s (bench/all_reduce.py), a large share of a step that makes two per layer."""
+import contextlib
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 
 from atomlite.distributed.ipc import Runtime
-from atomlite.distributed.parallel import TensorParallel, in_graph_steps
+from atomlite.distributed.parallel import CustomAllReduceUnavailable, TensorParallel, in_graph_steps
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import RankPartials
 from atomlite.model_ops.platform import detect_platform
@@ -19,8 +20,8 @@ MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the ke
 
 
 def refusal(device: torch.device, size: int, disabled: bool = False) -> str | None:
-    """Why a group of `size` ranks on device reduces through nccl/gloo instead; None when the one-shot kernel
-    serves its small all-reduces. disabled: --disable-custom-all-reduce."""
+    """Why a group of `size` ranks on device reduces through nccl/gloo alone, before asking dispatch for a custom
+    all-reduce; None when one may serve. disabled: --disable-custom-all-reduce."""
     if device.type != "cuda":
         return "no GPU"
     if disabled:
@@ -33,23 +34,33 @@ def refusal(device: torch.device, size: int, disabled: bool = False) -> str | No
     return None
 
 
-def with_peer_memory(tp: TensorParallel, device: torch.device, disabled: bool = False) -> tuple[TensorParallel, str]:
-    """tp with the one-shot all-reduce attached where it can run (every rank calls this together), and the startup
-    line that says which all-reduce the group uses. disabled: --disable-custom-all-reduce."""
-    why, kernel = refusal(device, tp.size, disabled), None
+def with_custom_all_reduce(tp: TensorParallel, device: torch.device,
+                           disabled: bool = False) -> tuple[TensorParallel, str]:
+    """tp with the custom all-reduce dispatch chose for its small rows attached (op custom_all_reduce: AITER's on
+    ROCm, the one-shot Triton kernel over peer memory on NVIDIA), and the startup line that says which all-reduce
+    the group uses. Every rank calls this together; all get one or none does, or their calls would never pair.
+    disabled: --disable-custom-all-reduce."""
+    why, peers = refusal(device, tp.size, disabled), None
     if why is None:
         try:
-            kernel = dispatch.choose("one_shot_all_reduce", world=tp.size).fn
+            make = dispatch.choose("custom_all_reduce", world=tp.size).fn
         except dispatch.NoKernel as e:
             why = str(e)
     if not tp.min_over_ranks(why is None, device) and why is None:
-        why = "another rank cannot use the one-shot kernel"  # all ranks reduce one way, or their calls never pair
-    if why is not None:
-        return tp, f"all-reduce: {dist.get_backend(tp.group)} ({why})"
-    peers = PeerMemory(tp.rank, tp.size, device, tp.group, kernel)
-    return replace(tp, peers=peers), (f"all-reduce: one-shot Triton kernel over peer memory in decode graphs (up to "
-                                      f"{MAX_BYTES >> 10} KiB; summed in the residual update where it reads the "
-                                      f"shares), {dist.get_backend(tp.group)} otherwise")
+        why = "another rank cannot use it"
+    if why is None:
+        try:
+            peers = make(tp, device)
+        except CustomAllReduceUnavailable as e:
+            why = str(e)
+        if not tp.min_over_ranks(why is None, device):
+            if peers is not None:
+                peers.close()
+            peers, why = None, why or "another rank could not set it up"
+    library = dist.get_backend(tp.group)
+    if peers is None:
+        return tp, f"all-reduce: {library} (no custom all-reduce: {why})"
+    return replace(tp, peers=peers), f"all-reduce: {peers.describe()}, {library} otherwise"
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,13 @@ class PeerMemory:
     every rank's addresses of them. Built by every rank of the group together (it exchanges the IPC handles); held
     for the process's life."""
 
+    hands_over_rank_partials = True  # the Triton residual update reads RankPartials from its row channel
+
+    @classmethod
+    def for_group(cls, tp: TensorParallel, device: torch.device) -> "PeerMemory":
+        """Dispatch's custom_all_reduce on NVIDIA: every rank of tp builds its peer memory together."""
+        return cls(tp.rank, tp.size, device, tp.group, dispatch.choose("one_shot_all_reduce", world=tp.size).fn)
+
     def __init__(self, rank: int, size: int, device: torch.device, group=None, kernel=None):
         """kernel: the one_shot_all_reduce op dispatch chose (default: the one it chooses for device)."""
         self.rank, self.size = rank, size
@@ -95,6 +113,17 @@ class PeerMemory:
         return PeerChannel(torch.tensor(bases, dtype=torch.int64, device=device),
                            torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device),
                            torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size)
+
+    def describe(self) -> str:
+        return (f"one-shot Triton kernel over peer memory in decode graphs (up to {MAX_BYTES >> 10} KiB; summed in "
+                f"the residual update where it reads the shares)")
+
+    def capture(self):
+        """Nothing to register: the kernels exchange through the buffers mapped at construction."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """The mapped buffers stay for the process's life (the runtime unmaps them at exit)."""
 
     def fits(self, x: torch.Tensor) -> bool:
         return x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES

@@ -34,7 +34,7 @@ class ReducesOutput:
 
     def can(self, capability: str) -> bool:
         if capability == f"writes_{RANK_PARTIALS}":
-            return self.tp.peers is not None
+            return self.tp.peers is not None and self.tp.peers.hands_over_rank_partials
         return capability != PARTIAL_OUTPUT and super().can(capability)
 
     def link_consumer(self, consumer, forms: set[str]) -> None:

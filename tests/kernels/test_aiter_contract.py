@@ -8,6 +8,7 @@ used ONLY here and only for that reason. Each stand-in function records its call
 documents the function to compute (test_aiter_semantics.py), so the adapters' argument translation (window, scale,
 LSE layout, gathers, layouts) is checked too. None of this runs an AITER kernel.
 """
+import contextlib
 import copy
 import inspect
 import sys
@@ -15,9 +16,13 @@ import types
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from atomlite.distributed.local import free_port
+from atomlite.distributed.parallel import TensorParallel, graph_steps
 from atomlite.model_ops import aiter as backend, torch_ref
 from atomlite.model_ops.aiter import detect, functions as F, mxfp4
+from atomlite.model_ops.aiter.all_reduce import AiterAllReduce
 from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
 from atomlite.quant import mxfp4 as ref_mxfp4
 from test_aiter_semantics import SEMANTICS
@@ -48,11 +53,34 @@ def _recorder(path: str, spec: dict, calls: list):
     return stand_in
 
 
+def _method_recorder(path: str, spec: dict, calls: list):
+    def stand_in(self, *args, **kwargs):
+        calls.append((path, args, kwargs))
+        return SEMANTICS[path](self, **kwargs)
+    stand_in.__signature__ = _signature({"params": [{"name": "self", "kind": "positional_or_keyword",
+                                                     "default": None}] + spec["params"]})
+    return stand_in
+
+
+def _class_recorder(path: str, functions: dict, calls: list) -> type:
+    """A stand-in class: constructing it and calling its pinned methods are recorded like functions."""
+    def __init__(self, *args, **kwargs):
+        calls.append((path, args, kwargs))
+        SEMANTICS[path](self, **kwargs)
+    methods = {p.rpartition(".")[2]: _method_recorder(p, spec, calls) for p, spec in functions.items()
+               if p.rpartition(".")[0] == path}
+    return type(path.rpartition(".")[2], (), {"__init__": __init__, **methods})
+
+
 def install_stand_in(monkeypatch, functions: dict) -> list:
-    """Put an `aiter` module with `functions` where detect finds it; returns the list calls are recorded in."""
+    """Put an `aiter` module with `functions` where detect finds it; returns the list calls are recorded in.
+    monkeypatch: pytest's, or anything with its setitem (a spawned rank's own)."""
     calls, root = [], types.ModuleType("aiter")
     modules = {"aiter": root}
+    classes = {p.rpartition(".")[0] for p in functions} & set(functions)
     for path, spec in functions.items():
+        if path.rpartition(".")[0] in classes:
+            continue  # a method: its class holds it
         *parents, name = path.split(".")
         module, dotted = root, "aiter"
         for part in parents:
@@ -61,7 +89,8 @@ def install_stand_in(monkeypatch, functions: dict) -> list:
                 modules[dotted] = types.ModuleType(dotted)
                 setattr(module, part, modules[dotted])
             module = modules[dotted]
-        setattr(module, name, _recorder(path, spec, calls))
+        setattr(module, name, _class_recorder(path, functions, calls) if path in classes
+                else _recorder(path, spec, calls))
     for dotted, module in modules.items():
         monkeypatch.setitem(sys.modules, dotted, module)
     monkeypatch.setitem(detect._state, "module", root)
@@ -130,7 +159,7 @@ def run_adapters(window=8):
     backend.write_kv(k_new, v_new, got_k, got_v, slots)
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
-    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter()
+    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter() + run_all_reduce_adapter()
     return results
 
 
@@ -172,6 +201,30 @@ def run_mxfp4_adapter():
     x = torch.randn(5, k, generator=g).bfloat16()
     want = (ref_mxfp4.quantize_dequantize(x.float()) @ ref_mxfp4.dequantize(packed, scale).T).bfloat16()
     return [("mxfp4_linear", backend.mxfp4_linear(x, mxfp4.prepare_weight(packed, scale)), want)]
+
+
+@contextlib.contextmanager
+def one_rank_group():
+    """A gloo group of this process alone (AITER's CustomAllreduce takes a CPU group)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def run_all_reduce_adapter():
+    """CustomAllreduce's whole life over a one-rank group: made, a graph's capture block, a decode row summed,
+    closed."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    with one_rank_group():
+        comm = AiterAllReduce(TensorParallel(0, 1), torch.device("cpu"))
+        with comm.capture(), graph_steps():
+            assert comm.serves(x)
+        with graph_steps():
+            got = comm.all_reduce(x)
+        comm.close()
+    return [("custom all-reduce", got, x)]
 
 
 @pytest.fixture(params=VERSIONS)

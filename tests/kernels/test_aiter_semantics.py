@@ -1,9 +1,11 @@
 """What each AITER function computes, written in torch from AITER's own documentation and kernels (ops/mha.py
 docstrings, csrc/cpp_itfs/pa/pa_kernels.cuh, csrc/kernels/cache_kernels.cu, ops/rmsnorm.py, ops/gemm_op_a4w4.py).
 test_aiter_contract.py's stand-in `aiter` module answers with these; they are never a claim that AITER ran."""
+import contextlib
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from atomlite.model_ops.aiter import functions as names
@@ -134,11 +136,58 @@ def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **
     return out
 
 
+def custom_allreduce(self, group, device, max_size=None, **_):
+    """CustomAllreduce(group, device, max_size) (dist/device_communicators/custom_all_reduce.py): a communicator
+    over `group`, which must not be an NCCL group (it exchanges IPC handles over it)."""
+    assert dist.get_backend(group) != dist.Backend.NCCL
+    self.group, self.disabled, self.capturing, self.registrations, self.closed = group, False, False, 0, False
+
+
+@contextlib.contextmanager
+def capture(self):
+    """Inside, all-reduces are recorded for the graph being captured; at the end the ranks register the captured
+    buffers with each other."""
+    self.capturing = True
+    try:
+        yield
+    finally:
+        self.capturing = False
+        self.registrations += 1
+
+
+CAR_MAX_SIZE = 64 << 20  # AITER_CUSTOM_AR_MAX_SIZE's default; 0.1.7's default max_size
+
+
+def should_custom_ar(self, inp, prefill_support=False):
+    """A multiple of 16 bytes, weakly contiguous, up to the size limit."""
+    size = inp.numel() * inp.element_size()
+    return not self.disabled and size % 16 == 0 and inp.is_contiguous() and size <= CAR_MAX_SIZE
+
+
+def custom_all_reduce(self, input, use_new=True, open_fp8_quant=False):
+    """The sum over the group's ranks, out of place; None where should_custom_ar refuses; zeros inside capture()
+    when no graph is being captured (the warm-up passes before one)."""
+    if not should_custom_ar(self, input):
+        return None
+    if self.capturing and not torch.cuda.is_current_stream_capturing():
+        return torch.zeros_like(input)
+    out = input.clone()
+    dist.all_reduce(out, group=self.group)
+    return out
+
+
+def close(self):
+    self.closed = True
+
+
 SEMANTICS = {
     names.FLASH_VARLEN: flash_attn_varlen_func, names.PAGED_DECODE: paged_attention_v1,
     names.WRITE_KV_NHD: reshape_and_cache_flash,
     names.RMS_NORM: rmsnorm2d_fwd,
     names.GELU_TANH_AND_MUL: gelu_tanh_and_mul, names.MXFP4_QUANT: dynamic_mxfp4_quant, names.GEMM_A4W4: gemm_a4w4,
+    names.CUSTOM_ALL_REDUCE: custom_allreduce,
+    **{path: method for path, method in zip(names.CUSTOM_ALL_REDUCE_METHODS,
+                                            (capture, should_custom_ar, custom_all_reduce, close))},
 }
 
 

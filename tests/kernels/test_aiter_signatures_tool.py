@@ -17,6 +17,9 @@ SOURCES = {
     "aiter/ops/new.py": "try:\n    import foo\nexcept ImportError:\n    pass\n"
                         "@decorated('m')\ndef norm(out, x, eps=1e-6, *, flag: bool = False, **kw) -> None:\n    ...\n",
     "aiter/utility/fp4_utils.py": "def quant(x, /, mode='even'):\n    ...\n",
+    "aiter/dist/comm.py": "class Comm:\n    def __init__(self, group, device, max_size=8):\n        ...\n"
+                          "    @contextmanager\n    def capture(self):\n        ...\n"
+                          "    def reduce(self, input, quant=False):\n        ...\n",
 }
 
 
@@ -35,6 +38,17 @@ def test_dotted_paths_name_submodules():
     assert file == "aiter/utility/fp4_utils.py"
     assert [p["kind"] for p in tool.describe(fn)["params"]] == ["positional_only", "positional_or_keyword"]
     assert tool.Tree(SOURCES).find("utility.fp4_utils.missing") is None
+
+
+def test_a_class_pins_its_init_and_its_methods_without_self():
+    tree = tool.Tree(SOURCES)
+    file, init = tree.find("dist.comm.Comm")
+    assert file == "aiter/dist/comm.py"
+    assert [(p["name"], p["default"]) for p in tool.describe(init)["params"]] == [
+        ("group", None), ("device", None), ("max_size", "8")]
+    assert tool.describe(tree.find("dist.comm.Comm.capture")[1])["params"] == []
+    assert [p["name"] for p in tool.describe(tree.find("dist.comm.Comm.reduce")[1])["params"]] == ["input", "quant"]
+    assert tree.find("dist.comm.Comm.missing") is None and tree.find("dist.comm.Other.reduce") is None
 
 
 def test_pinned_file_covers_every_function_the_adapter_calls():

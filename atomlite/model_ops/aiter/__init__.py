@@ -22,6 +22,7 @@ is a tanh GELU activation in AITER. Running erf GELU instead would change every 
 unit of up(x)), which the torch reference, the oracle, would not match.
 """
 from atomlite.model_ops.aiter import detect
+from atomlite.model_ops.aiter.all_reduce import SUPPORTED_WORLD_SIZES, AiterAllReduce
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
 from atomlite.model_ops.aiter.functions import REQUIRED
 from atomlite.model_ops.aiter.mxfp4 import MXFP4_LINEAR, N_ALIGN, mxfp4_linear, prepare_weight
@@ -35,6 +36,7 @@ OPS = {
     "rms_norm": rms_norm,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
     "mxfp4_linear": MXFP4_LINEAR,
+    "custom_all_reduce": AiterAllReduce,  # a tensor-parallel group's small all-reduces (a communicator factory)
 }
 
 CAPABILITIES = {}  # no kernel here takes or gives more than its op's plain tensors
@@ -60,6 +62,9 @@ def _shape_refusal(op: str, platform, shape: dict) -> str | None:
             return f"CK flash attention stops at head_dim {CK_MAX_HEAD_DIM} (got {head_dim})"
         if head_dim % 8:
             return f"CK flash attention needs head_dim divisible by 8 (got {head_dim})"
+    if op == "custom_all_reduce" and shape.get("world") not in SUPPORTED_WORLD_SIZES:
+        return (f"CustomAllreduce runs on {'/'.join(map(str, SUPPORTED_WORLD_SIZES))} ranks, not "
+                f"{shape.get('world')}")
     if op == "mxfp4_linear":
         if platform.arch not in detect.FP4_ARCHS:
             return f"MXFP4 GEMM needs gfx950 ({platform.arch} has no FP4 compute; gemm_a4w4 raises there)"

@@ -70,16 +70,24 @@ def load_error() -> str | None:
 
 
 def resolve(path: str):
-    """`name` -> aiter.name; `a.b.name` -> aiter.a.b.name (the submodule imported on demand). None if absent."""
+    """`name` -> aiter.name; `a.b.name` -> aiter.a.b.name (the submodule imported on demand); `a.b.Class.method`
+    -> that attribute of a class of aiter.a.b. None if absent."""
     root = load()
     if root is None:
         raise RuntimeError(f"AITER function {path} called without AITER ({load_error()})")
-    module_path, _, name = path.rpartition(".")
-    try:
-        module = importlib.import_module(f"{root.__name__}.{module_path}") if module_path else root
-    except Exception:  # noqa: BLE001
-        return None
-    return getattr(module, name, None)
+    parts = path.split(".")
+    for split in range(len(parts) - 1, -1, -1):  # the longest module path first
+        try:
+            module = importlib.import_module(".".join([root.__name__, *parts[:split]])) if split else root
+        except ImportError:
+            continue
+        except Exception:  # noqa: BLE001  a submodule that fails to import: as absent
+            return None
+        target = module
+        for attribute in parts[split:]:
+            target = getattr(target, attribute, None)
+        return target
+    return None
 
 
 def parameter_names(path: str) -> frozenset[str]:

@@ -8,6 +8,10 @@ RMS_NORM = "rmsnorm2d_fwd"
 GELU_TANH_AND_MUL = "gelu_tanh_and_mul"
 GEMM_A4W4 = "gemm_a4w4"
 MXFP4_QUANT = "utility.fp4_utils.dynamic_mxfp4_quant"
+# A class: its path pins __init__'s parameters; atomlite calls these methods of its instances by keyword.
+CUSTOM_ALL_REDUCE = "dist.device_communicators.custom_all_reduce.CustomAllreduce"
+CUSTOM_ALL_REDUCE_METHODS = tuple(f"{CUSTOM_ALL_REDUCE}.{m}" for m in ("capture", "should_custom_ar",
+                                                                      "custom_all_reduce", "close"))
 
 # Functions an op needs before dispatch may pick AITER for it.
 REQUIRED = {
@@ -16,6 +20,7 @@ REQUIRED = {
     "rms_norm": (RMS_NORM,),
     "gelu_tanh_and_mul": (GELU_TANH_AND_MUL,),
     "mxfp4_linear": (GEMM_A4W4, MXFP4_QUANT),
+    "custom_all_reduce": (CUSTOM_ALL_REDUCE, *CUSTOM_ALL_REDUCE_METHODS),
 }
 
 # Not called: atomlite re-implements these layouts in torch (mxfp4.py); pinned so that a change of the reference's

@@ -2,6 +2,7 @@
 import torch
 
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.peer_memory import PeerMemory
 from atomlite.model_ops.triton.all_reduce import one_shot_all_reduce
 from atomlite.model_ops.triton.attention.paged import paged_attention
 from atomlite.model_ops.triton.common import interpreting
@@ -30,6 +31,8 @@ OPS = {
     "router_topk": router_topk,
     "router": router,  # the logits GEMM and router_topk in one launch at decode
     "one_shot_all_reduce": one_shot_all_reduce,  # tensor parallelism's decode all-reduce over peer memory
+    "custom_all_reduce": PeerMemory.for_group,  # the group's peer memory, for one_shot_all_reduce and the
+                                                # residual update that reads RankPartials
 }
 
 CAPABILITIES = {
@@ -67,7 +70,7 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
         if shape.get("k_from_v") and head_dim is not None and head_dim < MIN_K_FROM_V_HEAD_DIM:
             return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
-    if op == "one_shot_all_reduce" and platform.kind == "rocm":
+    if op in ("one_shot_all_reduce", "custom_all_reduce") and platform.kind == "rocm":
         return ("not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way "
                 "there)")
     if op == "linear" and platform.kind == "rocm":
