@@ -29,13 +29,13 @@ PROMPT = random_prompt(9, seed=3)
 def test_dispatch_picks_aiters_all_reduce_on_rocm_and_the_one_shot_kernel_on_nvidia(platform, world, backend):
     choice = dispatch.choose("custom_all_reduce", platform, world=world)
     assert choice.backend == backend
-    assert choice.fn is (AiterAllReduce if backend == "aiter" else PeerMemory.for_group)
+    assert choice.fn == (AiterAllReduce if backend == "aiter" else PeerMemory.for_group)
 
 
 @pytest.mark.parametrize("platform,world,reasons", [
     (GFX942, 3, ["aiter: CustomAllreduce runs on 2/4/6/8 ranks, not 3", "triton: not verified on ROCm"]),
-    (Platform("rocm", "gfx942", has_aiter=False), 2, ["aiter: AITER needs ROCm with the aiter package installed"]),
-    (Platform("cpu"), 2, ["torch: no peer memory on CPU"]),
+    (Platform("rocm", "gfx942", has_aiter=False), 2, ["triton: not verified on ROCm", "torch: no reference"]),
+    (Platform("cpu"), 2, ["torch: no reference: the group's collective library (nccl, gloo) sums instead"]),
 ])
 def test_where_no_custom_all_reduce_serves_dispatch_says_why(platform, world, reasons):
     with pytest.raises(dispatch.NoKernel) as refused:

@@ -10,6 +10,7 @@ LSE layout, gathers, layouts) is checked too. None of this runs an AITER kernel.
 """
 import contextlib
 import copy
+import importlib.machinery
 import inspect
 import sys
 import types
@@ -76,6 +77,7 @@ def install_stand_in(monkeypatch, functions: dict) -> list:
     """Put an `aiter` module with `functions` where detect finds it; returns the list calls are recorded in.
     monkeypatch: pytest's, or anything with its setitem (a spawned rank's own)."""
     calls, root = [], types.ModuleType("aiter")
+    root.__spec__ = importlib.machinery.ModuleSpec("aiter", None)  # found as installed (detect.local_platform)
     modules = {"aiter": root}
     classes = {p.rpartition(".")[0] for p in functions} & set(functions)
     for path, spec in functions.items():

@@ -41,7 +41,7 @@ LOOP_REASON = "experts run as a per-expert loop that syncs with the host"
 MASKED_WRITE = "stores K/V at the slots a boolean mask selects, whose count the host reads back"
 DECLINED = {
     "one_shot_all_reduce": "no reference kernel: the group's collective library (nccl, gloo) sums instead",
-    "custom_all_reduce": "no peer memory on CPU: the group's collective library (gloo) sums",
+    "custom_all_reduce": "no reference: the group's collective library (nccl, gloo) sums instead",
 }
 
 GRAPH_UNSAFE = {
