@@ -4,6 +4,7 @@ from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
 from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
+from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.platform import Platform
 
@@ -29,6 +30,7 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform,
     spec = config.model_spec
     lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})"]
     lines += tensor_parallel_lines(config.tensor_parallel_size)
+    lines += all_reduce_lines(config, platform)
     lines += [f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
               f"{weights_text(weight_bytes(model), config.tensor_parallel_size)}",
               f"max model len: {config.max_model_len}"]
@@ -44,6 +46,20 @@ def tensor_parallel_lines(size: int) -> list[str]:
         return []
     return [f"tensor parallel: {size} ranks; weights and KV cache below are each rank's "
             f"(--kv-cache-memory is per rank, one GPU each)"]
+
+
+def all_reduce_lines(config: EngineConfig, platform: Platform) -> list[str]:
+    """Which all-reduce the group would use on platform (the engine also checks that its GPUs reach each other's
+    memory)."""
+    if config.tensor_parallel_size == 1:
+        return []
+    library = "gloo" if not platform.is_gpu else "rccl" if platform.kind == "rocm" else "nccl"
+    try:
+        choice = dispatch.choose("custom_all_reduce", platform, config.kernel_backend,
+                                 world=config.tensor_parallel_size)
+    except dispatch.NoKernel as e:
+        return [f"all-reduce: {library} alone ({e})"]
+    return [f"all-reduce: {choice.backend} custom all-reduce in decode graphs ({choice.reason}), {library} otherwise"]
 
 
 def weights_text(rank_bytes: int, size: int) -> str:

@@ -43,6 +43,20 @@ def test_every_rank_needs_what_rank_0_needs(size):
     assert weight_bytes(last) == weight_bytes(rank_0)
 
 
+@pytest.mark.parametrize("flags,line", [
+    (["--platform", "gfx942+aiter"], "all-reduce: aiter custom all-reduce in decode graphs (aiter on gfx942), rccl"),
+    (["--platform", "gfx950"], "all-reduce: rccl alone (no backend implements custom_all_reduce here (triton: not "
+                               "verified on ROCm"),
+    (["--platform", "sm_90"], "all-reduce: triton custom all-reduce in decode graphs (triton on cuda), nccl"),
+    (["--platform", "cpu"], "all-reduce: gloo alone (no backend implements custom_all_reduce here (torch: no "
+                            "reference"),
+])
+def test_the_plan_says_which_all_reduce_the_group_would_use(flags, line):
+    result = plan("-tp", "2", *flags)
+    assert result.exit_code == 0, result.output
+    assert line in result.stdout
+
+
 def test_a_size_that_does_not_divide_the_heads_is_one_line_naming_the_config_key():
     result = plan("--tensor-parallel-size", "64")  # divides vocab_size and the hidden sizes, not 32 query heads
     assert result.exit_code == 2, result.output
