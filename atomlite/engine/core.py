@@ -138,6 +138,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
     logging.basicConfig(level=log_level, format="%(name)s: %(message)s")
     from atomlite.engine.llm_engine import LLMEngine
     from atomlite.errors import ConfigError
+    from atomlite.heap import freeze_startup_heap
     context = zmq.Context()
     commands, outputs = connect(context, commands_addr, outputs_addr)
     try:
@@ -151,6 +152,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
                                      f"{traceback.format_exc()}"), parent_pid)
             raise
         try:
+            freeze_startup_heap()
             if send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
                 EngineCore(engine, commands, outputs, parent_pid).run()
         finally:

@@ -168,6 +168,7 @@ def worker_main() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # the ranks share the cores
     from atomlite.engine.rank import EngineRank
     from atomlite.errors import ConfigError
+    from atomlite.heap import freeze_startup_heap
     context = zmq.Context()
     socket = context.socket(zmq.PULL)
     socket.connect(address)  # before the build: rank 0's first steps wait here, not in its send
@@ -177,6 +178,7 @@ def worker_main() -> None:
         except ConfigError as e:  # rank 0 meets it too and says it; this rank only stops
             logger.debug("stopped: %s", e)
             sys.exit(2)
+        freeze_startup_heap()  # a collector's pause on one rank holds up every rank at the next collective
         if not follow(engine_rank.runner, socket, parent_pid):
             os._exit(1)  # rank 0 is gone: its GPU work may never end, so nothing waits for it
         engine_rank.runner.release_graphs()
