@@ -263,12 +263,16 @@ def bench():
 
 
 def _bench_engine(kw: dict):
+    """The engine of an in-process bench, which then runs as `serve`'s engine core does: its startup heap frozen."""
     from atomlite.config import EngineConfig
     from atomlite.engine.llm_engine import LLMEngine
+    from atomlite.heap import freeze_startup_heap
     try:
-        return LLMEngine(EngineConfig(model=model_dir(kw), **engine_args(kw)))
+        engine = LLMEngine(EngineConfig(model=model_dir(kw), **engine_args(kw)))
     except (ConfigError, ValueError) as e:
         fail(str(e))
+    freeze_startup_heap()
+    return engine
 
 
 def _rate(per_second: float, unit: str) -> str:
