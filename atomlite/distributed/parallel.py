@@ -104,8 +104,8 @@ _graph_steps: ContextVar[bool] = ContextVar("atomlite_graph_steps", default=Fals
 @contextlib.contextmanager
 def graph_steps():
     """The forwards that make a decode graph (its warm-up passes and its capture), which every rank runs alike: the
-    small all-reduces in them may take the one-shot path over peer memory (model_ops.peer_memory), whose kernels
-    the warm-up passes then load before the capture."""
+    small all-reduces in them may take the group's custom all-reduce (TensorParallel.peers), whose kernels the
+    warm-up passes then load before the capture (the one-shot kernel; AITER's answers zeros there)."""
     token = _graph_steps.set(True)
     try:
         yield

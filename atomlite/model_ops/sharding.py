@@ -19,8 +19,9 @@ RANK_PARTIALS = "rank_partials"
 
 class ReducesOutput:
     """Mixin before a layer class: forward's output is summed over the ranks of tp. Linked to a consumer whose kernel
-    sums RankPartials itself (and where the group has peer memory), it hands its share over as RankPartials instead,
-    in the forwards that make decode graphs (TensorParallel.all_reduced, distributed.parallel.graph_steps)."""
+    sums RankPartials itself (and where the group's custom all-reduce hands them over), it hands its share over as
+    RankPartials instead, in the forwards that make decode graphs (TensorParallel.all_reduced,
+    distributed.parallel.graph_steps)."""
 
     def __init__(self, *args, tp: TensorParallel, **kwargs):
         super().__init__(*args, **kwargs)

@@ -8,7 +8,6 @@ used ONLY here and only for that reason. Each stand-in function records its call
 documents the function to compute (test_aiter_semantics.py), so the adapters' argument translation (window, scale,
 LSE layout, gathers, layouts) is checked too. None of this runs an AITER kernel.
 """
-import contextlib
 import copy
 import importlib.machinery
 import inspect
@@ -17,9 +16,8 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from atomlite.distributed.local import free_port
+from atomlite.distributed.local import run_local
 from atomlite.distributed.parallel import TensorParallel, graph_steps
 from atomlite.model_ops import aiter as backend, torch_ref
 from atomlite.model_ops.aiter import detect, functions as F, mxfp4
@@ -36,6 +34,8 @@ DEFAULTS_RELIED_ON = {
     F.RMS_NORM: {"use_model_sensitive_rmsnorm": "0"},
     F.FLASH_VARLEN: {"dropout_p": "0.0", "logits_soft_cap": "0.0", "alibi_slopes": "None", "bias": "None"},
     F.GEMM_A4W4: {"bias": "None", "alpha": "1.0", "beta": "0.0"},
+    F.CUSTOM_ALL_REDUCE_METHODS[1]: {"prefill_support": "False"},
+    F.CUSTOM_ALL_REDUCE_METHODS[2]: {"open_fp8_quant": "False", "use_new": "True"},
 }
 
 
@@ -70,12 +70,14 @@ def _class_recorder(path: str, functions: dict, calls: list) -> type:
         SEMANTICS[path](self, **kwargs)
     methods = {p.rpartition(".")[2]: _method_recorder(p, spec, calls) for p, spec in functions.items()
                if p.rpartition(".")[0] == path}
-    return type(path.rpartition(".")[2], (), {"__init__": __init__, **methods})
+    module, _, name = path.rpartition(".")
+    return type(name, (), {"__init__": __init__, "__module__": f"aiter.{module}", "pinned": functions, **methods})
 
 
-def install_stand_in(monkeypatch, functions: dict) -> list:
+def install_stand_in(monkeypatch, functions: dict, all_reduce_loaded: bool = True) -> list:
     """Put an `aiter` module with `functions` where detect finds it; returns the list calls are recorded in.
-    monkeypatch: pytest's, or anything with its setitem (a spawned rank's own)."""
+    monkeypatch: pytest's, or anything with its setitem (a spawned rank's own). all_reduce_loaded: the flag AITER's
+    custom all-reduce module sets when its library loaded."""
     calls, root = [], types.ModuleType("aiter")
     root.__spec__ = importlib.machinery.ModuleSpec("aiter", None)  # found as installed (detect.local_platform)
     modules = {"aiter": root}
@@ -93,6 +95,9 @@ def install_stand_in(monkeypatch, functions: dict) -> list:
             module = modules[dotted]
         setattr(module, name, _class_recorder(path, functions, calls) if path in classes
                 else _recorder(path, spec, calls))
+    flag_module, _, flag = F.CUSTOM_ALL_REDUCE_LOADED.rpartition(".")
+    if f"aiter.{flag_module}" in modules:
+        setattr(modules[f"aiter.{flag_module}"], flag, all_reduce_loaded)
     for dotted, module in modules.items():
         monkeypatch.setitem(sys.modules, dotted, module)
     monkeypatch.setitem(detect._state, "module", root)
@@ -161,7 +166,7 @@ def run_adapters(window=8):
     backend.write_kv(k_new, v_new, got_k, got_v, slots)
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
-    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter() + run_all_reduce_adapter()
+    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter()
     return results
 
 
@@ -205,28 +210,39 @@ def run_mxfp4_adapter():
     return [("mxfp4_linear", backend.mxfp4_linear(x, mxfp4.prepare_weight(packed, scale)), want)]
 
 
-@contextlib.contextmanager
-def one_rank_group():
-    """A gloo group of this process alone (AITER's CustomAllreduce takes a CPU group)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+class SpawnedPatch:
+    """monkeypatch.setitem for a spawned rank, whose process ends with its test."""
+
+    @staticmethod
+    def setitem(mapping, key, value):
+        mapping[key] = value
 
 
-def run_all_reduce_adapter():
-    """CustomAllreduce's whole life over a one-rank group: made, a graph's capture block, a decode row summed,
-    closed."""
-    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
-    with one_rank_group():
-        comm = AiterAllReduce(TensorParallel(0, 1), torch.device("cpu"))
-        with comm.capture(), graph_steps():
-            assert comm.serves(x)
-        with graph_steps():
-            got = comm.all_reduce(x)
-        comm.close()
-    return [("custom all-reduce", got, x)]
+def rank_rows(rank: int) -> torch.Tensor:
+    return torch.randn(4, 64, generator=torch.Generator().manual_seed(rank)).bfloat16()
+
+
+def all_reduce_adapter_rank(tp: TensorParallel, version: str, out) -> None:
+    """One rank of two: CustomAllreduce's whole life through the adapter (made, a graph's capture block, a decode
+    row summed, closed). Rank 0 saves its calls (names only: the contract reads no values) and the sum."""
+    calls = install_stand_in(SpawnedPatch(), detect.pinned()[version]["functions"])
+    comm = AiterAllReduce(tp, torch.device("cpu"))
+    with comm.capture(), graph_steps():
+        assert comm.serves(rank_rows(tp.rank))
+    with graph_steps():
+        got = comm.all_reduce(rank_rows(tp.rank))
+    comm.close()
+    if tp.rank == 0:
+        torch.save({"calls": [(path, len(args), sorted(kwargs)) for path, args, kwargs in calls], "got": got}, out)
+
+
+def run_all_reduce_adapter(version: str, out) -> tuple[list, list]:
+    """(calls, results) of all_reduce_adapter_rank over two gloo ranks: AITER's CustomAllreduce disables itself
+    in a group of one."""
+    run_local(all_reduce_adapter_rank, 2, version, out)
+    saved = torch.load(out)
+    calls = [(path, (None,) * positional, dict.fromkeys(names)) for path, positional, names in saved["calls"]]
+    return calls, [("custom all-reduce of two ranks", saved["got"], rank_rows(0) + rank_rows(1))]
 
 
 @pytest.fixture(params=VERSIONS)
@@ -236,12 +252,14 @@ def pinned_aiter(request, monkeypatch):
 
 
 @pytest.fixture(scope="module", params=VERSIONS)
-def recorded(request):
+def recorded(request, tmp_path_factory):
     """Every adapter run once against one pinned version: (functions, calls, results)."""
     functions = detect.pinned()[request.param]["functions"]
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls = install_stand_in(monkeypatch, functions)
-        return functions, calls, run_adapters()
+        results = run_adapters()
+    ranks_calls, ranks_results = run_all_reduce_adapter(request.param, tmp_path_factory.mktemp("ar") / "rank0.pt")
+    return functions, calls + ranks_calls, results + ranks_results
 
 
 def test_every_adapter_call_matches_the_pinned_aiter_signature(recorded):

@@ -1,8 +1,10 @@
 """What each AITER function computes, written in torch from AITER's own documentation and kernels (ops/mha.py
-docstrings, csrc/cpp_itfs/pa/pa_kernels.cuh, csrc/kernels/cache_kernels.cu, ops/rmsnorm.py, ops/gemm_op_a4w4.py).
+docstrings, csrc/cpp_itfs/pa/pa_kernels.cuh, csrc/kernels/cache_kernels.cu, ops/rmsnorm.py, ops/gemm_op_a4w4.py,
+dist/device_communicators/custom_all_reduce.py).
 test_aiter_contract.py's stand-in `aiter` module answers with these; they are never a claim that AITER ran."""
 import contextlib
 import math
+import sys
 
 import torch
 import torch.distributed as dist
@@ -136,11 +138,18 @@ def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **
     return out
 
 
-def custom_allreduce(self, group, device, max_size=None, **_):
-    """CustomAllreduce(group, device, max_size) (dist/device_communicators/custom_all_reduce.py): a communicator
-    over `group`, which must not be an NCCL group (it exchanges IPC handles over it)."""
+SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
+CAR_MAX_SIZE = 64 << 20  # AITER_CUSTOM_AR_MAX_SIZE's default (newer AITERs)
+
+
+def custom_allreduce(self, group, device, max_size=8192 * 1024 * 8, **_):
+    """CustomAllreduce(group, device, max_size): a communicator over `group`, which must not be an NCCL group (it
+    exchanges IPC handles over it); disabled when its library did not load (the module's custom_ar) or the group
+    has a size other than 2, 4, 6 or 8."""
     assert dist.get_backend(group) != dist.Backend.NCCL
-    self.group, self.disabled, self.capturing, self.registrations, self.closed = group, False, False, 0, False
+    loaded = sys.modules[type(self).__module__].custom_ar
+    self.group, self.max_size, self.capturing, self.registrations, self.closed = group, max_size, False, 0, False
+    self.disabled = not loaded or dist.get_world_size(group) not in SUPPORTED_WORLD_SIZES
 
 
 @contextlib.contextmanager
@@ -155,13 +164,19 @@ def capture(self):
         self.registrations += 1
 
 
-CAR_MAX_SIZE = 64 << 20  # AITER_CUSTOM_AR_MAX_SIZE's default; 0.1.7's default max_size
+def is_weak_contiguous(inp) -> bool:
+    """Contiguous, or a view whose elements fill its storage from its offset to the end."""
+    return inp.is_contiguous() or (inp.untyped_storage().nbytes() - inp.storage_offset() * inp.element_size()
+                                   == inp.numel() * inp.element_size())
 
 
 def should_custom_ar(self, inp, prefill_support=False):
-    """A multiple of 16 bytes, weakly contiguous, up to the size limit."""
+    """A multiple of 16 bytes, weakly contiguous, up to max_size (0.1.7) or AITER_CUSTOM_AR_MAX_SIZE (newer AITERs,
+    whose should_custom_ar takes prefill_support)."""
     size = inp.numel() * inp.element_size()
-    return not self.disabled and size % 16 == 0 and inp.is_contiguous() and size <= CAR_MAX_SIZE
+    newer = any(p["name"] == "prefill_support" for p in type(self).pinned[names.CUSTOM_ALL_REDUCE_METHODS[1]]["params"])
+    limit = CAR_MAX_SIZE if newer else self.max_size
+    return not self.disabled and size % 16 == 0 and is_weak_contiguous(inp) and size <= limit
 
 
 def custom_all_reduce(self, input, use_new=True, open_fp8_quant=False):

@@ -22,7 +22,7 @@ is a tanh GELU activation in AITER. Running erf GELU instead would change every 
 unit of up(x)), which the torch reference, the oracle, would not match.
 """
 from atomlite.model_ops.aiter import detect
-from atomlite.model_ops.aiter.all_reduce import SUPPORTED_WORLD_SIZES, AiterAllReduce
+from atomlite.model_ops.aiter.all_reduce import SUPPORTED_WORLD_SIZES, AiterAllReduce, unavailable
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
 from atomlite.model_ops.aiter.functions import REQUIRED
 from atomlite.model_ops.aiter.mxfp4 import MXFP4_LINEAR, N_ALIGN, mxfp4_linear, prepare_weight
@@ -90,4 +90,6 @@ def limits(op: str, platform, shape: dict) -> str | None:
     if missing:
         reason = detect.load_error() if platform == detect.local_platform() else None
         return reason or f"this AITER has no {', '.join(missing)}"
+    if op == "custom_all_reduce" and platform == detect.local_platform():
+        return unavailable()
     return None

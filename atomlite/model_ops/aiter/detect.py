@@ -70,24 +70,26 @@ def load_error() -> str | None:
 
 
 def resolve(path: str):
-    """`name` -> aiter.name; `a.b.name` -> aiter.a.b.name (the submodule imported on demand); `a.b.Class.method`
-    -> that attribute of a class of aiter.a.b. None if absent."""
+    """`name` -> aiter.name; `a.b.name` -> aiter.a.b.name (the submodule imported on demand); `a.b.Class.name` ->
+    that attribute of a class of aiter.a.b. None if absent."""
     root = load()
     if root is None:
         raise RuntimeError(f"AITER function {path} called without AITER ({load_error()})")
-    parts = path.split(".")
-    for split in range(len(parts) - 1, -1, -1):  # the longest module path first
+    module_path, _, name = path.rpartition(".")
+    try:
+        return getattr(_module(root, module_path), name, None)
+    except ImportError:
+        owner_path, _, owner = module_path.rpartition(".")
         try:
-            module = importlib.import_module(".".join([root.__name__, *parts[:split]])) if split else root
-        except ImportError:
-            continue
-        except Exception:  # noqa: BLE001  a submodule that fails to import: as absent
+            return getattr(getattr(_module(root, owner_path), owner, None), name, None)
+        except Exception:  # noqa: BLE001
             return None
-        target = module
-        for attribute in parts[split:]:
-            target = getattr(target, attribute, None)
-        return target
-    return None
+    except Exception:  # noqa: BLE001  a submodule that fails to import counts as absent
+        return None
+
+
+def _module(root, dotted: str):
+    return importlib.import_module(f"{root.__name__}.{dotted}") if dotted else root
 
 
 def parameter_names(path: str) -> frozenset[str]:

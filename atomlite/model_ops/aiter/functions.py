@@ -12,6 +12,8 @@ MXFP4_QUANT = "utility.fp4_utils.dynamic_mxfp4_quant"
 CUSTOM_ALL_REDUCE = "dist.device_communicators.custom_all_reduce.CustomAllreduce"
 CUSTOM_ALL_REDUCE_METHODS = tuple(f"{CUSTOM_ALL_REDUCE}.{m}" for m in ("capture", "should_custom_ar",
                                                                       "custom_all_reduce", "close"))
+# A module flag, not a function: False when AITER's all-reduce library failed to load (model_ops/aiter/all_reduce.py).
+CUSTOM_ALL_REDUCE_LOADED = "dist.device_communicators.custom_all_reduce.custom_ar"
 
 # Functions an op needs before dispatch may pick AITER for it.
 REQUIRED = {
