@@ -96,14 +96,21 @@ def test_link_keeps_each_parameter_under_its_own_name(tmp_path):
     assert [name for name, _ in linked.named_modules()] == [name for name, _ in unlinked.named_modules()]
 
 
-@pytest.mark.parametrize("peers", [True, False], ids=["peer memory", "no peer memory"])
+class _Peers:
+    def __init__(self, hands_over_rank_partials: bool):
+        self.hands_over_rank_partials = hands_over_rank_partials
+
+
+@pytest.mark.parametrize("custom,peers", [(_Peers(True), True), (_Peers(False), False), (None, False)],
+                         ids=["peer memory", "a custom all-reduce that hands over nothing", "none"])
 def test_under_tensor_parallelism_row_parallel_shares_go_unsummed_to_a_residual_update_that_sums_them(tmp_path,
-                                                                                                        peers):
+                                                                                                        custom, peers):
     """With the group's peer memory (model_ops.peer_memory) the residual updates sum o_proj's and the MLP's (and
-    the experts') shares over the ranks themselves; without it each share is all-reduced first."""
+    the experts') shares over the ranks themselves; with AITER's custom all-reduce (which hands over nothing) or
+    none, each share is all-reduced first."""
     from atomlite import distributed
     from atomlite.distributed import TensorParallel
-    tp = TensorParallel(rank=0, size=2, peers=object() if peers else None)
+    tp = TensorParallel(rank=0, size=2, peers=custom)
     with distributed.use(tp):
         model = meta_model(tmp_path, SM90, mxfp4=False, enable_moe_block=True, num_experts=4, top_k_experts=2,
                            moe_intermediate_size=256).model
