@@ -500,7 +500,9 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
 @main.command()
 @without_options(*RUNTIME_ONLY)
 @engine_options
-@click.option("--seq-len", type=int, default=None, help="Sequence length to count fitting sequences for (default: --max-model-len).")
+@click.option("--seq-len", type=int, default=None,
+              help="Also say how many requests of this many tokens fit at once in the pool planned for "
+                   "--max-model-len.")
 @click.option("--platform", "platform_text", default=None,
               help="Plan for this platform instead of this machine: cpu, cuda, sm_90, rocm, gfx942, gfx950[+aiter].")
 @click.option("--kernels", is_flag=True, help="List the kernel each op gets (aiter | triton | torch) and why.")
@@ -517,14 +519,12 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     try:
         args = engine_args(kw)
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
-        if seq_len is not None:
-            args["max_model_len"] = seq_len
         if args["device"] == "auto":
             args["device"] = "cpu"  # the model is built on meta: planning -tp 8 needs none of this machine's GPUs
         config = EngineConfig(model=model_dir(kw), **args)
         platform = parse_platform(platform_text) if platform_text else detect_platform(config.torch_device)
         choices = KernelChoices()
-        lines, _ = plan_report(config, budget, platform, choices)
+        lines, _ = plan_report(config, budget, platform, choices, seq_len)
         if kernels:
             lines.append(f"kernels of this model on {platform.describe()}:")
             lines += [f"  {line}" for line in choices.describe()]

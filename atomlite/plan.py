@@ -20,10 +20,11 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def plan_report(config: EngineConfig, budget: int, platform: Platform,
-                kernels: KernelChoices | None = None) -> tuple[list[str], KVPlan]:
+def plan_report(config: EngineConfig, budget: int, platform: Platform, kernels: KernelChoices | None = None,
+                seq_len: int | None = None) -> tuple[list[str], KVPlan]:
     """What the checkpoint needs under budget (per rank under tensor parallelism: ranks hold equal shards, so rank
-    0's numbers hold for every rank); the kernels its layers get on platform are recorded in `kernels`."""
+    0's numbers hold for every rank), and how many requests of seq_len tokens fit; the kernels its layers get on
+    platform are recorded in `kernels`."""
     model = meta_model(config, platform, kernels)
     specs = model.kv_specs(config.kv_dtype(platform))
     plan = plan_kv_cache(specs, budget, config.block_size, config.max_model_len)
@@ -37,7 +38,7 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform,
     shared = sum(s.kind == "shared" for s in specs)
     if shared:
         lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")
-    lines += plan.describe()
+    lines += plan.describe(seq_len)
     return lines, plan
 
 

@@ -29,7 +29,7 @@ def build(path: Path, tp: distributed.TensorParallel) -> Gemma4ForCausalLM:
 def greedy_logits(model, prompt: list[int], steps: int) -> torch.Tensor:
     """[steps, vocab] fp32 logits: of the prompt's last token, then of each greedy token fed back."""
     specs = model.kv_specs(torch.float32)
-    kv = KVCacheManager(specs, [NUM_BLOCKS] * len(group_specs(specs)[0]), BLOCK_SIZE, torch.device("cpu"), False)
+    kv = KVCacheManager(specs, NUM_BLOCKS * len(group_specs(specs)[0]), BLOCK_SIZE, torch.device("cpu"), False)
     runner, seq, rows = ModelRunner(model, kv, torch.device("cpu")), Sequence(prompt, SamplingParams()), []
     for _ in range(steps):
         num_new = seq.num_uncomputed

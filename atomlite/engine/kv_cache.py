@@ -1,12 +1,14 @@
-"""Per-layer heterogeneous paged KV cache.
+"""Per-layer heterogeneous paged KV cache over one shared memory.
 
-Layers with equal KVSpecs form a group; each group has its own block pool, its own cache tensors (one K and one V
-per owning layer, [num_blocks, block_size, kv_heads, head_dim]) and its own block table per sequence. Sliding
-groups release blocks that fell out of the window; shared layers own nothing and read their target's cache.
+Layers with equal KVSpecs form a group; each group has its own block table per sequence and its own blocks, carved
+from pages that every group draws from (block_pool, kv_layout), and one K and one V view per owning layer,
+[blocks, block_size, kv_heads, head_dim]. Sliding groups release blocks that fell out of the window; shared layers
+own nothing and read their target's cache.
 
 Prefix caching keys each full block by SHA-256 over its parent block's key and its token ids, so a key names the
-whole prefix up to that block. A hit is also checked against the block's own tokens and parent key as stored in
-the pool, so that a weaker block_key (tests swap in a colliding one) can cost cache hits but never correctness.
+whole prefix up to that block. A sequence's keys are computed once, as its blocks fill (Sequence.block_keys). A hit
+is also checked against the block's own tokens and parent key as stored in the pool, so that a weaker block_key
+(tests swap in a colliding one) can cost cache hits but never correctness.
 """
 import hashlib
 import math
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
+from atomlite.engine.block_pool import NULL_BLOCK, BlockPool, PagePool
 from atomlite.engine.block_table import BlockTable
+from atomlite.engine.kv_layout import page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
 
@@ -69,7 +72,7 @@ def group_specs(specs: list[KVSpec]) -> tuple[list[tuple[KVSpec, list[int]]], di
 
 
 class KVCacheManager:
-    def __init__(self, specs: list[KVSpec], num_blocks: list[int], block_size: int, device: torch.device,
+    def __init__(self, specs: list[KVSpec], num_pages: int, block_size: int, device: torch.device,
                  enable_prefix_caching: bool = True, cache_salt: str = ""):
         grouped, self.layer_group = group_specs(specs)
         self.specs = specs
@@ -77,14 +80,18 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.block_key = sha256_block_key
         self.root_key = root_key(specs, cache_salt)
-        self.groups = [KVGroup(i, spec, layers, BlockPool(n))
-                       for i, ((spec, layers), n) in enumerate(zip(grouped, num_blocks))]
+        self.layout = page_layout(grouped, block_size)
+        self.pages = PagePool(num_pages)
+        self.groups = [KVGroup(i, g.spec, g.layers, BlockPool(self.pages, g.blocks_per_page))
+                       for i, g in enumerate(self.layout.groups)]
+        self.memory = torch.zeros(num_pages * self.layout.page_bytes, dtype=torch.uint8, device=device)
         self.caches: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        for group in self.groups:
-            shape = (group.pool.num_blocks, block_size, group.spec.num_kv_heads, group.spec.head_dim)
-            for layer in group.layers:
-                k = None if group.spec.k_from_v else torch.zeros(shape, dtype=group.spec.dtype, device=device)
-                self.caches[layer] = (k, torch.zeros(shape, dtype=group.spec.dtype, device=device))
+        for layout in self.layout.groups:
+            for i, layer in enumerate(layout.layers):
+                if layout.spec.k_from_v:
+                    self.caches[layer] = (None, layout.view(self.memory, i, 0))
+                else:
+                    self.caches[layer] = (layout.view(self.memory, i, 0), layout.view(self.memory, i, 1))
 
     def cache_for_layer(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor, int]:
         """(K cache, None when the layer derives K from V; V cache; group)."""
@@ -100,19 +107,31 @@ class KVCacheManager:
         first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
         return total_blocks - max(len(table), first)
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def _needed(self, seq: Sequence, num_new_tokens: int) -> list[int]:
         self._ensure_tables(seq)
-        return all(self._new_blocks_needed(seq, g, num_new_tokens) <= g.pool.num_free for g in self.groups)
+        return [self._new_blocks_needed(seq, g, num_new_tokens) for g in self.groups]
+
+    def pages_needed(self, blocks: list[int]) -> int:
+        """The free pages that blocks[g] more blocks of each group g would take."""
+        return sum(g.pool.pages_needed(n) for g, n in zip(self.groups, blocks))
+
+    def fits(self, blocks: list[int]) -> bool:
+        """Whether blocks[g] more blocks of each group g can be had now."""
+        return self.pages_needed(blocks) <= self.pages.num_free
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.fits(self._needed(seq, num_new_tokens))
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give seq the blocks for its next num_new_tokens in every group; all or nothing."""
-        if not self.can_allocate(seq, num_new_tokens):
+        needed = self._needed(seq, num_new_tokens)
+        if not self.fits(needed):
             return False
-        for group in self.groups:
+        for group, count in zip(self.groups, needed):
             table = seq.block_tables[group.id]
             first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
             table.extend([NULL_BLOCK] * max(0, first - len(table)))
-            table.extend([group.pool.allocate() for _ in range(self._new_blocks_needed(seq, group, num_new_tokens))])
+            table.extend([group.pool.allocate() for _ in range(count)])
         return True
 
     def blocks_held(self, num_tokens: int) -> list[int]:
@@ -124,9 +143,6 @@ class KVCacheManager:
         if not seq.block_tables:
             return [0] * len(self.groups)
         return [len(table) - released for table, released in zip(seq.block_tables, seq.released_until)]
-
-    def free_blocks(self) -> list[int]:
-        return [g.pool.num_free for g in self.groups]
 
     def free(self, seq: Sequence) -> None:
         for group, table in zip(self.groups, seq.block_tables):
@@ -160,29 +176,30 @@ class KVCacheManager:
         """What block i must have been computed from: checked on a hit, so a key collision cannot serve it."""
         return self._parent_key(keys, i), self._block_tokens(seq, i)
 
-    def _extend_keys(self, seq: Sequence, keys: list[bytes], num_blocks: int) -> None:
-        """Append the keys of seq's blocks len(keys)..num_blocks-1, each chained to the one before."""
+    def _extend_keys(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """seq's block keys, extended to its first num_blocks full blocks, each chained to the one before. They
+        depend on the tokens alone, so they are computed once and kept through preemption."""
+        keys = seq.block_keys
         while len(keys) < num_blocks:
             i = len(keys)
             keys.append(self.block_key(self._parent_key(keys, i), self._block_tokens(seq, i)))
+        return keys
 
     def update_block_hashes(self, seq: Sequence) -> None:
-        """Key every newly completed block of seq and make it findable in each group."""
-        full_blocks = seq.num_computed_tokens // self.block_size
-        first_new = len(seq.block_hashes)
-        self._extend_keys(seq, seq.block_hashes, full_blocks)
+        """Key every newly computed full block of seq and make it findable in each group."""
+        full_blocks = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+        first_new = seq.num_registered_blocks
+        if full_blocks <= first_new:
+            return
+        seq.num_registered_blocks = full_blocks
         if not self.enable_prefix_caching:
             return
+        keys = self._extend_keys(seq, full_blocks)
         for i in range(first_new, full_blocks):
-            identity = self._identity(seq, seq.block_hashes, i)
+            identity = self._identity(seq, keys, i)
             for group, table in zip(self.groups, seq.block_tables):
                 if i < len(table):
-                    group.pool.register(table[i], seq.block_hashes[i], identity)
-
-    def _prompt_hashes(self, seq: Sequence) -> list[bytes]:
-        keys: list[bytes] = []
-        self._extend_keys(seq, keys, (len(seq.token_ids) - 1) // self.block_size)  # the last token is always computed
-        return keys
+                    group.pool.register(table[i], keys[i], identity)
 
     def _group_can_serve(self, group: KVGroup, seq: Sequence, keys: list[bytes], num_blocks: int) -> bool:
         first = group.first_needed_block(num_blocks * self.block_size, self.block_size)
@@ -194,19 +211,19 @@ class KVCacheManager:
         self._ensure_tables(seq)
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return 0
-        keys = self._prompt_hashes(seq)
-        hit = len(keys)
+        hit = (len(seq.token_ids) - 1) // self.block_size  # the last token is always computed
+        keys = self._extend_keys(seq, hit)
         while hit and not all(self._group_can_serve(g, seq, keys, hit) for g in self.groups):
             hit -= 1
         for group, table in zip(self.groups, seq.block_tables):
             first = group.first_needed_block(hit * self.block_size, self.block_size)
             table.extend([NULL_BLOCK] * first)
             table.extend([group.pool.take_cached(keys[i], self._identity(seq, keys, i)) for i in range(first, hit)])
-        seq.block_hashes = keys[:hit]
+        seq.num_registered_blocks = hit
         seq.num_computed_tokens = seq.num_cached_tokens = hit * self.block_size
         return seq.num_computed_tokens
 
     # -- views ----------------------------------------------------------------------------------------------
     def usage(self) -> list[tuple[KVSpec, int, int]]:
         """(spec, used blocks, usable blocks) per group."""
-        return [(g.spec, g.pool.num_used, g.pool.num_blocks - 1) for g in self.groups]
+        return [(g.spec, g.pool.num_used, g.pool.num_usable) for g in self.groups]

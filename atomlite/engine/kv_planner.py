@@ -1,77 +1,73 @@
-"""Split a KV memory budget between groups by what a max-length sequence actually holds in each."""
+"""How many pages of the shared KV memory a budget buys, and what they hold (kv_layout says how a page is cut)."""
 import math
 from dataclasses import dataclass
 
 from atomlite.errors import ConfigError
 from atomlite.engine.kv_cache import group_specs
+from atomlite.engine.kv_layout import GroupLayout, PageLayout, page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 
 
 @dataclass
-class GroupPlan:
-    spec: KVSpec
-    num_layers: int
-    block_bytes: int  # one block across all of the group's layers
-    blocks_per_seq: int  # at max_model_len
-    num_blocks: int  # including the null block
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.num_layers * self.spec.bytes_per_token
-
-
-@dataclass
 class KVPlan:
-    groups: list[GroupPlan]
+    layout: PageLayout
+    num_pages: int  # including the page of null blocks
     budget: int
     max_model_len: int
     block_size: int
 
     @property
-    def num_blocks(self) -> list[int]:
-        return [g.num_blocks for g in self.groups]
+    def groups(self) -> list[GroupLayout]:
+        return self.layout.groups
 
     @property
-    def seq_bytes(self) -> int:
-        return sum(g.block_bytes * g.blocks_per_seq for g in self.groups)
+    def page_bytes(self) -> int:
+        return self.layout.page_bytes
 
     @property
     def max_seqs_at_full_length(self) -> int:
-        return min((g.num_blocks - 1) // g.blocks_per_seq for g in self.groups)
+        return self.seqs_that_fit(self.max_model_len)
 
     def seqs_that_fit(self, seq_len: int) -> int:
-        """How many sequences of seq_len tokens the pools hold at once."""
-        return min((g.num_blocks - 1) // g.spec.blocks_held(seq_len, self.block_size) for g in self.groups)
+        """How many sequences of seq_len tokens the pages hold at once."""
+        return self.layout.seqs_that_fit(self.num_pages - 1, seq_len)
 
-    def describe(self) -> list[str]:
-        lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, block size {self.block_size}, "
-                 f"{self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]
+    def blocks_per_seq(self, group: GroupLayout, seq_len: int | None = None) -> int:
+        return group.spec.blocks_held(seq_len or self.max_model_len, self.block_size)
+
+    def describe(self, seq_len: int | None = None) -> list[str]:
+        lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, {self.num_pages - 1} pages of "
+                 f"{self.page_bytes / 2**20:.2f} MiB shared by {len(self.groups)} groups, block size "
+                 f"{self.block_size}, {self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]
+        if seq_len is not None and seq_len != self.max_model_len:
+            lines.append(f"  {self.seqs_that_fit(seq_len)} requests of {seq_len} tokens fit at once")
         for i, g in enumerate(self.groups):
-            lines.append(f"  group {i}: {g.spec.describe()}, {g.num_layers} layers, "
-                         f"{g.bytes_per_token / 1024:.1f} KiB/token, {g.blocks_per_seq} blocks/seq, "
-                         f"{g.num_blocks - 1} blocks ({g.num_blocks * g.block_bytes / 2**30:.2f} GiB)")
+            per_token = len(g.layers) * g.spec.bytes_per_token
+            lines.append(f"  group {i}: {g.spec.describe()}, {len(g.layers)} layers, "
+                         f"{per_token / 1024:.1f} KiB/token, {g.blocks_per_page} blocks/page, "
+                         f"{self.blocks_per_seq(g)} blocks/seq")
         return lines
 
 
 def plan_kv_cache(specs: list[KVSpec], budget: int, block_size: int, max_model_len: int) -> KVPlan:
     grouped, _ = group_specs(specs)
-    groups = []
-    for spec, layers in grouped:
-        block_bytes = len(layers) * block_size * spec.bytes_per_token
-        groups.append(GroupPlan(spec, len(layers), block_bytes, spec.blocks_held(max_model_len, block_size), 0))
-    plan = KVPlan(groups, budget, max_model_len, block_size)
-    for g in groups:
-        share = g.block_bytes * g.blocks_per_seq / plan.seq_bytes
-        g.num_blocks = int(budget * share) // g.block_bytes
-    if plan.max_seqs_at_full_length < 1:
+    layout = page_layout(grouped, block_size)
+    plan = KVPlan(layout, budget // layout.page_bytes, budget, max_model_len, block_size)
+    if plan.num_pages < 2 or plan.max_seqs_at_full_length < 1:
+        needed = (_pages_for_one(plan) + 1) * layout.page_bytes
         raise ConfigError(f"KV cache budget {budget / 2**20:.1f} MiB holds no sequence of {max_model_len} tokens "
-                          f"(needs {_budget_for_one(plan) / 2**20:.1f} MiB): raise --kv-cache-memory or lower "
+                          f"(needs {math.ceil(needed / 2**20 * 10) / 10:.1f} MiB): raise --kv-cache-memory or lower "
                           f"--max-model-len")
     return plan
 
 
-def _budget_for_one(plan: KVPlan) -> float:
-    """The least budget whose split gives every group one sequence's blocks and its null block, rounded up to the
-    0.1 MiB the message shows. Each group gets seq_bytes / (its blocks per sequence) per block it is given."""
-    exact = max(plan.seq_bytes * (g.blocks_per_seq + 1) / g.blocks_per_seq for g in plan.groups) + 1
-    return math.ceil(exact / 2**20 * 10) / 10 * 2**20
+def _pages_for_one(plan: KVPlan) -> int:
+    return plan.layout.pages_for([plan.blocks_per_seq(g) for g in plan.groups])
+
+
+def budget_for(specs: list[KVSpec], block_size: int, max_model_len: int, num_seqs: int) -> int:
+    """The bytes that hold num_seqs sequences of max_model_len tokens, plus the page of null blocks."""
+    grouped, _ = group_specs(specs)
+    layout = page_layout(grouped, block_size)
+    blocks = [num_seqs * g.spec.blocks_held(max_model_len, block_size) for g in layout.groups]
+    return (layout.pages_for(blocks) + 1) * layout.page_bytes

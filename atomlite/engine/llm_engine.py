@@ -266,11 +266,11 @@ class LLMEngine:
 
     def _can_run_ahead(self, seqs: list[Sequence]) -> bool:
         """Whether the next step is sure to be these sequences decoding one token each, as the scheduler would
-        pick it: nothing waits to be admitted, every running sequence sampled, none can only finish, and a graph
-        bucket holds them. A batch with a structured_outputs row runs its forward ahead but samples once the host
+        pick it: nothing waiting can be admitted (Scheduler.admission_refused), every running sequence sampled, none
+        can only finish, and a graph bucket holds them. A batch with a structured_outputs row runs its forward ahead but samples once the host
         has the tokens (UnsampledStep): the next mask depends on the token still on its way."""
         scheduler = self.scheduler
-        return (self.config.overlap_decode and self.drafter is None and not scheduler.waiting
+        return (self.config.overlap_decode and self.drafter is None and scheduler.admission_refused()
                 and scheduler.running == seqs
                 and len(seqs) <= scheduler.max_num_batched_tokens and self.runner.can_run_ahead(len(seqs))
                 and not any(self._last_token_pending(seq) for seq in seqs))

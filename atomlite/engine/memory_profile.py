@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atomlite.engine.kv_layout import page_layout
 from atomlite.engine.kv_cache import KVCacheManager, group_specs
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
@@ -40,8 +41,10 @@ class MemoryProfile:
 
 def _temporary_cache(specs, tokens: int, seqs: int, block_size: int, device) -> KVCacheManager:
     """Blocks for one sequence of `tokens` tokens plus `seqs` one-block sequences, in every group."""
-    num_blocks = [math.ceil(tokens / block_size) + seqs + 2] * len(group_specs(specs)[0])
-    return KVCacheManager(specs, num_blocks, block_size, device, enable_prefix_caching=False)
+    grouped, _ = group_specs(specs)
+    layout = page_layout(grouped, block_size)
+    num_pages = layout.pages_for([math.ceil(tokens / block_size) + seqs + 2] * len(grouped)) + 1
+    return KVCacheManager(specs, num_pages, block_size, device, enable_prefix_caching=False)
 
 
 def _peak_of(run, device) -> int:

@@ -2,7 +2,7 @@
 blocks as every other rank's, the runner and its decode graphs. A single-GPU engine is rank 0 of 1. Rank 0's
 LLMEngine schedules and samples; the other ranks' runners follow its steps (engine.workers)."""
 import logging
-import math
+import functools
 
 import torch
 
@@ -12,7 +12,7 @@ from atomlite.distributed import TensorParallel
 from atomlite.model_ops.peer_memory import with_custom_all_reduce
 from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.engine.kv_planner import KVPlan, budget_for, plan_kv_cache
 from atomlite.engine.kv_scales import apply_kv_scales
 from atomlite.engine.memory_profile import MemoryProfile, profile_memory
 from atomlite.engine.model_runner import ModelRunner
@@ -80,22 +80,14 @@ def load_checkpoint(model, spec) -> None:
     load_weights(model, spec.path)
 
 
-def default_kv_budget(config: EngineConfig, one_seq_plan: KVPlan, minimum: int) -> int:
-    """CPU without --kv-cache-memory: room for max_num_seqs full sequences, at most CPU_DEFAULT_KV_BYTES."""
-    wanted = one_seq_plan.seq_bytes * config.max_num_seqs + 2 * sum(g.block_bytes for g in one_seq_plan.groups)
-    return max(min(wanted, CPU_DEFAULT_KV_BYTES), minimum)
-
-
 def plan_for(config: EngineConfig, specs) -> KVPlan:
+    """--kv-cache-memory's plan; on CPU without it, room for max_num_seqs full sequences, at most
+    CPU_DEFAULT_KV_BYTES but at least one sequence."""
     if config.kv_cache_memory is not None:
         return plan_kv_cache(specs, config.kv_cache_memory, config.block_size, config.max_model_len)
-    one = plan_kv_cache(specs, 2**62, config.block_size, config.max_model_len)
-    # One sequence plus each group's null block, where the planner splits a budget by each group's share of a
-    # sequence: the group whose null block is the largest part of its share sets the minimum (+ a block of slack
-    # per group, as the split rounds down).
-    minimum = max(math.ceil(one.seq_bytes * (g.blocks_per_seq + 1) / g.blocks_per_seq) for g in one.groups)
-    minimum += sum(g.block_bytes for g in one.groups)
-    return plan_kv_cache(specs, default_kv_budget(config, one, minimum), config.block_size, config.max_model_len)
+    size = functools.partial(budget_for, specs, config.block_size, config.max_model_len)
+    budget = max(min(size(config.max_num_seqs), CPU_DEFAULT_KV_BYTES), size(1))
+    return plan_kv_cache(specs, budget, config.block_size, config.max_model_len)
 
 
 class EngineRank:
@@ -123,7 +115,7 @@ class EngineRank:
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
-        self.kv = KVCacheManager(specs, self.kv_plan.num_blocks, config.block_size, self.device,
+        self.kv = KVCacheManager(specs, self.kv_plan.num_pages, config.block_size, self.device,
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device, tp)
         spec = config.speculative_config

@@ -5,7 +5,15 @@ A waiting sequence is admitted only while the KV cache keeps room for every runn
 to its expected length: its prompt plus the share of max_tokens that finished sequences have used so far (all of
 it until one finishes). When blocks still run out, the most recently admitted sequence is preempted and later
 recomputed (its prefix may come back from the prefix cache); each preemption counts as a sequence that used all
-of its max_tokens, so admission grows more careful instead of preempting the same prompts again and again."""
+of its max_tokens, so admission grows more careful instead of preempting the same prompts again and again.
+
+The policy orders the waiting queue and picks whom to preempt: "fcfs" (arrival order; the most recently admitted
+is preempted) or "priority" (lower priority values first, ties by arrival; the latest of the lowest priority is
+preempted), as vLLM's --scheduling-policy.
+
+Admitting costs a look at every running sequence, so a refusal for room is remembered: the queue's head is not
+tried again until room can have changed (a sequence left or was preempted, or another came to the head)."""
+import bisect
 import math
 import time
 from collections import deque
@@ -28,8 +36,15 @@ class OutputShare:
         return sum(self.recent) / len(self.recent) if self.recent else 1.0
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
+                 policy: str = "fcfs"):
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy {policy!r} is not one of {', '.join(SCHEDULING_POLICIES)}")
+        self.policy = policy
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -39,9 +54,26 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.prefix_cache_queries = self.prefix_cache_hits = 0  # tokens looked up and found, at admission
+        self.room_changes = 0  # counts the events after which a refused head may fit
+        self._refused: tuple[Sequence, int] | None = None  # (head, room_changes) when it was refused for room
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._queue(seq, front=False)
+
+    def _queue(self, seq: Sequence, front: bool) -> None:
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=_priority_order)
+        elif front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def admission_refused(self) -> bool:
+        """Whether the next schedule() is sure to admit nobody: the queue's head was refused for room and nothing
+        since could have made room, or every sequence slot is taken."""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return True
+        return self._refused is not None and self._refused == (self.waiting[0], self.room_changes)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -50,6 +82,7 @@ class Scheduler:
         """Take a finished or aborted sequence out and give its blocks back."""
         if seq.finish_reason in ("stop", "length"):
             self.output_share.record(seq.num_output_tokens / max(1, self._output_limit(seq)))
+        self.room_changes += 1
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -81,7 +114,7 @@ class Scheduler:
             seq.spec_token_ids = []
             num_new = min(num_new, seq.num_uncomputed)
         while not self.kv.allocate(seq, num_new):
-            victim = self.running[-1]
+            victim = self._victim()
             if victim is not seq:
                 self._preempt(victim)
             elif num_new > 1:
@@ -90,6 +123,11 @@ class Scheduler:
                 self._preempt(seq)
                 return 0
         return num_new
+
+    def _victim(self) -> Sequence:
+        if self.policy == "priority":
+            return max(reversed(self.running), key=_priority_order)
+        return self.running[-1]
 
     def _output_limit(self, seq: Sequence) -> int:
         """The most output tokens seq may have: its max_tokens, or fewer where the context length ends first."""
@@ -109,8 +147,10 @@ class Scheduler:
         return total
 
     def _admit_waiting(self, scheduled: list, budget: int) -> None:
+        if not self.waiting or self.admission_refused():
+            return
         share = self.output_share.mean
-        reserved = self._reserved(share) if self.waiting else []
+        reserved = self._reserved(share)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.params.prompt_logprobs is None:
@@ -121,10 +161,10 @@ class Scheduler:
                 num_new //= 2  # alone, a smaller first chunk must fit (the planner sized the cache for one)
                 allocated = self.kv.allocate(seq, num_new)
             growth = self._growth(seq, share) if allocated else []
-            if not allocated or (self.running and any(r + g > free for r, g, free in
-                                                      zip(reserved, growth, self.kv.free_blocks()))):
+            if not allocated or (self.running and not self.kv.fits([r + g for r, g in zip(reserved, growth)])):
                 self.kv.free(seq)  # it waits, holding nothing: the running sequences need the room to grow
                 seq.reset_for_recompute()
+                self._refused = (seq, self.room_changes)
                 return
             reserved = [r + g for r, g in zip(reserved, growth)]
             self.waiting.popleft()
@@ -145,6 +185,11 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.reset_for_recompute()
-        self.waiting.appendleft(seq)
+        self._queue(seq, front=True)
         self.num_preemptions += 1
+        self.room_changes += 1
         self.output_share.record(1.0)
+
+
+def _priority_order(seq: Sequence) -> tuple[int, float]:
+    return seq.priority, seq.arrival_time

@@ -21,13 +21,15 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     request_id: str = ""
+    priority: int = 0  # the priority scheduling policy runs lower values first
     seq_id: int = field(default_factory=lambda: next(_ids))
     token_ids: list[int] = field(init=False)
     status: Status = Status.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     block_tables: list[BlockTable] = field(default_factory=list)  # one per KV group
-    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of full, computed blocks
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks, kept
+    num_registered_blocks: int = 0  # full computed blocks whose keys the cache can find
     released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
     spec_token_ids: list[int] = field(default_factory=list)  # drafts the next step verifies after token_ids
     logprobs: list[dict[int, float]] = field(default_factory=list)
@@ -71,6 +73,7 @@ class Sequence:
 
     def reset_for_recompute(self) -> None:
         self.num_computed_tokens = self.num_cached_tokens = 0
-        self.block_tables, self.block_hashes, self.released_until = [], [], []
+        self.block_tables, self.released_until = [], []
+        self.num_registered_blocks = 0
         self.spec_token_ids = []
         self.status = Status.WAITING

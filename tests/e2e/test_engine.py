@@ -31,7 +31,7 @@ ENGINE_SETTINGS = {
     "batched": {},
     "chunked_prefill": dict(max_num_batched_tokens=7),
     "one_token_steps": dict(max_num_batched_tokens=1),
-    "preemption": dict(kv_cache_memory=2 * 72 * 1024, block_size=4, max_model_len=64),
+    "preemption": dict(kv_cache_memory=72 * 1024, block_size=4, max_model_len=64),
     "block_size_32": dict(block_size=32),
     "no_prefix_cache": dict(enable_prefix_caching=False, max_num_seqs=2),
 }

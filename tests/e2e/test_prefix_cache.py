@@ -79,7 +79,7 @@ def test_block_key_covers_parent_tokens_and_kv_dtype():
 
 def kv_manager(dtype=torch.float32, window=8, num_blocks=64, **kwargs) -> KVCacheManager:
     specs = [KVSpec("sliding", 1, 4, dtype, window=window), KVSpec("full", 1, 4, dtype)]
-    return KVCacheManager(specs, [num_blocks, num_blocks], block_size=4, device=torch.device("cpu"), **kwargs)
+    return KVCacheManager(specs, 2 * num_blocks, block_size=4, device=torch.device("cpu"), **kwargs)
 
 
 def test_sliding_release_frees_each_block_once_and_counts_stay_exact():

@@ -155,7 +155,7 @@ def test_the_runner_captures_decode_and_verify_graphs_inside_the_groups_block_an
     monkeypatch.setattr(DecodeGraphs, "capture_all", lambda graphs: peers.captured_inside.append(peers.inside))
     model = build(checkpoints.get("dense")[0], distributed.TensorParallel())
     specs = model.kv_specs(torch.float32)
-    kv = KVCacheManager(specs, [16] * len(group_specs(specs)[0]), 4, torch.device("cpu"), False)
+    kv = KVCacheManager(specs, 16 * len(group_specs(specs)[0]), 4, torch.device("cpu"), False)
     runner = ModelRunner(model, kv, torch.device("cpu"), distributed.TensorParallel(0, 2, peers=peers))
     runner.use_decode_graphs(2, 64)
     runner.use_verify_graphs(2, 2, 64)

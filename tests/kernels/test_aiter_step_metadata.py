@@ -102,7 +102,7 @@ STEPS = ([20, 7], [9, 1], [1, 1])
 
 def run_steps(prefer: str, guard: bool, static_decode: bool) -> AttentionStack:
     model = AttentionStack(prefer, guard)
-    kv = KVCacheManager(SPECS, [24, 24], BLOCK, torch.device("cpu"), enable_prefix_caching=False)
+    kv = KVCacheManager(SPECS, 48, BLOCK, torch.device("cpu"), enable_prefix_caching=False)
     runner = ModelRunner(model, kv, torch.device("cpu"))
     if static_decode:
         runner.use_decode_graphs(max_batch=4, max_model_len=MAX_LEN, capture=False)

@@ -1,9 +1,10 @@
-"""The KV cache manager on its own: how layer specs group into pools and tensors, all-or-nothing allocation,
-sliding-window release, and prefix-cache hits and eviction, driven by hand the way the engine drives it."""
+"""The KV cache manager on its own: how layer specs group and where their blocks lie in the one shared memory,
+all-or-nothing allocation from the shared pages, sliding-window release, and prefix-cache hits and eviction, driven
+by hand the way the engine drives it."""
 import pytest
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK, BlockPool
+from atomlite.engine.block_pool import NULL_BLOCK, BlockPool, PagePool
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.kv_spec import KVSpec
@@ -14,9 +15,8 @@ FULL = KVSpec("full", 2, 4, torch.float32)
 SLIDING = KVSpec("sliding", 2, 4, torch.float32, window=8)
 
 
-def manager(specs, num_blocks, prefix_caching: bool = True) -> KVCacheManager:
-    num_blocks = num_blocks if isinstance(num_blocks, list) else [num_blocks] * len(specs)
-    return KVCacheManager(specs, num_blocks, BLOCK, torch.device("cpu"), prefix_caching)
+def manager(specs, num_pages: int, prefix_caching: bool = True) -> KVCacheManager:
+    return KVCacheManager(specs, num_pages, BLOCK, torch.device("cpu"), prefix_caching)
 
 
 def seq(token_ids) -> Sequence:
@@ -33,11 +33,15 @@ def compute(kv: KVCacheManager, s: Sequence, num_new: int) -> None:
 
 def test_equal_specs_share_one_pool():
     specs = [FULL, SLIDING, FULL, SLIDING, KVSpec("full", 2, 4, torch.bfloat16), KVSpec("shared", target=1)]
-    kv = manager(specs, [5, 6, 7])
-    assert [(g.spec, g.layers, g.pool.num_blocks) for g in kv.groups] == [
-        (FULL, [0, 2], 5), (SLIDING, [1, 3], 6), (specs[4], [4], 7)]
+    kv = manager(specs, 5)
+    # blocks of 512, 512 and 128 bytes: a page holds one of the first two groups' or four of the third's
+    assert [(g.spec, g.layers, g.pool.per_page) for g in kv.groups] == [
+        (FULL, [0, 2], 1), (SLIDING, [1, 3], 1), (specs[4], [4], 4)]
     assert [kv.cache_for_layer(layer)[2] for layer in range(6)] == [0, 1, 0, 1, 2, 1]
-    assert kv.caches[0][1].shape == (5, BLOCK, 2, 4) and kv.caches[4][1].dtype == torch.bfloat16
+    assert kv.caches[0][1].shape == (5, BLOCK, 2, 4) and kv.caches[4][1].shape == (20, BLOCK, 2, 4)
+    assert kv.caches[4][1].dtype == torch.bfloat16
+    memory = kv.memory.untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == memory for k, v in kv.caches.values() for t in (k, v))
 
 
 def test_shared_layer_reads_its_targets_tensors_and_owns_none():
@@ -65,23 +69,85 @@ def test_k_from_v_layers_store_one_tensor():
     kv = manager([FULL, v_only], 4)
     assert len(kv.groups) == 2  # same shape, but a V-only cache cannot serve a layer that reads K
     k, v, _ = kv.cache_for_layer(1)
-    assert k is None and v.shape == (4, BLOCK, 2, 4)
+    assert k is None and v.shape == (4 * kv.groups[1].pool.per_page, BLOCK, 2, 4)
     assert kv.cache_for_layer(0)[0].shape == (4, BLOCK, 2, 4)
     assert 2 * v_only.bytes_per_token == FULL.bytes_per_token == 2 * 2 * 4 * 4
 
 
-def test_block_pool_never_hands_out_the_null_block():
-    pool = BlockPool(4)
-    assert sorted(pool.allocate() for _ in range(3)) == [1, 2, 3] and pool.num_free == 0
-    with pytest.raises(ValueError, match="at least 2 blocks"):
-        BlockPool(1)
+def test_block_pool_never_hands_out_the_null_blocks_page():
+    pages = PagePool(4)
+    assert sorted(BlockPool(pages).allocate() for _ in range(2)) == [1, 2] and pages.num_free == 1
+    three_per_page = BlockPool(pages, 3)
+    assert sorted(three_per_page.allocate() for _ in range(3)) == [9, 10, 11] and pages.num_free == 0
+    with pytest.raises(ValueError, match="at least 2 pages"):
+        PagePool(1)
+
+
+def test_small_blocks_of_several_sequences_share_a_page_and_free_it_together():
+    pages = PagePool(3)
+    pool = BlockPool(pages, 2)
+    a, b = pool.allocate(), pool.allocate()
+    assert a // 2 == b // 2 and pages.num_free == 1 and pool.pages_needed(1) == 1
+    pool.release(a)
+    assert pages.num_free == 1 and pool.pages_needed(1) == 0  # a's block serves the next allocation
+    pool.release(b)
+    assert pages.num_free == 2 and pool.num_used == 0
+
+
+def test_a_page_a_group_freed_serves_another_group():
+    pages = PagePool(2)
+    big, small = BlockPool(pages), BlockPool(pages, 4)
+    big.release(big.allocate())
+    assert [small.allocate() for _ in range(4)] == [4, 5, 6, 7] and pages.num_free == 0
+
+
+def test_a_cached_block_of_a_free_page_is_taken_back_with_its_page():
+    pages = PagePool(3)
+    pool = BlockPool(pages, 2)
+    block = pool.allocate()
+    pool.register(block, b"key", (b"parent", (1, 2)))
+    pool.release(block)
+    assert pages.num_free == 2
+    assert pool.take_cached(b"key", (b"parent", (1, 2))) == block and pages.num_free == 1
+    assert pool.allocate() == block ^ 1  # the page's other block, before a new page
+
+
+def test_handing_a_page_to_another_group_evicts_its_cached_blocks():
+    pages = PagePool(2)
+    first, second = BlockPool(pages), BlockPool(pages)
+    block = first.allocate()
+    first.register(block, b"key", (b"parent", ()))
+    first.release(block)
+    second.allocate()
+    assert first.find(b"key", (b"parent", ())) is None
+
+
+def test_no_two_held_blocks_of_any_layers_overlap_in_memory():
+    """Fill every page with blocks of mixed groups, write a distinct value through each layer's view of each
+    held block, and read every one back unchanged."""
+    specs = [FULL, SLIDING, KVSpec("full", 1, 4, torch.bfloat16), KVSpec("full", 2, 8, torch.float32,
+                                                                            k_from_v=True)]
+    kv = manager(specs, 9)
+    held = []
+    for i in range(64):
+        group = kv.groups[i % len(kv.groups)]
+        if group.pool.pages_needed(1) <= kv.pages.num_free:
+            held.append((group, group.pool.allocate()))
+    assert kv.pages.num_free == 0
+    views = [(group, t) for group in kv.groups for layer in group.layers for t in kv.caches[layer] if t is not None]
+    for n, (group, t) in enumerate(views):
+        for block in [b for g, b in held if g is group]:
+            t[block] = n * 1000 + block
+    for n, (group, t) in enumerate(views):
+        for block in [b for g, b in held if g is group]:
+            assert torch.all(t[block] == n * 1000 + block)
 
 
 def test_allocation_is_all_or_nothing_across_groups():
-    kv = manager([FULL, SLIDING], [10, 3])  # the sliding group has 2 usable blocks
+    kv = manager([FULL, SLIDING], 5)  # 4 pages, each one block of either group
     s = seq(range(12))
-    assert not kv.allocate(s, 12)
-    assert kv.free_blocks() == [9, 2] and kv.blocks_allocated(s) == [0, 0]
+    assert not kv.allocate(s, 12)  # 3 blocks in each group
+    assert kv.pages.num_free == 4 and kv.blocks_allocated(s) == [0, 0]
     assert kv.allocate(s, 8)
     assert kv.blocks_allocated(s) == [2, 2]
 
@@ -104,11 +170,11 @@ def test_sliding_layer_group_keeps_only_window_blocks():
 
 
 def test_freeing_a_sequence_returns_every_block_in_every_group():
-    kv = manager([FULL, SLIDING], 32)
+    kv = manager([FULL, SLIDING], 40)
     s = seq(range(70))  # more blocks than a block table's initial capacity
     compute(kv, s, 70)
     kv.free(s)
-    assert kv.free_blocks() == [31, 31]
+    assert kv.pages.num_free == 39
     assert all(refs == 0 for g in kv.groups for refs in g.pool.refs)
     assert s.block_tables == [] and kv.blocks_allocated(s) == [0, 0]
 
@@ -121,7 +187,7 @@ def test_prefix_hit_reuses_blocks_and_counts_cached_tokens():
     assert kv.apply_prefix_hit(b) == 12
     assert b.num_computed_tokens == b.num_cached_tokens == 12
     assert list(b.block_tables[0]) == list(a.block_tables[0])[:3]
-    assert kv.free_blocks() == [16 - 1 - 4]  # nothing new was taken
+    assert kv.pages.num_free == 16 - 1 - 4  # nothing new was taken
 
 
 def test_prefix_hit_always_leaves_the_last_prompt_token_to_compute():
@@ -162,9 +228,9 @@ def test_freed_blocks_without_a_key_are_reused_before_cached_ones():
 
 
 def test_sliding_group_prefix_hit_needs_only_blocks_in_the_window():
-    """The sliding pool (4 blocks) reused a's first block while a ran; a 16-token hit needs only blocks 2 and 3
-    there (a query at 16 sees keys 9..16) and takes null entries for the rest."""
-    kv = manager([FULL, SLIDING], [16, 5])
+    """a's first sliding blocks were released while a ran; a 16-token hit needs only blocks 2 and 3 there (a query
+    at 16 sees keys 9..16) and takes null entries for the rest."""
+    kv = manager([FULL, SLIDING], 16)
     full, sliding = kv.groups
     a = seq(range(17))
     for num_new in [4, 4, 4, 4, 1]:
@@ -178,11 +244,13 @@ def test_sliding_group_prefix_hit_needs_only_blocks_in_the_window():
 
 
 def test_prefix_hit_stops_where_any_group_lost_the_block():
-    kv = manager([FULL, KVSpec("full", 2, 4, torch.bfloat16)], [16, 5])  # the second group has 4 usable blocks
+    kv = manager([FULL, KVSpec("full", 4, 4, torch.bfloat16)], 16)  # blocks of one size: one a page
     a = seq(range(9))
     compute(kv, a, 9)
+    second = kv.groups[1]
+    evicted = a.block_tables[second.id][1]
     kv.free(a)
-    assert kv.allocate(seq(range(200, 212)), 12)  # the second group evicts a's second block; the first, nothing
+    second.pool.forget_page(evicted // second.pool.per_page)  # as when the page pool hands that page out
     b = seq(range(9))
     assert kv.apply_prefix_hit(b) == 4
     assert kv.blocks_allocated(b) == [1, 1]
@@ -195,5 +263,5 @@ def test_prefix_caching_off_never_hits():
     b = seq(range(14))
     assert kv.apply_prefix_hit(b) == 0 and b.num_cached_tokens == 0
     kv.free(a)
-    assert kv.free_blocks() == [15]
+    assert kv.pages.num_free == 15
 

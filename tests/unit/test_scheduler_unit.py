@@ -17,8 +17,9 @@ SLIDING = KVSpec("sliding", 1, 4, torch.float32, window=8)
 
 def make_scheduler(num_blocks: int, specs=(FULL,), max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
                    max_model_len: int = 1000) -> Scheduler:
-    """num_blocks usable blocks per group (the null block comes on top)."""
-    kv = KVCacheManager(list(specs), [num_blocks + 1] * len(specs), BLOCK, torch.device("cpu"))
+    """num_blocks usable pages, shared by the groups (the page of null blocks comes on top); the specs' blocks are
+    of one size, so a page holds one block of any group."""
+    kv = KVCacheManager(list(specs), num_blocks + 1, BLOCK, torch.device("cpu"))
     return Scheduler(kv, max_num_seqs, max_num_batched_tokens, max_model_len)
 
 

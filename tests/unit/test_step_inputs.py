@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 
 
 def kv_manager() -> KVCacheManager:
-    return KVCacheManager(SPECS, [40, 40], BLOCK, CPU, enable_prefix_caching=False)
+    return KVCacheManager(SPECS, 80, BLOCK, CPU, enable_prefix_caching=False)
 
 
 def decoding(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, int]]:
