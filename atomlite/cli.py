@@ -51,6 +51,9 @@ ENGINE_OPTIONS = [
                  help="Under tensor parallelism, all-reduce through the collective library (NCCL/RCCL) alone. By "
                       "default a decode graph's small all-reduces run over peer memory where the GPUs can read each "
                       "other's: atomlite's one-shot kernel on NVIDIA, AITER's custom all-reduce on ROCm."),
+    click.option("--scheduling-policy", default="fcfs", type=click.Choice(["fcfs", "priority"]), show_default=True,
+                 help="fcfs: requests run in arrival order; priority: by each request's `priority` field (lower "
+                      "first, ties by arrival), and the latest of the lowest priority is preempted first."),
     click.option("--speculative-config", default=None,
                  help='Speculative decoding, as JSON in vLLM\'s names: {"method": "mtp", "model": ASSISTANT_DIR, '
                       '"num_speculative_tokens": 4} (a Gemma 4 assistant) or {"method": "ngram", '
@@ -66,7 +69,7 @@ def engine_options(fn):
 
 # engine flags that change how steps run, not the KV plan
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce")
+                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy")
 
 
 def without_options(*names: str):
@@ -84,7 +87,8 @@ def model_dir(kw: dict) -> str:
 def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
-            "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce")
+            "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
+            "scheduling_policy")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]

@@ -142,7 +142,8 @@ def parse_memory_size(text: str | int | None) -> int | None:
 
 LOAD_FORMATS = ("auto", "dummy")  # dummy: seeded random weights in the config's shapes, no safetensors read
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8")  # auto: --dtype's; fp8: e4m3 (fnuz on gfx942)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # auto: --dtype's; fp8: e4m3 (fnuz on gfx942)
 
 
 @dataclass
@@ -167,6 +168,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | dict | str | None = None
     tensor_parallel_size: int = 1  # processes (GPUs) that each hold a shard of every layer
     disable_custom_all_reduce: bool = False  # all-reduce through nccl/gloo alone (no custom all-reduce)
+    scheduling_policy: str = "fcfs"  # or "priority": requests' priority values order the queue (vLLM's)
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -195,6 +197,9 @@ class EngineConfig:
             raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(f"--load-format {self.load_format} is not one of {', '.join(LOAD_FORMATS)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"--scheduling-policy {self.scheduling_policy} is not one of "
+                              f"{', '.join(SCHEDULING_POLICIES)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]")
         self._check_tensor_parallel()
@@ -217,6 +222,11 @@ class EngineConfig:
         if spec is not None and spec.method == "mtp":
             raise ConfigError("speculative_config method 'mtp' does not run under tensor parallelism yet: use "
                               "method 'ngram', or --tensor-parallel-size 1")
+
+    def check_priority(self, priority: int) -> None:
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled (start with "
+                             f"--scheduling-policy priority)")
 
     @property
     def torch_device(self) -> torch.device:

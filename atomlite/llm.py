@@ -30,18 +30,22 @@ class LLM:
 
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in the order given."""
+                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in the order given. priority: one per prompt, with
+        scheduling_policy="priority" (lower runs first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        priority = [0] * len(prompts) if priority is None else priority
+        if len(priority) != len(prompts):
+            raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
         processor, states = OutputProcessor(self.tokenizer), []
         try:
-            for prompt, p in zip(prompts, params):
-                seq = self.engine.add_request(f"offline-{next(self._ids)}", prompt, p)
+            for prompt, p, rank in zip(prompts, params, priority):
+                seq = self.engine.add_request(f"offline-{next(self._ids)}", prompt, p, rank)
                 states.append(processor.add(seq.request_id, seq.prompt_token_ids, p))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():

@@ -281,7 +281,8 @@ class AsyncEngine:
         if self.num_waiting + count > self.max_waiting:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
 
-    def generate(self, request_id: str, token_ids: list[int], params: SamplingParams) -> Generation:
+    def generate(self, request_id: str, token_ids: list[int], params: SamplingParams,
+                 priority: int = 0) -> Generation:
         """Call admit() first. Sends the sequence now, so that the next admit() counts it (a burst of requests
         cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
         Generation early (aclose) aborts it."""
@@ -292,7 +293,7 @@ class AsyncEngine:
             self._streams[request_id] = stream
             self._output.add(request_id, token_ids, params)
         self._num_added += 1
-        self._send(("add", request_id, token_ids, params))
+        self._send(("add", request_id, token_ids, params, priority))
         if self.metrics:
             self.metrics.prompt_tokens.inc(len(token_ids))
         return Generation(self, request_id, stream)

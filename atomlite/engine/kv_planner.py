@@ -7,6 +7,8 @@ from atomlite.engine.kv_cache import group_specs
 from atomlite.engine.kv_layout import GroupLayout, PageLayout, page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 
+SHORTER_LENGTHS = (8192, 2048, 512)  # request lengths the startup report counts besides max_model_len
+
 
 @dataclass
 class KVPlan:
@@ -39,8 +41,10 @@ class KVPlan:
         lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, {self.num_pages - 1} pages of "
                  f"{self.page_bytes / 2**20:.2f} MiB shared by {len(self.groups)} groups, block size "
                  f"{self.block_size}, {self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]
-        if seq_len is not None and seq_len != self.max_model_len:
-            lines.append(f"  {self.seqs_that_fit(seq_len)} requests of {seq_len} tokens fit at once")
+        lengths = sorted({n for n in (*SHORTER_LENGTHS, seq_len) if n and n < self.max_model_len}, reverse=True)
+        if lengths:
+            counts = ", ".join(f"{self.seqs_that_fit(n)} requests of {n} tokens" for n in lengths)
+            lines.append(f"  shorter requests share the pages: {counts} fit at once")
         for i, g in enumerate(self.groups):
             per_token = len(g.layers) * g.spec.bytes_per_token
             lines.append(f"  group {i}: {g.spec.describe()}, {len(g.layers)} layers, "

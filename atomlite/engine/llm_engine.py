@@ -77,7 +77,8 @@ class LLMEngine:
         self.set_drafter(rank.drafter, rank.num_speculative_tokens)
         self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
+                                   config.scheduling_policy)
         self.tokenizer = load_tokenizer(config.model_spec.path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -153,14 +154,17 @@ class LLMEngine:
     def validate_prompt(self, token_ids: list[int]) -> None:
         check_prompt(token_ids, self.vocab_size, self.config.max_model_len)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams) -> Sequence:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    priority: int = 0) -> Sequence:
+        """priority: with --scheduling-policy priority, lower values run first (ties by arrival)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        self.config.check_priority(priority)
         params.validate()
         params.bind_to_model(self.tokenizer, self.vocab_size)
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
-        seq = Sequence(token_ids, params, request_id)
+        seq = Sequence(token_ids, params, request_id, priority)
         if params.structured_outputs is not None:
             self.structured.add(seq)  # a grammar that does not compile fails here, before anything is queued
         if params.prompt_logprobs is not None:

@@ -18,6 +18,7 @@ import math
 import time
 from collections import deque
 
+from atomlite.config import SCHEDULING_POLICIES
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence, Status
 
@@ -34,9 +35,6 @@ class OutputShare:
     @property
     def mean(self) -> float:
         return sum(self.recent) / len(self.recent) if self.recent else 1.0
-
-
-SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 class Scheduler:

@@ -110,9 +110,14 @@ class Server:
         return parsers, extra
 
     # -- streams ---------------------------------------------------------------------------------------------
-    def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params) -> tuple[list, list]:
+    def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params,
+                priority: int = 0) -> tuple[list, list]:
         """Admits and queues every sequence of a request at once (or none); the caller must close the returned
         generations (merge() and EventStream do)."""
+        try:
+            self.engine.config.check_priority(priority)
+        except ValueError as e:
+            raise APIError(400, str(e), "priority") from e
         params = [make_params(j) for j in range(n)]  # any invalid choice fails before a sequence is queued
         self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
@@ -121,7 +126,7 @@ class Server:
             for j in range(n):
                 index = p * n + j
                 choices.append(Choice(index, p, ids, text))
-                gens.append(self.engine.generate(f"{base}-{index}", ids, params[j]))
+                gens.append(self.engine.generate(f"{base}-{index}", ids, params[j], priority))
         return choices, gens
 
 

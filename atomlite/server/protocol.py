@@ -76,6 +76,7 @@ class SamplingFields(BaseModel):
     bad_words: list[NonEmptyStr] | None = None
     allowed_token_ids: TokenIds | None = None
     user: StrictStr | None = None
+    priority: StrictInt = 0  # vLLM's: with --scheduling-policy priority, lower runs first
     return_token_ids: StrictBool = False  # vLLM's: each choice (and stream chunk) carries its token ids
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsFields | None = None  # vLLM's

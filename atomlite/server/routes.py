@@ -57,7 +57,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         extra = {"logprobs": req.logprobs} if want_logprobs else {}
         if req.echo and want_logprobs:
             extra["prompt_logprobs"] = req.logprobs
-        choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra))
+        choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra),
+                                       req.priority)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
@@ -79,7 +80,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         if top is not None:
             extra["logprobs"] = top
         choices, gens = server.streams([(ids, None)], req.n,
-                                       lambda j: server.sampling_params(req, max_tokens, j, **extra))
+                                       lambda j: server.sampling_params(req, max_tokens, j, **extra), req.priority)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)

@@ -31,6 +31,9 @@ def server(model_dir):
 
 
 BAD = [
+    ("completions", {**OK, "priority": 3}, "Priority scheduling is not enabled"),
+    ("chat/completions", {**CHAT, "priority": -1}, "priority"),
+    ("completions", {**OK, "priority": "high"}, "priority"),
     ("completions", {**OK, "max_tokens": -1}, "max_tokens"),
     ("completions", {**OK, "max_tokens": 0}, "max_tokens"),
     ("completions", {**OK, "max_tokens": 10**9}, "maximum context length"),
@@ -339,3 +342,19 @@ def test_stream_whose_client_left_before_the_headers_aborts_its_sequences(model_
 def kv_used(metrics) -> list[float]:
     return [sample.value for family in metrics.registry.collect() for sample in family.samples
             if sample.name == "atomlite:kv_blocks_used"]
+
+
+def test_priority_requests_are_served_under_the_priority_policy(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=64, scheduling_policy="priority")
+    with running(make_app(llm.engine, NAME)) as base:
+        for body, route in ((OK, "completions"), (CHAT, "chat/completions")):
+            resp = httpx.post(f"{base}/v1/{route}", json={**body, "priority": -5}, timeout=30)
+            assert resp.status_code == 200, resp.text
+
+
+def test_offline_priority_needs_the_priority_policy(model_dir):
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match="Priority scheduling is not enabled"):
+        llm.generate(["Hi"], priority=[1])
+    with pytest.raises(ValueError, match="2 priorities for 1 prompts"):
+        llm.generate(["Hi"], priority=[0, 0])

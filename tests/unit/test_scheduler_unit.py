@@ -2,6 +2,7 @@
 budget, what it admits, whom it preempts, and that every block comes back. `step` stands in for the engine: it
 marks the scheduled tokens computed, keys and releases blocks as the engine does, and appends one token to each
 sequence whose prompt is done."""
+import pytest
 import torch
 
 from atomlite.engine.kv_cache import KVCacheManager
@@ -16,11 +17,11 @@ SLIDING = KVSpec("sliding", 1, 4, torch.float32, window=8)
 
 
 def make_scheduler(num_blocks: int, specs=(FULL,), max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
-                   max_model_len: int = 1000) -> Scheduler:
+                   max_model_len: int = 1000, policy: str = "fcfs") -> Scheduler:
     """num_blocks usable pages, shared by the groups (the page of null blocks comes on top); the specs' blocks are
     of one size, so a page holds one block of any group."""
     kv = KVCacheManager(list(specs), num_blocks + 1, BLOCK, torch.device("cpu"))
-    return Scheduler(kv, max_num_seqs, max_num_batched_tokens, max_model_len)
+    return Scheduler(kv, max_num_seqs, max_num_batched_tokens, max_model_len, policy)
 
 
 def seq(prompt_len: int, max_tokens: int = 16, first: int = 0, **params) -> Sequence:
@@ -240,3 +241,72 @@ def test_freed_sequences_return_all_blocks():
     assert [s.finish_reason for s in seqs[:3]] == ["stop"] * 3
     assert sum(s.finish_reason == "length" for s in seqs) == 7
     assert all(s.num_output_tokens == s.params.max_tokens for s in seqs if s.finish_reason == "length")
+
+
+def test_a_refused_head_is_not_tried_again_until_room_can_have_changed():
+    """B is refused for room while A runs: later steps skip admission (no prefix lookup, no allocation) and say
+    that nobody will be admitted, so decode may run ahead; once A leaves, B is admitted."""
+    sched = make_scheduler(num_blocks=5)
+    a, b = seq(4, max_tokens=12), seq(4, max_tokens=12, first=100)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    assert sched.admission_refused()
+    tries = []
+    sched.kv.apply_prefix_hit = lambda s: tries.append(s) or 0
+    for _ in range(3):
+        assert step(sched) == [(a, 1)]
+    assert tries == [] and sched.admission_refused()
+    finish(sched, a, "length")
+    assert not sched.admission_refused()
+    assert step(sched) == [(b, 4)] and tries == [b]
+
+
+def test_a_new_head_is_tried_even_after_a_refusal():
+    """Under the priority policy a later, more urgent request goes to the head and is tried at once."""
+    sched = make_scheduler(num_blocks=5, policy="priority")
+    a, b = seq(4, max_tokens=12), seq(4, max_tokens=12, first=100)
+    urgent = Sequence(list(range(200, 204)), SamplingParams(max_tokens=1), priority=-1)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    assert sched.admission_refused()
+    sched.add(urgent)
+    assert list(sched.waiting) == [urgent, b] and not sched.admission_refused()
+
+
+def test_priority_policy_runs_lower_values_first_and_ties_by_arrival():
+    sched = make_scheduler(num_blocks=40, max_num_seqs=1, policy="priority")
+    late, first, tie_a, tie_b = (Sequence(list(range(i * 10, i * 10 + 4)), SamplingParams(max_tokens=1),
+                                          priority=p) for i, p in enumerate([5, -3, 0, 0]))
+    for s in (late, tie_a, first, tie_b):
+        sched.add(s)
+    order = []
+    while sched.has_work():
+        for s, _ in step(sched):
+            if s not in order:
+                order.append(s)
+    assert order == [first, tie_a, tie_b, late]
+
+
+def test_priority_policy_preempts_the_least_urgent_not_the_latest():
+    """The priority-9 sequence runs first, then two more urgent ones join and the three fill the cache; when they
+    each need a second block, the priority-9 one is preempted (fcfs would take the latest admitted)."""
+    sched = make_scheduler(num_blocks=3, policy="priority")
+    for _ in range(sched.output_share.recent.maxlen):
+        sched.output_share.record(0.0)  # admit as if nothing grows: the cache fills, and growth must preempt
+    lazy, *urgent = [Sequence(list(range(i * 10, i * 10 + 3)), SamplingParams(max_tokens=8), priority=p)
+                     for i, p in enumerate([9, 0, 1])]
+    sched.add(lazy)
+    step(sched)
+    for s in urgent:
+        sched.add(s)
+    step(sched)
+    assert sched.running == [lazy, *urgent]
+    step(sched)
+    assert sched.num_preemptions == 1 and list(sched.waiting) == [lazy] and lazy.block_tables == []
+
+
+def test_scheduler_refuses_an_unknown_policy():
+    with pytest.raises(ValueError, match="scheduling policy 'lifo'"):
+        make_scheduler(num_blocks=4, policy="lifo")
