@@ -55,7 +55,8 @@ def vision_spec(raw: dict, text: dict) -> VisionSpec | None:
 
 @dataclass
 class ModelSpec:
-    """The text model of a checkpoint. `hf` keeps the raw text config for model-specific fields. `path` is the
+    """The text model of a checkpoint, and its vision tower where it has one. `hf` keeps the raw text config for
+    model-specific fields. `path` is the
     checkpoint folder; for a hub repo id, its snapshot in the Hugging Face cache (weights fetched at load)."""
     path: Path
     architecture: str

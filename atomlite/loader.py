@@ -1,5 +1,5 @@
 """safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
-one at a time; names the model skips (vision/audio towers, ...) are never read. `load_dummy_weights` fills the
+one at a time; names the model skips (towers it has not, ...) are never read. `load_dummy_weights` fills the
 same parameters with seeded random values instead (benchmarks at real shapes from config.json alone). KV cache
 scales (tensors the model's kv_scale_target names) are collected into model.checkpoint_kv_scales for the engine."""
 import contextlib

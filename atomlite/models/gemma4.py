@@ -7,6 +7,7 @@ specs and weight names; batching details reach it only through the ForwardContex
 """
 import math
 import re
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -110,7 +111,8 @@ class Gemma4Model(nn.Module):
     def dataflow(self):
         return decoder_dataflow(self.layers, self.norm)
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext, mm_embeds: MultiModalEmbeds | None = None):
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext,
+                mm_embeds: MultiModalEmbeds | None = None) -> torch.Tensor:
         if mm_embeds is not None:  # soft-token rows read the pad token wherever the text side looks ids up (PLE)
             ids = mm_embeds.with_pad_ids(ids, self.pad_token_id)
         h = self.embed_tokens(ids)
@@ -156,7 +158,8 @@ class Gemma4ForCausalLM(nn.Module):
         vision tower."""
         return self.spec.vision
 
-    def embed_images(self, pixel_values, position_ids) -> list[torch.Tensor]:
+    def embed_images(self, pixel_values: Sequence[torch.Tensor] | torch.Tensor,
+                     position_ids: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
         """Each image's (or video frame's) soft tokens [soft tokens, hidden], from the Gemma 4 image processor's
         pixel_values and image_position_ids (per image [patches, 3 * patch^2] and [patches, 2], padding rows at
         (-1, -1); a list of them or the processor's batch)."""
@@ -208,7 +211,8 @@ class Gemma4ForCausalLM(nn.Module):
     def dataflow(self):
         return self.model.dataflow()
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext, mm_embeds: MultiModalEmbeds | None = None):
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext,
+                mm_embeds: MultiModalEmbeds | None = None) -> torch.Tensor:
         """mm_embeds: soft tokens (embed_images) that replace the embeddings of some of the step's token rows."""
         return self.model(ids, ctx, mm_embeds)
 

@@ -121,7 +121,8 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     def __init__(self, cfg: dict, lin: LinearBuilder, prefix: str):
         super().__init__()
-        hidden, intermediate, clipped = cfg["hidden_size"], cfg["intermediate_size"], bool(cfg.get("use_clipped_linears"))
+        hidden, intermediate = cfg["hidden_size"], cfg["intermediate_size"]
+        clipped = bool(cfg.get("use_clipped_linears"))
         if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
             raise ConfigError(f"vision_config hidden_activation {cfg['hidden_activation']!r} is not supported "
                               f"(supported: gelu_pytorch_tanh)")
