@@ -7,7 +7,9 @@ import pytest
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
+from transformers import Gemma4TextConfig, Gemma4VisionConfig
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder, Gemma4VisionModel
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
 import tiny_models
@@ -17,8 +19,11 @@ from atomlite.engine.sequence import Sequence
 from atomlite.engine.step_inputs import StepInputBuilder
 from atomlite.errors import ConfigError
 from atomlite.loader import resolve
+from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.multimodal import MultiModalEmbeds
 from atomlite.model_ops.platform import Platform
+from atomlite.models.gemma4 import Gemma4ForCausalLM
+from atomlite.models.gemma4_vision import Gemma4VisionTower
 from atomlite.plan import meta_model
 
 SHAPES = list(tiny_models.VISION)
@@ -237,3 +242,31 @@ def test_every_tensor_parallel_rank_builds_the_whole_tower(checkpoints):
     for rank in (0, 1):
         shards = {n: p.shape for n, p in meta_model(config, Platform(), rank=rank).vision.named_parameters()}
         assert shards == alone
+
+
+# The real towers' sizes (31B/26B-A4B, E2B/E4B), built on the meta device
+REAL_TOWERS = {
+    "31B": dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                num_key_value_heads=16, head_dim=72, standardize=True),
+    "E2B": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=16, num_attention_heads=12,
+                num_key_value_heads=12, head_dim=64, use_clipped_linears=True),
+}
+
+
+def checkpoint_name(name: str) -> str:
+    """A tower parameter's name -> the checkpoint's (Gemma4ForCausalLM.checkpoint_aliases, read backwards)."""
+    for checkpoint, ours in Gemma4ForCausalLM.checkpoint_aliases[::-1]:
+        if f"vision.{name}".startswith(ours):
+            return checkpoint + f"vision.{name}"[len(ours):]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("tower", list(REAL_TOWERS))
+def test_real_tower_sizes_hold_transformers_tensors_one_for_one(tower):
+    with torch.device("meta"):
+        config = Gemma4VisionConfig(**REAL_TOWERS[tower])
+        tensors = {f"model.vision_tower.{n}": t.shape for n, t in Gemma4VisionModel(config).state_dict().items()}
+        projector = Gemma4MultimodalEmbedder(config, Gemma4TextConfig(hidden_size=5376)).state_dict()
+        tensors |= {f"model.embed_vision.{n}": t.shape for n, t in projector.items()}
+        mine = Gemma4VisionTower(config.to_dict(), 5376, LinearBuilder({}))
+    assert {checkpoint_name(n): p.shape for n, p in mine.named_parameters()} == tensors
