@@ -11,6 +11,9 @@ from atomlite.hub import config_snapshot, is_repo_id
 from atomlite.registry import MODELS
 
 MULTIMODAL_MODEL_TYPES = {"gemma4"}
+# Gemma 4's special token ids, where a multimodal config.json leaves them out (transformers' Gemma4Config defaults)
+DEFAULT_MULTIMODAL_TOKENS = {"image_token_id": 258_880, "video_token_id": 258_884, "boi_token_id": 255_999,
+                             "eoi_token_id": 258_882}
 # Gemma 4's RoPE per layer kind when the config's rope_parameters leave it out
 DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
@@ -24,9 +27,36 @@ class LayerAttention:
     k_eq_v: bool
 
 
+@dataclass(frozen=True)
+class VisionSpec:
+    """A checkpoint's vision tower (`hf`: its raw vision_config) and what placing images in a prompt needs: the
+    tokens an image's soft tokens stand in for (image or video frame) and that open and close it (boi, eoi); the
+    text config's use_bidirectional_attention ("vision": an image's tokens see each other both ways; "all"; None:
+    causal); and the token id whose per-layer embedding PLE models read at soft-token rows (the pad id)."""
+    hf: dict
+    image_token_id: int
+    video_token_id: int
+    boi_token_id: int
+    eoi_token_id: int
+    use_bidirectional_attention: str | None
+    pad_token_id: int
+
+
+def vision_spec(raw: dict, text: dict) -> VisionSpec | None:
+    """The vision part of a multimodal config.json; None where it has no vision_config."""
+    if not raw.get("vision_config"):
+        return None
+    tokens = {key: raw.get(key, default) for key, default in DEFAULT_MULTIMODAL_TOKENS.items()}
+    pad = text.get("pad_token_id")
+    return VisionSpec(dict(raw["vision_config"]), **tokens,
+                      use_bidirectional_attention=text.get("use_bidirectional_attention"),
+                      pad_token_id=0 if pad is None else pad)
+
+
 @dataclass
 class ModelSpec:
-    """The text model of a checkpoint. `hf` keeps the raw text config for model-specific fields. `path` is the
+    """The text model of a checkpoint, and its vision tower where it has one. `hf` keeps the raw text config for
+    model-specific fields. `path` is the
     checkpoint folder; for a hub repo id, its snapshot in the Hugging Face cache (weights fetched at load)."""
     path: Path
     architecture: str
@@ -35,6 +65,7 @@ class ModelSpec:
     dtype: torch.dtype
     multimodal: bool
     repo_id: str | None = None
+    vision: VisionSpec | None = None  # a multimodal checkpoint's vision tower
 
     @property
     def max_position_embeddings(self) -> int:
@@ -123,7 +154,8 @@ def load_model_spec(model: str | Path) -> ModelSpec:
         layers = layer_attention(text)
     except KeyError as e:
         raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
-    return ModelSpec(path, arch, text, layers, checkpoint_dtype(raw, text), multimodal, repo_id)
+    return ModelSpec(path, arch, text, layers, checkpoint_dtype(raw, text), multimodal, repo_id,
+                     vision_spec(raw, text) if multimodal else None)
 
 
 def parse_memory_size(text: str | int | None) -> int | None:

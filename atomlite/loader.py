@@ -1,5 +1,5 @@
 """safetensors checkpoint -> model parameters, each through its own weight_loader. Tensors are read lazily,
-one at a time; names the model skips (vision/audio towers, ...) are never read. `load_dummy_weights` fills the
+one at a time; names the model skips (towers it has not, ...) are never read. `load_dummy_weights` fills the
 same parameters with seeded random values instead (benchmarks at real shapes from config.json alone). KV cache
 scales (tensors the model's kv_scale_target names) are collected into model.checkpoint_kv_scales for the engine."""
 import contextlib
@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from atomlite.errors import ConfigError
 
+# checkpoint name prefix -> the model's; a model adds its own as `checkpoint_aliases`
 CHECKPOINT_ALIASES = (("model.language_model.", "model."),)
 
 
@@ -52,8 +53,8 @@ def _weight_map(index: Path) -> dict[str, str]:
     return weight_map
 
 
-def _alias(name: str) -> str:
-    for old, new in CHECKPOINT_ALIASES:
+def _alias(model, name: str) -> str:
+    for old, new in CHECKPOINT_ALIASES + getattr(model, "checkpoint_aliases", ()):
         if name.startswith(old):
             return new + name[len(old):]
     return name
@@ -84,7 +85,7 @@ def resolve(model, name: str, params: dict | None = None) -> tuple[str, int | No
     params: the model's named parameters, when the caller has them already."""
     if name.startswith(model.skipped_prefixes):
         return None
-    name = _alias(name)
+    name = _alias(model, name)
     if model.ignored_weight(name):
         return None
     return _param_name(model, name, params if params is not None else dict(model.named_parameters()))
@@ -120,7 +121,7 @@ def finish_loading(model, loaded: set[tuple[str, int | None]], source: str) -> N
 def kv_scale_of(model, name: str) -> tuple[int, str] | None:
     """(layer, "k" or "v") for a checkpoint tensor that is a KV cache scale (the model declares which), else None."""
     target = getattr(model, "kv_scale_target", None)
-    return target(_alias(name)) if target is not None else None
+    return target(_alias(model, name)) if target is not None else None
 
 
 def _wanted(model, index: dict[str, Path]) -> dict[Path, list[tuple[str, str | tuple[int, str], int | None]]]:
@@ -172,7 +173,9 @@ DUMMY_E8M0_RANGE = (116, 123)
 
 def _fill_dummy(name: str, param, generator) -> None:
     data = param.data
-    if data.dtype == torch.uint8:  # MXFP4: packed e2m1 pairs (every byte is a valid pair) or e8m0 scales
+    if hasattr(param, "dummy_fill"):  # the parameter's own neutral value (a clip bound: unbounded)
+        data.fill_(param.dummy_fill)
+    elif data.dtype == torch.uint8:  # MXFP4: packed e2m1 pairs (every byte is a valid pair) or e8m0 scales
         low, high = DUMMY_E8M0_RANGE if name.endswith("scale") else (0, 256)
         data.random_(low, high, generator=generator)
     elif data.dim() <= 1:  # norm weights, layer scalars, router scales: at 1, so activations keep their size

@@ -29,7 +29,9 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform, kernels: 
     specs = model.kv_specs(config.kv_dtype(platform))
     plan = plan_kv_cache(specs, budget, config.block_size, config.max_model_len)
     spec = config.model_spec
-    lines = [f"model: {spec.path} ({spec.architecture}{', text part of a multimodal checkpoint' if spec.multimodal else ''})"]
+    part = ", text model and vision tower" if spec.vision else ", text part" if spec.multimodal else ""
+    whole = " of a multimodal checkpoint" if spec.multimodal else ""
+    lines = [f"model: {spec.path} ({spec.architecture}{part}{whole})"]
     lines += tensor_parallel_lines(config.tensor_parallel_size)
     lines += all_reduce_lines(config, platform)
     lines += [f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "

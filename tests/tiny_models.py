@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config, Gemma4ForCausalLM,
-                          Gemma4ForConditionalGeneration, Gemma4TextConfig)
+                          Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig)
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
@@ -21,6 +21,19 @@ VARIANTS = {
                 layer_types=["sliding_attention"] * 2 + ["full_attention"] + ["sliding_attention"] * 3
                 + ["full_attention"]),
 }
+
+# Both vision tower shapes, scaled down: 31B/26B-A4B (standardized soft tokens, 72-dim heads) and E2B/E4B (clipped
+# linears, 64-dim heads). The small head dims keep the real ones' kind: 2-D RoPE turns head_dim / 4 frequencies per
+# axis, 18 for 72 and 6 for 24 (not powers of two), 16 for 64 and 4 for 16.
+VISION = {
+    "standardized": dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, head_dim=24, standardize=True),
+    "clipped": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=2, head_dim=16, use_clipped_linears=True),
+}
+# Special tokens inside the tiny vocabulary (random_prompt draws from 3..95: prompts for these models avoid 89..95)
+MULTIMODAL_TOKENS = dict(image_token_id=90, video_token_id=91, boi_token_id=92, eoi_token_id=93, audio_token_id=94,
+                         boa_token_id=95, eoa_token_index=89)
 
 # The assistant's own decoder; its attention shapes follow the target's (its layers read the target's KV).
 ASSISTANT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, hidden_size_per_layer_input=0,
@@ -39,19 +52,41 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):
                 b.copy_(0.6 + 0.8 * torch.rand(b.shape, generator=g))
+        _randomize_vision_buffers(model, g)
+
+
+def _randomize_vision_buffers(model: torch.nn.Module, g: torch.Generator) -> None:
+    """The standardization's bias and scale, and clip bounds tight enough that some values clip (unbounded by
+    default, which would hide a missing clamp)."""
+    for name, b in model.named_buffers():
+        if name.endswith("std_bias"):
+            b.copy_(torch.randn(b.shape, generator=g))
+        elif name.endswith("std_scale"):
+            b.copy_(0.5 + torch.rand(b.shape, generator=g))
+        elif name.endswith(("input_min", "input_max", "output_min", "output_max")):
+            bound = (1.0 if "input" in name else 0.2) * (0.5 + torch.rand((), generator=g))
+            b.copy_(-bound if name.endswith("min") else bound)
 
 
 def text_config(variant: str, **overrides) -> Gemma4TextConfig:
     return Gemma4TextConfig(**{**BASE, **VARIANTS[variant], **overrides})
 
 
+def multimodal_config(text: Gemma4TextConfig, vision: str | None) -> Gemma4Config:
+    if vision is None:
+        return Gemma4Config(text_config=text.to_dict())
+    return Gemma4Config(text_config=text.to_dict(), vision_config=Gemma4VisionConfig(**VISION[vision]).to_dict(),
+                        **MULTIMODAL_TOKENS)
+
+
 def build(variant: str, out: Path, seed: int = 0, multimodal: bool = False, per_layer_form: bool = True,
-          **overrides):
-    """Save a tiny checkpoint to out and return the float32 transformers model (eval mode)."""
+          vision: str | None = None, **overrides):
+    """Save a tiny checkpoint to out and return the float32 transformers model (eval mode). vision: a tower shape of
+    VISION (a Gemma4ForConditionalGeneration with that vision tower)."""
     cfg = text_config(variant, **overrides)
     torch.manual_seed(seed)
-    if multimodal:
-        model = Gemma4ForConditionalGeneration(Gemma4Config(text_config=cfg.to_dict()))
+    if multimodal or vision:
+        model = Gemma4ForConditionalGeneration(multimodal_config(cfg, vision))
     else:
         model = Gemma4ForCausalLM(cfg)
     randomize(model, seed)

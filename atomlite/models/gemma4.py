@@ -1,16 +1,19 @@
-"""Gemma 4 text decoder: dense (31B), MoE (26B-A4B) and per-layer-embedding + KV-sharing (E2B/E4B) variants.
+"""Gemma 4 text decoder: dense (31B), MoE (26B-A4B) and per-layer-embedding + KV-sharing (E2B/E4B) variants, with the
+vision tower of a multimodal checkpoint (models/gemma4_vision.py) whose soft tokens a forward step can take in place
+of some token rows.
 
 Math per shared/docs/GEMMA4.md, checked against transformers' modeling_gemma4.py. The model declares its KV
 specs and weight names; batching details reach it only through the ForwardContext.
 """
 import math
 import re
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from atomlite import distributed
-from atomlite.config import ModelSpec
+from atomlite.config import ModelSpec, VisionSpec
 from atomlite.distributed import TensorParallel, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
@@ -19,9 +22,13 @@ from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding, VocabParallelEmbedding
 from atomlite.model_ops.linear_builder import LinearBuilder
+from atomlite.model_ops.multimodal import MultiModalEmbeds
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
+from atomlite.models.gemma4_vision import PROJECTOR_PREFIX, TOWER_PREFIX, Gemma4VisionTower
+
+VISION_PREFIXES = (f"{TOWER_PREFIX}.", f"{PROJECTOR_PREFIX}.")
 
 
 def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
@@ -78,6 +85,7 @@ class Gemma4Model(nn.Module):
         if self.ple_dim:
             self._build_per_layer_embeddings(cfg, len(spec.layers), lin)
         self.kinds = kinds
+        self.pad_token_id = cfg.get("pad_token_id") or 0
 
     def _key_from_value_layers(self, spec: ModelSpec) -> set[int]:
         """k_eq_v layers store V alone (K = rope(V * w_k)), unless a KV-sharing layer reads their cache: that
@@ -103,8 +111,13 @@ class Gemma4Model(nn.Module):
     def dataflow(self):
         return decoder_dataflow(self.layers, self.norm)
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext,
+                mm_embeds: MultiModalEmbeds | None = None) -> torch.Tensor:
+        if mm_embeds is not None:  # soft-token rows read the pad token wherever the text side looks ids up (PLE)
+            ids = mm_embeds.with_pad_ids(ids, self.pad_token_id)
         h = self.embed_tokens(ids)
+        if mm_embeds is not None:
+            h = mm_embeds.placed_in(h)
         ple = self.per_layer_inputs(ids, h) if self.ple_dim else None
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
         for i, layer in enumerate(self.layers):
@@ -121,8 +134,10 @@ class Gemma4ForCausalLM(nn.Module):
     per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
     # Quark's fp8 KV cache scales: one per layer for K and for V (quant.quark.KVCacheQuant)
     kv_scale_tensor = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_proj\.output_scale$")
+    # tensors of towers this model has not: the vision tower's where config.json has no vision_config
     skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
+    checkpoint_aliases = ((f"{TOWER_PREFIX}.", "vision."), (f"{PROJECTOR_PREFIX}.", "vision.projector."))
 
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -132,6 +147,26 @@ class Gemma4ForCausalLM(nn.Module):
         self.tp = distributed.current()
         vocab_rows = self.model.embed_tokens.weight.shape[0]  # this rank's part of the vocabulary
         self._logits_linear = dispatch.choose("linear", n=vocab_rows, k=spec.hf["hidden_size"]).fn
+        self.vision = None
+        if spec.vision is not None:  # replicated: every tensor-parallel rank builds and runs the whole tower
+            self.vision = Gemma4VisionTower(spec.vision.hf, spec.hf["hidden_size"], LinearBuilder(spec.hf))
+            self.skipped_prefixes = tuple(p for p in self.skipped_prefixes if p not in VISION_PREFIXES)
+
+    @property
+    def vision_spec(self) -> VisionSpec | None:
+        """What placing images in a prompt needs (token ids, bidirectional attention, PLE's pad id); None without a
+        vision tower."""
+        return self.spec.vision
+
+    def embed_images(self, pixel_values: Sequence[torch.Tensor] | torch.Tensor,
+                     position_ids: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
+        """Each image's (or video frame's) soft tokens [soft tokens, hidden], from the Gemma 4 image processor's
+        pixel_values and image_position_ids (per image [patches, 3 * patch^2] and [patches, 2], padding rows at
+        (-1, -1); a list of them or the processor's batch)."""
+        if self.vision is None:
+            raise ConfigError(f"{self.spec.path} has no vision tower (its config.json has no vision_config): it "
+                              f"takes text only")
+        return self.vision.encode(pixel_values, position_ids)
 
     def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:
         """One per layer; the KV heads are this rank's (all of them in a single process)."""
@@ -176,8 +211,10 @@ class Gemma4ForCausalLM(nn.Module):
     def dataflow(self):
         return self.model.dataflow()
 
-    def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model(ids, ctx)
+    def forward(self, ids: torch.Tensor, ctx: ForwardContext,
+                mm_embeds: MultiModalEmbeds | None = None) -> torch.Tensor:
+        """mm_embeds: soft tokens (embed_images) that replace the embeddings of some of the step's token rows."""
+        return self.model(ids, ctx, mm_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.tp.all_gather_last(self._logits_linear(hidden, self.model.embed_tokens.weight))
