@@ -59,10 +59,11 @@ def parse_allowed_local_media_path(value: str | Path | None) -> Path | None:
 
 
 def parse_allowed_media_domains(value: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...]:
-    """Host names (exact match, case-insensitive); a string is split on commas and spaces."""
+    """Host names (exact match, case-insensitive); each string is split on commas and spaces."""
     if value is None:
         return ()
-    names = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+    names = [name for item in ([value] if isinstance(value, str) else value)
+             for name in (item.replace(",", " ").split() if isinstance(item, str) else [item])]
     for host in names:
         if not isinstance(host, str) or not host or "/" in host or (":" in host and not host.startswith("[")):
             raise ValueError(f"--allowed-media-domains {host!r}: give host names alone (no scheme, port or path)")
