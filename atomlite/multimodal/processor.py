@@ -92,16 +92,16 @@ class MultiModalProcessor:
 
     def process(self, prompt: str | list[int], images: list | tuple = (), videos: list | tuple = (),
                 mm_processor_kwargs: dict | None = None, add_special_tokens: bool = True,
-                field: str = "") -> MultiModalPrompt:
+                names: tuple[str, str] = ("images", "videos")) -> MultiModalPrompt:
         """prompt: text (tokenized here, with add_special_tokens) or token ids, holding one image placeholder per
         image and one video placeholder per video, in order. mm_processor_kwargs (max_soft_tokens) override the
-        checkpoint's and --mm-processor-kwargs'. field prefixes the names in errors (e.g. "multi_modal_data.")."""
+        checkpoint's and --mm-processor-kwargs'. names: what errors call the images and the videos."""
         kwargs = {**self.default_kwargs, **parse_mm_processor_kwargs(mm_processor_kwargs)}
         spec = PatchSpec(self.image_spec.patch_size, self.image_spec.pooling_kernel_size,
                          kwargs.get("max_soft_tokens", self.image_spec.max_soft_tokens))
         self._check_counts(prompt, len(images), len(videos))
-        image_items = [image_item(image, spec, f"{field}images[{i}]") for i, image in enumerate(images)]
-        frames = [video_frame_items(sampled_video(v, f"{field}videos[{i}]"), self.video_spec)
+        image_items = [image_item(image, spec, f"{names[0]}[{i}]") for i, image in enumerate(images)]
+        frames = [video_frame_items(sampled_video(v, f"{names[1]}[{i}]"), self.video_spec)
                   for i, v in enumerate(videos)]
         if isinstance(prompt, str):
             ids = self._expand_text(prompt, image_items, frames, add_special_tokens)
