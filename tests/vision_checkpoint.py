@@ -2,9 +2,12 @@
 added to its tokenizer, a chat template that renders image and video parts as Gemma 4's does (one <|image|> or
 <|video|> per part), and a config.json that declares a vision tower and its token ids; plus transformers'
 Gemma4Processor over the same tokenizer (its image path: the PIL image processor), the reference."""
+import io
 import json
 import shutil
 from pathlib import Path
+
+import numpy as np
 
 from atomlite.demo import demo_model_dir
 
@@ -58,3 +61,20 @@ def reference_processor(model_dir: Path):
 
     return ImageOnlyGemma4Processor(Gemma4AudioFeatureExtractor(), Gemma4ImageProcessorPil(),
                                     AutoTokenizer.from_pretrained(model_dir), None)
+
+
+def video_bytes(frames: int = 45, fps: int = 10, codec: str = "mpeg4") -> bytes:
+    """Gray frames, frame i painted i * 5. mpeg4 in mp4 states its frame count; lossless ffv1 in matroska not."""
+    import av
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4" if codec == "mpeg4" else "matroska") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height = 64, 48
+        stream.pix_fmt = "yuv420p" if codec == "mpeg4" else "yuv444p"
+        if codec == "mpeg4":
+            stream.bit_rate, stream.options = 20_000_000, {"qscale": "1"}
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 5, np.uint8), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()

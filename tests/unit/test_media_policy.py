@@ -14,6 +14,7 @@ from PIL import Image
 
 from atomlite.multimodal.media import MediaError, MediaPolicy, decode_image, fetch_media, load_image, load_video
 from atomlite.multimodal.options import parse_allowed_media_domains
+from vision_checkpoint import video_bytes
 
 WHERE = "messages[0].content[1].image_url"
 
@@ -27,23 +28,6 @@ def png_bytes(height=20, width=30, seed=0) -> bytes:
 
 def data_url(data: bytes, media_type: str = "image/png") -> str:
     return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
-
-
-def video_bytes(frames: int = 45, fps: int = 10, codec: str = "mpeg4") -> bytes:
-    """Gray frames, frame i painted i * 5. mpeg4 in mp4 states its frame count; lossless ffv1 in matroska not."""
-    import av
-    out = io.BytesIO()
-    with av.open(out, "w", format="mp4" if codec == "mpeg4" else "matroska") as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height = 64, 48
-        stream.pix_fmt = "yuv420p" if codec == "mpeg4" else "yuv444p"
-        if codec == "mpeg4":
-            stream.bit_rate, stream.options = 20_000_000, {"qscale": "1"}
-        for i in range(frames):
-            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 5, np.uint8), format="rgb24")
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return out.getvalue()
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
