@@ -145,3 +145,10 @@ def test_an_image_for_a_text_only_model_is_a_400_naming_the_model():
                 {"role": "user", "content": [image_part(png_url(8, 8))]}])
         assert "the model demo is a text-only model" in e.value.body["message"]
         assert e.value.body["param"] == "messages"
+
+
+def test_tokenize_refuses_media_it_would_not_fetch(server):
+    r = httpx.post(f"{server}/tokenize", json={"model": NAME, "messages": [
+        {"role": "user", "content": [image_part(png_url(8, 8))]}]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    assert "/tokenize does not fetch images or videos" in r.json()["error"]["message"]
