@@ -2,6 +2,8 @@
 the server."""
 import json
 
+TEMPLATE_PARTS = {"text": "text", "image_url": "image", "video_url": "video"}
+
 
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, chat_template: str | None = None,
                 template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> list[int]:
@@ -10,10 +12,17 @@ def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise ValueError("the model's tokenizer has no chat template: pass chat_template")
-    text = tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, chat_template=template,
+    text = render_chat_text(tokenizer, messages, tools, template, template_kwargs, add_generation_prompt)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_chat_text(tokenizer, messages: list[dict], tools: list[dict] | None, chat_template: str,
+                     template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> str:
+    """The template's text, before tokenizing: image and video parts stay one placeholder each, for the
+    multimodal processor to expand."""
+    return tokenizer.apply_chat_template(template_messages(messages), tools=tools or None, chat_template=chat_template,
                                          tokenize=False, add_generation_prompt=add_generation_prompt,
                                          **(template_kwargs or {}))
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -25,7 +34,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
         message.pop("annotations", None)  # citations of an earlier answer: nothing a template writes
         refusal = message.pop("refusal", None)  # an earlier answer's text when it refused
         if isinstance(message.get("content"), list):
-            message["content"] = "".join(part["text"] for part in message["content"])
+            message["content"] = template_content(i, message["content"])
         message.setdefault("content", refusal or "")
         if message.get("tool_calls"):
             message["tool_calls"] = [_template_call(i, j, call) for j, call in enumerate(message["tool_calls"])]
@@ -34,6 +43,19 @@ def template_messages(messages: list[dict]) -> list[dict]:
             message["name"] = call_names.get(message.get("tool_call_id"))
         out.append(message)
     return out
+
+
+def template_content(i: int, parts: list[dict]) -> str | list[dict]:
+    """Text parts joined into one string; with images or videos, the parts as transformers' templates read them:
+    {"type": "text", "text"}, {"type": "image"}, {"type": "video"}."""
+    kinds = [part.get("type") for part in parts]
+    unknown = [f"messages[{i}].content[{j}]" for j, kind in enumerate(kinds) if kind not in TEMPLATE_PARTS]
+    if unknown:
+        raise ValueError(f"{unknown[0]}: a content part is text, image_url or video_url")
+    if all(kind == "text" for kind in kinds):
+        return "".join(part["text"] for part in parts)
+    return [{"type": "text", "text": part["text"]} if kind == "text" else {"type": TEMPLATE_PARTS[kind]}
+            for part, kind in zip(parts, kinds)]
 
 
 def _template_call(i: int, j: int, call: dict) -> dict:

@@ -88,7 +88,8 @@ def engine_args(kw: dict) -> dict:
     keys = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_memory",
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
             "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
-            "scheduling_policy")
+            "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
+            "allowed_media_domains")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]
@@ -172,6 +173,18 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
               help="Moves thinking into reasoning_content; auto: gemma4 when the chat template writes its channel.")
 @click.option("--enable-auto-tool-choice", is_flag=True,
               help="vLLM's flag; here tool_choice auto is on whenever a tool-call parser is.")
+@click.option("--limit-mm-per-prompt", default=None,
+              help='Most images and videos one prompt may carry, as JSON: \'{"image": 2, "video": 1}\' (999 each '
+                   'by default, as vLLM).')
+@click.option("--mm-processor-kwargs", default=None,
+              help='The image processor\'s settings as JSON, e.g. \'{"max_soft_tokens": 560}\' (Gemma 4: 70, 140, '
+                   '280, 560 or 1120 soft tokens per image); a request\'s mm_processor_kwargs overrides them.')
+@click.option("--allowed-local-media-path", default=None,
+              help="Let requests read file:// images and videos under this folder (symlinks out of it refused); "
+                   "by default file:// URLs are refused.")
+@click.option("--allowed-media-domains", multiple=True,
+              help="Hosts that http(s) image and video URLs may come from (exact host names; repeat the flag or "
+                   "separate by commas); by default only data: URLs are read.")
 @engine_options
 @click.argument("model_tag", required=False, metavar="[MODEL]")
 def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, chat_template,

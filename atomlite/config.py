@@ -201,16 +201,33 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # processes (GPUs) that each hold a shard of every layer
     disable_custom_all_reduce: bool = False  # all-reduce through nccl/gloo alone (no custom all-reduce)
     scheduling_policy: str = "fcfs"  # or "priority": requests' priority values order the queue (vLLM's)
+    # vLLM's multimodal settings (atomlite.multimodal.options); they bound what prompts may carry
+    limit_mm_per_prompt: dict | str | None = None  # {"image": 2, "video": 1}; 999 each when left out
+    mm_processor_kwargs: dict | str | None = None  # the processor's settings, e.g. {"max_soft_tokens": 560}
+    allowed_local_media_path: str | Path | None = None  # file:// media only under this folder
+    allowed_media_domains: list[str] | tuple[str, ...] | str | None = None  # http(s) media only from these hosts
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.model_spec = load_model_spec(self.model)
         self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        self._parse_multimodal()
         limit = self.model_spec.max_position_embeddings
         if self.max_model_len is None:
             self.max_model_len = min(limit, 8192)
         self._check()
+
+    def _parse_multimodal(self):
+        from atomlite.multimodal import options
+        try:
+            self.limit_mm_per_prompt = options.parse_mm_limits(self.limit_mm_per_prompt)
+            self.mm_processor_kwargs = options.parse_mm_processor_kwargs(self.mm_processor_kwargs,
+                                                                         "--mm-processor-kwargs")
+            self.allowed_local_media_path = options.parse_allowed_local_media_path(self.allowed_local_media_path)
+            self.allowed_media_domains = options.parse_allowed_media_domains(self.allowed_media_domains)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _check(self):
         limit = self.model_spec.max_position_embeddings

@@ -7,6 +7,8 @@ from atomlite.chat_template import render_chat
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import OutputProcessor
+from atomlite.multimodal.inputs import MultiModalPrompt
+from atomlite.multimodal.offline import OfflineMultiModal
 from atomlite.outputs import RequestOutput
 from atomlite.sampling_params import SamplingParams
 
@@ -17,24 +19,36 @@ class LLM:
     LLM(model=DIR, dtype="auto"|"float32"|"bfloat16"|"float16", device="auto"|"cpu"|"cuda",
         max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),
         kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0,
-        load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9)
+        load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9,
+        limit_mm_per_prompt=None ({"image": 2}), mm_processor_kwargs=None ({"max_soft_tokens": 560}),
+        allowed_local_media_path=None, allowed_media_domains=None)
     """
 
     def __init__(self, model: str, **engine_args):
         self.engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
         self._ids = itertools.count()
+        self._multimodal = OfflineMultiModal(self.engine.config, self.engine.tokenizer)
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
+    def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
-        """One RequestOutput per prompt, in the order given. priority: one per prompt, with
+        """One RequestOutput per prompt, in the order given. A prompt is text, token ids, or vLLM's dict:
+        {"prompt": text} or {"prompt_token_ids": ids}, with "multi_modal_data": {"image": an image or a list,
+        "video": frames, or a list of videos} and "mm_processor_kwargs". priority: one per prompt, with
         scheduling_policy="priority" (lower runs first)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        inputs = [self._multimodal.prompt_dict(p) if isinstance(p, dict) else (p, None) for p in prompts]
+        return self._generate(inputs, sampling_params, use_tqdm, priority)
+
+    def _generate(self, inputs: list[tuple[str | list[int], MultiModalPrompt | None]],
+                  sampling_params: SamplingParams | list[SamplingParams] | None,
+                  use_tqdm: bool, priority: list[int] | None = None) -> list[RequestOutput]:
+        prompts = [prompt for prompt, _ in inputs]
         params = sampling_params or SamplingParams()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
@@ -44,8 +58,8 @@ class LLM:
             raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
         processor, states = OutputProcessor(self.tokenizer), []
         try:
-            for prompt, p, rank in zip(prompts, params, priority):
-                seq = self.engine.add_request(f"offline-{next(self._ids)}", prompt, p, rank)
+            for (prompt, multimodal), p, rank in zip(inputs, params, priority):
+                seq = self._add_request(f"offline-{next(self._ids)}", prompt, multimodal, p, rank)
                 states.append(processor.add(seq.request_id, seq.prompt_token_ids, p))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
@@ -62,13 +76,26 @@ class LLM:
              chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of OpenAI-shaped messages) or several, rendered with the chat
         template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables;
-        one RequestOutput per conversation, its text the model's raw output."""
+        one RequestOutput per conversation, its text the model's raw output. Image and video parts (image_url,
+        video_url) are read under the engine config's media policy (data: URLs always)."""
         if self.tokenizer is None:
             raise ValueError("chat needs the model's tokenizer, and this model has none; use generate with token ids")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [render_chat(self.tokenizer, conversation, tools, chat_template, chat_template_kwargs,
-                               add_generation_prompt) for conversation in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        inputs = []
+        for conversation in conversations:
+            multimodal = self._multimodal.chat(conversation, tools, chat_template, chat_template_kwargs,
+                                               add_generation_prompt)
+            ids = multimodal.prompt_token_ids if multimodal is not None else render_chat(
+                self.tokenizer, conversation, tools, chat_template, chat_template_kwargs, add_generation_prompt)
+            inputs.append((ids, multimodal))
+        return self._generate(inputs, sampling_params, use_tqdm)
+
+    def _add_request(self, request_id: str, prompt: str | list[int], multimodal: MultiModalPrompt | None,
+                     params: SamplingParams, priority: int = 0):
+        """The one place a prompt is handed to the engine."""
+        if multimodal is not None:  # the engine takes no pixels yet: a MultiModalPrompt will go to it from here
+            raise NotImplementedError("images are parsed but not yet served by the engine")
+        return self.engine.add_request(request_id, prompt, params, priority)
 
     def _step(self, processor: OutputProcessor) -> int:
         """One engine step, its updates into their requests; returns how many finished."""

@@ -13,7 +13,9 @@ from atomlite.engine.client import AsyncEngine, Delta, EngineStopped, QueueFull,
 from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
 from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers
 from atomlite.server.errors import APIError, error_body
+from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.server.formatting import Choice, Formatter
+from atomlite.server.multimodal import MultiModalInputs
 from atomlite.server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
 from atomlite.server.tool_grammar import tool_call_grammar
 
@@ -34,6 +36,7 @@ class Server:
         self.max_model_len = engine.max_model_len
         self.fmt = Formatter(self.tokenizer, model_name)
         self.chat_template = ChatTemplate(self.tokenizer, chat_options) if self.tokenizer is not None else None
+        self.multimodal = MultiModalInputs(engine.config, self.tokenizer, model_name)
 
     # -- checks ---------------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -86,9 +89,16 @@ class Server:
                 out.append((list(p), self.engine.decode(p) if self.tokenizer is not None else None))
         return out
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+    async def chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], MultiModalPrompt | None]:
+        """The prompt's token ids, and with images or videos the MultiModalPrompt they belong to."""
         self.need_tokenizer("chat")
-        return self.chat_template.render(req.messages, req.tools, req.chat_template_kwargs)
+        self.multimodal.check_kwargs(req.mm_processor_kwargs)
+        parts = self.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages])
+        if not parts:
+            return self.chat_template.render(req.messages, req.tools, req.chat_template_kwargs), None
+        text = self.chat_template.render_text(req.messages, req.tools, req.chat_template_kwargs)
+        prompt = await self.multimodal.prompt(text, parts, req.mm_processor_kwargs)
+        return prompt.prompt_token_ids, prompt
 
     def chat_output(self, req: ChatCompletionRequest) -> tuple[OutputParsers, dict]:
         """The parsers of the request's output, and what its SamplingParams need for them: special tokens kept
@@ -111,9 +121,9 @@ class Server:
 
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params,
-                priority: int = 0) -> tuple[list, list]:
+                multimodal: MultiModalPrompt | None = None, priority: int = 0) -> tuple[list, list]:
         """Admits and queues every sequence of a request at once (or none); the caller must close the returned
-        generations (merge() and EventStream do)."""
+        generations (merge() and EventStream do). multimodal: the one prompt's images and video frames."""
         try:
             self.engine.config.check_priority(priority)
         except ValueError as e:
@@ -126,8 +136,15 @@ class Server:
             for j in range(n):
                 index = p * n + j
                 choices.append(Choice(index, p, ids, text))
-                gens.append(self.engine.generate(f"{base}-{index}", ids, params[j], priority))
+                gens.append(self._generate(f"{base}-{index}", ids, params[j], multimodal, priority))
         return choices, gens
+
+    def _generate(self, request_id: str, ids: list[int], params: SamplingParams,
+                  multimodal: MultiModalPrompt | None, priority: int = 0):
+        """The one place a prompt is handed to the engine."""
+        if multimodal is not None:  # the engine takes no pixels yet: a MultiModalPrompt will go to it from here
+            raise APIError(400, "images are parsed but not yet served by the engine", "messages")
+        return self.engine.generate(request_id, ids, params, priority)
 
 
 def _output_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParams] | None:

@@ -4,7 +4,7 @@ tool-call parsers, whole or as stream deltas that join into the whole."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from atomlite.chat_template import render_chat
+from atomlite.chat_template import render_chat_text
 from atomlite.server.errors import APIError
 from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream, join_reasoning_deltas
 from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream, join_tool_call_deltas
@@ -57,6 +57,11 @@ class ChatTemplate:
 
     def render(self, messages: list[ChatMessage], tools: list | None = None,
                template_kwargs: dict | None = None) -> list[int]:
+        return self.tokenizer.encode(self.render_text(messages, tools, template_kwargs), add_special_tokens=False)
+
+    def render_text(self, messages: list[ChatMessage], tools: list | None = None,
+                    template_kwargs: dict | None = None) -> str:
+        """The template's text; an image or video part is one placeholder in it."""
         if not self.template:
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions or serve with "
                                 "--chat-template")
@@ -64,9 +69,9 @@ class ChatTemplate:
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
         try:
-            return render_chat(self.tokenizer, [m.model_dump(exclude_none=True) for m in messages],
-                               [t.model_dump(exclude_none=True) for t in tools] if tools else None, self.template,
-                               template_kwargs)
+            return render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in messages],
+                                    [t.model_dump(exclude_none=True) for t in tools] if tools else None,
+                                    self.template, template_kwargs)
         except Exception as e:  # the template's own raise_exception, a kwarg it cannot take, arguments not JSON
             raise APIError(400, f"the chat template refused these messages: {e}", "messages") from e
 

@@ -35,7 +35,9 @@ def error_response(status: int, message: str, param: str | None = None) -> JSONR
 FIELD_RULES = {
     "prompt": "a non-empty string, a list of them, a list of token ids (integers >= 0), or a list of such lists",
     "stop": f"a non-empty string or a list of at most {MAX_STOP} of them",
-    "content": 'a string or a list of text parts ({"type": "text", "text": ...})',
+    "content": 'a string or a list of text parts ({"type": "text", "text": ...}), image_url parts ({"type": '
+               '"image_url", "image_url": {"url": ...}}) and video_url parts ({"type": "video_url", "video_url": '
+               '{"url": ...}})',
     "logit_bias": 'an object of token ids (as digit strings, e.g. "50256") to numbers',
     "tool_choice": '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
 }

@@ -78,6 +78,7 @@ class SamplingFields(BaseModel):
     user: StrictStr | None = None
     priority: StrictInt = 0  # vLLM's: with --scheduling-policy priority, lower runs first
     return_token_ids: StrictBool = False  # vLLM's: each choice (and stream chunk) carries its token ids
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's: e.g. {"max_soft_tokens": 560} for this request
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsFields | None = None  # vLLM's
 
@@ -107,7 +108,28 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
-MEDIA_PARTS = ("image_url", "input_audio", "video_url", "file")  # refused by name rather than ignored
+class ImageURL(BaseModel):
+    url: NonEmptyStr  # data:image/...;base64, or an http(s) / file:// URL the server's media flags allow
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's; Gemma 4 reads every image alike
+
+
+class ImageURLPart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class VideoURL(BaseModel):
+    url: NonEmptyStr
+
+
+class VideoURLPart(BaseModel):
+    """vLLM's video part."""
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
+UNSUPPORTED_PARTS = ("input_audio", "file")  # refused by name rather than ignored
 ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
 
 
@@ -126,7 +148,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    content: StrictStr | Annotated[list[ContentPart], Field(min_length=1)] | None = None
     name: StrictStr | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None  # a tool message: the call it answers
@@ -140,11 +162,11 @@ class ChatMessage(BaseModel):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_only(cls, content):
+    def _known_parts(cls, content):
         for part in content if isinstance(content, list) else ():
-            if isinstance(part, dict) and part.get("type") in MEDIA_PARTS:
-                raise ValueError(f"{part['type']} content is not supported: atomlite serves text-only models; "
-                                 f"send text parts")
+            if isinstance(part, dict) and part.get("type") in UNSUPPORTED_PARTS:
+                raise ValueError(f"{part['type']} content is not supported: atomlite reads text, image_url and "
+                                 f"video_url parts")
         return content
 
     @model_validator(mode="after")
@@ -161,7 +183,9 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None:
             return self.refusal or ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
 
 
 class FunctionDefinition(BaseModel):

@@ -49,6 +49,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         server.check_model(req.model)
+        server.multimodal.check_kwargs(req.mm_processor_kwargs)
         prompts = server.completion_prompts(req.prompt)
         max_tokens = req.max_tokens or 16
         for ids, _ in prompts:
@@ -58,7 +59,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         if req.echo and want_logprobs:
             extra["prompt_logprobs"] = req.logprobs
         choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra),
-                                       req.priority)
+                                       priority=req.priority)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
@@ -72,7 +73,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=documented_body(ChatCompletionRequest))
     async def chat(request: Request, req: ChatCompletionRequest = Depends(body(ChatCompletionRequest))):
         server.check_model(req.model)
-        ids = server.chat_prompt(req)
+        ids, multimodal = await server.chat_prompt(req)
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
         server.check_lengths(ids, max_tokens)
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -80,7 +81,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         if top is not None:
             extra["logprobs"] = top
         choices, gens = server.streams([(ids, None)], req.n,
-                                       lambda j: server.sampling_params(req, max_tokens, j, **extra), req.priority)
+                                       lambda j: server.sampling_params(req, max_tokens, j, **extra), multimodal,
+                                       req.priority)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
@@ -104,6 +106,9 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         if req.prompt is not None:
             tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
+            if server.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages]):
+                raise APIError(400, "/tokenize does not fetch images or videos: send their messages to "
+                                    "/v1/chat/completions", "messages")
             tokens = server.chat_template.render(req.messages)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
 

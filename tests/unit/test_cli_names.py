@@ -76,3 +76,14 @@ def test_every_flag_of_every_command_has_help():
     for path, cmd in commands(main, []):
         missing = [p.opts[0] for p in cmd.params if isinstance(p, click.Option) and not p.help]
         assert not missing, f"atomlite {path}: {missing} have no help"
+
+
+def test_multimodal_flags_take_vllms_names_and_a_bad_value_names_its_flag():
+    for flag, value, needle in (("--limit-mm-per-prompt", '{"audio": 1}', "--limit-mm-per-prompt: 'audio'"),
+                                ("--limit-mm-per-prompt", "image=2", "--limit-mm-per-prompt: not JSON"),
+                                ("--mm-processor-kwargs", '{"max_soft_tokens": 99}',
+                                 "--mm-processor-kwargs.max_soft_tokens: 99 is not one of"),
+                                ("--allowed-local-media-path", "relative/dir", "--allowed-local-media-path"),
+                                ("--allowed-media-domains", "https://a.com", "host names alone")):
+        result = CliRunner().invoke(main, ["serve", str(demo_model_dir()), "--port", str(free_port()), flag, value])
+        assert result.exit_code == 2 and needle in result.output, result.output
