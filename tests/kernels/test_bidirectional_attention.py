@@ -9,10 +9,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from transformers import Gemma4TextConfig
-from transformers.masking_utils import blockwise_overlay, causal_mask_function, or_masks
-from transformers.models.gemma4.modeling_gemma4 import (create_masks_for_vision_model,
-                                                        get_block_sequence_ids_for_mask)
 
 from atomlite.model_ops import dispatch, torch_ref
 from atomlite.model_ops.attention import Attention
@@ -68,6 +64,12 @@ WINDOWS = [3, 8, None]  # 3: smaller than every image block
 def transformers_mask(sequence: Sequence, window: int | None) -> torch.Tensor:
     """[L, L] bool: the sliding layers' mask transformers' Gemma 4 builds under use_bidirectional_attention "vision";
     without a window, its causal mask OR its blockwise overlay."""
+    # imported here: the GPU machines' transformers may predate Gemma 4's vision masks, and the kernel tests below
+    # need none of it
+    from transformers import Gemma4TextConfig
+    from transformers.masking_utils import blockwise_overlay, causal_mask_function, or_masks
+    from transformers.models.gemma4.modeling_gemma4 import (create_masks_for_vision_model,
+                                                            get_block_sequence_ids_for_mask)
     block_ids = get_block_sequence_ids_for_mask(torch.tensor([sequence.types]), torch.device("cpu"))
     positions = torch.arange(sequence.length)
     if window is None:
