@@ -19,14 +19,21 @@ class Attention(nn.Module):
     stores V alone and the attention kernel rebuilds each key from the rope's tables; its KV spec says k_from_v.
     kv_scales: the (K, V) scales an fp8 cache stores this layer's keys and values with (x / scale), from the
     checkpoint when it has them (set_kv_scales); a 16-bit cache ignores them.
+    bidirectional_spans: the layer honours ForwardContext.key_ends, so the queries of an image block see the whole
+    block (the window still counts back from each query); layers without it attend causally whatever key_ends says.
+    Gemma 4 sets it on its sliding layers when the text config's use_bidirectional_attention is "vision" (31B,
+    26B-A4B), as transformers masks them (create_masks_for_vision_model); its full-attention layers stay causal.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
-                 key_rope: RotaryEmbedding | None = None):
+                 key_rope: RotaryEmbedding | None = None, bidirectional_spans: bool = False):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window, self.key_rope = scale, window, key_rope
+        self.bidirectional_spans = bidirectional_spans
         shape = dict(head_dim=head_dim, window=window is not None, gqa=num_heads // num_kv_heads)
+        if bidirectional_spans:
+            shape["bidirectional_spans"] = True
         if key_rope is not None:
             shape["k_from_v"] = True
             self.rotary_pairs = rotary_pairs(key_rope.inv_freq)
@@ -86,6 +93,8 @@ class Attention(nn.Module):
         extra = dict(host=ctx.host, derived=group.derived, kv_scales=self.kv_scales)
         if quantize is not None:
             extra["quantize"] = quantize
+        if self.bidirectional_spans and ctx.key_ends is not None:
+            extra["key_ends"] = ctx.key_ends
         if self.key_rope is not None:
             rope = self.key_rope  # its tables are read here, so they follow the module wherever it moves
             extra["k_from_v"] = KFromV(k_weight, rope.cos_table, rope.sin_table, self.rotary_pairs)

@@ -1,5 +1,5 @@
 """What one forward step needs to know about the batch: set once by the model runner, read by attention layers."""
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,3 +48,20 @@ class ForwardContext:
     seq_lens: torch.Tensor  # [B] int32, keys per sequence after this step
     groups: dict[int, GroupBatch]
     host: HostBatch | None = None  # None: the caller knows no lengths on the host
+    # [T] int32: each new token's exclusive end of the keys it may see (block_key_ends), on layers built with
+    # Attention(bidirectional_spans=True); other layers ignore it. None: plainly causal, the text-only path (decode
+    # graphs never carry it). A query's key end is at least its position + 1 and at most its sequence's seq_len: an
+    # image block must be in the cache by the end of the step that holds any of its queries (never split across
+    # prefill chunks). Kernels find a query tile's largest key end on the device, so HostBatch carries no copy.
+    key_ends: torch.Tensor | None = None
+
+
+def block_key_ends(in_block: Sequence[bool]) -> list[int]:
+    """Per position of one sequence, the exclusive end of the keys it may see when blocks attend both ways: the end
+    of the maximal run of True it is in (an image's or a video's soft tokens; the tokens that open and close the
+    image are text), else position + 1. A step's ForwardContext.key_ends holds its tokens' entries."""
+    ends = [i + 1 for i in range(len(in_block))]
+    for i in reversed(range(len(in_block) - 1)):
+        if in_block[i] and in_block[i + 1]:
+            ends[i] = ends[i + 1]
+    return ends

@@ -324,3 +324,28 @@ def test_a_16_bit_cache_of_the_other_16_bit_dtype_is_left_to_the_reference(pinne
             Batch.starts([1, 1, 1]), 0.1, None)
     torch.testing.assert_close(backend.paged_attention(*args), torch_ref.paged_attention(*args))
     assert calls == []
+
+
+def test_steps_with_key_ends_leave_aiter_for_triton(pinned_aiter, caplog):
+    """flash_attn_varlen_func masks causally only: a prefill whose image blocks attend both ways (key_ends) runs on
+    Triton, with no AITER call, says so once in the log and matches the reference; without key_ends the same step
+    goes to AITER."""
+    from atomlite.model_ops.aiter import attention as adapter
+    _, calls = pinned_aiter
+    b = Batch()
+    counts = [7, 5, 1]
+    q, qsl, seq_lens = b.queries(counts), Batch.starts(counts), torch.tensor([27, 5, 40], dtype=torch.int32)
+    # an image at positions 20-22 after a cached prefix, a prompt that is all image, a decode step
+    key_ends = torch.tensor([23, 23, 23, 24, 25, 26, 27, 5, 5, 5, 5, 5, 40], dtype=torch.int32)
+    args = (q, b.k_cache, b.v_cache, b.block_table[:3], seq_lens, qsl, 0.125, 8)
+    adapter._attention_over_spans.cache_clear()
+    with caplog.at_level("INFO", logger="atomlite.aiter"):
+        got = backend.paged_attention(*args, key_ends=key_ends)
+    assert calls == [] and "so triton serves these steps" in caplog.text
+    upcast = [a.float() if a.is_floating_point() else a for a in args[:6]]
+    want = torch_ref.paged_attention(*upcast, 0.125, 8, key_ends=key_ends)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    causal = torch_ref.paged_attention(*upcast, 0.125, 8)
+    assert (want - causal).abs().max() > 0.1  # the key ends matter here
+    backend.paged_attention(*args)
+    assert [path for path, _, _ in calls] == [F.FLASH_VARLEN]

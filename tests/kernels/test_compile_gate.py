@@ -45,6 +45,18 @@ def test_attention_at_gemma4_shapes_spills_no_vgprs(rocm_results, platform):
     assert not spilled, "\n".join(spilled)
 
 
+@pytest.mark.parametrize("platform", ROCM)
+def test_the_prefill_with_image_blocks_compiles_at_the_sliding_head_dim(rocm_results, platform):
+    """31B and 26B-A4B (use_bidirectional_attention "vision"): their sliding layers' prefill with key ends, on a
+    16-bit and an fp8 cache (ROCm tiles them apart); decode steps never carry key ends."""
+    spans = [r for r in rocm_results if r.platform == platform and r.kernel == "attention.paged._attention_kernel"
+             and r.constexprs["HAS_KEY_ENDS"]]
+    assert {(r.constexprs["HEAD_DIM"], r.constexprs["HAS_WINDOW"], r.constexprs["SPLIT_KV"]) for r in spans} == {
+        (256, True, False)}
+    assert len({r.constexprs["BLOCK_M"] for r in spans}) == 2
+    assert all("bidirectional_spans=True" in r.workload for r in spans)
+
+
 def test_gate_reports_a_kernel_with_inline_ptx_by_name_on_gfx950():
     fixture = Path(__file__).with_name("compile_gate_ptx.py")
     results = run_gate(["gfx950"], launches=f"{fixture}:ptx_launches")

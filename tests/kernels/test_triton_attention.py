@@ -47,9 +47,10 @@ def paged_batch(q_lens: list[int], k_lens: list[int], num_heads: int, num_kv_hea
 Q_LENS, K_LENS = [0, 1, 1, 7, 20], [5, 1, 37, 40, 20]
 
 
-def assert_close_to_reference(out, lse, args, scale, window):
-    upcast = [a.float() if a.is_floating_point() else a for a in args]
-    ref_out, ref_lse = torch_ref.paged_attention(*upcast, scale, window, True)
+def assert_close_to_reference(out, lse, args, scale, window, **options):
+    """options: the op's keywords (key_ends, ...), for the reference too."""
+    upcast = [a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
+    ref_out, ref_lse = torch_ref.paged_attention(*upcast, scale, window, True, **options)
     assert not out.isnan().any()
     if out.dtype == torch.float32:
         torch.testing.assert_close(out, ref_out, atol=2e-5, rtol=2e-5)

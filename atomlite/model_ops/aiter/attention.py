@@ -5,17 +5,23 @@ with no LSE asked for -> paged_attention_v1 over the NHD cache. Anything else ->
 gathered from the paged cache; the gather copies only the keys a query can see (the window is applied there too),
 and its indices are planned once per step and KV group (gather.py). flash_attn_varlen_func's own block_table path
 is not used: it needs page sizes that are a multiple of 128, and atomlite's blocks are 16 by default.
+A step with key_ends (image blocks that attend both ways) is not AITER's: see _attention_over_spans.
 """
+import logging
 import math
+from collections.abc import Callable
 from functools import cache
 
 import torch
 
-from atomlite.model_ops import torch_ref
+from atomlite.model_ops import dispatch, torch_ref
 from atomlite.model_ops.aiter import detect, functions as F, gather
 from atomlite.model_ops.aiter.gather import GatherPlan
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.kv_spec import UNIT_SCALES, cache_scales
+from atomlite.model_ops.platform import Platform
+
+logger = logging.getLogger("atomlite.aiter")
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 PARTITION_SIZE = 256
@@ -47,10 +53,15 @@ def flash_window(window: int | None) -> tuple[int, int]:
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, host: HostBatch | None = None,
-                    derived: object | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
+                    derived: object | None = None, kv_scales: tuple[float, float] = UNIT_SCALES,
+                    key_ends: torch.Tensor | None = None):
     """torch_ref.paged_attention's contract on AITER kernels. Lengths come from `host`; without it, a prefill reads
     them back from the device. derived: the step's gather plan for this KV group (gather.step_plan), else it is
-    planned here."""
+    planned here. key_ends: the step goes to another backend (_attention_over_spans)."""
+    if key_ends is not None:
+        attend = _attention_over_spans(q.shape[2], q.shape[1] // v_cache.shape[2], window is not None)
+        return attend(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
+                      host=host, kv_scales=kv_scales, key_ends=key_ends)
     if q.dtype not in HALF_DTYPES or not _reads_cache(q, k_cache):
         return torch_ref.paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
                                          window, return_lse, kv_scales=kv_scales)
@@ -73,6 +84,20 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 paged_attention.step_metadata = gather.step_plan
+
+
+@cache
+def _attention_over_spans(head_dim: int, gqa: int, window: bool) -> Callable:
+    """The kernel for steps with key_ends. flash_attn_varlen_func masks causally (and by a window) only, never by each
+    query's own key end, and paged_attention_v1 serves decode alone: such a step (an image in a prefill, on the
+    layers whose image blocks attend both ways) runs on Triton's kernel, which every ROCm GPU with AITER has, or on
+    the reference where Triton does not take the shape. Said once per shape in the log."""
+    platform = detect.local_platform() or Platform()
+    choice = dispatch.choose("attention", platform, "triton", head_dim=head_dim, gqa=gqa, window=window)
+    logger.info("attention[head_dim=%d, gqa=%d, window=%s] with per-query key ends (image blocks that attend both "
+                "ways): AITER's flash attention masks causally only, so %s serves these steps (%s)",
+                head_dim, gqa, window, choice.backend, choice.reason)
+    return choice.fn
 
 
 def decode_workspace_bytes(num_seqs: int, num_heads: int, head_dim: int, elem_size: int, max_len: int,

@@ -1,7 +1,9 @@
 """Reference attention: causal (aligned bottom-right), optional sliding window, GQA, any head_dim, optional LSE.
 
 Query i of a sequence with Lq queries and Lk keys sits at position Lk - Lq + i, so a chunk that follows cached
-tokens (a prefix hit or a later prefill chunk) still sees every earlier key.
+tokens (a prefix hit or a later prefill chunk) still sees every earlier key. With key_ends, a query sees the keys
+before its own key end instead of those up to its position (image blocks that attend both ways); the window still
+counts back from its position.
 """
 import torch
 import torch.nn.functional as F
@@ -12,20 +14,22 @@ from atomlite.model_ops.kv_spec import UNIT_SCALES
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
 
-def _mask(num_q: int, num_k: int, window: int | None, device: torch.device) -> torch.Tensor:
-    q_pos = torch.arange(num_k - num_q, num_k, device=device)[:, None]
-    k_pos = torch.arange(num_k, device=device)[None, :]
-    visible = k_pos <= q_pos
+def _mask(q_pos: torch.Tensor, key_ends: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[Lq, Lk]: key k is visible to query q iff k < key_end[q] and, with a window W, k > q - W."""
+    visible = k_pos[None, :] < key_ends[:, None]
     if window is not None:
-        visible &= (q_pos - k_pos) < window
+        visible &= k_pos[None, :] > q_pos[:, None] - window
     return visible
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
-            return_lse: bool, k_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q [Lq, Hq, D], k/v [Lk, Hkv, D] -> out [Lq, Hq, D], lse [Lq, Hq]. k_offset: keys dropped before k[0]."""
-    num_q, num_heads, _ = q.shape
-    visible = _mask(num_q, k.shape[0] + k_offset, window, q.device)[:, k_offset:]
+            return_lse: bool, q_pos: torch.Tensor, key_ends: torch.Tensor,
+            k_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q [Lq, Hq, D] at positions q_pos [Lq], k/v [Lk, Hkv, D] -> out [Lq, Hq, D], lse [Lq, Hq].
+    k_offset: keys dropped before k[0]."""
+    num_heads = q.shape[1]
+    k_pos = torch.arange(k_offset, k_offset + k.shape[0], device=q.device)
+    visible = _mask(q_pos, key_ends, k_pos, window)
     group = num_heads // k.shape[1]
     if not return_lse:
         out = F.scaled_dot_product_attention(
@@ -57,7 +61,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
                     host: HostBatch | None = None, derived: object | None = None,
-                    kv_scales: tuple[float, float] = UNIT_SCALES):
+                    kv_scales: tuple[float, float] = UNIT_SCALES, key_ends: torch.Tensor | None = None):
     """Attention over a paged cache, prefill and decode alike.
 
     q [T, Hq, D]; caches [num_blocks, block_size, Hkv, D]; block_table [B, max_blocks] (physical block of each
@@ -67,6 +71,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     this step's batch for this KV group (GroupBatch.derived). The reference needs neither: it reads the lengths
     back from the device (so a CUDA/HIP graph cannot capture it; see GRAPH_UNSAFE).
     kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
+    key_ends: [T] int, each query's exclusive end of visible keys (ForwardContext.key_ends); None: position + 1.
     """
     k_scale, v_scale = kv_scales
     block_size = v_cache.shape[1]
@@ -77,6 +82,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
         q_b = q[starts[b]:starts[b + 1]]
         if q_b.shape[0] == 0:
             continue
+        q_pos = torch.arange(num_k - q_b.shape[0], num_k, device=q.device)
+        ends = q_pos + 1 if key_ends is None else _checked_key_ends(key_ends[starts[b]:starts[b + 1]], q_pos, num_k)
         first_needed = 0 if window is None else max(0, num_k - q_b.shape[0] - window + 1)
         first_block = first_needed // block_size
         blocks = block_table[b, first_block:(num_k + block_size - 1) // block_size].long()
@@ -87,8 +94,18 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
         else:
             k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v, q.dtype)
         v_b = v_b.to(q.dtype)
-        o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, k_offset)
+        o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, q_pos, ends, k_offset)
         out[starts[b]:starts[b + 1]] = o
         if return_lse:
             lse[starts[b]:starts[b + 1]] = l
     return (out, lse) if return_lse else out
+
+
+def _checked_key_ends(key_ends: torch.Tensor, q_pos: torch.Tensor, num_k: int) -> torch.Tensor:
+    """One sequence's key ends, which must lie in [position + 1, seq_len]: a query sees at least its own key and
+    no key the cache does not hold yet."""
+    key_ends = key_ends.to(device=q_pos.device, dtype=torch.int64)
+    if bool(((key_ends <= q_pos) | (key_ends > num_k)).any()):
+        raise ValueError(f"key_ends {key_ends.tolist()} must lie in [position + 1, {num_k}] for queries at "
+                         f"positions {q_pos.tolist()}: a query sees at least itself and only keys in the cache")
+    return key_ends

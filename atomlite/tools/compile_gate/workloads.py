@@ -109,7 +109,8 @@ def _tensor_parallel_all_reduce(r: Recorder, hidden: int) -> None:
                    meta(1), weight)
 
 
-def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window: int | None) -> None:
+def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window: int | None,
+                     bidirectional_spans: bool = False) -> None:
     step, heads, dim, kv_heads = r.step, spec.hf["num_attention_heads"], layer.head_dim, layer.num_kv_heads
     q, k = meta(step.tokens, heads, dim), meta(step.tokens, kv_heads, dim)
     cos, weight, slots = meta(step.tokens, dim), meta(dim), meta(step.tokens, dtype=torch.int64)
@@ -136,6 +137,11 @@ def _attention_layer(r: Recorder, spec: ModelSpec, layer: LayerAttention, window
     r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, fp8_cache, fp8_cache, slots)
     r.call("attention", shape, q, fp8_cache, fp8_cache, table, meta(step.num_seqs, **int32),
            meta(step.num_seqs + 1, **int32), 1.0, window)
+    if bidirectional_spans and step.new > 1:  # images come in prefills: decode steps never carry key ends
+        for kv_cache in (cache, fp8_cache):
+            r.call("attention", {**shape, "bidirectional_spans": True}, q, kv_cache, kv_cache, table,
+                   meta(step.num_seqs, **int32), meta(step.num_seqs + 1, **int32), 1.0, window,
+                   key_ends=meta(step.tokens, **int32))
     if layer.k_eq_v:  # the model's layers store V alone and rebuild K (models/gemma4.py)
         for v_cache in (cache, fp8_cache):
             r.call("qk_norm_rope", dict(head_dim=dim), q, k, k, weight, weight, 1e-6, cos, cos, None, v_cache, slots)
@@ -234,8 +240,11 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
     r.call("rms_norm_residual", dict(dim=hidden), x, x, weight, 1e-6, meta(1), weight)  # after the MLP
     _norms_of_projections(r, spec)
     window = hf.get("sliding_window")
+    # transformers' create_masks_for_vision_model: image blocks attend both ways on the sliding layers alone
+    vision_spans = hf.get("use_bidirectional_attention") == "vision"
     for layer in sorted(set(spec.layers), key=lambda layer: (layer.kind, layer.head_dim, layer.num_kv_heads)):
-        _attention_layer(r, spec, layer, window if layer.kind == "sliding" else None)
+        sliding = layer.kind == "sliding"
+        _attention_layer(r, spec, layer, window if sliding else None, sliding and vision_spans)
     inner = [hf["intermediate_size"]] + ([2 * hf["intermediate_size"]] if hf.get("use_double_wide_mlp") else [])
     for width in inner:
         r.call("gelu_tanh_and_mul", dict(dim=width), meta(tokens, 2 * width))

@@ -6,6 +6,9 @@ by binary search over query_start_loc (no host sync, so the launch can be graph-
 with Lq queries and Lk keys sits at position Lk - Lq + i. With a window, tiles wholly before the window are
 skipped and rows of blocks before it are never loaded (their block-table entries may point to a null block).
 With SPLIT_KV the key range is cut into splits whose partial results split_kv.combine merges.
+With HAS_KEY_ENDS (ForwardContext.key_ends: image blocks that attend both ways) a query sees the keys before its own
+key end rather than those up to its position, and a tile walks up to the largest key end of its queries; the window
+still counts back from each query's position.
 """
 import dataclasses
 import itertools
@@ -130,16 +133,17 @@ def _build_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_start, tile_end, k_lo, k_hi,
-                  window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
+def _attend_tiles(acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, tile_start, tile_end, k_lo,
+                  k_hi, window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs,
                   q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope, built_rows, stride_bk,
-                  MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEY_ENDS: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr,
                   KEYS_BUILT: tl.constexpr):
     """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
     q * w_k with the rotated columns zeroed (see _derived_key_scores); with KEYS_BUILT, keys come from the step's
-    built keys (built_rows) instead of the K cache."""
+    built keys (built_rows) instead of the K cache. With HAS_KEY_ENDS a row sees keys before its q_key_end, else
+    keys up to its q_pos."""
     dims = tl.arange(0, HEAD_DIM)
     for kv_tile in range(tile_start, tile_end):
         k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -164,7 +168,10 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
             scores = tl.dot(q_block, tl.trans(k_block.to(q_block.dtype)), input_precision=DOT_PRECISION)
         scores = scores * scale_log2
         if MASKED:
-            visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+            if HAS_KEY_ENDS:
+                visible = (k_pos[None, :] < q_key_end[:, None]) & k_ok[None, :]
+            else:
+                visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
             if HAS_WINDOW:
                 visible &= (q_pos[:, None] - k_pos[None, :]) < window
             scores = tl.where(visible, scores, float("-inf"))
@@ -177,6 +184,20 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile
         l_i = l_i + tl.sum(p, 1)
         acc = tl.dot(p.to(v_block.dtype), v_block, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def _tile_key_ends(key_ends, tokens, row_ok, q_pos, first_pos, q_end, k_len, HAS_KEY_ENDS: tl.constexpr):
+    """(k_hi, seen_by_all, q_key_end): the end of the keys any row of the tile sees, the end of those every row sees
+    (the window aside), and each row's own key end (its key_ends entry; q_pos, unused, without HAS_KEY_ENDS)."""
+    k_hi = q_end
+    seen_by_all = first_pos + 1
+    q_key_end = q_pos
+    if HAS_KEY_ENDS:
+        q_key_end = tl.load(key_ends + tokens, mask=row_ok, other=0)
+        k_hi = tl.minimum(k_len, tl.maximum(q_end, tl.max(q_key_end, 0)))
+        seen_by_all = tl.minimum(tl.maximum(seen_by_all, tl.min(tl.where(row_ok, q_key_end, k_hi), 0)), k_hi)
+    return k_hi, seen_by_all, q_key_end
 
 
 @triton.jit
@@ -202,14 +223,15 @@ def _derived_query(q_block, q_rows, row_ok, k_weight, HEAD_DIM: tl.constexpr, RO
 @triton.jit(do_not_specialize=["num_seqs", "num_splits", "stride_bt"])
 def _attention_kernel(
         q, k_cache, v_cache, out, lse, block_table, seq_lens, query_start_loc, k_weight, cos, sin, built_keys,
-        built_row_starts,
+        built_row_starts, key_ends,
         scale_log2, v_scale, window, num_seqs, num_heads, num_splits,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_ot, stride_oh, stride_os, stride_ls, stride_bt, stride_rope, stride_bk,
         GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
-        ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr, PDL: tl.constexpr):
+        ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr, HAS_KEY_ENDS: tl.constexpr,
+        PDL: tl.constexpr):
     """PDL: a dependent launch, which reads the batch's bounds (written before the step, by no kernel) while the
     kernel ahead (that wrote q and the new keys and values) finishes, and waits for it before q."""
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
@@ -245,7 +267,9 @@ def _attention_kernel(
         w_r2 = dims
 
     first_pos = k_len - q_len + q_tile * BLOCK_Q
-    k_hi = tl.minimum(k_len, first_pos + BLOCK_Q)
+    q_end = tl.minimum(k_len, first_pos + BLOCK_Q)  # one past the tile's last query position
+    k_hi, seen_by_all, q_key_end = _tile_key_ends(key_ends, q_start + q_local, row_ok, q_pos, first_pos, q_end,
+                                                  k_len, HAS_KEY_ENDS)
     k_lo = 0
     if HAS_WINDOW:
         k_lo = tl.maximum(first_pos - window + 1, 0)
@@ -256,14 +280,14 @@ def _attention_kernel(
         tile_lo = tile_lo + split * per_split
         tile_hi = tl.minimum(tile_hi, tile_lo + per_split)
 
-    # Tiles [tile_lo, full_lo) and [full_hi, tile_hi) cut the window edge or the diagonal and need masks;
-    # tiles between are visible to every row and skip both the mask and the bounds checks.
-    last_pos = k_hi - 1
+    # Tiles [tile_lo, full_lo) and [full_hi, tile_hi) cut the window edge or the diagonal (or a row's key end) and
+    # need masks; tiles between are visible to every row and skip both the mask and the bounds checks.
+    last_pos = q_end - 1
     full_lo = tile_lo
     if HAS_WINDOW:
         full_lo = tl.cdiv(tl.maximum(last_pos - window + 1, 0), BLOCK_N)
     full_lo = tl.minimum(tl.maximum(full_lo, tile_lo), tile_hi)
-    full_hi = tl.minimum(tl.maximum((first_pos + 1) // BLOCK_N, full_lo), tile_hi)
+    full_hi = tl.minimum(tl.maximum(seen_by_all // BLOCK_N, full_lo), tile_hi)
 
     # A finite start keeps fully masked rows NaN-free: exp2(-inf - (-1e30)) = 0.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -276,22 +300,22 @@ def _attention_kernel(
     k_base = k_cache + kv_head * stride_kh
     v_base = v_cache + kv_head * stride_vh
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        built_rows, stride_bk,
-        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, tile_lo, full_lo, k_lo, k_hi,
+        window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
+        stride_rope, built_rows, stride_bk,
+        True, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
         KEYS_BUILT)
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        built_rows, stride_bk,
-        False, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi,
+        window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
+        stride_rope, built_rows, stride_bk,
+        False, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
         KEYS_BUILT)
     acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q_block, q_pos, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi, window,
-        scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin, stride_rope,
-        built_rows, stride_bk,
-        True, HAS_WINDOW, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
+        acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi,
+        window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
+        stride_rope, built_rows, stride_bk,
+        True, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
         KEYS_BUILT)
 
     empty = l_i == 0.0
@@ -365,11 +389,12 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
            config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None, v_scale: float = 1.0,
-           quantize: InputQuantization | None = None):
+           quantize: InputQuantization | None = None, key_ends: torch.Tensor | None = None):
     """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them).
     scale: the softmax scale times the K cache's scale; v_scale: the V cache's (outputs are multiplied by it).
     quantize: where the split-KV merge writes the output, it writes it as [T, H * D] QuantizedRows of that form
-    (returned instead of out) when the form's K is H * D and D a multiple of 32 (whole blocks per head)."""
+    (returned instead of out) when the form's K is H * D and D a multiple of 32 (whole blocks per head).
+    key_ends: [T] int32, each query's exclusive end of visible keys (ForwardContext.key_ends); None: causal."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = v_cache.shape[2], v_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -401,7 +426,8 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     pdl = dependent_launches(q.device)
     run_kernel(_attention_kernel, grid,
         q, k_cache, v_cache, dest, dest_lse if dest_lse is not None else dest, block_table, seq_lens,
-        query_start_loc, k_weight, cos, sin, built_keys, built_row_starts, scale * LOG2E, v_scale, window or 0,
+        query_start_loc, k_weight, cos, sin, built_keys, built_row_starts,
+        key_ends if key_ends is not None else seq_lens, scale * LOG2E, v_scale, window or 0,
         num_seqs, num_heads, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -410,7 +436,8 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
-        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None, PDL=pdl,
+        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
+        HAS_KEY_ENDS=key_ends is not None, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits > 1:
         quantized = None
@@ -471,7 +498,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
                     block_table: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                     window: int | None = None, return_lse: bool = False, k_from_v: KFromV | None = None,
                     host: HostBatch | None = None, derived: object | None = None,
-                    kv_scales: tuple[float, float] = UNIT_SCALES, quantize: InputQuantization | None = None):
+                    kv_scales: tuple[float, float] = UNIT_SCALES, quantize: InputQuantization | None = None,
+                    key_ends: torch.Tensor | None = None):
     """Same contract as torch_ref.paged_attention; reads lengths on the device. host (and derived, what
     step_metadata built for the step) let a prefill on V-only layers build its keys once (_keys_for_prefill).
     quantize: see launch (the output may come as QuantizedRows)."""
@@ -484,7 +512,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     k_scale, v_scale = cache_scales(v_cache, kv_scales)
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
     return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,
-                  config, k_from_v, built, v_scale, quantize)
+                  config, k_from_v, built, v_scale, quantize, key_ends)
 
 
 paged_attention.step_metadata = step_metadata
