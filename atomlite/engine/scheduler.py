@@ -91,13 +91,19 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
         preemptions_before = self.num_preemptions
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = self._fit_running(seq, min(seq.num_uncomputed + len(seq.spec_token_ids), budget))
-            if num_new == 0:
-                break
-            del seq.spec_token_ids[max(0, num_new - seq.num_uncomputed):]  # drafts past the budget are dropped
+        running, i = self.running, 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed, drafts = seq.num_computed_tokens, seq.spec_token_ids
+            uncomputed = len(seq.token_ids) - computed
+            num_new = uncomputed + len(drafts) if drafts else uncomputed
+            num_new = num_new if num_new < budget else budget
+            if computed + num_new > seq.kv_covered_tokens:  # else its blocks hold the step already
+                num_new = self._fit_running(seq, num_new)
+                if num_new == 0:
+                    break
+            if drafts:
+                del drafts[max(0, num_new - uncomputed):]  # drafts past the budget are dropped
             scheduled.append((seq, num_new))
             budget -= num_new
             i += 1
