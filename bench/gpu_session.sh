@@ -53,6 +53,14 @@ load() {  # MODEL [flags]: the throughput-under-load row (256 x 512 in / 256 out
         --num-prompts 256 --input-len 512 --output-len 256 --max-num-seqs 256 --max-model-len 1024 "$@"
 }
 
+pool_rows() {  # MODEL: the shared KV pool's row: the load at --max-model-len 2048, then at 32768; one machine
+    for len in 2048 32768; do
+        echo "--- max-model-len $len"
+        python -m atomlite.cli bench throughput --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
+            --num-prompts 256 --input-len 512 --output-len 256 --max-num-seqs 256 --max-model-len $len
+    done
+}
+
 serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in process, then over HTTP; then 1 at once
     local model="examples/configs/$1" port=8011 pid
     local flags=(--model "$model" --load-format dummy --dtype bfloat16 --max-num-seqs 64 --max-model-len 2048)
@@ -117,6 +125,10 @@ stage() {
         load-26b) load gemma-4-26B-A4B-it ;;
         load-31b) load gemma-4-31B-it ;;
         load-31b-mxfp4) load gemma-4-31B-it-mxfp4 ;;
+        pool-31b) pool_rows gemma-4-31B-it ;;
+        pool-26b) pool_rows gemma-4-26B-A4B-it ;;
+        tests-images) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_bidirectional_attention.py \
+                          tests/kernels/test_triton_attention.py && python bench/key_ends_prefill.py ;;
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step

@@ -65,7 +65,7 @@ def _with_static_decode(llm: LLM, max_batch: int, capture: bool) -> list[int]:
 
 ENGINE_SETTINGS = {
     "batched": dict(),
-    "preemption": dict(kv_cache_memory=2 * 72 * 1024, block_size=4, max_model_len=64),
+    "preemption": dict(kv_cache_memory=72 * 1024, block_size=4, max_model_len=64),
     "max_graph_batch_4": dict(),  # batches over 4 fall back to the normal path
 }
 
