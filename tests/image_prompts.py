@@ -46,7 +46,8 @@ def image_prompt(items: list[ImageItem], text: list[int] = (5, 17, 33, 8), betwe
 
 
 @torch.no_grad()
-def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int) -> tuple[list[int], list[float]]:
+def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int, image_token_id: int = IMAGE) \
+        -> tuple[list[int], list[float]]:
     """Greedy tokens and each one's log-prob, a full forward per token."""
     given = {}
     if prompt.items:
@@ -56,7 +57,7 @@ def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int) -> tuple
         given = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(soft))}}
     ids, tokens, logprobs = list(prompt.prompt_token_ids), [], []
     for _ in range(max_tokens):
-        types = torch.tensor([[int(t == IMAGE) for t in ids]])
+        types = torch.tensor([[int(t == image_token_id) for t in ids]])
         logits = ref(input_ids=torch.tensor([ids]), mm_token_type_ids=types, **given).logits[0, -1]
         row = torch.log_softmax(logits.float(), dim=-1)
         token = int(row.argmax())
