@@ -195,8 +195,7 @@ class LLMEngine:
     def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqImage]:
         vision = getattr(self.model, "vision_spec", None)
         if multimodal.items and vision is None:
-            raise ValueError(f"the model {self.config.model} has no vision tower (its config.json has no "
-                             f"vision_config): it takes text only")
+            raise ValueError(f"the model {self.config.model} has no vision tower: it takes text only")
         if token_ids != multimodal.prompt_token_ids:
             raise ValueError("the prompt's token ids differ from its multimodal prompt's prompt_token_ids")
         if not multimodal.items:
