@@ -73,8 +73,9 @@ def engine_options(fn):
 
 
 # engine flags that change how steps run, not the KV plan
-RUNTIME_ONLY = ("max_num_encoder_input_tokens", "encoder_cache_memory", "load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy")
+RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
+                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
+                "max_num_encoder_input_tokens", "encoder_cache_memory")
 
 
 def without_options(*names: str):
