@@ -4,8 +4,9 @@ computed once, and a refused head is not tried again until room can have changed
 
     PYTHONPATH=. python bench/schedule_cost.py [--model examples/configs/gemma-4-31B-it --running 256 --steps 300]
 
-The model's real KV specs (config.json on the meta device), the pool planned for --kv-cache-memory at
---max-model-len (its memory on the meta device: nothing is allocated). Each step stands in for the engine as
+The model's real KV specs (config.json on the meta device) and a pool (its memory on the meta device: nothing is
+allocated) that holds the running sequences at their max_tokens with 100 pages to spare: admission keeps that room
+for them to grow, so the long prompt is refused. Each step stands in for the engine as
 tests/unit/test_scheduler_unit.py does: scheduled tokens become computed, blocks are keyed and released, and each
 sequence gets one token. Prints the median and 90th percentile of schedule() in milliseconds.
 """
@@ -18,7 +19,7 @@ import torch
 from atomlite import SamplingParams
 from atomlite.config import EngineConfig
 from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_planner import plan_kv_cache
+from atomlite.engine.kv_planner import budget_for, plan_kv_cache
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.platform import Platform
@@ -41,23 +42,25 @@ def engine_step(sched: Scheduler) -> float:
 def scheduler_for(args) -> Scheduler:
     config = EngineConfig(model=args.model, dtype="bfloat16", device="cpu", max_model_len=args.max_model_len)
     specs = meta_model(config, Platform()).kv_specs(torch.bfloat16)
-    plan = plan_kv_cache(specs, args.kv_cache_memory, 16, args.max_model_len)
-    kv = KVCacheManager(specs, plan.num_pages, 16, torch.device("meta"))
-    return Scheduler(kv, max_num_seqs=2 * args.running, max_num_batched_tokens=8192,
-                     max_model_len=args.max_model_len)
+    budget = budget_for(specs, 16, args.prompt_len + args.steps + 16, args.running)
+    plan = plan_kv_cache(specs, budget, 16, args.max_model_len)
+    kv = KVCacheManager(specs, plan.num_pages + 100, 16, torch.device("meta"))
+    scheduler = Scheduler(kv, max_num_seqs=2 * args.running, max_num_batched_tokens=8192,
+                          max_model_len=args.max_model_len)
+    return scheduler
 
 
 def timed(args, waiting: bool) -> list[float]:
     sched = scheduler_for(args)
     for i in range(args.running):
-        sched.add(Sequence([100 + i] * args.prompt_len, SamplingParams(max_tokens=100_000, ignore_eos=True)))
+        sched.add(Sequence([100 + i] * args.prompt_len, SamplingParams(max_tokens=args.steps + 16, ignore_eos=True)))
     while sched.waiting:  # admit and prefill them all
         engine_step(sched)
-    assert len(sched.running) == args.running, "the pool holds fewer running sequences: raise --kv-cache-memory"
+    assert len(sched.running) == args.running
     if waiting:
         sched.add(Sequence(list(range(args.waiting_len)), SamplingParams(max_tokens=256)))
     times = [engine_step(sched) for _ in range(args.steps)]
-    assert len(sched.waiting) == int(waiting), "the long prompt was admitted: lower --kv-cache-memory"
+    assert len(sched.waiting) == int(waiting) and len(sched.running) == args.running
     return times
 
 
@@ -68,7 +71,6 @@ def main():
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--waiting-len", type=int, default=32768)
     parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--kv-cache-memory", type=int, default=100 * 2**30)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     for waiting in (False, True):

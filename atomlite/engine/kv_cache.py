@@ -127,6 +127,8 @@ class KVCacheManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give seq the blocks for its next num_new_tokens in every group; all or nothing."""
+        if seq.num_computed_tokens + num_new_tokens <= seq.kv_covered_tokens:
+            return True  # most decode steps stay inside blocks held already
         needed = self._needed(seq, num_new_tokens)
         if not self.fits(needed):
             return False
@@ -135,7 +137,11 @@ class KVCacheManager:
             first = group.first_needed_block(seq.num_computed_tokens, self.block_size)
             table.extend([NULL_BLOCK] * max(0, first - len(table)))
             table.extend([group.pool.allocate() for _ in range(count)])
+        self._note_coverage(seq)
         return True
+
+    def _note_coverage(self, seq: Sequence) -> None:
+        seq.kv_covered_tokens = min(len(table) for table in seq.block_tables) * self.block_size
 
     def blocks_held(self, num_tokens: int) -> list[int]:
         """Per group, the most blocks a sequence of num_tokens tokens holds."""
@@ -152,6 +158,7 @@ class KVCacheManager:
             for block in reversed(table):
                 group.pool.release(block)
         seq.block_tables, seq.released_until = [], []
+        seq.kv_covered_tokens = 0
 
     def release_out_of_window(self, seq: Sequence) -> None:
         """Drop sliding-group blocks no future query of seq can see; looks only at blocks not yet released."""
@@ -231,6 +238,7 @@ class KVCacheManager:
             table.extend([NULL_BLOCK] * first)
             table.extend([group.pool.take_cached(keys[i], self._identity(seq, keys, i)) for i in range(first, hit)])
         seq.num_registered_blocks = hit
+        self._note_coverage(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = hit * self.block_size
         return seq.num_computed_tokens
 

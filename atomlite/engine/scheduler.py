@@ -94,18 +94,26 @@ class Scheduler:
         scheduled: list[tuple[Sequence, int]] = []
         preemptions_before = self.num_preemptions
         images = self.images.step()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            wanted = images.fit(seq, min(seq.num_uncomputed + len(seq.spec_token_ids), budget))
-            if wanted == 0:  # its next image waits for a step with room for it whole
-                i += 1
-                continue
-            num_new = self._fit_running(seq, wanted, images)
-            if num_new == 0:
-                break
-            images.take(seq, num_new)
-            del seq.spec_token_ids[max(0, num_new - seq.num_uncomputed):]  # drafts past the budget are dropped
+        running, i = self.running, 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            computed, drafts = seq.num_computed_tokens, seq.spec_token_ids
+            uncomputed = len(seq.token_ids) - computed
+            num_new = uncomputed + len(drafts) if drafts else uncomputed
+            num_new = num_new if num_new < budget else budget
+            if seq.images:
+                num_new = images.fit(seq, num_new)
+                if num_new == 0:  # its next image waits for a step with room for it whole
+                    i += 1
+                    continue
+            if computed + num_new > seq.kv_covered_tokens:  # else its blocks hold the step already
+                num_new = self._fit_running(seq, num_new, images)
+                if num_new == 0:
+                    break
+            if seq.images:
+                images.take(seq, num_new)
+            if drafts:
+                del drafts[max(0, num_new - uncomputed):]  # drafts past the budget are dropped
             scheduled.append((seq, num_new))
             budget -= num_new
             i += 1

@@ -31,6 +31,7 @@ class Sequence:
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its first full blocks, kept
     num_registered_blocks: int = 0  # full computed blocks whose keys the cache can find
     released_until: list[int] = field(default_factory=list)  # per KV group: blocks before it are released
+    kv_covered_tokens: int = 0  # positions below it have a block in every group (the scheduler's fast check)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts the next step verifies after token_ids
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
@@ -75,6 +76,6 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         self.num_computed_tokens = self.num_cached_tokens = 0
         self.block_tables, self.released_until = [], []
-        self.num_registered_blocks = 0
+        self.num_registered_blocks = self.kv_covered_tokens = 0
         self.spec_token_ids = []
         self.status = Status.WAITING
