@@ -21,6 +21,11 @@ ENGINE_OPTIONS = [
     click.option("--max-model-len", type=int, default=None, help="Context length (prompt + output); default min(model limit, 8192)."),
     click.option("--max-num-seqs", type=int, default=64, show_default=True, help="Most sequences in one batch."),
     click.option("--max-num-batched-tokens", type=int, default=2048, show_default=True, help="Token budget of one step (prefill chunk size)."),
+    click.option("--max-num-encoder-input-tokens", type=int, default=None,
+                 help="Soft tokens the vision tower may encode in one step (default: --max-num-batched-tokens)."),
+    click.option("--encoder-cache-memory", default=None,
+                 help="Bound of the cache of encoded images, e.g. 512MiB (default: the larger of the encoder budget "
+                      "and one 1120-token image, in soft tokens of the model's width)."),
     click.option("--kv-cache-memory", default=None, help="KV cache budget, e.g. 20GiB (default: what fits; 2GiB cap on CPU)."),
     click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block."),
     click.option("--kernel-backend", default="auto", type=click.Choice(["auto", "triton", "torch"]),
@@ -69,7 +74,8 @@ def engine_options(fn):
 
 # engine flags that change how steps run, not the KV plan
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy")
+                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
+                "max_num_encoder_input_tokens", "encoder_cache_memory")
 
 
 def without_options(*names: str):
@@ -89,7 +95,7 @@ def engine_args(kw: dict) -> dict:
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
             "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
             "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
-            "allowed_media_domains")
+            "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_prefix_caching" in kw:
         args["enable_prefix_caching"] = not kw["no_prefix_caching"]

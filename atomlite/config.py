@@ -206,12 +206,20 @@ class EngineConfig:
     mm_processor_kwargs: dict | str | None = None  # the processor's settings, e.g. {"max_soft_tokens": 560}
     allowed_local_media_path: str | Path | None = None  # file:// media only under this folder
     allowed_media_domains: list[str] | tuple[str, ...] | str | None = None  # http(s) media only from these hosts
+    # soft tokens the vision tower may encode in one step (vLLM's name); None: --max-num-batched-tokens
+    max_num_encoder_input_tokens: int | None = None
+    # the encoder cache's bound ("512MiB"); None: vLLM's encoder cache size (the larger of the encoder budget and
+    # the largest image's soft tokens) at the model's width and dtype
+    encoder_cache_memory: int | str | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.model_spec = load_model_spec(self.model)
         self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        self.encoder_cache_memory = parse_memory_size(self.encoder_cache_memory)
+        if self.max_num_encoder_input_tokens is None:
+            self.max_num_encoder_input_tokens = self.max_num_batched_tokens
         self._parse_multimodal()
         limit = self.model_spec.max_position_embeddings
         if self.max_model_len is None:
@@ -234,8 +242,9 @@ class EngineConfig:
         if not 1 <= self.max_model_len <= limit:
             raise ConfigError(f"--max-model-len {self.max_model_len} must be between 1 and the model's "
                               f"max_position_embeddings ({limit})")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ConfigError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_num_encoder_input_tokens < 1:
+            raise ConfigError("--max-num-seqs, --max-num-batched-tokens and --max-num-encoder-input-tokens must be "
+                              "at least 1")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype} is not one of auto, {', '.join(DTYPES)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -93,8 +93,8 @@ class LLM:
     def _add_request(self, request_id: str, prompt: str | list[int], multimodal: MultiModalPrompt | None,
                      params: SamplingParams, priority: int = 0):
         """The one place a prompt is handed to the engine."""
-        if multimodal is not None:  # the engine takes no pixels yet: a MultiModalPrompt will go to it from here
-            raise NotImplementedError("images are parsed but not yet served by the engine")
+        if multimodal is not None:
+            return self.engine.add_request(request_id, multimodal.prompt_token_ids, params, priority, multimodal)
         return self.engine.add_request(request_id, prompt, params, priority)
 
     def _step(self, processor: OutputProcessor) -> int:

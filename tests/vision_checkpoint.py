@@ -32,6 +32,17 @@ def vision_model_dir(out: Path) -> Path:
     for f in demo_model_dir().iterdir():
         if f.is_file():
             shutil.copy(f, out / f.name)
+    ids = _with_vision_tokens(out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(vision_config=VISION_CONFIG, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+                  boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"])
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def _with_vision_tokens(out: Path) -> dict[str, int]:
+    """Gemma 4's vision tokens added to the tokenizer in out, with CHAT_TEMPLATE; their ids."""
+    from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(out)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     tokenizer.save_pretrained(out)
@@ -39,12 +50,31 @@ def vision_model_dir(out: Path) -> Path:
     tokenizer_config["extra_special_tokens"] = TOKEN_ROLES
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
-    config = json.loads((out / "config.json").read_text())
-    config.update(vision_config=VISION_CONFIG, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-                  boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"])
-    (out / "config.json").write_text(json.dumps(config, indent=1))
-    return out
+    return dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+
+
+def tiny_vision_model_dir(out: Path, tower: str = "clipped"):
+    """A tiny random Gemma4ForConditionalGeneration with a real vision tower (tiny_models' shape `tower`,
+    bidirectional image attention) behind the demo's char tokenizer with Gemma 4's vision tokens: images served end
+    to end. -> (folder, the float32 transformers model)."""
+    import tiny_models
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4VisionConfig
+    from atomlite.demo.tokenizer import save_char_tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    save_char_tokenizer(out)
+    ids = _with_vision_tokens(out)
+    text = tiny_models.text_config("dense", vocab_size=128, max_position_embeddings=1024,
+                                   use_bidirectional_attention="vision")
+    config = Gemma4Config(text_config=text.to_dict(), vision_config=Gemma4VisionConfig(**tiny_models.VISION[tower]),
+                          image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+                          boi_token_id=ids["<|image>"], eoi_token_id=ids["<image|>"],
+                          audio_token_id=ids["<|audio|>"], boa_token_id=ids["<|audio>"],
+                          eoa_token_index=ids["<audio|>"])
+    model = Gemma4ForConditionalGeneration(config)
+    tiny_models.randomize(model, 0)
+    model = model.float().eval()
+    model.save_pretrained(out)
+    return out, model
 
 
 def reference_processor(model_dir: Path):

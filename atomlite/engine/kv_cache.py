@@ -6,7 +6,9 @@ from pages that every group draws from (block_pool, kv_layout), and one K and on
 own nothing and read their target's cache.
 
 Prefix caching keys each full block by SHA-256 over its parent block's key and its token ids, so a key names the
-whole prefix up to that block. A sequence's keys are computed once, as its blocks fill (Sequence.block_keys). A hit
+whole prefix up to that block; a block that holds an image's soft tokens also covers the image's content hash and
+where the block starts within it (seq_images.block_image_marks), so the same placeholders with another image never
+hit. A sequence's keys are computed once, as its blocks fill (Sequence.block_keys). A hit
 is also checked against the block's own tokens and parent key as stored in the pool, so that a weaker block_key
 (tests swap in a colliding one) can cost cache hits but never correctness.
 """
@@ -23,6 +25,7 @@ from atomlite.engine.block_table import BlockTable
 from atomlite.engine.kv_layout import page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
+from atomlite.engine.seq_images import block_image_marks, outside_images
 
 
 def sha256_block_key(parent_key: bytes, token_ids: TokenIds[int]) -> bytes:
@@ -179,9 +182,16 @@ class KVCacheManager:
     def _parent_key(self, keys: list[bytes], i: int) -> bytes:
         return keys[i - 1] if i else self.root_key
 
+    def _chained(self, seq: Sequence, keys: list[bytes], i: int) -> bytes:
+        """The parent's key, and after it, for a block under an image, what names the image there."""
+        parent = self._parent_key(keys, i)
+        if seq.images:
+            return parent + block_image_marks(seq.images, i * self.block_size, self.block_size)
+        return parent
+
     def _identity(self, seq: Sequence, keys: list[bytes], i: int) -> tuple[bytes, tuple[int, ...]]:
         """What block i must have been computed from: checked on a hit, so a key collision cannot serve it."""
-        return self._parent_key(keys, i), self._block_tokens(seq, i)
+        return self._chained(seq, keys, i), self._block_tokens(seq, i)
 
     def _extend_keys(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """seq's block keys, extended to its first num_blocks full blocks, each chained to the one before. They
@@ -189,7 +199,7 @@ class KVCacheManager:
         keys = seq.block_keys
         while len(keys) < num_blocks:
             i = len(keys)
-            keys.append(self.block_key(self._parent_key(keys, i), self._block_tokens(seq, i)))
+            keys.append(self.block_key(self._chained(seq, keys, i), self._block_tokens(seq, i)))
         return keys
 
     def update_block_hashes(self, seq: Sequence) -> None:
@@ -218,10 +228,11 @@ class KVCacheManager:
         self._ensure_tables(seq)
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return 0
-        hit = (len(seq.token_ids) - 1) // self.block_size  # the last token is always computed
+        last_full = (len(seq.token_ids) - 1) // self.block_size  # the last token is always computed
+        hit = self._hit_outside_images(seq, last_full)
         keys = self._extend_keys(seq, hit)
         while hit and not all(self._group_can_serve(g, seq, keys, hit) for g in self.groups):
-            hit -= 1
+            hit = self._hit_outside_images(seq, hit - 1)
         for group, table in zip(self.groups, seq.block_tables):
             first = group.first_needed_block(hit * self.block_size, self.block_size)
             table.extend([NULL_BLOCK] * first)
@@ -230,6 +241,12 @@ class KVCacheManager:
         self._note_coverage(seq)
         seq.num_computed_tokens = seq.num_cached_tokens = hit * self.block_size
         return seq.num_computed_tokens
+
+    def _hit_outside_images(self, seq: Sequence, num_blocks: int) -> int:
+        """num_blocks, or fewer where they would end inside an image: a hit ends before it."""
+        if not seq.images:
+            return num_blocks
+        return outside_images(seq.images, num_blocks * self.block_size) // self.block_size
 
     # -- views ----------------------------------------------------------------------------------------------
     def usage(self) -> list[tuple[KVSpec, int, int]]:

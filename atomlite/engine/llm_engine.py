@@ -8,11 +8,15 @@ import torch
 
 from atomlite.config import EngineConfig
 from atomlite.distributed.parallel import SINGLE
+from atomlite.engine.encoder_cache import EncoderCache, encoder_cache_bytes
+from atomlite.engine.image_budget import ImageScheduling
+from atomlite.engine.image_embeds import ImageEmbedder
 from atomlite.engine.launched import LaunchedStep, VerifiedStep
 from atomlite.engine.logits_controls import TokenHistory
 from atomlite.engine.rank import EngineRank, construct_model
 from atomlite.engine.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
+from atomlite.engine.seq_images import SeqImage, placed_images
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
@@ -21,6 +25,7 @@ from atomlite.engine.structured import StructuredOutputs
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
 from atomlite.model_ops.platform import detect_platform
+from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.sampling_params import SamplingParams
 from atomlite.tokenizer import load_tokenizer
 
@@ -78,7 +83,7 @@ class LLMEngine:
         self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
-                                   config.scheduling_policy)
+                                   config.scheduling_policy, self._image_scheduling())
         self.tokenizer = load_tokenizer(config.model_spec.path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -91,6 +96,16 @@ class LLMEngine:
         self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
         self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
+
+    def _image_scheduling(self) -> ImageScheduling:
+        """A model with a vision tower: rank 0's runner encodes each step's images through the encoder cache,
+        which the scheduler reads to count the step's encoder budget."""
+        budget = self.config.max_num_encoder_input_tokens
+        if getattr(self.model, "vision_spec", None) is None:
+            return ImageScheduling(budget)
+        cache = EncoderCache(encoder_cache_bytes(self.config))
+        self.runner.images = ImageEmbedder(self.model, cache, self.device)
+        return ImageScheduling(budget, cache.__contains__)
 
     @staticmethod
     def _start_workers(config: EngineConfig):
@@ -155,8 +170,9 @@ class LLMEngine:
         check_prompt(token_ids, self.vocab_size, self.config.max_model_len)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    priority: int = 0) -> Sequence:
-        """priority: with --scheduling-policy priority, lower values run first (ties by arrival)."""
+                    priority: int = 0, multimodal: MultiModalPrompt | None = None) -> Sequence:
+        """priority: with --scheduling-policy priority, lower values run first (ties by arrival). multimodal: the
+        prompt's images and video frames (the input side's MultiModalPrompt; prompt is then its token ids)."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.config.check_priority(priority)
@@ -164,7 +180,8 @@ class LLMEngine:
         params.bind_to_model(self.tokenizer, self.vocab_size)
         token_ids = self.encode(prompt)
         self.validate_prompt(token_ids)
-        seq = Sequence(token_ids, params, request_id, priority)
+        images = self._images_of(token_ids, multimodal) if multimodal is not None else []
+        seq = Sequence(token_ids, params, request_id, priority, images=images)
         if params.structured_outputs is not None:
             self.structured.add(seq)  # a grammar that does not compile fails here, before anything is queued
         if params.prompt_logprobs is not None:
@@ -174,6 +191,18 @@ class LLMEngine:
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqImage]:
+        vision = getattr(self.model, "vision_spec", None)
+        if multimodal.items and vision is None:
+            raise ValueError(f"the model {self.config.model} has no vision tower: it takes text only")
+        if token_ids != multimodal.prompt_token_ids:
+            raise ValueError("the prompt's token ids differ from its multimodal prompt's prompt_token_ids")
+        if not multimodal.items:
+            return []
+        config = self.config
+        return placed_images(multimodal, {vision.image_token_id, vision.video_token_id},
+                             config.max_num_batched_tokens, config.max_num_encoder_input_tokens)
 
     def abort(self, request_id: str) -> None:
         seq = self.requests.get(request_id)
@@ -406,6 +435,7 @@ class LLMEngine:
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+        seq.images = []  # its pixels go; the encoder cache alone keeps soft tokens
         self.scheduler.remove(seq)
         self._generators.pop(seq.seq_id, None)
         self.structured.drop(seq)

@@ -1,7 +1,9 @@
 """GPU memory sized by measurement, as vLLM users expect: after the weights load, a profiling prefill of
 --max-num-batched-tokens tokens and an eager decode at the largest graph batch measure the activation peaks on a
-small temporary KV cache; the KV cache then gets what --gpu-memory-utilization leaves of the GPU after the weights,
-the prefill peak, the decode graphs' pool (about one decode forward's peak) and memory outside torch's allocator."""
+small temporary KV cache, and a model with a vision tower encodes the largest images one step may hold; the KV cache
+then gets what --gpu-memory-utilization leaves of the GPU after the weights, the larger of the prefill's and the
+tower's peaks, the encoder cache, the decode graphs' pool (about one decode forward's peak) and memory outside
+torch's allocator."""
 import math
 from dataclasses import dataclass
 
@@ -27,14 +29,18 @@ class MemoryProfile:
     prefill_peak: int
     graphs: int
     outside_torch: int
+    encoder_cache: int = 0
 
     @property
     def kv_budget(self) -> int:
-        return int(self.total * self.utilization) - self.weights - self.prefill_peak - self.graphs - self.outside_torch
+        return (int(self.total * self.utilization) - self.weights - self.prefill_peak - self.graphs
+                - self.outside_torch - self.encoder_cache)
 
     def describe(self) -> str:
         parts = [("weights", self.weights), ("activation peak", self.prefill_peak), ("graphs", self.graphs),
                  ("outside torch", self.outside_torch), ("KV cache", max(self.kv_budget, 0))]
+        if self.encoder_cache:
+            parts.insert(3, ("encoder cache", self.encoder_cache))
         split = ", ".join(f"{name} {size / GiB:.2f} GiB" for name, size in parts)
         return f"GPU memory ({self.utilization:.0%} of {self.total / GiB:.1f} GiB): {split}"
 
@@ -67,9 +73,12 @@ def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, i
 
 
 def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
-                   decode_batch: int, block_size: int) -> MemoryProfile:
-    """Runs the two profiling forwards on a temporary cache (freed before returning)."""
+                   decode_batch: int, block_size: int, step_images: tuple[list, list] | None = None,
+                   encoder_cache: int = 0) -> MemoryProfile:
+    """Runs the two profiling forwards on a temporary cache (freed before returning); step_images: the pixels and
+    position ids of the most the vision tower encodes in one step, whose peak counts where it is the larger."""
     weights = torch.cuda.memory_allocated(device)
+    tower_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
     kv = _temporary_cache(specs, prefill_tokens, decode_batch, block_size, device)
     runner = ModelRunner(model, kv, device)
     prefill = _sequences(kv, [prefill_tokens])
@@ -82,4 +91,4 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
-    return MemoryProfile(total, utilization, weights, prefill_peak, graphs, outside)
+    return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache)

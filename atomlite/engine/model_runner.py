@@ -8,9 +8,11 @@ import torch
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.parallel import SINGLE
 from atomlite.engine.decode_graphs import DecodeGraphs
+from atomlite.engine.image_embeds import ImageEmbedder, SoftTokenRows
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.engine.step_inputs import StepInputBuilder, StepInputs, step_metadata_by_group
+from atomlite.model_ops.multimodal import MultiModalEmbeds
 
 DECODE, VERIFY = 0, 1  # which graphs replay a step (RunnerStep.graphs)
 
@@ -50,10 +52,12 @@ def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
 class RunnerStep:
     """One forward pass as every rank runs it: its inputs, and either the graphs that replay it (DECODE, VERIFY;
     inputs.ids None: the input ids are on rank 0's device, sampled by the step before) or, eager, the rows whose
-    logits it computes."""
+    logits it computes, and which of its rows are image soft tokens (their values follow by a broadcast from rank 0,
+    the one rank that encodes)."""
     inputs: StepInputs
     graphs: int | None = None
     indices: list[int] = field(default_factory=list)
+    soft_tokens: SoftTokenRows | None = None
 
 
 class ModelRunner:
@@ -62,7 +66,10 @@ class ModelRunner:
         self.followers = None  # rank 0 of several: where each step goes to the other ranks (engine.workers)
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
-        self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model.attention_layers()))
+        # a model whose layers let an image's soft tokens see each other both ways says so
+        self.inputs = StepInputBuilder(kv, device, step_metadata_by_group(model.attention_layers()),
+                                       getattr(model, "image_spans_bidirectional", False))
+        self.images: ImageEmbedder | None = None  # rank 0 of a model with a vision tower: encodes the steps' images
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
         self.keep_hidden = False  # a drafter reads the target's hidden states: keep the rows of the last step
@@ -110,12 +117,18 @@ class ModelRunner:
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
         """-> fp32 logits of the needed rows, and which rows they are."""
         rows = _rows(batch)
+        soft_tokens = self.images.step_soft_tokens(batch) if self.images is not None else None
         which = next((i for i, g in enumerate((self.graphs, self.verify_graphs))
-                      if g is not None and g.supports(batch)), None)
+                      if g is not None and g.supports(batch)), None) if soft_tokens is None else None
         inputs = self.inputs.build(batch)
         if which is not None:
             return self._replay(RunnerStep(inputs, which)), rows
-        return self._eager(RunnerStep(inputs, indices=rows.indices)), rows
+        if soft_tokens is None:
+            return self._eager(RunnerStep(inputs, indices=rows.indices)), rows
+        positions, values = soft_tokens
+        step = RunnerStep(inputs, indices=rows.indices,
+                          soft_tokens=SoftTokenRows(positions, values.shape[1], values.dtype))
+        return self._eager(step, values), rows
 
     @torch.inference_mode()
     def follow(self, step: RunnerStep) -> None:
@@ -138,15 +151,25 @@ class ModelRunner:
         self.hidden = graphs.hidden[:len(logits)] if self.keep_hidden else None
         return logits
 
-    def _eager(self, step: RunnerStep) -> torch.Tensor:
+    def _eager(self, step: RunnerStep, soft_token_values: torch.Tensor | None = None) -> torch.Tensor:
         self._send(step)
         ids, ctx = self.inputs.context(step.inputs)
-        hidden = self.model(ids, ctx)
+        if step.soft_tokens is None:
+            hidden = self.model(ids, ctx)
+        else:
+            hidden = self.model(ids, ctx, self._soft_token_embeds(step.soft_tokens, soft_token_values))
         if not step.indices:
             return torch.empty(0)
         selected = hidden[torch.tensor(step.indices, device=self.device)]
         self.hidden = selected if self.keep_hidden else None
         return self.model.compute_logits(selected).float()
+
+    def _soft_token_embeds(self, rows: SoftTokenRows, values: torch.Tensor | None) -> MultiModalEmbeds:
+        """The step's soft tokens on this rank: rank 0 encoded them (values), the other ranks receive them."""
+        if values is None:
+            values = torch.empty(len(rows.positions), rows.width, dtype=rows.dtype, device=self.device)
+        values = self.tp.broadcast(values.contiguous())
+        return MultiModalEmbeds(torch.from_numpy(rows.positions).to(self.device), values)
 
     def _send(self, step: RunnerStep) -> None:
         if self.followers is not None:

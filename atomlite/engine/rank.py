@@ -11,6 +11,8 @@ from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
 from atomlite.model_ops.peer_memory import with_custom_all_reduce
 from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
+from atomlite.engine.encoder_cache import encoder_cache_bytes
+from atomlite.engine.image_embeds import largest_step_images
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.kv_planner import KVPlan, budget_for, plan_kv_cache
 from atomlite.engine.kv_scales import apply_kv_scales
@@ -111,7 +113,7 @@ class EngineRank:
         if config.kv_cache_memory is None and self.device.type == "cuda":
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
                                          min(config.max_num_batched_tokens, config.max_model_len),
-                                         self._graph_tokens(), config.block_size)
+                                         self._graph_tokens(), config.block_size, *self._image_profile())
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -123,6 +125,15 @@ class EngineRank:
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.graph_note = self._set_up_decode_graphs()
+
+    def _image_profile(self) -> tuple[tuple[list, list] | None, int]:
+        """For a model with a vision tower: the largest step's images, and the encoder cache's bytes."""
+        vision = getattr(self.model, "vision_spec", None)
+        if vision is None:
+            return None, 0
+        config = self.config
+        images = largest_step_images(vision.hf, config.max_num_batched_tokens, config.max_num_encoder_input_tokens)
+        return images, encoder_cache_bytes(config)
 
     def _plan_from_profile(self, specs) -> KVPlan:
         """The KV plan of the memory profile's budget: the smallest rank's, so that every rank holds the same

@@ -19,6 +19,7 @@ import time
 from collections import deque
 
 from atomlite.config import SCHEDULING_POLICIES
+from atomlite.engine.image_budget import ImageScheduling, StepImageBudget
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence, Status
 
@@ -39,7 +40,7 @@ class OutputShare:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs", images: ImageScheduling | None = None):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy {policy!r} is not one of {', '.join(SCHEDULING_POLICIES)}")
         self.policy = policy
@@ -47,6 +48,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.images = images or ImageScheduling(max_num_batched_tokens)
         self.output_share = OutputShare()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -91,6 +93,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
         preemptions_before = self.num_preemptions
+        images = self.images.step()
         running, i = self.running, 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -98,20 +101,27 @@ class Scheduler:
             uncomputed = len(seq.token_ids) - computed
             num_new = uncomputed + len(drafts) if drafts else uncomputed
             num_new = num_new if num_new < budget else budget
+            if seq.images:
+                num_new = images.fit(seq, num_new)
+                if num_new == 0:  # its next image waits for a step with room for it whole
+                    i += 1
+                    continue
             if computed + num_new > seq.kv_covered_tokens:  # else its blocks hold the step already
-                num_new = self._fit_running(seq, num_new)
+                num_new = self._fit_running(seq, num_new, images)
                 if num_new == 0:
                     break
+            if seq.images:
+                images.take(seq, num_new)
             if drafts:
                 del drafts[max(0, num_new - uncomputed):]  # drafts past the budget are dropped
             scheduled.append((seq, num_new))
             budget -= num_new
             i += 1
         if self.num_preemptions == preemptions_before:
-            self._admit_waiting(scheduled, budget)
+            self._admit_waiting(scheduled, budget, images)
         return scheduled
 
-    def _fit_running(self, seq: Sequence, num_new: int) -> int:
+    def _fit_running(self, seq: Sequence, num_new: int, images: StepImageBudget) -> int:
         """Allocate for seq, preempting later sequences (then shrinking a lone chunk); 0 if seq itself yielded.
         Drafts never cost another sequence its blocks: where they do not fit, seq goes on without them."""
         if seq.spec_token_ids and not self.kv.allocate(seq, num_new):
@@ -121,8 +131,8 @@ class Scheduler:
             victim = self._victim()
             if victim is not seq:
                 self._preempt(victim)
-            elif num_new > 1:
-                num_new //= 2
+            elif num_new > 1 and images.fit(seq, num_new // 2):
+                num_new = images.fit(seq, num_new // 2)
             else:
                 self._preempt(seq)
                 return 0
@@ -150,7 +160,7 @@ class Scheduler:
             total = [t + g for t, g in zip(total, self._growth(seq, share))]
         return total
 
-    def _admit_waiting(self, scheduled: list, budget: int) -> None:
+    def _admit_waiting(self, scheduled: list, budget: int, images: StepImageBudget) -> None:
         if not self.waiting or self.admission_refused():
             return
         share = self.output_share.mean
@@ -159,11 +169,15 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.params.prompt_logprobs is None:
                 self.kv.apply_prefix_hit(seq)
-            num_new = min(seq.num_uncomputed, budget)
+            num_new = images.fit(seq, min(seq.num_uncomputed, budget))
+            if num_new == 0:  # its first image waits for a step with room for it whole
+                self.kv.free(seq)
+                seq.reset_for_recompute()
+                return
             allocated = self.kv.allocate(seq, num_new)
             while not allocated and not self.running and num_new > 1:
-                num_new //= 2  # alone, a smaller first chunk must fit (the planner sized the cache for one)
-                allocated = self.kv.allocate(seq, num_new)
+                num_new = images.fit(seq, num_new // 2)  # alone, a smaller first chunk must fit (the planner
+                allocated = num_new > 0 and self.kv.allocate(seq, num_new)  # sized the cache for one)
             growth = self._growth(seq, share) if allocated else []
             if not allocated or (self.running and not self.kv.fits([r + g for r, g in zip(reserved, growth)])):
                 self.kv.free(seq)  # it waits, holding nothing: the running sequences need the room to grow
@@ -173,6 +187,7 @@ class Scheduler:
             reserved = [r + g for r, g in zip(reserved, growth)]
             self.waiting.popleft()
             self._admitted(seq)
+            images.take(seq, num_new)
             scheduled.append((seq, num_new))
             budget -= num_new
 

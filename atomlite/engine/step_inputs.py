@@ -12,6 +12,7 @@ import torch
 from atomlite.engine.block_pool import NULL_BLOCK
 from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
+from atomlite.engine.seq_images import images_in
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch, StepMetadata
 
 
@@ -24,6 +25,8 @@ class StepInputs:
     seq_lens: list[int]  # [B] keys per sequence after the step
     slots: list[np.ndarray]  # per KV group: [T] int64
     tables: list[np.ndarray]  # per KV group: [B, most blocks of one sequence] int32, the null block past a row's own
+    key_ends: np.ndarray | None = None  # [T] int32 (ForwardContext.key_ends): steps with image soft tokens, where
+    #                                     the model's layers let an image's tokens see the whole image
 
     @property
     def num_seqs(self) -> int:
@@ -47,10 +50,14 @@ def step_metadata_by_group(attention_layers) -> dict[int, StepMetadata]:
 
 
 class StepInputBuilder:
-    """Builds each step's inputs (build) and, for an eager step, its context on the device (context)."""
+    """Builds each step's inputs (build) and, for an eager step, its context on the device (context).
+    image_spans_bidirectional: the model declares layers that read key_ends (an image's tokens see each other both
+    ways); steps with soft tokens then carry them."""
 
-    def __init__(self, kv: KVCacheManager, device: torch.device, metadata: dict[int, StepMetadata]):
+    def __init__(self, kv: KVCacheManager, device: torch.device, metadata: dict[int, StepMetadata],
+                 image_spans_bidirectional: bool = False):
         self.kv, self.device, self.metadata = kv, device, metadata
+        self.image_spans_bidirectional = image_spans_bidirectional
 
     def build(self, batch: list[tuple[Sequence, int]], ids_known: bool = True) -> StepInputs:
         """ids_known=False: a decode step launched before the host has its input ids (each sequence's position is
@@ -70,7 +77,24 @@ class StepInputBuilder:
         tables = [self._table(batch, group.id) for group in self.kv.groups]
         block_index, offset = np.divmod(positions, self.kv.block_size)
         slots = [table[seq_index, block_index] * np.int64(self.kv.block_size) + offset for table in tables]
-        return StepInputs(ids, positions, starts, [f + n for f, n in zip(firsts, counts)], slots, tables)
+        key_ends = self._key_ends(batch, positions, starts) if self.image_spans_bidirectional else None
+        return StepInputs(ids, positions, starts, [f + n for f, n in zip(firsts, counts)], slots, tables, key_ends)
+
+    @staticmethod
+    def _key_ends(batch: list[tuple[Sequence, int]], positions: np.ndarray, starts: list[int]) -> np.ndarray | None:
+        """Each row's exclusive key end: an image's soft tokens see to the image's end, other rows causal; None
+        when the step holds no soft token (its attention is plainly causal)."""
+        key_ends = None
+        for (seq, num_new), row in zip(batch, starts):
+            if not seq.images:
+                continue
+            first = seq.num_computed_tokens
+            for image in images_in(seq.images, first, first + num_new):
+                if key_ends is None:
+                    key_ends = (positions + 1).astype(np.int32)
+                lo, hi = max(image.offset, first) - first, min(image.end, first + num_new) - first
+                key_ends[row + lo:row + hi] = image.end
+        return key_ends
 
     def build_draft(self, seqs: list[Sequence]) -> StepInputs:
         """A drafter's step: one query per sequence at its newest token's position p, which sees the target's keys
@@ -96,7 +120,8 @@ class StepInputBuilder:
         groups = {group.id: GroupBatch(self._moved(slots), self._moved(table))
                   for group, slots, table in zip(self.kv.groups, inputs.slots, inputs.tables)}
         ctx = ForwardContext(self._moved(inputs.positions), self._i32(inputs.query_starts),
-                             self._i32(inputs.seq_lens), groups, HostBatch.of(inputs.query_starts, inputs.seq_lens))
+                             self._i32(inputs.seq_lens), groups, HostBatch.of(inputs.query_starts, inputs.seq_lens),
+                             None if inputs.key_ends is None else self._moved(inputs.key_ends))
         self.attach_metadata(ctx)
         return self._moved(inputs.ids), ctx
 

@@ -53,6 +53,18 @@ def ropes_by_kind(spec: ModelSpec, max_positions: int) -> nn.ModuleDict:
     return ropes
 
 
+def image_spans_bidirectional(spec: ModelSpec) -> bool:
+    """Whether an image's soft tokens see each other both ways: under use_bidirectional_attention "vision", on the
+    sliding layers only (transformers' create_masks_for_vision_model; the full layers stay causal)."""
+    if spec.vision is None:
+        return False
+    mode = spec.vision.use_bidirectional_attention
+    if mode not in (None, "vision"):
+        raise ConfigError(f"use_bidirectional_attention {mode!r} is not supported for Gemma 4; it takes null or "
+                          f"\"vision\"")
+    return mode == "vision"
+
+
 def token_embedding(vocab_size: int, hidden: int, tp: TensorParallel) -> ScaledEmbedding:
     """The (tied) token table: vocab-parallel under tensor parallelism, its rows also the logits' weights."""
     vocab = split(vocab_size, tp.rank, tp.size, "vocab_size")
@@ -75,10 +87,12 @@ class Gemma4Model(nn.Module):
         self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, lin.tp)
         self.ropes = ropes_by_kind(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
+        self.image_spans_bidirectional = image_spans_bidirectional(spec)
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(cfg, layer, self.window if layer.kind == "sliding" else None,
                                i in self.share_targets, lin, f"model.layers.{i}",
-                               self.ropes[layer.kind] if i in self.key_from_value else None)
+                               self.ropes[layer.kind] if i in self.key_from_value else None,
+                               bidirectional_spans=self.image_spans_bidirectional and layer.kind == "sliding")
             for i, layer in enumerate(spec.layers))
         self.norm = RMSNorm(hidden, cfg.get("rms_norm_eps", 1e-6))
         self.ple_dim = cfg.get("hidden_size_per_layer_input") or 0
@@ -151,6 +165,12 @@ class Gemma4ForCausalLM(nn.Module):
         if spec.vision is not None:  # replicated: every tensor-parallel rank builds and runs the whole tower
             self.vision = Gemma4VisionTower(spec.vision.hf, spec.hf["hidden_size"], LinearBuilder(spec.hf))
             self.skipped_prefixes = tuple(p for p in self.skipped_prefixes if p not in VISION_PREFIXES)
+
+    @property
+    def image_spans_bidirectional(self) -> bool:
+        """Whether a step with image soft tokens needs their key ends (ForwardContext.key_ends): some layers let an
+        image's tokens see the whole image."""
+        return self.model.image_spans_bidirectional
 
     @property
     def vision_spec(self) -> VisionSpec | None:

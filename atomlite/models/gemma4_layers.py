@@ -33,10 +33,12 @@ def attention_heads_of_rank(cfg: dict, layer, tp: TensorParallel) -> tuple[Shard
 
 class Gemma4Attention(nn.Module):
     """owner_key_norm: for a KV-sharing layer whose owner's cache holds V alone (k_from_v, with key_rope the
-    owner's RoPE), the owner's k_norm, whose weight rebuilds K."""
+    owner's RoPE), the owner's k_norm, whose weight rebuilds K. bidirectional_spans: the queries of an image's soft
+    tokens see the whole image (ForwardContext.key_ends)."""
 
     def __init__(self, cfg: dict, layer, window: int | None, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None):
+                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None,
+                 bidirectional_spans: bool = False):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.head_dim = layer.head_dim
@@ -63,7 +65,8 @@ class Gemma4Attention(nn.Module):
         # out of the module tree: the owner's model holds and loads it
         self.owner_key_norms = () if owner_key_norm is None else (owner_key_norm,)
         self.o_proj = lin.row_parallel(f"{prefix}.o_proj", heads.scaled(self.head_dim), hidden)
-        self.attn = Attention(heads.size, kv_heads.size, self.head_dim, scale=1.0, window=window, key_rope=key_rope)
+        self.attn = Attention(heads.size, kv_heads.size, self.head_dim, scale=1.0, window=window, key_rope=key_rope,
+                              bidirectional_spans=bidirectional_spans)
 
     @property
     def input_linear(self) -> nn.Module | None:
@@ -135,11 +138,12 @@ class Gemma4Router(nn.Module):
 
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: dict, layer, window, shares_kv: bool, lin: LinearBuilder, prefix: str,
-                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None):
+                 key_rope: RotaryEmbedding | None = None, owner_key_norm: RMSNorm | None = None,
+                 bidirectional_spans: bool = False):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope,
-                                         owner_key_norm)
+                                         owner_key_norm, bidirectional_spans)
         wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
         self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",

@@ -142,9 +142,7 @@ class Server:
     def _generate(self, request_id: str, ids: list[int], params: SamplingParams,
                   multimodal: MultiModalPrompt | None, priority: int = 0):
         """The one place a prompt is handed to the engine."""
-        if multimodal is not None:  # the engine takes no pixels yet: a MultiModalPrompt will go to it from here
-            raise APIError(400, "images are parsed but not yet served by the engine", "messages")
-        return self.engine.generate(request_id, ids, params, priority)
+        return self.engine.generate(request_id, ids, params, priority, multimodal)
 
 
 def _output_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParams] | None:

@@ -36,3 +36,26 @@ def test_31b_at_default_utilization_serves_a_full_prefill_beside_a_full_decode_b
     # serving stays inside the share: weights, KV cache, graphs and the peak of a mixed step
     assert torch.cuda.max_memory_allocated() <= engine.memory.total * engine.config.gpu_memory_utilization
     assert all(used == 0 for _, used, _ in engine.kv.usage())
+
+
+def test_the_largest_step_images_are_1120_token_images_filling_the_encoder_budget():
+    from atomlite.engine.image_embeds import largest_step_images
+    from atomlite.models.gemma4_vision import patch_layout
+    pixels, positions = largest_step_images({"patch_size": 16, "pooling_kernel_size": 3}, 4096, 2500)
+    assert len(pixels) == 2 and pixels[0].shape == (10080, 768)
+    assert patch_layout(positions, 3).soft_tokens == [1120, 1120]  # whole 3x3 squares, as the processor gives
+    small, _ = largest_step_images({}, 300, 2048)
+    assert len(small) == 6 and small[0].shape[0] == 300 * 9
+
+
+@pytest.mark.gpu
+def test_a_vision_model_profiles_its_tower_at_the_largest_image_and_serves_it(checkpoints):
+    from image_prompts import engine_greedy, image_prompt, items_of, vision_checkpoint
+    path, _ = vision_checkpoint(checkpoints, "dense", "standardized", True)
+    engine = LLM(str(path), dtype="float32", max_num_batched_tokens=1200).engine
+    assert engine.memory.encoder_cache > 0 and "encoder cache" in engine.memory.describe()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    prompt = image_prompt(items_of(["tall"], 1120))
+    engine_greedy(engine, {"r": prompt}, 2)
+    assert torch.cuda.max_memory_allocated() - before <= engine.memory.prefill_peak + engine.memory.encoder_cache

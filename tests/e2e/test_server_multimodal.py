@@ -1,7 +1,8 @@
 """Images and video frames through the real server and the openai client, up to the engine hand-off: a chat's
 image_url and video_url parts are fetched under the media flags, rendered where the chat template puts them and
 processed into the prompt transformers' Gemma4Processor builds; every refusal is a 400 naming the part or the
-limit. The engine takes no pixels yet, so a parsed request ends in the hand-off's 400."""
+limit. This checkpoint's engine has no tower, so a parsed request ends in the engine's 400 (test_server_images.py
+serves images on a checkpoint with one)."""
 import asyncio
 import base64
 import io
@@ -21,7 +22,8 @@ from server_utils import running
 from vision_checkpoint import reference_processor, video_bytes, vision_model_dir
 
 NAME = "vision"
-NOT_YET = "images are parsed but not yet served by the engine"
+# the demo-based vision checkpoint declares a vision_config but carries no tower: its engine refuses images
+NO_TOWER = "has no vision tower: it takes text only"
 
 
 def png_url(height: int, width: int, seed: int = 0) -> str:
@@ -92,15 +94,15 @@ def test_chat_image_prompt_equals_transformers_processor_on_the_rendered_templat
     assert [length for _, length in prompt.placeholder_ranges] == [item.num_soft_tokens for item in prompt.items]
 
 
-def test_a_parsed_image_request_reaches_the_engine_hand_off(client, media_dir):
+def test_a_parsed_image_request_reaches_the_engine(client, media_dir):
     for url in (png_url(50, 50), f"file://{media_dir}/cat.png"):
-        with pytest.raises(openai.BadRequestError, match=NOT_YET):
+        with pytest.raises(openai.BadRequestError, match=NO_TOWER):
             ask(client, [{"type": "text", "text": "What is this?"}, image_part(url)])
 
 
-def test_a_video_url_is_decoded_and_reaches_the_engine_hand_off(client):
+def test_a_video_url_is_decoded_and_reaches_the_engine(client):
     url = "data:video/mp4;base64," + base64.b64encode(video_bytes(12, 4)).decode()
-    with pytest.raises(openai.BadRequestError, match=NOT_YET):
+    with pytest.raises(openai.BadRequestError, match=NO_TOWER):
         ask(client, [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}])
 
 
