@@ -16,7 +16,7 @@ class Status(enum.Enum):
 _ids = itertools.count()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
