@@ -31,6 +31,11 @@ class GroupLayout:
         return self.block_size * self.spec.num_kv_heads * self.spec.head_dim * self.spec.dtype.itemsize
 
     @property
+    def bytes_per_token(self) -> int:
+        """One token of every layer of the group."""
+        return len(self.layers) * self.spec.bytes_per_token
+
+    @property
     def block_bytes(self) -> int:
         """One block of every layer of the group (what a page slot must hold)."""
         return len(self.layers) * self.spec.tensors_per_token * self.tensor_bytes

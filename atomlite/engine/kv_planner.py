@@ -46,9 +46,8 @@ class KVPlan:
             counts = ", ".join(f"{self.seqs_that_fit(n)} requests of {n} tokens" for n in lengths)
             lines.append(f"  shorter requests share the pages: {counts} fit at once")
         for i, g in enumerate(self.groups):
-            per_token = len(g.layers) * g.spec.bytes_per_token
             lines.append(f"  group {i}: {g.spec.describe()}, {len(g.layers)} layers, "
-                         f"{per_token / 1024:.1f} KiB/token, {g.blocks_per_page} blocks/page, "
+                         f"{g.bytes_per_token / 1024:.1f} KiB/token, {g.blocks_per_page} blocks/page, "
                          f"{self.blocks_per_seq(g)} blocks/seq")
         return lines
 

@@ -54,7 +54,7 @@ def test_plan_on_real_dimensions_counts_params_and_kv_bytes(name, params, slidin
     by_kind = {g.spec.kind: g.bytes_per_token / 1024 for g in plan.groups}
     assert by_kind == {"sliding": sliding_kib, "full": full_kib}
     sliding = next(g for g in plan.groups if g.spec.kind == "sliding")
-    assert sliding.blocks_per_seq == 1024 // 16 + 1
+    assert plan.blocks_per_seq(sliding) == 1024 // 16 + 1
     assert plan.max_seqs_at_full_length >= 1 and "sequences of 32768 tokens fit" in lines[3]
 
 
@@ -62,4 +62,4 @@ def test_plan_shows_kv_sharing_on_e2b_dimensions():
     config = EngineConfig(model=str(REAL / "gemma-4-E2B-it"), max_model_len=8192)
     lines, plan = plan_report(config, 10 * 2**30, Platform())
     assert any("20 layers reuse" in line for line in lines)
-    assert sum(g.num_layers for g in plan.groups) == 15
+    assert sum(len(g.layers) for g in plan.groups) == 15

@@ -2,14 +2,15 @@
 recomputed over and over; the tokens stay those of a cache that holds everything."""
 from atomlite import LLM, SamplingParams
 from atomlite.benchmarks.offline import throughput_batch
+from atomlite.engine import kv_planner
 from helpers import random_prompt
 
 PROMPT_LEN, MAX_TOKENS, BLOCK = 20, 24, 4
 
 
 def budget_for(llm: LLM, num_seqs: int, seq_len: int) -> int:
-    """Bytes of a KV cache that holds num_seqs sequences of seq_len tokens (and each group's null block)."""
-    return sum(g.block_bytes * (num_seqs * g.spec.blocks_held(seq_len, BLOCK) + 1) for g in llm.engine.kv_plan.groups)
+    """Bytes of a KV cache that holds num_seqs sequences of seq_len tokens (and the page of null blocks)."""
+    return kv_planner.budget_for(llm.engine.kv_specs, BLOCK, seq_len, num_seqs)
 
 
 def generate(llm: LLM, count: int) -> list[list[int]]:
