@@ -339,18 +339,44 @@ BENCH_JSON = click.option("--json", "--result-filename", "json_path", type=click
 @click.option("--repeats", "--num-iters", "repeats", type=int, default=5, show_default=True,
               help="TTFT runs (median); --num-iters is vLLM's name.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--images-per-prompt", type=int, default=0, show_default=True,
+              help="Synthetic images (seeded random pixels) before each TTFT prompt's --input-len text tokens: its "
+                   "TTFT against a text-only prompt of as many tokens, and the vision tower alone in images/s.")
+@click.option("--image-size", default="896x896", show_default=True,
+              help="WIDTHxHEIGHT of each synthetic image, before the processor fits it to its soft-token budget.")
 @BENCH_JSON
-def latency(input_len, output_len, batch_size, repeats, seed, json_path, **kw):
-    """TTFT of one prompt, TPOT at batch 1 and at --batch-size (random token prompts, greedy, no EOS)."""
+def latency(input_len, output_len, batch_size, repeats, seed, images_per_prompt, image_size, json_path, **kw):
+    """TTFT of one prompt, TPOT at batch 1 and at --batch-size (random token prompts, greedy, no EOS); with
+    --images-per-prompt, TTFT of prompts with images against text-only ones and the vision tower's rate."""
     from atomlite.benchmarks.offline import run_latency
     from atomlite.benchmarks.roofline import probe
     if min(input_len, output_len, batch_size, repeats) < 1 or output_len < 2:
         fail("--input-len, --batch-size and --repeats must be at least 1, --output-len at least 2")
+    images = _image_load(images_per_prompt, image_size)
     engine = _bench_engine(kw)
+    if images is not None and getattr(engine.model, "vision_spec", None) is None:
+        fail(f"--images-per-prompt needs a model with a vision tower; {engine.config.model} has none (its "
+             f"config.json has no vision_config)")
     probes = probe(engine.device, engine.config.torch_dtype)
-    rows = run_latency(engine, probes, input_len, output_len, batch_size, repeats, seed)
     settings = dict(input_len=input_len, output_len=output_len, batch_size=batch_size, repeats=repeats)
+    if images is None:
+        rows = run_latency(engine, probes, input_len, output_len, batch_size, repeats, seed)
+    else:
+        from atomlite.benchmarks.images import run_image_latency
+        rows = run_image_latency(engine, probes, images, input_len, output_len, batch_size, repeats, seed)
+        settings |= dict(images_per_prompt=images.per_prompt, image_size=image_size)
     _bench_report(engine, "latency", rows, probes, settings, json_path)
+
+
+def _image_load(images_per_prompt: int, image_size: str):
+    from atomlite.benchmarks.images import ImageLoad, parse_image_size
+    if images_per_prompt < 0:
+        fail("--images-per-prompt must be 0 (text only) or more")
+    try:
+        width, height = parse_image_size(image_size)
+    except ValueError as e:
+        fail(str(e))
+    return ImageLoad(images_per_prompt, width, height) if images_per_prompt else None
 
 
 @bench.command()

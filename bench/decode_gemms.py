@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
+from atomlite.benchmarks.roofline import text_modules
 from atomlite.config import EngineConfig
 from atomlite.model_ops.triton.gemm.skinny import DEFAULT_CONFIG, SkinnyConfig, fits, skinny_gemm
 from atomlite.model_ops.platform import Platform
@@ -21,7 +22,7 @@ from atomlite.plan import meta_model
 
 def linear_shapes(model_dir: str) -> Counter:
     model = meta_model(EngineConfig(model=model_dir, dtype="bfloat16"), Platform())
-    shapes = Counter((m.out_features, m.in_features) for m in model.modules()
+    shapes = Counter((m.out_features, m.in_features) for m in text_modules(model)  # decode never runs the tower
                      if hasattr(m, "in_features") and hasattr(m, "out_features"))
     hf = model.spec.hf
     shapes[(hf["vocab_size"], hf["hidden_size"])] += 1  # tied lm_head

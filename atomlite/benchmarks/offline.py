@@ -8,6 +8,7 @@ from tqdm import tqdm
 
 from atomlite.benchmarks.roofline import Probes, decode_step_bytes, prefill_flops
 from atomlite.engine.llm_engine import LLMEngine
+from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.sampling_params import SamplingParams
 
 _request_ids = iter(range(1 << 62))
@@ -23,12 +24,19 @@ def _sync(engine: LLMEngine) -> None:
         torch.cuda.synchronize(engine.device)
 
 
-def _submit(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list:
+def _add(engine: LLMEngine, prompt: list[int] | MultiModalPrompt, params: SamplingParams):
+    request_id = f"bench-{next(_request_ids)}"
+    if isinstance(prompt, MultiModalPrompt):
+        return engine.add_request(request_id, prompt.prompt_token_ids, params, multimodal=prompt)
+    return engine.add_request(request_id, prompt, params)
+
+
+def _submit(engine: LLMEngine, prompts: list[list[int] | MultiModalPrompt], max_tokens: int) -> list:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return [engine.add_request(f"bench-{next(_request_ids)}", p, params) for p in prompts]
+    return [_add(engine, p, params) for p in prompts]
 
 
-def time_to_first_token(engine: LLMEngine, prompt: list[int]) -> float:
+def time_to_first_token(engine: LLMEngine, prompt: list[int] | MultiModalPrompt) -> float:
     _sync(engine)
     start = time.perf_counter()
     _submit(engine, [prompt], 1)
@@ -52,32 +60,44 @@ def decode_step_times(engine: LLMEngine, prompts: list[list[int]], output_len: i
     return times
 
 
-def _row(name: str, seconds: float, roofline: float, what: str) -> dict:
+def row(name: str, seconds: float, roofline: float, what: str) -> dict:
     return {"metric": name, "ms": seconds * 1e3, "roofline_ms": roofline * 1e3, "ratio": seconds / roofline,
             "roofline": what}
 
 
-def run_latency(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
-                repeats: int, seed: int) -> list[dict]:
-    model, specs = engine.model, engine.kv_specs
-    warm = random_prompts(engine, batch_size, input_len, seed + 1)
-    decode_step_times(engine, warm, 4, None)  # compiles every kernel variant the timed runs use
+def warm_up(engine: LLMEngine, batch_size: int, input_len: int, seed: int) -> None:
+    """Compiles every kernel variant the timed text runs use."""
+    decode_step_times(engine, random_prompts(engine, batch_size, input_len, seed + 1), 4, None)
+
+
+def ttft_row(engine: LLMEngine, probes: Probes, input_len: int, repeats: int, seed: int) -> dict:
     ttfts = [time_to_first_token(engine, p) for p in tqdm(random_prompts(engine, repeats, input_len, seed + 2),
                                                            desc="TTFT", leave=False)]
-    flops = prefill_flops(model, input_len)
-    rows = [_row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), flops / probes.gemm_flops_per_s,
-                 f"{flops / 1e12:.2f} TFLOP at the probed GEMM rate")]
-    context = input_len + output_len // 2
+    flops = prefill_flops(engine.model, input_len)
+    return row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), flops / probes.gemm_flops_per_s,
+               f"{flops / 1e12:.2f} TFLOP at the probed GEMM rate")
+
+
+def tpot_rows(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
+              seed: int) -> list[dict]:
+    rows, context = [], input_len + output_len // 2
     for batch in sorted({1, batch_size}):
         with tqdm(total=output_len - 1, desc=f"TPOT batch {batch}", leave=False) as bar:
             steps = decode_step_times(engine, random_prompts(engine, batch, input_len, seed + 3 + batch),
                                       output_len, bar)
-        step_bytes = decode_step_bytes(model, specs, batch, context)
-        rows.append(_row(f"TPOT, batch {batch}", statistics.median(steps),
-                         step_bytes["total"] / probes.copy_bytes_per_s,
-                         f"{step_bytes['weights'] / 1e9:.2f} GB weights + {step_bytes['kv'] / 1e9:.3f} GB KV "
-                         f"(context {context}) at the probed copy bandwidth"))
+        step_bytes = decode_step_bytes(engine.model, engine.kv_specs, batch, context)
+        rows.append(row(f"TPOT, batch {batch}", statistics.median(steps),
+                        step_bytes["total"] / probes.copy_bytes_per_s,
+                        f"{step_bytes['weights'] / 1e9:.2f} GB weights + {step_bytes['kv'] / 1e9:.3f} GB KV "
+                        f"(context {context}) at the probed copy bandwidth"))
     return rows
+
+
+def run_latency(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
+                repeats: int, seed: int) -> list[dict]:
+    warm_up(engine, batch_size, input_len, seed)
+    return [ttft_row(engine, probes, input_len, repeats, seed),
+            *tpot_rows(engine, probes, input_len, output_len, batch_size, seed)]
 
 
 def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_len: int, output_len: int,
@@ -103,14 +123,14 @@ def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_le
     step_bytes = decode_step_bytes(model, specs, batch, input_len + output_len // 2)["total"]
     roofline = (num_prompts * prefill_flops(model, input_len) / probes.gemm_flops_per_s
                 + waves * (output_len - 1) * step_bytes / probes.copy_bytes_per_s)
-    row = _row(f"{num_prompts} requests, {input_len} in / {output_len} out", seconds, roofline,
-               f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch {batch} "
-               f"(the sequences the KV cache and --max-num-seqs hold)")
-    row["output_tok_per_s"] = tokens / seconds
-    row["roofline_tok_per_s"] = tokens / roofline
-    row["preemptions"] = engine.scheduler.num_preemptions - preemptions_before
-    row["prefill_step_share"] = prefill_seconds / seconds
-    return [row]
+    result = row(f"{num_prompts} requests, {input_len} in / {output_len} out", seconds, roofline,
+                 f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch "
+                 f"{batch} (the sequences the KV cache and --max-num-seqs hold)")
+    result["output_tok_per_s"] = tokens / seconds
+    result["roofline_tok_per_s"] = tokens / roofline
+    result["preemptions"] = engine.scheduler.num_preemptions - preemptions_before
+    result["prefill_step_share"] = prefill_seconds / seconds
+    return [result]
 
 
 def throughput_batch(engine: LLMEngine, num_prompts: int, seq_len: int) -> int:
@@ -127,4 +147,9 @@ def format_table(rows: list[dict]) -> list[str]:
             lines.append(f"{'':<40} output {r['output_tok_per_s']:.1f} tok/s "
                          f"(roofline {r['roofline_tok_per_s']:.1f} tok/s), {r['preemptions']} preemptions, "
                          f"{100 * r['prefill_step_share']:.0f}% of the time in steps with prompt tokens")
+        if "images_per_s" in r:
+            lines.append(f"{'':<40} {r['images_per_s']:.1f} images/s (roofline {r['roofline_images_per_s']:.1f} "
+                         f"images/s)")
+        if "note" in r:
+            lines.append(f"{'':<40} {r['note']}")
     return lines

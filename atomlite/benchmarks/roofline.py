@@ -12,7 +12,8 @@ COPY_BYTES = 2**30
 GEMM_SIZE = 8192
 
 
-def _median_seconds(fn, device: torch.device, repeats: int) -> float:
+def median_seconds(fn, device: torch.device, repeats: int) -> float:
+    """fn's median time after one warm call: CUDA events on a GPU, perf_counter on the CPU."""
     fn()
     times = []
     for _ in range(repeats):
@@ -44,11 +45,11 @@ def probe(device: torch.device, dtype: torch.dtype) -> Probes:
     numel = (COPY_BYTES // (16 if small else 1)) // 4
     src = torch.rand(numel, device=device)
     dst = torch.empty_like(src)
-    copy = _median_seconds(lambda: dst.copy_(src), device, 5 if small else 20)
+    copy = median_seconds(lambda: dst.copy_(src), device, 5 if small else 20)
     n = GEMM_SIZE // (8 if small else 1)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    gemm = _median_seconds(lambda: a @ b, device, 3 if small else 20)
+    gemm = median_seconds(lambda: a @ b, device, 3 if small else 20)
     del src, dst, a, b
     return Probes(2 * numel * 4 / copy, 2 * n**3 / gemm)
 
@@ -63,11 +64,18 @@ def _is_embedding(module) -> bool:
     return "Embedding" in type(module).__name__
 
 
+def text_modules(model) -> list:
+    """The model's modules but its vision tower's: a text token's prefill and decode never run the tower."""
+    vision = getattr(model, "vision", None)
+    tower = set(vision.modules()) if vision is not None else set()
+    return [m for m in model.modules() if m not in tower]
+
+
 def weight_bytes_read(model, batch: int) -> float:
-    """Every weight once per step, routed experts by the share a batch touches, embedding tables not at all
-    (a lookup reads a few rows); the tied lm_head is counted separately, in logits_bytes."""
+    """Every weight of the text model once per step, routed experts by the share a batch touches, embedding tables
+    not at all (a lookup reads a few rows); the tied lm_head is counted separately, in logits_bytes."""
     total = 0.0
-    for module in model.modules():
+    for module in text_modules(model):
         if _is_embedding(module):
             continue
         own = sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
@@ -99,7 +107,7 @@ def decode_step_bytes(model, specs: list[KVSpec], batch: int, context: int) -> d
 
 def _matmul_params_per_token(model) -> float:
     total = 0.0
-    for module in model.modules():
+    for module in text_modules(model):
         if hasattr(module, "in_features") and hasattr(module, "out_features"):
             total += module.in_features * module.out_features
         elif getattr(module, "routed_experts", False):

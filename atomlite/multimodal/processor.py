@@ -53,6 +53,12 @@ def _patch_specs(model_dir: Path, config: dict) -> tuple[PatchSpec, PatchSpec]:
     return spec(image, base), spec(video, {**base, "max_soft_tokens": VIDEO_SOFT_TOKENS})
 
 
+def image_patch_spec(model_dir: str | Path) -> PatchSpec:
+    """The patch settings the checkpoint's processor gives images (no tokenizer needed)."""
+    path = Path(model_dir)
+    return _patch_specs(path, _read(path / "config.json"))[0]
+
+
 def _special_tokens(config: dict, tokenizer) -> SpecialTokens:
     ids = {name: config.get(f"{name}_token_id") for name in ("image", "video", "boi", "eoi")}
     missing = [f"{name}_token_id" for name, value in ids.items() if value is None]

@@ -9,6 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from atomlite import LLM
+from atomlite.benchmarks.images import vision_tower_flops
 from atomlite.benchmarks.roofline import kv_bytes_read, weight_bytes_read
 from atomlite.cli import main
 from atomlite.config import EngineConfig
@@ -140,7 +141,8 @@ def test_decode_roofline_bytes_of_31b():
     assert kv_bytes_read(specs, 2, 512) == 2 * 512 * per_token
     sliding_at_window = 50 * 2 * 16 * 256 * 2 * 1024 + 10 * 4 * 512 * 2 * 4096
     assert kv_bytes_read(specs, 1, 4096) == sliding_at_window
-    non_embedding = sum(p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n)
+    non_embedding = sum(p.numel() * 2 for n, p in model.named_parameters()
+                        if "embed_tokens" not in n and not n.startswith("vision."))  # a decode step skips the tower
     assert weight_bytes_read(model, 1) == non_embedding
 
 
@@ -171,3 +173,55 @@ def test_bench_serve_times_a_server_without_a_tokenizer_under_vllm_names(config_
     assert summary["median_ttft_ms"] > 0 and summary["mean_itl_ms"] > 0 and summary["first_ttft_ms"] > 0
     assert summary["peak_concurrency"] == 2 and 1 <= summary["mean_concurrency"] <= 2
     assert "at concurrency 2 (the mean in flight)" in result.output or "at concurrency 1 (the mean" in result.output
+
+
+@pytest.fixture(scope="module")
+def vision_config_only(checkpoints, tmp_path_factory):
+    """A tiny vision checkpoint's config.json alone (31B's tower shape, scaled down): no weights, no tokenizer."""
+    path, _ = checkpoints.get("dense", vision="standardized", max_position_embeddings=2048)
+    out = tmp_path_factory.mktemp("vision-config-only")
+    shutil.copy(path / "config.json", out / "config.json")
+    return out
+
+
+def test_bench_latency_with_images_prints_ttft_against_text_and_the_towers_rate(vision_config_only, tmp_path):
+    out = tmp_path / "images.json"
+    result = CliRunner().invoke(main, ["bench", "latency", "--model", str(vision_config_only), "--load-format",
+                                       "dummy", "--device", "cpu", "--input-len", "8", "--output-len", "2",
+                                       "--batch-size", "1", "--repeats", "2", "--images-per-prompt", "2",
+                                       "--image-size", "64x48", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    text, image, tower = rows[:3]
+    soft_tokens = 266  # 64x48 fitted to 280 soft tokens: 912x672 pixels, 57x42 patches
+    total = 2 * (soft_tokens + 2) + 8
+    assert text["metric"] == f"TTFT, text-only {total}-token prompt"
+    assert image["metric"] == "TTFT, 2 image(s) + 8 text tokens"
+    assert image["roofline_ms"] == pytest.approx(text["ms"])  # the baseline is the text prompt's TTFT
+    assert image["ratio"] == pytest.approx(image["ms"] / text["ms"])
+    assert "the tower ran 4 times, no encoder-cache hit" in result.output  # fresh images on both repeats
+    assert tower["metric"] == "vision tower, 2 images of 64x48"
+    assert tower["images_per_s"] == pytest.approx(2e3 / tower["ms"])
+    assert tower["roofline_images_per_s"] == pytest.approx(2e3 / tower["roofline_ms"])
+    assert [r["metric"] for r in rows[3:]] == ["TPOT, batch 1"]
+    for line in (image["metric"], tower["metric"], "images/s (roofline"):
+        assert line in result.output
+
+
+def test_bench_latency_refuses_images_for_a_text_model_naming_the_flag(config_only):
+    result = CliRunner().invoke(main, ["bench", "latency", "--model", str(config_only), "--load-format", "dummy",
+                                       "--device", "cpu", "--images-per-prompt", "1", "--repeats", "1"])
+    assert result.exit_code == 2 and "--images-per-prompt needs a model with a vision tower" in result.output
+
+
+def test_vision_tower_flops_count_every_gemm_and_the_attention_over_an_images_patches():
+    """Counted from the config, checked against the linear layers a built tower holds (31B's tower on meta)."""
+    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it", dtype="bfloat16")
+    tower = meta_model(config, Platform()).vision
+    cfg, patches = config.model_spec.vision.hf, 2304  # 256 soft tokens
+    projector = tower.projector.embedding_projection
+    per_patch = sum(m.in_features * m.out_features for m in tower.modules()
+                    if hasattr(m, "in_features") and m is not projector)
+    attention = 27 * 4 * patches ** 2 * 16 * 72
+    expected = 2 * patches * per_patch + attention + 2 * 256 * projector.in_features * projector.out_features
+    assert vision_tower_flops(cfg, 5376, patches) == expected
