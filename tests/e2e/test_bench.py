@@ -216,7 +216,7 @@ def test_bench_latency_refuses_images_for_a_text_model_naming_the_flag(config_on
 
 def test_vision_tower_flops_count_every_gemm_and_the_attention_over_an_images_patches():
     """Counted from the config, checked against the linear layers a built tower holds (31B's tower on meta)."""
-    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it", dtype="bfloat16")
+    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it-vision", dtype="bfloat16")
     tower = meta_model(config, Platform()).vision
     cfg, patches = config.model_spec.vision.hf, 2304  # 256 soft tokens
     projector = tower.projector.embedding_projection
