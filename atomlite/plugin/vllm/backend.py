@@ -90,6 +90,17 @@ class AtomliteMetadataBuilder(AttentionMetadataBuilder[AtomliteMetadata]):
         return AtomliteMetadata(n, ForwardContext(None, m.query_start_loc, m.seq_lens, groups, host))
 
 
+def bidirectional_image_problem(model_config) -> str | None:
+    """Why this backend cannot serve the model: vLLM asks for bidirectional image attention (Gemma 4 with
+    text_config.use_bidirectional_attention "vision" and images enabled), which this backend would run causally."""
+    if model_config is None or not model_config.is_mm_prefix_lm:
+        return None
+    return ("atomlite's attention backend has no bidirectional image attention, which this checkpoint's "
+            "use_bidirectional_attention='vision' needs: image prompts would be answered wrongly. Serve images "
+            "with vLLM's own attention backend on GPU (drop --attention-backend CUSTOM / ATOMLITE_VLLM_CPU_ATTENTION), "
+            "or serve text only with --limit-mm-per-prompt '{\"image\": 0, \"video\": 0}'")
+
+
 def _refuse(alibi_slopes, logits_soft_cap, attn_type, kv_cache_dtype, extra: dict) -> str | None:
     if alibi_slopes is not None:
         return "ALiBi"
@@ -116,6 +127,9 @@ class AtomliteAttentionImpl(AttentionImpl[AtomliteMetadata]):
         if unsupported:
             raise NotImplementedError(f"atomlite's attention backend does not support {unsupported}; "
                                       f"pick another vLLM attention backend for this model")
+        problem = bidirectional_image_problem(get_current_vllm_config().model_config)
+        if problem:
+            raise NotImplementedError(problem)
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
         self.sliding_window, self.kv_cache_dtype = sliding_window, kv_cache_dtype

@@ -19,6 +19,7 @@ from atomlite.loader import finish_loading, kv_scale_of, load_tensor, resolve
 from atomlite.model_ops import dispatch, fusion
 from atomlite.model_ops.context import ForwardContext
 from atomlite.models.gemma4 import Gemma4ForCausalLM
+from atomlite.plugin.vllm import logger
 from atomlite.plugin.vllm.backend import AtomliteAttentionBackend, vllm_platform
 
 
@@ -57,11 +58,19 @@ def _checkpoint_dir(vllm_config: VllmConfig) -> Path:
     return path
 
 
+TEXT_ONLY = ("atomlite's Gemma 4 in vLLM is text only: {} has a vision tower, which it does not load, and vLLM "
+             "refuses requests with images for it. For images serve vLLM's own Gemma4ForConditionalGeneration "
+             "(drop the AtomliteGemma4ForCausalLM override), with atomlite's attention backend if the checkpoint's "
+             "image attention is causal, or `atomlite serve`.")
+
+
 class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
     """vLLM's model interface over atomlite's Gemma4ForCausalLM (same modules, same parameter names)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         spec = load_model_spec(_checkpoint_dir(vllm_config))
+        if spec.vision is not None:
+            logger.warning(TEXT_ONLY.format(vllm_config.model_config.model))
         with dispatch.use(vllm_platform(vllm_config)):
             super().__init__(spec, max_positions=vllm_config.model_config.max_model_len)
         name = (f"{prefix}." if prefix else "") + "model.layers.{}.self_attn.attn"
