@@ -38,8 +38,7 @@ class KVPlan:
         return group.spec.blocks_held(seq_len or self.max_model_len, self.block_size)
 
     def describe(self, seq_len: int | None = None) -> list[str]:
-        lines = [f"KV cache: {self.budget / 2**30:.2f} GiB, {self.num_pages - 1} pages of "
-                 f"{self.page_bytes / 2**20:.2f} MiB shared by {len(self.groups)} groups, block size "
+        lines = [f"KV cache: {_size(self.budget)}, {self.num_pages - 1} pages of {_size(self.page_bytes)} shared by {len(self.groups)} groups, block size "
                  f"{self.block_size}, {self.max_seqs_at_full_length} sequences of {self.max_model_len} tokens fit"]
         lengths = sorted({n for n in (*SHORTER_LENGTHS, seq_len) if n and n < self.max_model_len}, reverse=True)
         if lengths:
@@ -50,6 +49,13 @@ class KVPlan:
                          f"{g.bytes_per_token / 1024:.1f} KiB/token, {g.blocks_per_page} blocks/page, "
                          f"{self.blocks_per_seq(g)} blocks/seq")
         return lines
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes / 2**10:.2f} KiB"
 
 
 def plan_kv_cache(specs: list[KVSpec], budget: int, block_size: int, max_model_len: int) -> KVPlan:
