@@ -182,7 +182,8 @@ class Scheduler:
             if not allocated or (self.running and not self.kv.fits([r + g for r, g in zip(reserved, growth)])):
                 self.kv.free(seq)  # it waits, holding nothing: the running sequences need the room to grow
                 seq.reset_for_recompute()
-                self._refused = (seq, self.room_changes)
+                if self.running:  # alone it is tried again each step: no sequence will leave to make room
+                    self._refused = (seq, self.room_changes)
                 return
             reserved = [r + g for r, g in zip(reserved, growth)]
             self.waiting.popleft()
