@@ -564,7 +564,7 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     from atomlite.config import EngineConfig, parse_memory_size
     from atomlite.model_ops.dispatch import KernelChoices
     from atomlite.model_ops.platform import detect_platform, parse_platform
-    from atomlite.plan import plan_report
+    from atomlite.plan import compile_report, plan_report
     try:
         args = engine_args(kw)
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
@@ -578,27 +578,10 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
             lines.append(f"kernels of this model on {platform.describe()}:")
             lines += [f"  {line}" for line in choices.describe()]
         if compile_kernels:
-            lines += _compile_report(platform_text, kw["model"])
+            lines += compile_report(platform_text, kw["model"])
     except (ConfigError, ValueError, RuntimeError) as e:
         fail(str(e))
     click.echo("\n".join(lines))
-
-
-def _compile_report(platform_text: str | None, model: str | None) -> list[str]:
-    from atomlite.model_ops.platform import parse_platform
-    from atomlite.tools.compile_gate import failures, run_gate
-    from atomlite.tools.compile_gate.report import LEGEND, format_table
-    from atomlite.tools.compile_gate.specialize import gpu_target
-    if not platform_text:
-        raise ValueError("--compile needs --platform gfx942, gfx950 or sm_XY")
-    gpu_target(parse_platform(platform_text))  # a platform without an architecture fails here, in one line
-    results = run_gate([platform_text], [model] if model else [])
-    lines = [f"Triton kernels compiled for {platform_text} ({len(results)} specializations; {LEGEND}):"]
-    lines += format_table(results)
-    broken = failures(results)
-    if broken:
-        lines += [f"{len(broken)} failed to compile:"] + broken
-    return lines
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
-from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.platform import Platform, parse_platform
 
 
 def meta_model(config: EngineConfig, platform: Platform, kernels: KernelChoices | None = None, rank: int = 0):
@@ -69,3 +69,20 @@ def weights_text(rank_bytes: int, size: int) -> str:
     if size == 1:
         return f"weights {rank_bytes / 2**30:.2f} GiB"
     return f"weights {rank_bytes / 2**30:.2f} GiB per rank ({size * rank_bytes / 2**30:.2f} GiB in all)"
+
+
+def compile_report(platform_text: str | None, model: str | None) -> list[str]:
+    """`plan --compile`: every Triton specialization model launches on platform_text, compiled without a GPU."""
+    from atomlite.tools.compile_gate import failures, run_gate
+    from atomlite.tools.compile_gate.report import LEGEND, format_table
+    from atomlite.tools.compile_gate.specialize import gpu_target
+    if not platform_text:
+        raise ValueError("--compile needs --platform gfx942, gfx950 or sm_XY")
+    gpu_target(parse_platform(platform_text))  # a platform without an architecture fails here, in one line
+    results = run_gate([platform_text], [model] if model else [])
+    lines = [f"Triton kernels compiled for {platform_text} ({len(results)} specializations; {LEGEND}):"]
+    lines += format_table(results)
+    broken = failures(results)
+    if broken:
+        lines += [f"{len(broken)} failed to compile:"] + broken
+    return lines
