@@ -122,9 +122,6 @@ class KVCacheManager:
         """Whether blocks[g] more blocks of each group g can be had now."""
         return self.pages_needed(blocks) <= self.pages.num_free
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.fits(self._needed(seq, num_new_tokens))
-
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give seq the blocks for its next num_new_tokens in every group; all or nothing."""
         if seq.num_computed_tokens + num_new_tokens <= seq.kv_covered_tokens:
