@@ -1,6 +1,6 @@
 """Engine settings and the model description read from a checkpoint's config.json."""
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -236,6 +236,9 @@ class EngineConfig:
             self.allowed_media_domains = options.parse_allowed_media_domains(self.allowed_media_domains)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if self.model_spec.vision is not None and not any(self.limit_mm_per_prompt.values()):
+            # vLLM's text-only mode of a multimodal checkpoint: no tower is built, loaded or profiled
+            self.model_spec = replace(self.model_spec, vision=None)
 
     def _check(self):
         limit = self.model_spec.max_position_embeddings

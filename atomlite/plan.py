@@ -31,6 +31,8 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform, kernels: 
     spec = config.model_spec
     part = ", text model and vision tower" if spec.vision else ", text part" if spec.multimodal else ""
     whole = " of a multimodal checkpoint" if spec.multimodal else ""
+    if spec.multimodal and not spec.vision and not any(config.limit_mm_per_prompt.values()):
+        whole += "; its vision tower is not loaded: --limit-mm-per-prompt allows no image or video"
     lines = [f"model: {spec.path} ({spec.architecture}{part}{whole})"]
     lines += tensor_parallel_lines(config.tensor_parallel_size)
     lines += all_reduce_lines(config, platform)

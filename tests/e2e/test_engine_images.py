@@ -159,3 +159,15 @@ def test_a_finished_request_keeps_no_pixels(checkpoints):
         engine.step()
     assert seq.images == [] and len(engine.runner.images.cache) == 0  # one byte holds no soft tokens
     assert torch.is_tensor(prompt.items[0].pixel_values)
+
+
+def test_limits_of_zero_images_and_video_serve_the_text_model_without_its_tower(checkpoints):
+    """vLLM's text-only mode of a multimodal checkpoint: the tower is neither built nor loaded; text is unchanged."""
+    with_tower, _ = engine_for(checkpoints, "dense", "clipped", False)
+    text_only, _ = engine_for(checkpoints, "dense", "clipped", False, limit_mm_per_prompt={"image": 0, "video": 0})
+    assert text_only.model.vision is None and text_only.model.vision_spec is None
+    assert not any(name.startswith("vision.") for name, _ in text_only.model.named_parameters())
+    prompt = list(range(3, 40))
+    assert engine_greedy(text_only, {"r": prompt}, 5) == engine_greedy(with_tower, {"r": prompt}, 5)
+    images_only, _ = engine_for(checkpoints, "dense", "clipped", False, limit_mm_per_prompt={"video": 0})
+    assert images_only.model.vision is not None
