@@ -443,20 +443,26 @@ def speculative(input_len, output_len, repeats, seed, json_path, **kw):
               help="Requests per second (Poisson arrivals); inf sends them all at once.")
 @click.option("--max-concurrency", type=int, default=None, help="Most requests in flight at once.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random prompts.")
+@click.option("--images-per-prompt", type=int, default=0, show_default=True,
+              help="Send chats, each with this many PNG data-URL images of random pixels and --input-len random "
+                   "letters (the server needs a tokenizer and chat template), instead of token-id completions.")
+@click.option("--image-size", default="896x896", show_default=True, help="Pixels of each image, WIDTHxHEIGHT.")
 @click.option("--save-result", is_flag=True, help="Write the results to --result-filename, or to a file named "
                                                    "after the date and the model (vLLM's flag).")
 @BENCH_JSON
 def bench_serve(base_url, model, served_model_name, num_prompts, input_len, output_len, request_rate,
-                max_concurrency, seed, save_result, json_path):
-    """Stream random token prompts from a running server: TTFT, TPOT, ITL (mean, p50, p90, p99), tok/s."""
+                max_concurrency, seed, images_per_prompt, image_size, save_result, json_path):
+    """Stream random token prompts (or chats with images) from a running server: TTFT, TPOT, ITL (mean, p50, p90,
+    p99), tok/s, and GET /health's latency meanwhile."""
     import httpx
     from tqdm import tqdm
 
     from atomlite.benchmarks.report import write_json
-    from atomlite.benchmarks.serving import format_summary, run_serving
+    from atomlite.benchmarks.serving import chat_workload, completion_workload, format_summary, run_serving
     from atomlite.config import EngineConfig
     if min(num_prompts, input_len, output_len) < 1 or request_rate <= 0 or (max_concurrency or 1) < 1:
         fail("--num-prompts, --input-len, --output-len, --max-concurrency and --request-rate must be positive")
+    images = _image_load(images_per_prompt, image_size)
     try:
         config = EngineConfig(model=model or str(default_model()), load_format="dummy")
         name = served_model_name or httpx.get(f"{base_url.rstrip('/')}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -464,11 +470,16 @@ def bench_serve(base_url, model, served_model_name, num_prompts, input_len, outp
         fail(str(e))
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
         fail(f"no OpenAI-compatible server answered at {base_url}/v1/models ({e}): start one or fix --base-url")
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(3, config.model_spec.hf["vocab_size"], (num_prompts, input_len), generator=g).tolist()
+    if images is None:
+        import torch
+        g = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(3, config.model_spec.hf["vocab_size"], (num_prompts, input_len), generator=g)
+        workload = completion_workload(name, prompts.tolist(), output_len)
+    else:
+        from atomlite.benchmarks.images import image_chats
+        workload = chat_workload(name, image_chats(num_prompts, images, input_len, seed), output_len)
     with tqdm(total=num_prompts, desc="requests", leave=False) as bar:
-        summary = run_serving(base_url, name, prompts, output_len, request_rate, max_concurrency, seed, bar.update)
+        summary = run_serving(base_url, workload, request_rate, max_concurrency, seed, bar.update)
     concurrency = max(1, round(summary["mean_concurrency"]))  # what ran, not what was allowed
     summary["roofline_tpot_ms"] = _serve_roofline_ms(config, concurrency, input_len + output_len // 2)
     click.echo("\n".join(format_summary(summary)))
@@ -479,7 +490,8 @@ def bench_serve(base_url, model, served_model_name, num_prompts, input_len, outp
         json_path = Path(f"atomlite-bench-serve-{time.strftime('%Y%m%d-%H%M%S')}-{name.replace('/', '_')}.json")
     write_json(json_path, {"benchmark": "serve", "base_url": base_url, "model": name,
                            "settings": dict(num_prompts=num_prompts, input_len=input_len, output_len=output_len,
-                                            request_rate=request_rate, max_concurrency=max_concurrency),
+                                            request_rate=request_rate, max_concurrency=max_concurrency,
+                                            images_per_prompt=images_per_prompt, image_size=image_size),
                            "results": summary})
 
 

@@ -81,6 +81,27 @@ serve_vs_engine() {  # MODEL: one load (256 x 512 in / 128 out, 64 at once) in p
     python -m atomlite.cli bench latency "${flags[@]}" --input-len 512 --output-len 128 --batch-size 1 --repeats 3
 }
 
+serve_images() {  # 31B with its vision tower (dummy weights) over HTTP: 16 concurrent chats of one 896x896 image each,
+                  # then as many text-only completions of the same length; /health timed meanwhile; decode graph use
+    local served=/tmp/g31v port=8012 pid
+    python -m atomlite.benchmarks.bench_checkpoint examples/configs/gemma-4-31B-it-vision $served || return 1
+    python -m atomlite.cli serve $served --load-format dummy --dtype bfloat16 --max-num-seqs 16 --max-model-len 2048 \
+        --port $port > "$OUT/serve-images.log" 2>&1 &
+    pid=$!
+    until curl -sf "http://127.0.0.1:$port/health" > /dev/null; do
+        kill -0 $pid 2> /dev/null || { cat "$OUT/serve-images.log"; return 1; }; sleep 2
+    done
+    local client=(--base-url "http://127.0.0.1:$port" --model $served --output-len 64 --max-concurrency 16)
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 4 --input-len 32 --images-per-prompt 1  # warm
+    curl -s "http://127.0.0.1:$port/metrics" | grep '^atomlite:forward_passes'
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 64 --input-len 256 --images-per-prompt 1 \
+        --image-size 896x896 --json "$OUT/serve-images.json"
+    curl -s "http://127.0.0.1:$port/metrics" | grep '^atomlite:forward_passes'
+    python -m atomlite.cli bench serve "${client[@]}" --num-prompts 64 --input-len 544 --json "$OUT/serve-text.json"
+    kill -TERM $pid; wait $pid; echo "server exit $?"
+    grep -E "graphs|vision|encoder" "$OUT/serve-images.log" | head -5
+}
+
 from_baseline() {  # COMMAND...: run it in baseline_code/ (git archive REV atomlite | tar -x -C baseline_code)
     if [ ! -d baseline_code/atomlite ]; then echo "no baseline_code/ (carry it)"; return 2; fi
     (cd baseline_code && ln -sfn ../examples examples && PYTHONPATH=. "$@")
@@ -132,6 +153,7 @@ stage() {
         images-31b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-31B-it-vision --load-format dummy \
                         --dtype bfloat16 --input-len 512 --output-len 16 --batch-size 1 --max-num-seqs 1 \
                         --max-model-len 2048 --repeats 5 --images-per-prompt 1 --image-size 896x896 ;;  # 1 image, 256 soft tokens
+        images-31b-serve) serve_images ;;  # needs the serve extra (carry .whl/, see serve-26b)
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step

@@ -152,3 +152,25 @@ def run_image_latency(engine, probes: Probes, load: ImageLoad, input_len: int, o
     warm_up(engine, batch_size, input_len, seed)
     return [*image_ttft_rows(engine, probes, load, input_len, repeats, seed),
             *tpot_rows(engine, probes, input_len, output_len, batch_size, seed)]
+
+
+def image_chats(count: int, load: ImageLoad, text_len: int, seed: int) -> list[list[dict]]:
+    """`bench serve`'s chats: each a user turn of load.per_prompt PNG data-URL images of seeded random pixels (none
+    repeats, so no encoder-cache hit) and text_len random letters."""
+    import base64
+    import io
+
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz "))
+    chats = []
+    for _ in range(count):
+        parts = []
+        for _ in range(load.per_prompt):
+            png = io.BytesIO()
+            Image.fromarray(rng.integers(0, 256, (load.height, load.width, 3), dtype=np.uint8)).save(png, "PNG")
+            url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        parts.append({"type": "text", "text": "".join(rng.choice(letters, text_len))})
+        chats.append([{"role": "user", "content": parts}])
+    return chats

@@ -1,5 +1,7 @@
-"""`atomlite bench serve`: random token prompts streamed from a running OpenAI-compatible server (atomlite serve or
-any other), at a request rate and a concurrency cap. Metric names are those of vLLM's `bench serve`.
+"""`atomlite bench serve`: random token prompts (completions), or chats carrying images, streamed from a running
+OpenAI-compatible server (atomlite serve or any other), at a request rate and a concurrency cap. Metric names are
+those of vLLM's `bench serve`. While they run, /health is asked every HEALTH_INTERVAL_S: its latency is how long any
+other client waits on the server's event loop.
 
 Time to first token and inter-token latency count the chunks that carry a token: text, or token ids (requested with
 vLLM's `return_token_ids`), so a server without a tokenizer is timed too."""
@@ -13,6 +15,23 @@ from dataclasses import dataclass, field
 import httpx
 
 PERCENTILES = (50, 90, 99)
+HEALTH_INTERVAL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is sent: the endpoint path under the base URL and one streamed request body per request."""
+    path: str
+    bodies: list[dict]
+
+
+def completion_workload(model: str, prompts: list[list[int]], output_len: int) -> Workload:
+    return Workload("/v1/completions", [{"model": model, "prompt": p, "max_tokens": output_len} for p in prompts])
+
+
+def chat_workload(model: str, messages: list[list[dict]], output_len: int) -> Workload:
+    return Workload("/v1/chat/completions",
+                    [{"model": model, "messages": m, "max_tokens": output_len} for m in messages])
 
 
 @dataclass
@@ -25,10 +44,9 @@ class RequestResult:
     error: str = ""
 
 
-async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
-                       output_len: int) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+async def _one_request(client: httpx.AsyncClient, url: str, request: dict) -> RequestResult:
+    body = {**request, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
     start = last = time.perf_counter()
     result = RequestResult(ok=False)
     try:
@@ -42,7 +60,7 @@ async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
-                if not any(c.get("text") or c.get("token_ids") for c in chunk.get("choices") or ()):
+                if not any(_carries_token(c) for c in chunk.get("choices") or ()):
                     continue
                 now = time.perf_counter()
                 if result.ttft == 0.0:
@@ -58,19 +76,42 @@ async def _one_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
     return result
 
 
-async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
-               max_concurrency: int | None, seed: int, progress) -> tuple[list[RequestResult], float]:
-    url = base_url.rstrip("/") + "/v1/completions"
-    gate = asyncio.Semaphore(max_concurrency or len(prompts))
-    rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=max_concurrency or len(prompts))
-    in_flight = Concurrency()
+def _carries_token(choice: dict) -> bool:
+    delta = choice.get("delta") or {}
+    return bool(choice.get("text") or choice.get("token_ids") or delta.get("content")
+                or delta.get("reasoning_content") or delta.get("tool_calls"))
 
-    async def limited(client, prompt):
+
+async def _health_latencies(base_url: str, stop: asyncio.Event) -> list[float]:
+    """Seconds each GET /health took, asked every HEALTH_INTERVAL_S on a connection of its own until stop."""
+    latencies = []
+    async with httpx.AsyncClient(timeout=None) as client:
+        url = base_url.rstrip("/") + "/health"
+        await client.get(url)
+        while not stop.is_set():
+            start = time.perf_counter()
+            await client.get(url)
+            latencies.append(time.perf_counter() - start)
+            try:
+                await asyncio.wait_for(stop.wait(), HEALTH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+    return latencies
+
+
+async def _run(base_url: str, workload: Workload, request_rate: float, max_concurrency: int | None, seed: int,
+               progress):
+    url = base_url.rstrip("/") + workload.path
+    count = len(workload.bodies)
+    gate = asyncio.Semaphore(max_concurrency or count)
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=max_concurrency or count)
+
+    async def limited(client, body):
         async with gate:
             in_flight.change(+1)
             try:
-                result = await _one_request(client, url, model, prompt, output_len)
+                result = await _one_request(client, url, body)
             finally:
                 in_flight.change(-1)
             progress()
@@ -79,14 +120,19 @@ async def _run(base_url: str, model: str, prompts: list[list[int]], output_len: 
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
         # the client's own first request (a connection, httpx's lazy imports) is not the server's first TTFT
         await client.get(base_url.rstrip("/") + "/v1/models")
+        stop_health = asyncio.Event()
+        health = asyncio.create_task(_health_latencies(base_url, stop_health))
+        in_flight = Concurrency()
         start = time.perf_counter()
         tasks = []
-        for prompt in prompts:
-            tasks.append(asyncio.create_task(limited(client, prompt)))
+        for body in workload.bodies:
+            tasks.append(asyncio.create_task(limited(client, body)))
             if request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(request_rate))  # Poisson arrivals
         results = await asyncio.gather(*tasks)
-    return results, time.perf_counter() - start, in_flight
+        duration = time.perf_counter() - start
+        stop_health.set()
+    return results, duration, in_flight, await health
 
 
 class Concurrency:
@@ -107,12 +153,15 @@ class Concurrency:
         return self.area / max(self.last - self.start, 1e-9)
 
 
-def run_serving(base_url: str, model: str, prompts: list[list[int]], output_len: int, request_rate: float,
-                max_concurrency: int | None, seed: int, progress=lambda: None) -> dict:
-    results, duration, in_flight = asyncio.run(_run(base_url, model, prompts, output_len, request_rate,
-                                                    max_concurrency, seed, progress))
+def run_serving(base_url: str, workload: Workload, request_rate: float, max_concurrency: int | None, seed: int,
+                progress=lambda: None) -> dict:
+    results, duration, in_flight, health = asyncio.run(_run(base_url, workload, request_rate, max_concurrency, seed,
+                                                            progress))
     summary = summarize(results, duration)
     summary["peak_concurrency"], summary["mean_concurrency"] = in_flight.peak, in_flight.mean()
+    summary["health_requests"] = len(health)
+    summary.update(_stats("health", health))
+    summary["max_health_ms"] = max(health, default=0.0) * 1e3
     return summary
 
 
@@ -154,7 +203,10 @@ def format_summary(s: dict) -> list[str]:
         lines += [f"{'Peak concurrent requests:':<40}{s['peak_concurrency']:>12}",
                   f"{'Mean concurrent requests:':<40}{s['mean_concurrency']:>12.2f}"]
     for name, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
-                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+                        ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency"),
+                        ("health", "GET /health Latency (meanwhile)")):
+        if f"mean_{name}_ms" not in s:
+            continue
         lines.append(f"---{title}---")
         if name == "ttft" and "first_ttft_ms" in s:
             lines.append(f"{'First request TTFT (ms):':<40}{s['first_ttft_ms']:>12.2f}")
@@ -162,4 +214,6 @@ def format_summary(s: dict) -> list[str]:
         lines.append(f"{'Median ' + name.upper() + ' (ms):':<40}{s[f'median_{name}_ms']:>12.2f}")
         for p in PERCENTILES[1:]:
             lines.append(f"{f'P{p} ' + name.upper() + ' (ms):':<40}{s[f'p{p}_{name}_ms']:>12.2f}")
+        if name == "health":
+            lines.append(f"{'Max HEALTH (ms):':<40}{s['max_health_ms']:>12.2f}")
     return lines + [f"error: {e}" for e in s.get("errors", [])]

@@ -74,6 +74,8 @@ class ModelRunner:
         self.verify_graphs: DecodeGraphs | None = None
         self.keep_hidden = False  # a drafter reads the target's hidden states: keep the rows of the last step
         self.hidden: torch.Tensor | None = None  # [rows, hidden] of the last step, aligned with its logits' rows
+        # forward passes since start by how they ran: "graph" (replayed from a captured graph) or "eager"
+        self.forward_passes = {"graph": 0, "eager": 0}
 
     def use_decode_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> DecodeGraphs:
         """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
@@ -147,12 +149,14 @@ class ModelRunner:
         elif self.tp.size > 1:
             ids = self.tp.broadcast(ids)  # rank 0 sampled them on its device: every rank reads them from there
         graphs = (self.graphs, self.verify_graphs)[step.graphs]
+        self.forward_passes["graph" if graphs.capture else "eager"] += 1
         logits = graphs.run(step.inputs, ids)
         self.hidden = graphs.hidden[:len(logits)] if self.keep_hidden else None
         return logits
 
     def _eager(self, step: RunnerStep, soft_token_values: torch.Tensor | None = None) -> torch.Tensor:
         self._send(step)
+        self.forward_passes["eager"] += 1
         ids, ctx = self.inputs.context(step.inputs)
         if step.soft_tokens is None:
             hidden = self.model(ids, ctx)

@@ -35,3 +35,4 @@ class EngineStats:
     iteration_tokens: list[int] = field(default_factory=list)
     spec: object = None  # the drafts' acceptance counters (spec.stats.SpecStats), with speculative decoding
     num_added: int = 0  # requests the engine has taken in, so a client can count the ones still on their way
+    forward_passes: dict[str, int] = field(default_factory=dict)  # since start, by path: "graph", "eager"

@@ -36,6 +36,8 @@ class ServerMetrics:
                                       "First scheduled to first token", buckets=REQUEST_BUCKETS, registry=r)
         self.decode_time = Histogram("atomlite:request_decode_time_seconds", "First token to last token",
                                      buckets=REQUEST_BUCKETS, registry=r)
+        self.forward_passes = Counter("atomlite:forward_passes", "Forward passes by how they ran: replayed from a "
+                                      "captured decode graph, or eager", ["path"], registry=r)
         self.finished = Counter("atomlite:request_finished", "Finished requests by reason", ["reason"], registry=r)
         self.spec_drafts = Counter("atomlite:spec_decode_num_drafts", "Draft rounds verified (speculative decoding)",
                                    registry=r)
@@ -57,6 +59,9 @@ class ServerMetrics:
         for counter, name in ((self.preemptions, "num_preemptions"), (self.prefix_queries, "prefix_cache_queries"),
                               (self.prefix_hits, "prefix_cache_hits")):
             counter.inc(getattr(stats, name) - (getattr(previous, name) if previous is not None else 0))
+        for path, count in stats.forward_passes.items():
+            before = previous.forward_passes.get(path, 0) if previous is not None else 0
+            self.forward_passes.labels(path=path).inc(count - before)
         for tokens in stats.iteration_tokens:
             self.iteration_tokens.observe(tokens)
         if stats.spec is not None:

@@ -3,6 +3,7 @@ and the roofline arithmetic they print beside their results."""
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -206,6 +207,43 @@ def test_bench_latency_with_images_prints_ttft_against_text_and_the_towers_rate(
     assert [r["metric"] for r in rows[3:]] == ["TPOT, batch 1"]
     for line in (image["metric"], tower["metric"], "images/s (roofline"):
         assert line in result.output
+
+
+def test_bench_serve_sends_chats_with_images_to_a_bench_checkpoint_and_times_health(vision_config_only, tmp_path):
+    """bench_checkpoint gives the config-only folder a tokenizer and chat template, so the server takes image chats;
+    every request's image reaches the tower (fresh pixels, no encoder-cache hit) and /health is timed meanwhile."""
+    from atomlite.benchmarks.bench_checkpoint import write_bench_checkpoint
+    from atomlite.server.app import make_app
+    served = write_bench_checkpoint(vision_config_only, tmp_path / "served")
+    engine = LLM(str(served), load_format="dummy", device="cpu", max_model_len=2048).engine
+    out = tmp_path / "serve.json"
+    with running(make_app(engine, "tiny")) as base:
+        result = CliRunner().invoke(main, ["bench", "serve", "--base-url", base, "--model", str(served),
+                                           "--num-prompts", "3", "--input-len", "10", "--output-len", "4",
+                                           "--max-concurrency", "2", "--images-per-prompt", "1",
+                                           "--image-size", "64x48", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text())["results"]
+    assert summary["completed"] == 3 and summary["failed"] == 0 and summary["total_output_tokens"] == 12
+    assert engine.runner.images.num_encoded == 3
+    assert summary["health_requests"] >= 1 and 0 < summary["p99_health_ms"] <= summary["max_health_ms"]
+    assert "GET /health Latency (meanwhile)" in result.output
+
+
+def test_bench_checkpoint_puts_the_configs_special_tokens_at_their_ids(tmp_path):
+    from transformers import AutoTokenizer
+
+    from atomlite.benchmarks.bench_checkpoint import write_bench_checkpoint
+    served = write_bench_checkpoint(Path(EXAMPLES) / "gemma-4-31B-it-vision", tmp_path / "g31v")
+    config = json.loads((served / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(served)
+    for key in ("image_token_id", "video_token_id", "boi_token_id", "eoi_token_id"):
+        assert tokenizer.convert_ids_to_tokens(config[key]).startswith(("<|", "<image"))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a b"}]}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == config["text_config"]["bos_token_id"] and ids.count(config["image_token_id"]) == 1
+    assert max(ids) < config["text_config"]["vocab_size"]
 
 
 def test_bench_latency_refuses_images_for_a_text_model_naming_the_flag(config_only):

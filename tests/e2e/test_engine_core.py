@@ -145,6 +145,8 @@ def test_metrics_carry_vllm_series(server):
     assert metric(text, "atomlite:e2e_request_latency_seconds_count") >= 1
     assert metric(text, "atomlite:prefix_cache_queries_total") >= len(PROMPTS[0])
     assert metric(text, "atomlite:iteration_tokens_total_sum") >= len(PROMPTS[0])
+    # the CPU runs every pass eager (decode graphs are captured on GPUs only): the prefill and three decode steps
+    assert metric(text, "atomlite:forward_passes_total", path="eager") >= 4
 
 
 def test_a_killed_core_fails_open_requests_and_the_server_exits(tmp_path):
