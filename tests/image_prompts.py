@@ -9,11 +9,13 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 import tiny_models
 from atomlite import SamplingParams
 from atomlite.multimodal.inputs import ImageItem, MultiModalPrompt, placeholder_runs
-from atomlite.multimodal.items import image_item
+from atomlite.multimodal.items import image_item, video_frame_items
 from atomlite.multimodal.patches import PatchSpec
+from atomlite.multimodal.video import sampled_video
 
 TOKENS = tiny_models.MULTIMODAL_TOKENS
 IMAGE, BOI, EOI = TOKENS["image_token_id"], TOKENS["boi_token_id"], TOKENS["eoi_token_id"]
+VIDEO = TOKENS["video_token_id"]
 ASPECTS = {"landscape": (64, 48), "tall": (30, 90)}  # (width, height) of the source image
 # one build per (variant, tower, attention) shared by the test files: room for a 1120-token image in the context
 CONTEXT = dict(max_position_embeddings=2048)
@@ -53,11 +55,16 @@ def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int, image_to
     if prompt.items:
         pixels = torch.stack([item.pixel_values for item in prompt.items])
         positions = torch.stack([item.image_position_ids for item in prompt.items])
-        soft = ref.model.get_image_features(pixels, positions).pooler_output
-        given = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(soft))}}
+        if prompt.items[0].modality == "video":  # one video: its frames
+            frames = torch.tensor([len(prompt.items)])
+            soft = ref.model.get_video_features(pixels, positions, num_frames_per_video=frames).pooler_output
+            given = {"mm_encoder_outputs": {"video": BaseModelOutputWithPooling(pooler_output=tuple(soft))}}
+        else:
+            soft = ref.model.get_image_features(pixels, positions).pooler_output
+            given = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(soft))}}
     ids, tokens, logprobs = list(prompt.prompt_token_ids), [], []
     for _ in range(max_tokens):
-        types = torch.tensor([[int(t == image_token_id) for t in ids]])
+        types = torch.tensor([[1 if t == image_token_id else 2 if t == VIDEO else 0 for t in ids]])
         logits = ref(input_ids=torch.tensor([ids]), mm_token_type_ids=types, **given).logits[0, -1]
         row = torch.log_softmax(logits.float(), dim=-1)
         token = int(row.argmax())
@@ -65,6 +72,17 @@ def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int, image_to
         logprobs.append(float(row[token]))
         ids.append(token)
     return tokens, logprobs
+
+
+def video_prompt(num_frames: int, seed: int = 0) -> MultiModalPrompt:
+    """One video of num_frames random 40x56 frames, each frame as the processor lays it out (its timestamp's text,
+    here two tokens; boi, its placeholders, eoi)."""
+    frames = np.random.default_rng(seed).integers(0, 256, (num_frames, 40, 56, 3), dtype=np.uint8)
+    items = video_frame_items(sampled_video(frames, "video"), PatchSpec(max_soft_tokens=70))
+    ids = [5, 17]
+    for item in items:
+        ids += [9, 10, BOI] + [VIDEO] * item.num_soft_tokens + [EOI]
+    return MultiModalPrompt(ids + [33, 8], items, placeholder_runs(ids, {VIDEO}))
 
 
 def greedy(max_tokens: int) -> SamplingParams:

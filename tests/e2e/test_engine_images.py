@@ -8,7 +8,7 @@ import torch
 
 from atomlite import LLM
 from image_prompts import (assert_matches, engine_greedy, greedy, image_prompt, items_of, transformers_greedy,
-                           vision_checkpoint)
+                           video_prompt, vision_checkpoint)
 
 ENGINE = dict(dtype="float32", device="cpu")
 
@@ -36,6 +36,16 @@ def test_greedy_tokens_and_logprobs_match_transformers(checkpoints, variant, sha
     got = engine_greedy(engine, {"r": prompt}, 4)["r"]
     assert_matches(got, transformers_greedy(ref, prompt, 4))
     assert engine.runner.images.num_encoded == len(aspects)
+
+
+@pytest.mark.parametrize("variant,shape,bidirectional", [("ple", "clipped", True), ("dense", "standardized", False)])
+def test_video_frames_match_transformers(checkpoints, variant, shape, bidirectional):
+    """A video's frames: each its own block of video soft tokens (mm_token_type_ids 2 in transformers)."""
+    engine, ref = engine_for(checkpoints, variant, shape, bidirectional, enable_prefix_caching=False)
+    prompt = video_prompt(3)
+    assert len(prompt.items) == 3 and all(item.modality == "video" for item in prompt.items)
+    assert_matches(engine_greedy(engine, {"r": prompt}, 4)["r"], transformers_greedy(ref, prompt, 4))
+    assert engine.runner.images.num_encoded == 3
 
 
 @pytest.mark.parametrize("max_soft_tokens", [70, 140, 280, 560, 1120])
