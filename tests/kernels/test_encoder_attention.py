@@ -34,3 +34,54 @@ def test_packed_sequences_know_their_boundaries_on_both_sides():
     assert packed.cu_seqlens.tolist() == [0, 9, 45, 63] and packed.cu_seqlens.dtype == torch.int32
     assert packed.max_length == 36
     assert packed.row_ranges() == [slice(0, 9), slice(9, 45), slice(45, 63)]
+
+
+# Triton's kernel against the reference: CPU runs it in the interpreter (conftest), a GPU compiled.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def packed_inputs(lengths: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                  device: str = DEVICE, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q = torch.randn(total, heads, head_dim, generator=gen)
+    k, v = (torch.randn(total, kv_heads, head_dim, generator=gen) for _ in range(2))
+    return [t.to(dtype).to(device) for t in (q, k, v)], PackedSequences.of(lengths, device)
+
+
+def assert_matches_reference(out, q, k, v, packed, scale):
+    expected = encoder_attention(q.float(), k.float(), v.float(), packed, scale)
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.isnan().any()
+    if out.dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    else:
+        # inputs rounded to bf16 are the reference's too: one bf16 rounding of the result (the interpreter truncates
+        # on store), and on a GPU the probabilities' bf16 rounding before P.V
+        err = (out.float() - expected).abs()
+        slack, floor = (2.0 ** -7 * 1.01, 1e-5) if DEVICE == "cpu" else (2.0 ** -6, 2e-3)
+        assert (err <= expected.abs() * slack + floor).all(), err.max()
+
+
+# Lengths: one patch; tails that are no multiple of the key tile (32 interpreted) or of the query rows; a sequence
+# longer than one query tile beside short ones.
+@pytest.mark.parametrize("lengths", [[1], [1, 33, 7], [70, 5], [31, 1, 64]])
+@pytest.mark.parametrize("head_dim,heads,kv_heads", [(72, 4, 4), (64, 3, 3), (72, 4, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_encoder_attention_matches_the_reference(lengths, head_dim, heads, kv_heads, dtype):
+    from atomlite.model_ops.triton.attention.encoder import encoder_attention as triton_encoder_attention
+    (q, k, v), packed = packed_inputs(lengths, heads, kv_heads, head_dim, dtype, seed=sum(lengths) + head_dim)
+    scale = head_dim ** -0.5
+    assert_matches_reference(triton_encoder_attention(q, k, v, packed, scale), q, k, v, packed, scale)
+
+
+def test_triton_encoder_attention_reads_strided_heads_and_an_empty_pack():
+    """q/k/v as views of one fused projection's output (rows strided by all three), and no rows at all."""
+    from atomlite.model_ops.triton.attention.encoder import encoder_attention as triton_encoder_attention
+    lengths, heads, head_dim = [5, 40], 2, 72
+    gen = torch.Generator().manual_seed(7)
+    fused = torch.randn(sum(lengths), 3 * heads, head_dim, generator=gen).to(DEVICE)
+    q, k, v = fused.split(heads, dim=1)
+    packed = PackedSequences.of(lengths, DEVICE)
+    assert_matches_reference(triton_encoder_attention(q, k, v, packed, 0.1), q, k, v, packed, 0.1)
+    empty = torch.empty(0, heads, head_dim, device=DEVICE)
+    assert triton_encoder_attention(empty, empty, empty, PackedSequences.of([], DEVICE), 0.1).shape == empty.shape
