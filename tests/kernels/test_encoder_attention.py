@@ -58,7 +58,7 @@ def assert_matches_reference(out, q, k, v, packed, scale):
         # inputs rounded to bf16 are the reference's too: one bf16 rounding of the result (the interpreter truncates
         # on store), and on a GPU the probabilities' bf16 rounding before P.V
         err = (out.float() - expected).abs()
-        slack, floor = (2.0 ** -7 * 1.01, 1e-5) if DEVICE == "cpu" else (2.0 ** -6, 2e-3)
+        slack, floor = (2.0 ** -7 * 1.01, 1e-5) if DEVICE == "cpu" else (2.0 ** -6, 3e-4)
         assert (err <= expected.abs() * slack + floor).all(), err.max()
 
 
@@ -85,3 +85,23 @@ def test_triton_encoder_attention_reads_strided_heads_and_an_empty_pack():
     assert_matches_reference(triton_encoder_attention(q, k, v, packed, 0.1), q, k, v, packed, 0.1)
     empty = torch.empty(0, heads, head_dim, device=DEVICE)
     assert triton_encoder_attention(empty, empty, empty, PackedSequences.of([], DEVICE), 0.1).shape == empty.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,head_dim,dtype", [(16, 72, torch.float32), (12, 64, torch.float32),
+                                                  (16, 72, torch.bfloat16)])
+def test_triton_encoder_attention_at_the_largest_images_holds_no_score_matrix(heads, head_dim, dtype):
+    """Compiled, at the towers' shapes (31B / 26B-A4B: 16 x 72; E2B / E4B: 12 x 64) on an image of 2520 patches
+    beside one of 10080 (max_soft_tokens 1120): equal to the reference, and the call allocates its output alone
+    (the largest image's [heads, T, T] fp32 scores would be 6.5 GB)."""
+    from atomlite.model_ops.triton.attention.encoder import encoder_attention as triton_encoder_attention
+    (q, k, v), packed = packed_inputs([2520, 10080], heads, heads, head_dim, dtype, seed=1)
+    scale = head_dim ** -0.5
+    triton_encoder_attention(q, k, v, packed, scale)  # compiles
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = triton_encoder_attention(q, k, v, packed, scale)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 2 * out.numel() * out.element_size()
+    assert_matches_reference(out, q, k, v, packed, scale)
