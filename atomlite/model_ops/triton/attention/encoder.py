@@ -14,7 +14,7 @@ import triton.language as tl
 from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.triton.attention.paged import LOG2E, _find_sequence
 from atomlite.model_ops.triton.attention.tuning import ENCODER_TILES, AttnConfig
-from atomlite.model_ops.triton.common import dot_precision, interpreting, run_kernel
+from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 
 
 @triton.jit
@@ -111,10 +111,12 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def pick_config(q: torch.Tensor) -> AttnConfig:
-    """Tiles by padded head_dim (tuning.ENCODER_TILES); 4-byte values (fp32, or any dtype under the interpreter)
-    take the smaller ones."""
-    _, two_byte, four_byte = next(row for row in ENCODER_TILES if padded_head_dim(q.shape[2]) >= row[0])
-    return four_byte if q.element_size() > 2 or interpreting() else two_byte
+    """Tiles by padded head_dim and platform (tuning.ENCODER_TILES); 4-byte values (fp32, or any dtype under the
+    interpreter) take the smaller ones."""
+    _, nvidia, rocm, four_byte = next(row for row in ENCODER_TILES if padded_head_dim(q.shape[2]) >= row[0])
+    if q.element_size() > 2 or interpreting():
+        return four_byte
+    return rocm if platform_of(q.device).kind == "rocm" else nvidia
 
 
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences,
