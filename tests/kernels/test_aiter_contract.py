@@ -366,7 +366,8 @@ def test_encoder_attention_is_flash_varlen_without_the_causal_mask_over_the_pack
     _, calls = pinned_aiter
     run_encoder_adapter(lengths=(9, 36, 18))
     [(path, _, kwargs)] = calls
-    assert path == F.FLASH_VARLEN and kwargs["causal"] is False and kwargs["softmax_scale"] == 0.125
+    assert path == F.FLASH_VARLEN and kwargs["causal"] is False and kwargs["window_size"] == (-1, -1)
+    assert kwargs["softmax_scale"] == 0.125
     assert kwargs["cu_seqlens_q"] is kwargs["cu_seqlens_k"] and kwargs["cu_seqlens_q"].tolist() == [0, 9, 45, 63]
     assert kwargs["max_seqlen_q"] == kwargs["max_seqlen_k"] == 36
 

@@ -17,7 +17,7 @@ import torch
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.aiter import detect, functions as F
-from atomlite.model_ops.aiter.attention import HALF_DTYPES
+from atomlite.model_ops.aiter.attention import HALF_DTYPES, flash_window
 from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.platform import Platform
 
@@ -31,7 +31,8 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed:
         return torch.empty_like(q)
     longest = packed.max_length
     return detect.call(F.FLASH_VARLEN, q=q, k=k, v=v, cu_seqlens_q=packed.cu_seqlens, cu_seqlens_k=packed.cu_seqlens,
-                       max_seqlen_q=longest, max_seqlen_k=longest, softmax_scale=scale, causal=False)
+                       max_seqlen_q=longest, max_seqlen_k=longest, softmax_scale=scale, causal=False,
+                       window_size=flash_window(None))
 
 
 @cache
