@@ -70,6 +70,17 @@ def test_encoder_attention_compiles_at_both_tower_head_dims_and_spills_no_vgprs(
     assert not spilled, "\n".join(spilled)
 
 
+def test_a_model_given_with_a_vision_tower_adds_its_encoder_attention():
+    from atomlite.model_ops.platform import parse_platform
+    from atomlite.tools.compile_gate.workloads import EXAMPLE_CONFIGS, gemma4_launches
+    launches = gemma4_launches(parse_platform("gfx950"), [EXAMPLE_CONFIGS / "gemma-4-31B-it-vision"])
+    encoder = [(workload, launch) for workload, launch in launches
+               if launch.kernel.fn.__name__ == "_encoder_attention_kernel"]
+    assert {workload.partition(" encoder_attention")[0] for workload, _ in encoder} == {
+        "gemma-4-31B-it-vision tower images-1", "gemma-4-31B-it-vision tower images-2"}
+    assert {(launch.kwargs["HEAD_DIM"], launch.grid[1]) for _, launch in encoder} == {(72, 16)}
+
+
 def test_gate_reports_a_kernel_with_inline_ptx_by_name_on_gfx950():
     fixture = Path(__file__).with_name("compile_gate_ptx.py")
     results = run_gate(["gfx950"], launches=f"{fixture}:ptx_launches")
