@@ -3,15 +3,16 @@ bidirectional attention over each image's tokens in the sliding layers), trained
 Gemma4ForConditionalGeneration on synthetic pictures (vision_data.py: the colour and the count of shapes), starting
 from the demo's committed text weights.
 
-    python -m atomlite.demo.train_vision --device cuda [--train-text] [--max-seconds 200] [--out atomlite/demo/model]
+    python -m atomlite.demo.train_vision --device cuda --steps 6000 --max-seconds 250
     python -m atomlite.demo.train_vision --device cpu --steps 3 --batch-size 4 --out /tmp/demo-vision   # a quick check
 
-By default the text model stays frozen: only the tower and its projection into the text width learn, so every text
-answer of the demo stays what it was (and its speculative-decoding assistant, trained on the text model, stays
-valid). --train-text trains the text model too, at --text-lr, with the text recipe's data (train.py) in every step.
-Each step's batch depends only on the seed and the step number, as in train.py. The folder written holds the model
-(config.json of a Gemma4ForConditionalGeneration), the tokenizer with Gemma 4's vision tokens, and
-processor_config.json, whose max_soft_tokens (70) keeps an image at 64-70 tokens.
+The text model trains too, at --text-lr (a tenth of the tower's rate), with a batch of the text recipe's data
+(train.py, 30% chats) in every step beside the pictures, so its arithmetic stays. --no-train-text freezes it (only
+the tower and its projection learn): on the GPU that run's held-out answers stayed at 0.0 after 1900 steps, while
+training both reached 0.95 by step 1000. Each step's batch depends only on the seed and the step number, as in
+train.py; under --max-seconds the learning-rate schedule runs on the time spent, so the steps a run makes depend on
+the machine. The folder written holds the model (config.json of a Gemma4ForConditionalGeneration), the tokenizer
+with Gemma 4's vision tokens, and processor_config.json, whose max_soft_tokens (70) keeps an image at 64-70 tokens.
 """
 import argparse
 import json
@@ -248,8 +249,9 @@ def parse_args() -> argparse.Namespace:
     parser.set_defaults(compile=False, seq_len=256)
     parser.add_argument("--init", type=Path, default=DEMO_DIR,
                         help="the demo whose text weights to start from (a text-only or a vision demo folder)")
-    parser.add_argument("--train-text", action="store_true",
-                        help="train the text model too (at --text-lr, with the text recipe's batches mixed in)")
+    parser.add_argument("--train-text", action=argparse.BooleanOptionalAction, default=True,
+                        help="train the text model too (at --text-lr, with the text recipe's batches mixed in); "
+                             "--no-train-text freezes it")
     parser.add_argument("--text-lr", type=float, default=1e-4)
     parser.add_argument("--text-batch", type=int, default=8, help="text rows of --seq-len tokens per step")
     parser.add_argument("--workers", type=int, default=6, help="data workers on a GPU")
