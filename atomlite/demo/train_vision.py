@@ -28,7 +28,7 @@ from atomlite.demo.tokenizer import MEDIA_TOKENS, build_char_tokenizer
 from atomlite.demo.train import (CONFIG, char_ids, encode, learning_rate, print_probe, probe, probe_set, report,
                                  round_weights, training_batch, training_options)
 from atomlite.demo.train import save as save_model
-from atomlite.demo.vision_data import TRAIN_SEED, picture, question
+from atomlite.demo.vision_data import TRAIN_SEED, Picture, picture, question
 
 MAX_SOFT_TOKENS = 70
 # Longest side at any max_soft_tokens a request may ask for (1120 x the 3 x 3 pooling), in patches
@@ -54,17 +54,23 @@ def model_config(tokenizer):
                         eoa_token_index=ids["eoa"])
 
 
-def chat_example(table: dict[str, int], ids: dict[str, int], rng: random.Random, spec) \
-        -> tuple[list[int], list[float], object]:
-    """One user turn with a picture and a question, the answer, as the template and the processor render them:
-    (token ids, loss weight of predicting each token, the picture's ImageItem). Only the answer and its
-    <end_of_turn> weigh."""
-    from atomlite.multimodal.items import image_item
+def drawn_chat(rng: random.Random) -> tuple[Picture, str, str, bool]:
+    """(picture, question, answer, whether the picture comes before the question)."""
     p = picture(rng)
     q, a = question(rng, p)
+    return p, q, a, rng.random() < 0.8
+
+
+def chat_example(table: dict[str, int], ids: dict[str, int], chat: tuple[Picture, str, str, bool], spec) \
+        -> tuple[list[int], list[float], object]:
+    """One user turn with a picture and a question, then the answer, as the template and the processor render
+    them: (token ids, loss weight of predicting each token, the picture's ImageItem). Only the answer and its
+    <end_of_turn> weigh."""
+    from atomlite.multimodal.items import image_item
+    p, q, a, picture_first = chat
     item = image_item(p.image, spec, "picture")
     image = [ids["boi"]] + [ids["image"]] * item.num_soft_tokens + [ids["eoi"]]
-    user = image + encode(table, q) if rng.random() < 0.8 else encode(table, q) + image
+    user = image + encode(table, q) if picture_first else encode(table, q) + image
     prompt = ([SPECIAL["<bos>"], SPECIAL["<start_of_turn>"]] + encode(table, "user\n") + user
               + [SPECIAL["<end_of_turn>"]] + encode(table, "\n") + [SPECIAL["<start_of_turn>"]]
               + encode(table, "assistant\n"))
@@ -76,7 +82,7 @@ def image_batch(table, ids, rng: random.Random, batch_size: int) -> dict[str, to
     """Right-padded chats (pad id 0, weight 0) with their pixels: what Gemma4ForConditionalGeneration takes."""
     from atomlite.multimodal.patches import PatchSpec
     spec = PatchSpec(max_soft_tokens=MAX_SOFT_TOKENS)
-    examples = [chat_example(table, ids, rng, spec) for _ in range(batch_size)]
+    examples = [chat_example(table, ids, drawn_chat(rng), spec) for _ in range(batch_size)]
     length = max(len(e[0]) for e in examples)
     input_ids = torch.tensor([e[0] + [0] * (length - len(e[0])) for e in examples])
     return {"input_ids": input_ids,
