@@ -147,8 +147,10 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
         return JobResult(job.name, job.task, job.metric, None, job.threshold, job.baseline, "error", str(e),
                          time.monotonic() - started)
     try:
-        say(f"{job.name}: server healthy at {base}; running {'' if native else 'lm-eval '}task {job.task} "
-            f"({job.num_fewshot}-shot{f', limit {limit}' if limit else ''})")
+        shots = [] if job.num_fewshot is None else [f"{job.num_fewshot}-shot"]
+        details = ", ".join(shots + ([f"limit {limit}"] if limit else []))
+        say(f"{job.name}: server healthy at {base}; running {'' if native else 'lm-eval '}task {job.task}"
+            f"{f' ({details})' if details else ''}")
         if native:
             results = native(base, SERVED_NAME, job.task, limit)
         else:
