@@ -98,8 +98,8 @@ class VisionBatches(torch.utils.data.IterableDataset):
     w, w+W, ..."""
 
     def __init__(self, seed: int, steps: int, batch_size: int, text_batch: int, text_len: int):
-        self.seed, self.steps, self.batch_size, self.text_batch, self.text_len = seed, steps, batch_size, text_batch, \
-            text_len
+        self.seed, self.steps, self.batch_size = seed, steps, batch_size
+        self.text_batch, self.text_len = text_batch, text_len
 
     def __iter__(self):
         tokenizer = build_char_tokenizer()
