@@ -1,4 +1,5 @@
-"""Run accuracy jobs: serve the model, point lm-eval at it, compare the metric with the job's threshold."""
+"""Run accuracy jobs: serve the model, point lm-eval (or one of atomlite's own tasks, NATIVE_TASKS) at it, compare
+the metric with the job's threshold."""
 import json
 import os
 import signal
@@ -12,9 +13,13 @@ from pathlib import Path
 import httpx
 
 from atomlite.accuracy.catalog import Job
+from atomlite.accuracy.vqa import run_vqa
 
 SERVED_NAME = "atomlite-eval"
 HEALTH_TIMEOUT_S = 600
+# Tasks lm-eval has no form for (images through the chat API): task name -> run(base_url, model, task, limit), which
+# returns lm-eval's result shape
+NATIVE_TASKS = {"demo_vqa": run_vqa}
 
 
 @dataclass
@@ -132,7 +137,8 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
     started = time.monotonic()
     model = model or job.model_path()
     report_dir.mkdir(parents=True, exist_ok=True)
-    include_dir = render_task(job, catalog_dir, Path(tempfile.mkdtemp(prefix="atomlite-tasks-")))
+    native = NATIVE_TASKS.get(job.task)
+    include_dir = None if native else render_task(job, catalog_dir, Path(tempfile.mkdtemp(prefix="atomlite-tasks-")))
     say(f"{job.name}: serving {model} ...")
     score, status, detail = None, "error", ""
     try:
@@ -141,11 +147,16 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
         return JobResult(job.name, job.task, job.metric, None, job.threshold, job.baseline, "error", str(e),
                          time.monotonic() - started)
     try:
-        say(f"{job.name}: server healthy at {base}; running lm-eval task {job.task} "
-            f"({job.num_fewshot}-shot{f', limit {limit}' if limit else ''})")
-        args = {"base_url": f"{base}/v1/completions", "model": SERVED_NAME, "tokenizer_backend": "remote",
-                "num_concurrent": 16, "max_retries": 1, "timeout": 600}
-        results = lm_eval_run("local-completions", args, job, include_dir, limit)
+        shots = [] if job.num_fewshot is None else [f"{job.num_fewshot}-shot"]
+        details = ", ".join(shots + ([f"limit {limit}"] if limit else []))
+        say(f"{job.name}: server healthy at {base}; running {'' if native else 'lm-eval '}task {job.task}"
+            f"{f' ({details})' if details else ''}")
+        if native:
+            results = native(base, SERVED_NAME, job.task, limit)
+        else:
+            args = {"base_url": f"{base}/v1/completions", "model": SERVED_NAME, "tokenizer_backend": "remote",
+                    "num_concurrent": 16, "max_retries": 1, "timeout": 600}
+            results = lm_eval_run("local-completions", args, job, include_dir, limit)
         write_samples(results, job, report_dir / f"{job.name}.samples.jsonl")
         score = read_metric(results, job)
         status, detail = judge(score, job)

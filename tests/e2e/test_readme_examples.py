@@ -1,5 +1,6 @@
 """The README's serving examples run as written (curl commands and Python snippets that talk to
-127.0.0.1:8000) against the demo model served as atomlite-demo, on a free port instead of 8000."""
+127.0.0.1:8000) against the demo model served as atomlite-demo, on a free port instead of 8000; the image example
+gets the answer the README shows."""
 import json
 import re
 import shutil
@@ -59,6 +60,17 @@ def test_readme_curl_command_runs(base, index):
         assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1])
     else:
         assert "choices" in json.loads(run.stdout)
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_readme_image_question_gets_the_answer_the_readme_shows(base):
+    command = next(c for c in curl_commands() if "image_url" in c).replace(f"http://{ADDRESS}", base)
+    shown = re.search(r"^The answer's `content` is `(.+)`$", README.read_text(), flags=re.M).group(1)
+    run = subprocess.run(["bash", "-c", command + " --fail-with-body -sS"], capture_output=True, text=True,
+                         timeout=120)
+    reply = json.loads(run.stdout)
+    assert reply["choices"][0]["message"]["content"] == shown, reply
+    assert reply["choices"][0]["finish_reason"] == "stop"
 
 
 @pytest.mark.parametrize("index", range(len(python_snippets())))
