@@ -29,9 +29,10 @@ class ClientGone(Exception):
 class Server:
     """Request handling that does not depend on FastAPI: prompts -> engine streams -> OpenAI bodies."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None,
+    def __init__(self, engine: AsyncEngine, model_name: str | list[str], api_key: str | None,
                  chat_options: ChatOptions = ChatOptions()):
-        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        self.engine, self.model_name, self.api_key = engine, self.model_names[0], api_key
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.fmt = Formatter(self.tokenizer, model_name)
@@ -40,9 +41,9 @@ class Server:
 
     # -- checks ---------------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
-                           "model")
+        if name is not None and name not in self.model_names:
+            served = ", ".join(f"`{n}`" for n in self.model_names)
+            raise APIError(404, f"The model `{name}` does not exist; this server serves {served}", "model")
 
     def need_tokenizer(self, what: str):
         if self.tokenizer is None:

@@ -50,7 +50,7 @@ class ChatTemplate:
     """Renders chat requests with the model's template (or --chat-template's) and knows which parsers apply."""
 
     def __init__(self, tokenizer, options: ChatOptions):
-        self.tokenizer = tokenizer
+        self.tokenizer, self.options = tokenizer, options
         self.template = load_chat_template(options.chat_template) or getattr(tokenizer, "chat_template", None)
         self.tool_call_parser = resolve_parser("tool_call_parser", options.tool_call_parser, self.template)
         self.reasoning_parser = resolve_parser("reasoning_parser", options.reasoning_parser, self.template)

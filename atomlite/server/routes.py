@@ -33,18 +33,18 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     async def metrics_endpoint():
         return Response(metrics.render() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict:
-        return {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "atomlite",
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "atomlite",
                 "max_model_len": server.max_model_len}
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in server.model_names]}
 
     @app.get("/v1/models/{model_id:path}", dependencies=[auth])
     async def model(model_id: str):
         server.check_model(model_id)
-        return model_card()
+        return model_card(model_id)
 
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
