@@ -20,10 +20,11 @@ AS_SAMPLING_PARAMS = {"max_new_tokens": "max_tokens"}
 @dataclass(frozen=True)
 class GenerationDefaults:
     """What a request that leaves a field out gets, in SamplingParams' names, and where it came from."""
-    source: str  # the file read, or "" when none was
+    source: str  # the file whose sampling values were taken, or ""
     sampling: dict = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
     mode: str = "auto"
+    path: str = ""  # the generation_config.json read, or "" where there is none
 
     def describe(self) -> str:
         """The startup line."""
@@ -34,8 +35,9 @@ class GenerationDefaults:
                     f"--generation-config vllm ignores the file's)")
         if self.mode == "vllm":
             return "sampling defaults: vLLM's (--generation-config vllm)"
-        where = self.source or "no generation_config.json"
-        return f"sampling defaults: vLLM's ({where} sets none)"
+        if not self.path:
+            return "sampling defaults: vLLM's (the checkpoint has no generation_config.json)"
+        return f"sampling defaults: vLLM's ({self.path} sets none)"
 
 
 def _read(path: Path) -> dict:
@@ -84,4 +86,4 @@ def load_generation_defaults(model_dir: Path, mode: str = "auto",
     config.update({k: v for k, v in parse_override(override).items() if k in HF_DEFAULTS and v is not None})
     sampling = {AS_SAMPLING_PARAMS.get(k, k): v for k, v in config.items()}
     source = str(path) if data and mode != "vllm" and set(config) - set(parse_override(override)) else ""
-    return GenerationDefaults(source, sampling, _eos_ids(data.get("eos_token_id")), mode)
+    return GenerationDefaults(source, sampling, _eos_ids(data.get("eos_token_id")), mode, str(path) if data else "")

@@ -1,4 +1,5 @@
 """The offline API, shaped like vLLM's: LLM(model=...).generate(prompts, sampling_params)."""
+import dataclasses
 import itertools
 
 from tqdm import tqdm
@@ -49,7 +50,7 @@ class LLM:
                   sampling_params: SamplingParams | list[SamplingParams] | None,
                   use_tqdm: bool, priority: list[int] | None = None) -> list[RequestOutput]:
         prompts = [prompt for prompt, _ in inputs]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
@@ -59,8 +60,11 @@ class LLM:
         processor, states = OutputProcessor(self.tokenizer), []
         try:
             for (prompt, multimodal), p, rank in zip(inputs, params, priority):
-                seq = self._add_request(f"offline-{next(self._ids)}", prompt, multimodal, p, rank)
-                states.append(processor.add(seq.request_id, seq.prompt_token_ids, p))
+                request_id = f"offline-{next(self._ids)}"
+                for j, child in enumerate(_children(p)):
+                    seq = self._add_request(f"{request_id}-{j}" if p.n > 1 else request_id, prompt, multimodal, child,
+                                            rank)
+                    states.append(processor.add(seq.request_id, seq.prompt_token_ids, child))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
                     bar.update(self._step(processor))
@@ -68,7 +72,12 @@ class LLM:
             for state in states:
                 self.engine.abort(state.request_id)
             raise
-        return [state.output(p if isinstance(p, str) else None) for state, p in zip(states, prompts)]
+        return _request_outputs(states, prompts, params)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the checkpoint's generation_config.json defaults (generation_config="vllm"
+        leaves them out), what generate and chat use when given none."""
+        return SamplingParams(**self.engine.config.generation_defaults.sampling)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
@@ -103,3 +112,24 @@ class LLM:
         for request_id in step.stopped:
             self.engine.abort(request_id)
         return step.num_finished
+
+
+def _children(params: SamplingParams) -> list[SamplingParams]:
+    """The n sequences of one prompt, as vLLM makes them: one each, the j-th seeded with seed + j."""
+    if params.n == 1:
+        return [params]
+    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + j)
+            for j in range(params.n)]
+
+
+def _request_outputs(states: list, prompts: list, params: list[SamplingParams]) -> list[RequestOutput]:
+    """One RequestOutput per prompt, its n completions in order."""
+    outputs, states = [], iter(states)
+    for prompt, p in zip(prompts, params):
+        children = [next(states) for _ in range(p.n)]
+        out = children[0].output(prompt if isinstance(prompt, str) else None)
+        out.request_id = out.request_id.rsplit("-", 1)[0] if p.n > 1 else out.request_id
+        out.outputs = [child.completion(j) for j, child in enumerate(children)]
+        out.finished = all(child.finished for child in children)
+        outputs.append(out)
+    return outputs
