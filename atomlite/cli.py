@@ -16,7 +16,8 @@ ENGINE_OPTIONS = [
     click.option("--model", "model", default=None, type=click.Path(),
                  help="Checkpoint folder (config.json + *.safetensors) or Hugging Face hub repo id (org/name); "
                       "default: the bundled demo model."),
-    click.option("--dtype", default="auto", type=click.Choice(["auto", "float32", "bfloat16", "float16", "half", "float"]),
+    click.option("--dtype", default="auto",
+                 type=click.Choice(["auto", "float32", "bfloat16", "float16", "half", "float"]),
                  show_default=True, help="Weights and activations dtype; auto = the checkpoint's (half = float16, "
                                          "float = float32, as vLLM)."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (ROCm GPUs are cuda in torch)."),

@@ -19,11 +19,13 @@ class Delta:
     finished: bool = False
     finish_reason: str | None = None
     prompt_logprobs: list | None = None
+    stop_reason: int | str | None = None
 
     def merged(self, later: "Delta") -> "Delta":
         return Delta(self.token_ids + later.token_ids, self.text + later.text, self.logprobs + later.logprobs,
                      later.finished, later.finish_reason,
-                     self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs)
+                     self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+                     later.stop_reason)
 
 
 @dataclass
@@ -119,7 +121,8 @@ class RequestState:
         new_text = text[self._sent_text:sendable]
         self._sent_text = sendable
         return Delta(u.token_ids, new_text, u.logprobs or [], self.finished, self.finish_reason,
-                     self.prompt_logprobs if first and self.params.prompt_logprobs is not None else None)
+                     self.prompt_logprobs if first and self.params.prompt_logprobs is not None else None,
+                     self.stop_reason)
 
     def completion(self, index: int = 0) -> CompletionOutput:
         """The output as vLLM's CompletionOutput: logprobs as {token id: Logprob} with ranks and texts."""
