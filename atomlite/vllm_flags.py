@@ -63,12 +63,13 @@ def _split(arg: str) -> tuple[str, str | None]:
 
 def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
     """(the arguments click parses, a line for each flag taken with no effect). Refused flags exit here;
-    `--served-model-name a b` becomes one `--served-model-name` per name."""
-    out, notes, i = [], [], 0
+    `--served-model-name a b` becomes one `--served-model-name` per name (a later one replaces an earlier one, as
+    in vLLM)."""
+    out, notes, names, rest, i = [], [], [], [], 0
     while i < len(args):
         flag, value = _split(args[i])
         if flag == "--":
-            out += args[i:]
+            rest = args[i:]
             break
         if flag in REFUSED:
             refuse(f"{flag}: {REFUSED[flag]}")
@@ -88,11 +89,10 @@ def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
                 names.append(args[i])
             if not names:
                 refuse("--served-model-name needs a name")
-            out += [x for name in names for x in ("--served-model-name", name)]
         else:
             out.append(args[i])
         i += 1
-    return out, notes
+    return out + [x for name in names for x in ("--served-model-name", name)] + rest, notes
 
 
 class ServeCommand(click.Command):
