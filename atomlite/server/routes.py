@@ -169,6 +169,8 @@ async def chat_events(server: Server, request_id, choices, gens, req: ChatComple
             finish_reason = None
             if delta.finished:
                 finish_reason = chat_finish_reason(delta.finish_reason, reader is not None and reader.made_tool_calls)
+            elif not message and logprobs is None and not req.return_token_ids:
+                continue  # tokens the parsers hold (a marker, a call's name so far): nothing to send yet
             chunk = fmt.chat_chunk(request_id, i, message, logprobs, finish_reason,
                                    delta.token_ids if req.return_token_ids else None)
             if delta.finished:

@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     (gen / "generation_config.json").write_text(json.dumps({"temperature": 0.0}))  # greedy unless asked
     flags = [str(demo_model_dir()), "--served-model-name", "dropin", "other", "--dtype", "float", "--seed", "7",
              "--enable-prefix-caching", "--generation-config", str(gen), "--tokenizer", str(demo_model_dir()),
-             "--trust-remote-code", "--tokenizer-mode", "auto", "--disable-log-requests", "--max-model-len", "512",
+             "--trust-remote-code", "--tokenizer-mode", "auto", "--disable-log-requests", "--max-model-len", "2048",
              "--allowed-origins", json.dumps([ORIGIN]), "--allowed-methods", '["GET", "POST"]',
              "--allowed-headers", '["content-type", "authorization"]', "--enable-auto-tool-choice",
              "--tool-call-parser", "gemma4", "--scheduling-policy", "priority"]
@@ -193,3 +193,49 @@ def test_cors_is_off_without_allowed_origins(random_model_dir):
         preflight = httpx.options(f"{base}/v1/completions", headers={"Origin": ORIGIN,
                                                                      "Access-Control-Request-Method": "POST"})
         assert "access-control-allow-origin" not in preflight.headers
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_a_forced_call_cut_by_max_tokens_is_what_was_generated(client):
+    whole = client.chat.completions.create(model="dropin", messages=MESSAGES, tools=[WEATHER], tool_choice=FORCE,
+                                           max_tokens=150)
+    full = whole.choices[0].message.tool_calls[0].function.arguments
+    assert whole.choices[0].finish_reason == "tool_calls" and "city" in json.loads(full)
+    for max_tokens in (18, 30):  # the marker and name are about 16 tokens of the demo's tokenizer
+        cut = client.chat.completions.create(model="dropin", messages=MESSAGES, tools=[WEATHER], tool_choice=FORCE,
+                                             max_tokens=max_tokens)
+        assert cut.choices[0].finish_reason == "length"
+        calls = cut.choices[0].message.tool_calls or []
+        assert all(full.startswith(c.function.arguments) and c.function.arguments != full for c in calls)
+
+
+def test_a_streamed_forced_call_sends_no_empty_deltas(client):
+    chunks = list(client.chat.completions.create(model="dropin", messages=MESSAGES, tools=[WEATHER],
+                                                 tool_choice=FORCE, max_tokens=150, stream=True))
+    deltas = [c.choices[0].delta.model_dump(exclude_none=True) for c in chunks if c.choices]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert all(d for d in deltas[1:-1]), deltas
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_pydantic_tool_with_refs_is_forced_and_validates(client):
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        city: str = Field(max_length=12)
+        zip: int
+
+    class Letter(BaseModel):
+        to: Address
+        copies: list[Address] = Field(max_length=2)
+
+    tool = openai.pydantic_function_tool(Letter)
+    assert "$ref" in json.dumps(tool)
+    answer = client.chat.completions.create(model="dropin", messages=MESSAGES, tools=[tool], max_tokens=500,
+                                            tool_choice={"type": "function", "function": {"name": "Letter"}})
+    assert answer.choices[0].finish_reason == "tool_calls"
+    Letter.model_validate_json(answer.choices[0].message.tool_calls[0].function.arguments)
