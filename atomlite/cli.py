@@ -221,7 +221,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     model = model_dir(kw)
     cors = cors_settings(*(kw.pop(k) for k in ("allowed_origins", "allowed_methods", "allowed_headers",
                                                 "allow_credentials")))
-    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser)
+    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser, kw.pop("trust_request_chat_template"))
     try:
         load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)

@@ -130,6 +130,8 @@ SERVE_OPTIONS = [
                       "holding a generation_config.json. A request's own values win."),
     click.option("--override-generation-config", default=None,
                  help='JSON laid over the generation config, e.g. \'{"temperature": 0.5}\'.'),
+    click.option("--trust-request-chat-template", is_flag=True,
+                 help="Let a request's chat_template field replace the chat template (vLLM's flag)."),
     click.option("--allowed-origins", default=None, callback=_json_list,
                  help='CORS: origins allowed to call the API from a browser, as JSON: \'["https://a.example"]\' or '
                       '\'["*"]\'. Off by default (vLLM allows every origin).'),

@@ -5,9 +5,9 @@ sorted order, strings between <|"|> delimiters), satisfy the tool's parameter sc
 The schema subset: type (string, integer, number, boolean, null, object, array, or a list of them), enum,
 const, properties with required (optional ones may be left out), items, minItems/maxItems, minLength/maxLength,
 anyOf/oneOf, and $ref into the schema's own $defs (or definitions), recursive ones included: what pydantic writes
-for nested models. Anything else (a remote $ref, patterns, formats) is refused, so a forced call never promises a shape the
-grammar does not enforce. Strings hold no "<" (which would open a delimiter); integers have at most 18 digits
-and fractions 16 (int64 and float64 hold no more), so a model cannot run on in digits."""
+for nested models. Anything else (a remote $ref, patterns, formats) is refused, so a forced call never promises a
+shape the grammar does not enforce. Strings hold no "<" (which would open a delimiter); integers have at most 18
+digits and fractions 16 (int64 and float64 hold no more), so a model cannot run on in digits."""
 import json
 
 from atomlite.server.parsers.gemma4_tools import CALL_PREFIX, STRING_DELIM, TOOL_CALL_END, TOOL_CALL_START, \

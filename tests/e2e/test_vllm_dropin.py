@@ -65,6 +65,7 @@ def test_startup_names_the_defaults_the_parsers_and_each_no_effect_flag(server):
     assert "--trust-remote-code: no effect here" in log and "--tokenizer-mode auto: no effect here" in log
     assert "--disable-log-requests: no effect here" in log
     assert "dtype float32" in log
+    assert "--reasoning-parser auto: off (the chat template never writes <|channel>); thinking stays in content" in log
 
 
 def test_every_served_name_is_answered(server, client):
@@ -239,3 +240,17 @@ def test_a_pydantic_tool_with_refs_is_forced_and_validates(client):
                                             tool_choice={"type": "function", "function": {"name": "Letter"}})
     assert answer.choices[0].finish_reason == "tool_calls"
     Letter.model_validate_json(answer.choices[0].message.tool_calls[0].function.arguments)
+
+
+def test_a_request_chat_template_is_used_when_the_server_trusts_it():
+    from atomlite import LLM
+    from atomlite.server.app import make_app
+    from atomlite.server.chat import ChatOptions
+    from server_utils import running
+    llm = LLM(str(demo_model_dir()), dtype="float32", max_model_len=512)
+    template = "{{ 'Question: Ava has 7 pens and gets 5 more. How many pens does Ava have now?\\nAnswer:' }}"
+    with running(make_app(llm.engine, "demo", chat_options=ChatOptions(trust_request_chat_template=True))) as base:
+        reply = httpx.post(f"{base}/v1/chat/completions", json={
+            "model": "demo", "messages": MESSAGES, "chat_template": template, "max_tokens": 16, "temperature": 0},
+            timeout=60).json()
+    assert reply["choices"][0]["message"]["content"].startswith(" 7 + 5 = 12"), reply
