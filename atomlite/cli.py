@@ -149,9 +149,12 @@ def main(verbose: bool):
 def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
     """Generate a completion for each PROMPT."""
     from atomlite import LLM, SamplingParams
+    from atomlite.config import EngineConfig
+    from atomlite.tokenizer import require_tokenizer
     try:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                 seed=seed, stop=list(stop))
+        require_tokenizer(EngineConfig(model=model_dir(kw), **engine_args(kw)).tokenizer_path)  # before the weights
         llm = LLM(model_dir(kw), **engine_args(kw))
         outputs = llm.generate(list(prompts), params)
     except (ConfigError, ValueError) as e:
