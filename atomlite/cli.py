@@ -533,7 +533,7 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
     Exits non-zero when a job scores below its threshold, its metric is missing, or it fails to run."""
     try:
         from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
-        from atomlite.accuracy.runner import render_tasks, run_job, write_report
+        from atomlite.accuracy.runner import render_tasks, run_jobs, write_report
         import lm_eval  # noqa: F401
     except ImportError as e:
         fail(f"accuracy jobs need the eval extra: pip install 'atomlite[eval,serve]' ({e.name} is missing)")
@@ -548,13 +548,10 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
         selected = select(load_catalog(catalog), jobs, run_all, level)
     except ConfigError as e:
         fail(str(e))
-    results = []
-    for i, job in enumerate(selected, 1):
-        click.echo(f"[atomlite eval] job {i}/{len(selected)}: {job.name}")
-        results.append(run_job(job, catalog.parent, report_dir, model, limit or job.limit))
+    results, interrupted = run_jobs(selected, catalog.parent, report_dir, model, limit)
     write_report(results, report_dir)
     click.echo((report_dir / "report.md").read_text())
-    sys.exit(0 if all(r.status in ("pass", "recorded") for r in results) else 1)
+    sys.exit(130 if interrupted else 0 if all(r.status in ("pass", "recorded") for r in results) else 1)
 
 
 @main.command()
