@@ -14,7 +14,7 @@ REFUSED = {
     "--max-loras": "atomlite does not serve LoRA adapters",
     "--max-lora-rank": "atomlite does not serve LoRA adapters",
     "--pipeline-parallel-size": "atomlite has no pipeline parallelism: use --tensor-parallel-size within a host, or "
-                                "run atomlite's model inside vLLM for pipeline parallelism across hosts "
+                                "run atomlite inside vLLM for pipeline parallelism across hosts "
                                 "(docs/SERVING.md, 'Across hosts')",
     "-pp": "atomlite has no pipeline parallelism (see --pipeline-parallel-size)",
     "--data-parallel-size": "atomlite runs one engine per server: start one server per GPU group behind a load "
