@@ -254,3 +254,21 @@ def test_a_request_chat_template_is_used_when_the_server_trusts_it():
             "model": "demo", "messages": MESSAGES, "chat_template": template, "max_tokens": 16, "temperature": 0},
             timeout=60).json()
     assert reply["choices"][0]["message"]["content"].startswith(" 7 + 5 = 12"), reply
+
+
+def test_quantization_must_name_the_checkpoints_own_method():
+    from types import SimpleNamespace
+
+    from atomlite.config import check_quantization
+    from atomlite.errors import ConfigError
+    quark = SimpleNamespace(path="ckpt", hf={"quantization_config": {"quant_method": "quark"}})
+    check_quantization("quark", quark)  # vLLM's name for it: taken
+    check_quantization(None, quark)
+    with pytest.raises(ConfigError, match="--quantization fp8 does not match the checkpoint's quantization_config"):
+        check_quantization("fp8", quark)
+
+
+def test_vllm_dtype_aliases():
+    from atomlite.config import EngineConfig
+    assert EngineConfig(model=str(demo_model_dir()), dtype="half").dtype == "float16"
+    assert EngineConfig(model=str(demo_model_dir()), dtype="float").dtype == "float32"
