@@ -82,13 +82,18 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
              chat_template: str | None = None, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of OpenAI-shaped messages) or several, rendered with the chat
-        template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables;
+        template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables
+        (continue_final_message=True with add_generation_prompt=False continues the last message instead);
         one RequestOutput per conversation, its text the model's raw output. Image and video parts (image_url,
         video_url) are read under the engine config's media policy (data: URLs always)."""
         if self.tokenizer is None:
             raise ValueError("chat needs the model's tokenizer, and this model has none; use generate with token ids")
+        if continue_final_message:  # vLLM's: the last message is continued (a prefill), not answered
+            if add_generation_prompt:
+                raise ValueError("continue_final_message needs add_generation_prompt=False")
+            chat_template_kwargs = {**(chat_template_kwargs or {}), "continue_final_message": True}
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         inputs = []
         for conversation in conversations:

@@ -272,3 +272,17 @@ def test_vllm_dtype_aliases():
     from atomlite.config import EngineConfig
     assert EngineConfig(model=str(demo_model_dir()), dtype="half").dtype == "float16"
     assert EngineConfig(model=str(demo_model_dir()), dtype="float").dtype == "float32"
+
+
+def test_offline_chat_continues_the_final_message():
+    from atomlite import LLM, SamplingParams
+    llm = LLM(str(demo_model_dir()), dtype="float32", max_model_len=256)
+    messages = [{"role": "user", "content": "What is 7 + 5?"}, {"role": "assistant", "content": "7 + 5"}]
+    text = llm.tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    want = llm.generate(ids, params)[0].outputs[0].text
+    got = llm.chat(messages, params, add_generation_prompt=False, continue_final_message=True)[0]
+    assert got.prompt_token_ids == list(ids) and got.outputs[0].text == want
+    with pytest.raises(ValueError, match="add_generation_prompt=False"):
+        llm.chat(messages, params, continue_final_message=True)
