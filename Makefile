@@ -35,7 +35,8 @@ test: $(STAMP)
 
 test-vllm:
 	tools/vllm_venv.sh
-	.venv-vllm/bin/python -m pytest tests/e2e/test_vllm_plugin.py tests/e2e/test_vllm_register.py tests/e2e/test_vllm_kv_layout.py tests/e2e/test_vllm_images.py tests/e2e/test_vllm_serve.py
+	.venv-vllm/bin/python -m pytest tests/e2e/test_vllm_plugin.py tests/e2e/test_vllm_register.py tests/e2e/test_vllm_kv_layout.py tests/e2e/test_vllm_images.py tests/e2e/test_vllm_serve.py \
+		tests/e2e/test_vllm_tensor_parallel.py
 
 accuracy: $(STAMP)
 	$(VENV)/bin/atomlite eval --all --level pr --report-dir accuracy-report
