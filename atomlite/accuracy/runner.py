@@ -97,8 +97,18 @@ def start_server(model: Path, flags: list[str], log_path: Path) -> tuple[subproc
     cmd = [sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model), "--port", str(port),
            "--served-model-name", SERVED_NAME, *flags]
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # a session of its own: Ctrl-C in the terminal reaches this process alone, which then stops the server itself
+    # (a server stopped under lm-eval's requests would have them retried, line after line)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    try:
+        return _wait_healthy(proc, base, log_path)
+    except BaseException:  # Ctrl-C while it starts: its own session would keep it running
+        stop_server(proc)
+        raise
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -167,6 +177,21 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
     say(f"{job.name}: {status.upper()} - {detail}")
     return JobResult(job.name, job.task, job.metric, score, job.threshold, job.baseline, status, detail,
                      time.monotonic() - started)
+
+
+def run_jobs(jobs: list[Job], catalog_dir: Path, report_dir: Path, model: Path | None = None,
+             limit: int | None = None) -> tuple[list[JobResult], bool]:
+    """(each job's result, whether Ctrl-C stopped the run): an interrupted job's server is stopped, and the jobs
+    finished before it keep their results for the report."""
+    results = []
+    try:
+        for i, job in enumerate(jobs, 1):
+            say(f"job {i}/{len(jobs)}: {job.name}")
+            results.append(run_job(job, catalog_dir, report_dir, model, limit or job.limit))
+    except KeyboardInterrupt:
+        say(f"interrupted: {len(results)} of {len(jobs)} jobs finished; their report follows")
+        return results, True
+    return results, False
 
 
 def write_samples(results: dict, job: Job, path: Path) -> None:

@@ -175,7 +175,7 @@ class AsyncEngine:
     def launch(cls, config, **kw) -> "AsyncEngine":
         """A client whose core runs in its own process, built from config by start()."""
         from atomlite.tokenizer import load_tokenizer
-        return cls(CoreProcess(config), config, load_tokenizer(config.model_spec.path), **kw)
+        return cls(CoreProcess(config), config, load_tokenizer(config.tokenizer_path), **kw)
 
     @classmethod
     def over(cls, engine, **kw) -> "AsyncEngine":

@@ -81,6 +81,25 @@ def test_readme_python_snippet_runs(base, index):
     assert run.stdout.strip()
 
 
+def test_readme_first_curl_solves_its_question(base):
+    """The quick start's curl, on the demo: its arithmetic answered, not text run on to max_tokens."""
+    command = curl_commands()[0].replace(f"http://{ADDRESS}", base)
+    run = subprocess.run(["bash", "-c", command + " --fail-with-body -sS"], capture_output=True, text=True,
+                         timeout=120)
+    choice = json.loads(run.stdout)["choices"][0]
+    assert "7 + 5 = 12" in choice["text"] and "#### 12" in choice["text"] and choice["finish_reason"] == "stop"
+
+
+def test_readme_offline_example_runs_on_the_demo():
+    [code] = [block for block in fenced_blocks("python") if "from atomlite import LLM" in block]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=README.parent)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == lines[1] and "7 + 5 = 12" in lines[0] and lines[0].endswith(" stop")  # text = its token ids
+    assert len(lines) == 5 and all("Logprob(logprob=" in line and "rank=" in line for line in lines[2:])
+
+
 @pytest.mark.parametrize("message", ["hi", "What is 7 + 5?", "Name a color.",
                                      "Ben has 4 coins and gets 9 more. How many coins does Ben have now?"])
 def test_a_chat_with_the_demo_ends_its_turn(base, message):
