@@ -59,3 +59,25 @@ def test_a_step_of_more_images_than_a_graph_takes_runs_eager(model):
     assert graphs.out is None
     for got, want in zip(again, eager):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(tiny_models.VISION))
+def test_tower_graph_replays_give_the_eager_soft_tokens(checkpoints, shape):
+    """Captured at startup (the engine's default), replayed for steps of 1-3 images of different sizes, each step
+    after another bucket's: the eager tower's soft tokens."""
+    path, _ = checkpoints.get("dense", vision=shape)
+    llm = LLM(str(path), dtype="float32", device="cuda", enable_prefix_caching=False, max_num_seqs=4,
+              max_num_batched_tokens=512, kv_cache_memory=256 * 2**20)
+    model, graphs = llm.engine.model, llm.engine.model.vision.graphs
+    assert graphs is not None and set(graphs.graphs) == set(soft_token_buckets(512))
+    assert "vision tower graphs: 4 sizes" in llm.engine.graph_note
+    for count, max_soft_tokens in [(2, 280), (1, 70), (3, 140)]:
+        batch = images(count, max_soft_tokens)
+        with torch.inference_mode():
+            replayed = model.embed_images(batch["pixel_values"], batch["image_position_ids"])
+            model.vision.graphs = None
+            eager = model.embed_images(batch["pixel_values"], batch["image_position_ids"])
+            model.vision.graphs = graphs
+        for got, want in zip(replayed, eager):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
