@@ -289,8 +289,10 @@ def _vision_tower(r: Recorder, vision_cfg: dict) -> None:
     lengths = [r.step.new // 4] * (r.step.num_seqs - 1) + [r.step.new]
     q, kv = meta(sum(lengths), heads, dim), meta(sum(lengths), kv_heads, dim)
     packed = PackedSequences(meta(len(lengths) + 1, dtype=torch.int32), tuple(lengths))
-    r.call("encoder_attention", dict(head_dim=dim, gqa=heads // kv_heads, dtype=torch.bfloat16), q, kv, kv, packed,
-           dim ** -0.5)
+    shape = dict(head_dim=dim, gqa=heads // kv_heads, dtype=torch.bfloat16)
+    r.call("encoder_attention", shape, q, kv, kv, packed, dim ** -0.5)
+    if dim & (dim - 1):  # the split head too (tuning.ENCODER_SPLIT_HEADS), where it is not the default
+        r.call("encoder_attention", shape, q, kv, kv, packed, dim ** -0.5, split=True)
 
 
 def vision_launches(platform: Platform, towers: dict[str, dict] | None = None) -> list[tuple[str, KernelLaunch]]:

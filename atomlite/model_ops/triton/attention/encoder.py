@@ -4,9 +4,10 @@ cache), none of the sequences packed beside it. A vision tower's images, up to 1
 Each program owns BLOCK_Q rows of one sequence times the GROUP query heads that share one KV head, stacked into
 BLOCK_M rows, and walks the sequence's keys in BLOCK_N tiles with an online softmax in fp32: no [T, T] score matrix
 is ever made. Programs find their sequence by binary search over cu_seqlens, so nothing is read back to the host
-(one launch for the whole pack, graph-capturable). A head_dim that is not a power of two (the 31B tower's 72) is two
-parts, each a power of two (64 + 16, the last 8 columns masked on every load and store): QK^T is the sum of two dots
-and P.V fills two accumulators, 80 columns of dot work where padding the head whole to 128 did 128.
+(one launch for the whole pack, graph-capturable). A head_dim that is not a power of two (the 31B tower's 72) is either
+padded whole to one (128, the padded columns masked on every load and store), or split into two parts, each a power
+of two (64 + 16, the last 8 columns masked): QK^T is the sum of two dots and P.V fills two accumulators, 80 columns of
+dot work against 128 (tuning.ENCODER_SPLIT_HEADS says where).
 """
 import torch
 import triton
@@ -14,7 +15,7 @@ import triton.language as tl
 
 from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.triton.attention.paged import LOG2E, _find_sequence
-from atomlite.model_ops.triton.attention.tuning import ENCODER_TILES, AttnConfig
+from atomlite.model_ops.triton.attention.tuning import ENCODER_SPLIT_HEADS, ENCODER_TILES, AttnConfig
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
 
 
@@ -129,34 +130,40 @@ def _encoder_attention_kernel(
         _store_rows(out, token, head, stride_ot, stride_oh, tail_dims, row_ok, acc_tail * inv_l[:, None], HEAD_DIM)
 
 
-def head_split(head_dim: int) -> tuple[int, int]:
+def head_split(head_dim: int, split: bool = True) -> tuple[int, int]:
     """(main, tail) widths a head is computed in: a head_dim that is a power of two (at least the 16 a dot takes) is
-    one part; otherwise the largest power of two below it, and the rest padded to a power of two of at least 16
-    (the 31B tower's 72 as 64 + 16: 80 columns of dots against 128 padded whole)."""
+    one part; otherwise, split, the largest power of two below it and the rest padded to a power of two of at least 16
+    (the 31B tower's 72 as 64 + 16: 80 columns of dots against 128 padded whole), else padded whole."""
     whole = max(16, triton.next_power_of_2(head_dim))
-    if whole == head_dim or head_dim < 16:
+    if whole == head_dim or head_dim < 16 or not split:
         return whole, 0
     main = whole // 2
     return main, max(16, triton.next_power_of_2(head_dim - main))
 
 
-def padded_head_dim(head_dim: int) -> int:
-    """The columns a head's dots span (head_split's two parts)."""
-    return sum(head_split(head_dim))
+def splits_heads(q: torch.Tensor) -> bool:
+    """Whether a head that is no power of two is split (tuning.ENCODER_SPLIT_HEADS): 4-byte values or the
+    interpreter always; 2-byte values where the platform's row says so."""
+    if q.element_size() > 2 or interpreting():
+        return True
+    return ENCODER_SPLIT_HEADS.get(platform_of(q.device).kind, False)
 
 
-def pick_config(q: torch.Tensor) -> AttnConfig:
-    """Tiles by the head's dot columns (padded_head_dim) and platform (tuning.ENCODER_TILES); 4-byte values (fp32, or any dtype under the
-    interpreter) take the smaller ones."""
-    _, nvidia, rocm, four_byte = next(row for row in ENCODER_TILES if padded_head_dim(q.shape[2]) >= row[0])
+def pick_config(q: torch.Tensor, split: bool) -> AttnConfig:
+    """Tiles by the head's dot columns (head_split) and platform (tuning.ENCODER_TILES); 4-byte values (fp32, or
+    any dtype under the interpreter) take the smaller ones."""
+    columns = sum(head_split(q.shape[2], split))
+    _, nvidia, rocm, four_byte = next(row for row in ENCODER_TILES if columns >= row[0])
     if q.element_size() > 2 or interpreting():
         return four_byte
     return rocm if platform_of(q.device).kind == "rocm" else nvidia
 
 
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences,
-                      scale: float) -> torch.Tensor:
-    """Same contract as torch_ref.encoder_attention; the sequences' bounds are read on the device (one launch)."""
+                      scale: float, split: bool | None = None) -> torch.Tensor:
+    """Same contract as torch_ref.encoder_attention; the sequences' bounds are read on the device (one launch).
+    split: a head that is no power of two in two parts (True) or padded whole (False); None: the platform's
+    default (splits_heads)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -165,11 +172,12 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed:
     out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    config = pick_config(q)
+    split = splits_heads(q) if split is None else split
+    config = pick_config(q, split)
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    main, tail = head_split(head_dim)
+    main, tail = head_split(head_dim, split)
     run_kernel(_encoder_attention_kernel, grid,
                q, k, v, out, packed.cu_seqlens, scale * LOG2E, num_seqs,
                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
