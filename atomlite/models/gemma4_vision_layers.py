@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from atomlite.errors import ConfigError
+from atomlite.model_ops import dispatch
 from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.encoder_attention import EncoderAttention
 from atomlite.model_ops.linear import copy_weight
@@ -90,19 +91,6 @@ class VisionRotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate_by_axes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D] -> each half of each head rotated by its axis' angles (cos/sin from VisionRotaryEmbedding)."""
-    halves = x.unflatten(-1, (2, -1))
-    pair = halves.shape[-1] // 2
-    turned = torch.cat((-halves[..., pair:], halves[..., :pair]), dim=-1)
-    return (halves * cos[:, None] + turned * sin[:, None]).flatten(-2)
-
-
-def per_head(norm: RMSNorm, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """[T, H * D] -> [T, H, D], each head normed."""
-    return norm(x.reshape(-1, head_dim)).view(x.shape[0], -1, head_dim)
-
-
 class VisionAttention(nn.Module):
     def __init__(self, cfg: dict, lin: LinearBuilder, prefix: str):
         super().__init__()
@@ -118,19 +106,18 @@ class VisionAttention(nn.Module):
             for name, size in zip(("q_proj", "k_proj", "v_proj"), self.qkv_sizes):
                 setattr(self, name, VisionLinear(lin, f"{prefix}.{name}", hidden, size, clipped))
         self.o_proj = VisionLinear(lin, f"{prefix}.o_proj", heads * self.head_dim, hidden, clipped)
+        self.heads, self.kv_heads = heads, kv_heads
+        # the norms' weights (checkpoint tensors); one kernel applies them, v's unlearned norm and the 2-D RoPE
         self.q_norm = RMSNorm(self.head_dim, eps)
         self.k_norm = RMSNorm(self.head_dim, eps)
-        self.v_norm = RMSNorm(self.head_dim, eps, learned=False)
+        self.prepare = dispatch.choose("axial_qkv_norm_rope", head_dim=self.head_dim).fn
         self.attn = EncoderAttention(heads, kv_heads, self.head_dim, scale=1.0)  # the q/k norms set the scale
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: PackedSequences):
-        if self.fused:
-            q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = rotate_by_axes(per_head(self.q_norm, q, self.head_dim), cos, sin)
-        k = rotate_by_axes(per_head(self.k_norm, k, self.head_dim), cos, sin)
-        v = per_head(self.v_norm, v, self.head_dim)
+        qkv = self.qkv_proj(x) if self.fused else torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        heads = self.prepare(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, self.heads,
+                             self.kv_heads)
+        q, k, v = heads.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
         return self.o_proj(self.attn(q, k, v, packed).flatten(1))
 
 

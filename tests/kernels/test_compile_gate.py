@@ -17,7 +17,8 @@ GEMMA4_KERNELS = {
     "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
     "moe.router._router_topk_kernel", "moe.router._router_kernel",
     "all_reduce._one_shot_all_reduce_kernel",  # tensor parallelism's decode all-reduce
-    "attention.encoder._encoder_attention_kernel"}  # the vision towers' encoder attention
+    "attention.encoder._encoder_attention_kernel",  # the vision towers' encoder attention
+    "attention.axial_norm_rope._axial_norm_rope_kernel"}  # and their attention inputs
 
 
 @pytest.fixture(scope="module")

@@ -95,3 +95,8 @@ ENCODER_MAX_HEAD_DIM = 128
 # every load and store is masked in its PTX; fp32 (the 64 x 32 FMA tiles) passed there, and the interpreter tests pass.
 # bench/encoder_attention.py --split times it against padding.
 ENCODER_SPLIT_HEADS = {"cuda": False, "rocm": False}
+
+# A vision tower's q/k/v norms + 2-D RoPE (axial_norm_rope.py): rows of one head a program (72 wide, padded to 128),
+# the 2304 x 48 heads of an 896x896 image on the 31B tower in 144 x 48 programs. Not yet timed.
+AXIAL_TOKENS_PER_PROGRAM = 16
+AXIAL_WARPS = 4
