@@ -117,7 +117,7 @@ class TowerGraphs:
             rows = bucket * self.pool
             self.rows.zero_()
             self.pixels.zero_()
-            lengths = (rows,) + (0,) * (MAX_IMAGES + 1)
+            lengths = (rows,) + (0,) * MAX_IMAGES
             self.cu_seqlens.copy_(torch.tensor((0,) + (rows,) * (MAX_IMAGES + 1), dtype=torch.int32))
             graph = torch.cuda.CUDAGraph()
             for _ in range(2):  # compiles each kernel variant at this shape outside the capture
