@@ -93,7 +93,9 @@ ENCODER_MAX_HEAD_DIM = 128
 # platform kind. Off for now: on an H200 (2026-11-28) the split bf16 kernel (128 x 64 tiles, 4 warps, 3 stages) hit an
 # illegal memory access in about half the runs at 10080 patches (bench/encoder_attention.py, the GPU test), though
 # every load and store is masked in its PTX; fp32 (the 64 x 32 FMA tiles) passed there, and the interpreter tests pass.
-# bench/encoder_attention.py --split times it against padding.
+# It looks like Triton's Hopper wgmma bug with several dots on narrow tiles (triton-lang/triton#11366, #10573: illegal
+# memory accesses from 3.6 on, clean on 3.5.1; the GPU image has 3.6). bench/encoder_attention.py --split times it
+# against padding (run it in its own process: an illegal access poisons the CUDA context).
 ENCODER_SPLIT_HEADS = {"cuda": False, "rocm": False}
 
 # A vision tower's q/k/v norms + 2-D RoPE (axial_norm_rope.py): rows of one head a program (72 wide, padded to 128),
