@@ -199,8 +199,8 @@ class Gemma4ForCausalLM(nn.Module):
     def image_graphs_off_reason(self) -> str | None:
         """Why the tower cannot run from graphs; None when it can."""
         attention = self.vision.encoder.layers[0].self_attn.attn.kernel
-        if attention.backend == "torch":
-            return "the reference encoder attention reads the images' lengths on the host"
+        if not attention.can("graphs_packed_sequences"):
+            return f"{attention.backend} encoder attention reads the images' lengths on the host"
         return None
 
     def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:

@@ -81,3 +81,8 @@ def test_tower_graph_replays_give_the_eager_soft_tokens(checkpoints, shape):
             model.vision.graphs = graphs
         for got, want in zip(replayed, eager):
             torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_graphs_stay_off_where_the_encoder_attention_reads_host_lengths(model):
+    """The reference loops over the images by the host's lengths: a graph would replay the captured ones."""
+    assert model.image_graphs_off_reason() == "torch encoder attention reads the images' lengths on the host"

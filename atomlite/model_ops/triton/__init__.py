@@ -46,6 +46,8 @@ CAPABILITIES = {
     "qk_norm_rope": {"reads_partial_sums"},
     "attention": {"writes_quantized_rows", "graphs_multi_query"},  # from its split-KV merge; the batch is found
                                                                   # on the device
+    "encoder_attention": {"graphs_packed_sequences"},  # a grid by the pack's rows and bound count; bounds read on
+                                                       # the device
     "moe_experts": {"writes_partial_sums"},  # each slot's term
     "mxfp4_linear": {"writes_partial_sums", "reads_quantized_rows", "reads_gated_input"},
     "mxfp4_moe_experts": {"writes_partial_sums"},
