@@ -1,7 +1,9 @@
 """Where the vision tower's time goes, on a GPU: embed_images of one image (soft tokens from --max-soft-tokens) on
-the 31B tower shape, its wall time against the GPU time its kernels take, and the kernels that take it.
+the 31B tower shape, its wall time against the GPU time its kernels take, and the kernels that take it; eager, and
+with --graphs from the tower's graphs (captured at startup as the engine does unless --enforce-eager).
 
     PYTHONPATH=. python bench/vision_profile.py [--model examples/configs/gemma-4-31B-it-vision] [--image 896x896]
+                                                [--graphs]
 
 Random weights (--load-format dummy), bf16. The text model is cut to two layers: the tower does not depend on it.
 """
@@ -38,20 +40,29 @@ def main() -> None:
     parser.add_argument("--model", default="examples/configs/gemma-4-31B-it-vision")
     parser.add_argument("--image", default="896x896")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--graphs", action="store_true", help="the tower's graphs, as the engine runs it")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = two_layer_copy(Path(args.model), Path(tmp))
         engine = LLM(str(path), load_format="dummy", dtype="bfloat16", max_model_len=2048,
-                     enforce_eager=True).engine
+                     enforce_eager=not args.graphs, max_num_seqs=8).engine
         width, height = parse_image_size(args.image)
         pixels = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
         item = image_item(Image.fromarray(pixels), image_patch_spec(path), "image")
     model = engine.model
     print("\n".join(engine.kernels.describe()))
+    print(engine.graph_note)
 
     def encode():
         with torch.inference_mode():
             return model.embed_images([item.pixel_values], [item.image_position_ids])
+    if args.graphs:  # replayed against eager, before timing
+        replayed = encode()[0]
+        graphs, model.vision.graphs = model.vision.graphs, None
+        eager = encode()[0]
+        model.vision.graphs = graphs
+        error = ((replayed.float() - eager.float()).norm() / eager.float().norm()).item()
+        print(f"graph replay against eager: relative error {error:.2e}")
     for _ in range(3):
         encode()
     torch.cuda.synchronize()

@@ -31,15 +31,18 @@ class MemoryProfile:
     outside_torch: int
     encoder_cache: int = 0
     encoder_peak: int = 0  # the vision tower's own peak at the largest step's images (in prefill_peak's max)
+    encoder_graphs: int = 0  # the tower's graph pool (about its peak), held beside the activations' peak
 
     @property
     def kv_budget(self) -> int:
         return (int(self.total * self.utilization) - self.weights - self.prefill_peak - self.graphs
-                - self.outside_torch - self.encoder_cache)
+                - self.encoder_graphs - self.outside_torch - self.encoder_cache)
 
     def describe(self) -> str:
         parts = [("weights", self.weights), ("activation peak", self.prefill_peak), ("graphs", self.graphs),
                  ("outside torch", self.outside_torch), ("KV cache", max(self.kv_budget, 0))]
+        if self.encoder_graphs:
+            parts.insert(3, ("vision tower graphs", self.encoder_graphs))
         if self.encoder_cache:
             parts.insert(3, ("encoder cache", self.encoder_cache))
         split = ", ".join(f"{name} {size / GiB:.2f} GiB" for name, size in parts)
@@ -75,9 +78,11 @@ def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, i
 
 def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
                    decode_batch: int, block_size: int, step_images: tuple[list, list] | None = None,
-                   encoder_cache: int = 0) -> MemoryProfile:
+                   encoder_cache: int = 0, encoder_graphs: bool = False) -> MemoryProfile:
     """Runs the two profiling forwards on a temporary cache (freed before returning); step_images: the pixels and
-    position ids of the most the vision tower encodes in one step, whose peak counts where it is the larger."""
+    position ids of the most the vision tower encodes in one step, whose peak counts where it is the larger;
+    encoder_graphs: the tower will replay graphs, whose pool holds about that peak for good (the eager fallback,
+    a step of more images than a graph takes, may still need the peak itself)."""
     weights = torch.cuda.memory_allocated(device)
     tower_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
     kv = _temporary_cache(specs, prefill_tokens, decode_batch, block_size, device)
@@ -92,5 +97,6 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
+    tower_graphs = int(tower_peak * GRAPH_SLACK) if encoder_graphs else 0
     return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache,
-                         tower_peak)
+                         tower_peak, tower_graphs)

@@ -113,7 +113,8 @@ class EngineRank:
         if config.kv_cache_memory is None and self.device.type == "cuda":
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
                                          min(config.max_num_batched_tokens, config.max_model_len),
-                                         self._graph_tokens(), config.block_size, *self._image_profile())
+                                         self._graph_tokens(), config.block_size, *self._image_profile(),
+                                         encoder_graphs=self.image_graphs_off() is None)
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -125,6 +126,9 @@ class EngineRank:
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.graph_note = self._set_up_decode_graphs()
+        image_note = self._set_up_image_graphs()
+        if image_note:
+            self.graph_note += f"; {image_note}"
 
     def _image_profile(self) -> tuple[tuple[list, list] | None, int]:
         """For a model with a vision tower: the largest step's images, and the encoder cache's bytes."""
@@ -161,6 +165,19 @@ class EngineRank:
         verify step's (k + 1 per sequence), profiled as one batch of that many tokens."""
         spec = self.config.speculative_config
         return self.graph_batch() * (1 if spec is None else spec.num_speculative_tokens + 2)
+
+    def image_graphs_off(self) -> str | None:
+        """Why the vision tower encodes eager (None when it replays graphs; "" for a model without a tower)."""
+        if getattr(self.model, "vision_spec", None) is None or self.tp.rank != 0:
+            return ""  # rank 0 alone encodes
+        reason = self.model.image_graphs_off_reason()
+        return self.graphs_off() or (f"off ({reason})" if reason else None)
+
+    def _set_up_image_graphs(self) -> str:
+        off = self.image_graphs_off()
+        if off is None:
+            return self.model.use_image_graphs(self.config.max_num_encoder_input_tokens).report.describe()
+        return f"vision tower graphs: {off}" if off else ""
 
     def _set_up_decode_graphs(self) -> str:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""

@@ -41,6 +41,8 @@ CAPABILITIES = {
     "writes_rank_partials": "leaves a row-parallel product's share unsummed over the ranks (RankPartials)",
     "graphs_multi_query": "replays from a graph steps of several queries per sequence (speculative decoding's "
                           "verify steps) without the host's lengths",
+    "graphs_packed_sequences": "replays from a graph packs whose sequence bounds change from step to step (a vision "
+                               "tower's images), reading them on the device alone",
 }
 
 

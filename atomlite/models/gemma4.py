@@ -188,6 +188,21 @@ class Gemma4ForCausalLM(nn.Module):
                               f"takes text only")
         return self.vision.encode(pixel_values, position_ids)
 
+    def use_image_graphs(self, max_soft_tokens: int, capture: bool = True):
+        """embed_images of up to max_soft_tokens soft tokens a call from graphs at bucketed patch counts (see
+        gemma4_vision_graphs; capture=False: eagerly from the same padded buffers); returns its TowerGraphs."""
+        graphs = self.vision.use_graphs(max_soft_tokens, capture)
+        if capture:
+            graphs.capture_all()
+        return graphs
+
+    def image_graphs_off_reason(self) -> str | None:
+        """Why the tower cannot run from graphs; None when it can."""
+        attention = self.vision.encoder.layers[0].self_attn.attn.kernel
+        if not attention.can("graphs_packed_sequences"):
+            return f"{attention.backend} encoder attention reads the images' lengths on the host"
+        return None
+
     def kv_specs(self, dtype: torch.dtype) -> list[KVSpec]:
         """One per layer; the KV heads are this rank's (all of them in a single process)."""
         specs = []

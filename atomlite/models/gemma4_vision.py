@@ -89,6 +89,14 @@ class Gemma4VisionTower(nn.Module):
             self.std_bias, self.std_scale = loaded_parameter(hidden), loaded_parameter(hidden)
             self.std_bias.dummy_fill = 0.0
         self.projector = VisionProjector(hidden, text_hidden, eps, lin, PROJECTOR_PREFIX)
+        self.graphs = None  # TowerGraphs, once the engine sets them up (use_graphs)
+
+    def use_graphs(self, max_soft_tokens: int, capture: bool = True):
+        """Encode steps of up to max_soft_tokens soft tokens from graphs at bucketed patch counts (or, with
+        capture=False, eagerly from the same padded buffers); returns the TowerGraphs."""
+        from atomlite.models.gemma4_vision_graphs import TowerGraphs
+        self.graphs = TowerGraphs(self, max_soft_tokens, capture)
+        return self.graphs
 
     def forward(self, pixel_values: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """One image or frame: pixel_values [patches, 3 * patch^2], position_ids [patches, 2] -> its soft tokens
@@ -99,14 +107,24 @@ class Gemma4VisionTower(nn.Module):
         """Several images or frames (a list, or the processor's batch [images, patches, ...]), their real patches
         encoded in one pass: each one's soft tokens."""
         layout = patch_layout(position_ids, self.pool)
+        if self.graphs is not None:
+            encoded = self.graphs.encode(pixel_values, layout)
+            if encoded is not None:
+                return encoded
         device = self.patch_embedder.position_embedding_table.device
         pixels = torch.cat([values.index_select(0, rows.to(values.device)).to(device)
                             for values, rows in zip(pixel_values, layout.real_rows)])
-        positions = layout.positions.to(device)
         packed = PackedSequences.of(layout.lengths, device)
+        soft_tokens = self.encode_rows(pixels, layout.positions.to(device), packed,
+                                       layout.soft_token_rows.to(device), sum(layout.soft_tokens))
+        return list(soft_tokens.split(layout.soft_tokens))
+
+    def encode_rows(self, pixels: torch.Tensor, positions: torch.Tensor, packed: PackedSequences,
+                    soft_token_rows: torch.Tensor, count: int) -> torch.Tensor:
+        """Packed patches on the device -> [count, text hidden] soft tokens, row soft_token_rows[i] pooling patch i;
+        nothing read back to the host (what a graph captures)."""
         h = self.encoder(self.patch_embedder(pixels, positions), positions, packed)
-        pooled = self._pooled(h, layout.soft_token_rows.to(device), sum(layout.soft_tokens))
-        return list(self.projector(pooled).split(layout.soft_tokens))
+        return self.projector(self._pooled(h, soft_token_rows, count))
 
     def _pooled(self, h: torch.Tensor, soft_token_rows: torch.Tensor, count: int) -> torch.Tensor:
         """Each square's mean (rounded to h's dtype, as transformers does), times sqrt(hidden), standardized: in fp32,

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from atomlite.errors import ConfigError
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.encoder_attention import EncoderAttention
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
@@ -26,11 +28,17 @@ def loaded_parameter(*shape: int) -> nn.Parameter:
 
 class VisionLinear(nn.Module):
     """The Linear at `{prefix}.linear`; clipped (use_clipped_linears), its input and output are clamped to ranges the
-    checkpoint stores with it."""
+    checkpoint stores with it. Several out_features: one GEMM for projections of the same input (unclipped only),
+    loaded from the checkpoint's separate tensors (the model's packed_weights)."""
 
-    def __init__(self, lin: LinearBuilder, prefix: str, in_features: int, out_features: int, clipped: bool):
+    def __init__(self, lin: LinearBuilder, prefix: str, in_features: int, out_features: int | list[int],
+                 clipped: bool):
         super().__init__()
-        self.linear = lin.linear(f"{prefix}.linear", in_features, out_features)
+        if isinstance(out_features, list):
+            assert not clipped, "a clipped linear clamps its own output: it fuses with none"
+            self.linear = lin.merged(f"{prefix}.linear", in_features, out_features)
+        else:
+            self.linear = lin.linear(f"{prefix}.linear", in_features, out_features)
         self.clipped = clipped
         if clipped:
             for name, unbounded in CLIP_BOUNDS.items():
@@ -83,38 +91,33 @@ class VisionRotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def rotate_by_axes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D] -> each half of each head rotated by its axis' angles (cos/sin from VisionRotaryEmbedding)."""
-    halves = x.unflatten(-1, (2, -1))
-    pair = halves.shape[-1] // 2
-    turned = torch.cat((-halves[..., pair:], halves[..., :pair]), dim=-1)
-    return (halves * cos[:, None] + turned * sin[:, None]).flatten(-2)
-
-
-def per_head(norm: RMSNorm, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """[T, H * D] -> [T, H, D], each head normed."""
-    return norm(x.reshape(-1, head_dim)).view(x.shape[0], -1, head_dim)
-
-
 class VisionAttention(nn.Module):
     def __init__(self, cfg: dict, lin: LinearBuilder, prefix: str):
         super().__init__()
         hidden, eps, clipped = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6), bool(cfg.get("use_clipped_linears"))
         heads, self.head_dim = cfg["num_attention_heads"], cfg["head_dim"]
         kv_heads = cfg.get("num_key_value_heads") or heads
-        self.q_proj = VisionLinear(lin, f"{prefix}.q_proj", hidden, heads * self.head_dim, clipped)
-        self.k_proj = VisionLinear(lin, f"{prefix}.k_proj", hidden, kv_heads * self.head_dim, clipped)
-        self.v_proj = VisionLinear(lin, f"{prefix}.v_proj", hidden, kv_heads * self.head_dim, clipped)
+        self.qkv_sizes = [heads * self.head_dim, kv_heads * self.head_dim, kv_heads * self.head_dim]
+        # one GEMM for q, k and v unless each clamps its own output
+        self.fused = not clipped
+        if self.fused:
+            self.qkv_proj = VisionLinear(lin, f"{prefix}.qkv_proj", hidden, self.qkv_sizes, False)
+        else:
+            for name, size in zip(("q_proj", "k_proj", "v_proj"), self.qkv_sizes):
+                setattr(self, name, VisionLinear(lin, f"{prefix}.{name}", hidden, size, clipped))
         self.o_proj = VisionLinear(lin, f"{prefix}.o_proj", heads * self.head_dim, hidden, clipped)
+        self.heads, self.kv_heads = heads, kv_heads
+        # the norms' weights (checkpoint tensors); one kernel applies them, v's unlearned norm and the 2-D RoPE
         self.q_norm = RMSNorm(self.head_dim, eps)
         self.k_norm = RMSNorm(self.head_dim, eps)
-        self.v_norm = RMSNorm(self.head_dim, eps, learned=False)
+        self.prepare = dispatch.choose("axial_qkv_norm_rope", head_dim=self.head_dim).fn
         self.attn = EncoderAttention(heads, kv_heads, self.head_dim, scale=1.0)  # the q/k norms set the scale
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, packed: PackedSequences):
-        q = rotate_by_axes(per_head(self.q_norm, self.q_proj(x), self.head_dim), cos, sin)
-        k = rotate_by_axes(per_head(self.k_norm, self.k_proj(x), self.head_dim), cos, sin)
-        v = per_head(self.v_norm, self.v_proj(x), self.head_dim)
+        qkv = self.qkv_proj(x) if self.fused else torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+        heads = self.prepare(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin, self.heads,
+                             self.kv_heads)
+        q, k, v = heads.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
         return self.o_proj(self.attn(q, k, v, packed).flatten(1))
 
 
@@ -126,13 +129,20 @@ class VisionMLP(nn.Module):
         if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
             raise ConfigError(f"vision_config hidden_activation {cfg['hidden_activation']!r} is not supported "
                               f"(supported: gelu_pytorch_tanh)")
-        # apart, not one fused GEMM: clipped, each clamps its own output
-        self.gate_proj = VisionLinear(lin, f"{prefix}.gate_proj", hidden, intermediate, clipped)
-        self.up_proj = VisionLinear(lin, f"{prefix}.up_proj", hidden, intermediate, clipped)
+        # one GEMM for gate and up, and one kernel for gelu(gate) * up, unless each clamps its own output
+        self.fused = not clipped
+        if self.fused:
+            self.gate_up_proj = VisionLinear(lin, f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate], False)
+            self.act_and_mul = GeluTanhAndMul(intermediate)
+        else:
+            self.gate_proj = VisionLinear(lin, f"{prefix}.gate_proj", hidden, intermediate, clipped)
+            self.up_proj = VisionLinear(lin, f"{prefix}.up_proj", hidden, intermediate, clipped)
+            self.act = nn.GELU(approximate="tanh")
         self.down_proj = VisionLinear(lin, f"{prefix}.down_proj", intermediate, hidden, clipped)
-        self.act = nn.GELU(approximate="tanh")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -17,7 +17,8 @@ GEMMA4_KERNELS = {
     "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
     "moe.router._router_topk_kernel", "moe.router._router_kernel",
     "all_reduce._one_shot_all_reduce_kernel",  # tensor parallelism's decode all-reduce
-    "attention.encoder._encoder_attention_kernel"}  # the vision towers' encoder attention
+    "attention.encoder._encoder_attention_kernel",  # the vision towers' encoder attention
+    "attention.axial_norm_rope._axial_norm_rope_kernel"}  # and their attention inputs
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +62,11 @@ def test_the_prefill_with_image_blocks_compiles_at_the_sliding_head_dim(rocm_res
 @pytest.mark.parametrize("platform", ROCM)
 def test_encoder_attention_compiles_at_both_tower_head_dims_and_spills_no_vgprs(rocm_results, platform):
     """The vision towers' encoder attention in bf16 at the largest step's images: 16 heads x 72 (31B, 26B-A4B; padded
-    to 128) and 12 x 64 (E2B, E4B)."""
+    to 128, and split as 64 + 16 columns) and 12 x 64 (E2B, E4B; one part)."""
     encoder = [r for r in rocm_results if r.platform == platform
                and r.kernel == "attention.encoder._encoder_attention_kernel"]
-    assert {(r.constexprs["HEAD_DIM"], r.constexprs["HEAD_DIM_P"]) for r in encoder} == {(72, 128), (64, 64)}
+    assert {(r.constexprs["HEAD_DIM"], r.constexprs["HEAD_MAIN"], r.constexprs["HEAD_TAIL"]) for r in encoder} == {
+        (72, 128, 0), (72, 64, 16), (64, 64, 0)}
     assert all("tower images-" in r.workload and "dtype=torch.bfloat16" in r.workload for r in encoder)
     spilled = [f"{r.describe()}: {r.stats}" for r in encoder if r.stats["spills"]]
     assert not spilled, "\n".join(spilled)

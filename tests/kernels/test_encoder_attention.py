@@ -110,3 +110,21 @@ def test_triton_encoder_attention_at_the_largest_images_holds_no_score_matrix(he
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before <= 2 * out.numel() * out.element_size()
     assert_matches_reference(out, q, k, v, packed, scale)
+
+
+@pytest.mark.parametrize("head_dim,split", [(72, (64, 16)), (64, (64, 0)), (80, (64, 16)), (96, (64, 32)),
+                                            (40, (32, 16)), (8, (16, 0))])
+def test_a_head_splits_into_power_of_two_parts_of_dot_width(head_dim, split):
+    from atomlite.model_ops.triton.attention.encoder import head_split
+    assert head_split(head_dim) == split
+    assert head_split(head_dim, split=False) == (max(16, 2 ** (head_dim - 1).bit_length()), 0)
+
+
+@pytest.mark.parametrize("head_dim,split", [(96, True), (40, True), (72, False), (40, False)])
+def test_triton_encoder_attention_split_or_padded_whole(head_dim, split):
+    """Tails other than the 31B tower's: 96 = 64 + 32 (no column masked), 40 = 32 + 16 (8 masked); and heads padded
+    whole to a power of two (2-byte values on GPUs: tuning.ENCODER_SPLIT_HEADS)."""
+    from atomlite.model_ops.triton.attention.encoder import encoder_attention as triton_encoder_attention
+    (q, k, v), packed = packed_inputs([33, 7], 2, 2, head_dim, torch.float32, seed=head_dim)
+    out = triton_encoder_attention(q, k, v, packed, 0.2, split)
+    assert_matches_reference(out, q, k, v, packed, 0.2)

@@ -87,6 +87,8 @@ def test_empty_inputs_give_empty_outputs():
     ("attention", dict(head_dim=256, window=True, gqa=128), True),
     ("qk_norm_rope", dict(head_dim=63), True),
     ("rms_norm", dict(dim=5376), False),
+    ("axial_qkv_norm_rope", dict(head_dim=72), False),
+    ("axial_qkv_norm_rope", dict(head_dim=70), True),
 ])
 def test_limits_refuse_shapes_the_kernels_cannot_do(op, shape, refused):
     reason = tri.limits(op, Platform("cuda", "sm_90"), shape)

@@ -107,3 +107,11 @@ def test_kv_budget_is_what_gpu_memory_utilization_leaves():
     assert "KV cache 36.00 GiB" in profile.describe()
     starved = MemoryProfile(80 * GiB, 0.5, 30 * GiB, 10 * GiB, GiB, GiB)
     assert starved.kv_budget < 0 and "KV cache 0.00 GiB" in starved.describe()
+
+
+def test_the_vision_towers_graph_pool_comes_out_of_the_kv_budget():
+    GiB = 2**30
+    profile = MemoryProfile(total=80 * GiB, utilization=0.9, weights=30 * GiB, prefill_peak=4 * GiB, graphs=GiB,
+                            outside_torch=GiB, encoder_cache=GiB, encoder_peak=2 * GiB, encoder_graphs=2 * GiB)
+    assert profile.kv_budget == 33 * GiB
+    assert "vision tower graphs 2.00 GiB" in profile.describe()

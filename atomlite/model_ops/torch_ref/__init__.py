@@ -1,5 +1,6 @@
 """Pure-torch implementations of every op: the CPU path and the reference every kernel is tested against."""
 from atomlite.model_ops.torch_ref.activation import gelu_tanh_and_mul
+from atomlite.model_ops.torch_ref.axial_norm_rope import axial_qkv_norm_rope
 from atomlite.model_ops.torch_ref.attention import paged_attention
 from atomlite.model_ops.torch_ref.encoder_attention import encoder_attention
 from atomlite.model_ops.torch_ref.kv_write import write_kv
@@ -12,13 +13,14 @@ from atomlite.model_ops.torch_ref.qk_norm_rope import qk_norm_rope
 from atomlite.model_ops.torch_ref.rope import apply_rope
 from atomlite.model_ops.torch_ref.router import router, router_topk
 
-__all__ = ["apply_rope", "encoder_attention", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
+__all__ = ["apply_rope", "axial_qkv_norm_rope", "encoder_attention", "gelu_tanh_and_mul", "linear", "moe_experts", "mxfp4_gemm",
            "mxfp4_moe_experts", "paged_attention", "qk_norm_rope", "rms_norm", "rms_norm_residual",
            "router", "router_topk", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
     "encoder_attention": encoder_attention,
+    "axial_qkv_norm_rope": axial_qkv_norm_rope,
     "write_kv": write_kv,
     "linear": linear,
     "rms_norm": rms_norm,

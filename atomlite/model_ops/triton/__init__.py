@@ -4,6 +4,7 @@ import torch
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.peer_memory import PeerMemory
 from atomlite.model_ops.triton.all_reduce import one_shot_all_reduce
+from atomlite.model_ops.triton.attention.axial_norm_rope import axial_qkv_norm_rope
 from atomlite.model_ops.triton.attention.encoder import encoder_attention
 from atomlite.model_ops.triton.attention.paged import paged_attention
 from atomlite.model_ops.triton.attention.tuning import ENCODER_MAX_HEAD_DIM
@@ -22,6 +23,7 @@ __all__ = ["gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
 OPS = {
     "attention": paged_attention,
     "encoder_attention": encoder_attention,  # a vision tower's packed images, bidirectional; one launch, no sync
+    "axial_qkv_norm_rope": axial_qkv_norm_rope,  # a vision tower's q/k/v norms and 2-D RoPE in one launch
     "write_kv": write_kv,
     "linear": linear,  # the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
     "rms_norm": rms_norm,
@@ -44,6 +46,8 @@ CAPABILITIES = {
     "qk_norm_rope": {"reads_partial_sums"},
     "attention": {"writes_quantized_rows", "graphs_multi_query"},  # from its split-KV merge; the batch is found
                                                                   # on the device
+    "encoder_attention": {"graphs_packed_sequences"},  # a grid by the pack's rows and bound count; bounds read on
+                                                       # the device
     "moe_experts": {"writes_partial_sums"},  # each slot's term
     "mxfp4_linear": {"writes_partial_sums", "reads_quantized_rows", "reads_gated_input"},
     "mxfp4_moe_experts": {"writes_partial_sums"},
@@ -54,6 +58,7 @@ MAX_GQA_GROUP = 64
 MIN_K_FROM_V_HEAD_DIM = 32  # the rotated columns of each half are read as tiles of at least 16
 MAX_EXPERTS = 512  # the routing holds a one-hot [64, experts] per step
 ENCODER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+AXIAL_MAX_HEAD_DIM = 256  # one program holds a row of a head, padded to a power of two
 MOE_DTYPES = {"moe_experts": (torch.bfloat16, torch.float16, torch.float32),
               "mxfp4_moe_experts": (torch.bfloat16, torch.float32)}  # FP4 expands to bf16 (fp32 for fp32)
 
@@ -76,6 +81,8 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
     if op == "encoder_attention":
         return _encoder_refusal(shape)
+    if op == "axial_qkv_norm_rope" and head_dim is not None and (head_dim % 4 or head_dim > AXIAL_MAX_HEAD_DIM):
+        return f"head_dim {head_dim} is not a multiple of 4 up to {AXIAL_MAX_HEAD_DIM}"
     if op in ("one_shot_all_reduce", "custom_all_reduce") and platform.kind == "rocm":
         return ("not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way "
                 "there)")

@@ -283,14 +283,20 @@ IMAGE_STEPS = (Step("images-1", 1, LARGEST_IMAGE_PATCHES, 0), Step("images-2", 2
 
 
 def _vision_tower(r: Recorder, vision_cfg: dict) -> None:
-    """The tower's encoder attention over the step's packed images, in the model's dtype."""
+    """The tower's attention inputs (q/k/v norms + 2-D RoPE) and encoder attention over the step's packed images,
+    in the model's dtype."""
     heads, dim = vision_cfg["num_attention_heads"], vision_cfg["head_dim"]
     kv_heads = vision_cfg.get("num_key_value_heads") or heads
     lengths = [r.step.new // 4] * (r.step.num_seqs - 1) + [r.step.new]
+    rows, angles, norm = sum(lengths), meta(sum(lengths), 2, dim // 2), meta(dim)
+    r.call("axial_qkv_norm_rope", dict(head_dim=dim), meta(rows, (heads + 2 * kv_heads) * dim), norm, norm, 1e-6,
+           angles, angles, heads, kv_heads)
     q, kv = meta(sum(lengths), heads, dim), meta(sum(lengths), kv_heads, dim)
     packed = PackedSequences(meta(len(lengths) + 1, dtype=torch.int32), tuple(lengths))
-    r.call("encoder_attention", dict(head_dim=dim, gqa=heads // kv_heads, dtype=torch.bfloat16), q, kv, kv, packed,
-           dim ** -0.5)
+    shape = dict(head_dim=dim, gqa=heads // kv_heads, dtype=torch.bfloat16)
+    r.call("encoder_attention", shape, q, kv, kv, packed, dim ** -0.5)
+    if dim & (dim - 1):  # the split head too (tuning.ENCODER_SPLIT_HEADS), where it is not the default
+        r.call("encoder_attention", shape, q, kv, kv, packed, dim ** -0.5, split=True)
 
 
 def vision_launches(platform: Platform, towers: dict[str, dict] | None = None) -> list[tuple[str, KernelLaunch]]:

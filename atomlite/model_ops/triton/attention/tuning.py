@@ -77,14 +77,28 @@ QK_NORM_ROPE_WARPS, QK_NORM_ROPE_WARPS_WIDE_HEAD = 2, 4
 QK_NORM_ROPE_WIDE_HEAD_DIM = 512  # from this head_dim on, QK_NORM_ROPE_WARPS_WIDE_HEAD
 MANY_TOKENS_WARP_FACTOR = 2
 
-# Encoder attention (encoder.py: bidirectional within each packed sequence, no cache), by padded head_dim: (from this
-# padded head_dim on, 2-byte values on NVIDIA, 2-byte values on AMD, 4-byte values or the interpreter). Head dims are
-# padded to a power of two (the 31B tower's 72 to 128; 64 stays). The NVIDIA tiles are the prefill tiles of the same
+# Encoder attention (encoder.py: bidirectional within each packed sequence, no cache), by the head's dot columns
+# (encoder.padded_head_dim): (from this many on, 2-byte values on NVIDIA, 2-byte values on AMD, 4-byte values or the
+# interpreter). The 31B tower's 72 is computed as 64 + 16 columns (80: the narrow tiles); 64 stays 64. The NVIDIA tiles are the prefill tiles of the same
 # width (PREFILL_TILES); on AMD the 128-wide tile with 3 stages spilled 2 VGPRs on gfx950 (compile gate), with 2 it
-# holds 243 and spills none; 4-byte tiles are halved so the K/V stages fit NVIDIA's shared memory. Not yet timed for
-# the encoder itself.
+# holds 243 and spills none; the 64 + 16 split on 4 warps held 268 registers on gfx950 (occupancy 1, 114 scalar
+# spills), on 8 warps 198-207 (occupancy 2); 4-byte tiles are halved so the K/V stages fit NVIDIA's shared memory.
 ENCODER_TILES = [
     (128, AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 2)),
+    (80, AttnConfig(128, 64, 4, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 2)),
     (0, AttnConfig(128, 64, 4, 3), AttnConfig(128, 64, 4, 3), AttnConfig(64, 32, 4, 2)),
 ]
 ENCODER_MAX_HEAD_DIM = 128
+# Whether 2-byte values split a head that is no power of two (72 = 64 + 16) rather than pad it whole to 128, by
+# platform kind. Off for now: on an H200 (2026-11-28) the split bf16 kernel (128 x 64 tiles, 4 warps, 3 stages) hit an
+# illegal memory access in about half the runs at 10080 patches (bench/encoder_attention.py, the GPU test), though
+# every load and store is masked in its PTX; fp32 (the 64 x 32 FMA tiles) passed there, and the interpreter tests pass.
+# It looks like Triton's Hopper wgmma bug with several dots on narrow tiles (triton-lang/triton#11366, #10573: illegal
+# memory accesses from 3.6 on, clean on 3.5.1; the GPU image has 3.6). bench/encoder_attention.py --split times it
+# against padding (run it in its own process: an illegal access poisons the CUDA context).
+ENCODER_SPLIT_HEADS = {"cuda": False, "rocm": False}
+
+# A vision tower's q/k/v norms + 2-D RoPE (axial_norm_rope.py): rows of one head a program (72 wide, padded to 128),
+# the 2304 x 48 heads of an 896x896 image on the 31B tower in 144 x 48 programs. Not yet timed.
+AXIAL_TOKENS_PER_PROGRAM = 16
+AXIAL_WARPS = 4
