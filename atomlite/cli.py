@@ -179,6 +179,10 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
               help="Moves thinking into reasoning_content; auto: gemma4 when the chat template writes its channel.")
 @click.option("--enable-auto-tool-choice", is_flag=True,
               help="vLLM's flag; here tool_choice auto is on whenever a tool-call parser is.")
+@click.option("--trust-request-chat-template", is_flag=True,
+              help="Let requests write template structure: special tokens typed in messages become control tokens "
+                   "and chat_template_kwargs may set bos_token and the like (off: they stay text, and such kwargs "
+                   "are a 400).")
 @click.option("--limit-mm-per-prompt", default=None,
               help='Most images and videos one prompt may carry, as JSON: \'{"image": 2, "video": 1}\' (999 each '
                    'by default, as vLLM).')
@@ -194,7 +198,7 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
 @engine_options
 @click.argument("model_tag", required=False, metavar="[MODEL]")
 def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, chat_template,
-          tool_call_parser, reasoning_parser, enable_auto_tool_choice, model_tag, **kw):
+          tool_call_parser, reasoning_parser, enable_auto_tool_choice, trust_request_chat_template, model_tag, **kw):
     """Serve MODEL (a checkpoint folder or hub repo id, as --model takes; vLLM's positional form) over an
     OpenAI-compatible HTTP API."""
     if model_tag is not None:
@@ -214,7 +218,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
     model = model_dir(kw)
-    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser)
+    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser, trust_request_chat_template)
     try:
         load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)

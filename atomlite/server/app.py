@@ -43,7 +43,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
         yield
         await asyncio.to_thread(engine.shutdown)
         bodies.stop()
-        server.multimodal.close()
+        server.close()
 
     app = FastAPI(title="atomlite", lifespan=lifespan)
     app.state.server = server

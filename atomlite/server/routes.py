@@ -49,17 +49,21 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         server.check_model(req.model)
-        server.multimodal.check_kwargs(req.mm_processor_kwargs)
-        prompts = server.completion_prompts(req.prompt)
-        max_tokens = req.max_tokens or 16
-        for ids, _ in prompts:
-            server.check_lengths(ids, max_tokens)
         want_logprobs = req.logprobs is not None
-        extra = {"logprobs": req.logprobs} if want_logprobs else {}
-        if req.echo and want_logprobs:
-            extra["prompt_logprobs"] = req.logprobs
-        choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra),
-                                       priority=req.priority)
+
+        def prepare():
+            server.multimodal.check_kwargs(req.mm_processor_kwargs)
+            prompts = server.completion_prompts(req.prompt)
+            max_tokens = req.max_tokens or 16
+            for ids, _ in prompts:
+                server.check_lengths(ids, max_tokens)
+            extra = {"logprobs": req.logprobs} if want_logprobs else {}
+            if req.echo and want_logprobs:
+                extra["prompt_logprobs"] = req.logprobs
+            return prompts, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
+
+        prompts, params = await server.off_loop(prepare)
+        choices, gens = server.streams(prompts, req.n, params.__getitem__, priority=req.priority)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
@@ -75,14 +79,17 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         server.check_model(req.model)
         ids, multimodal = await server.chat_prompt(req)
         max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
-        server.check_lengths(ids, max_tokens)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        parsers, extra = server.chat_output(req)
-        if top is not None:
-            extra["logprobs"] = top
-        choices, gens = server.streams([(ids, None)], req.n,
-                                       lambda j: server.sampling_params(req, max_tokens, j, **extra), multimodal,
-                                       req.priority)
+
+        def prepare():
+            server.check_lengths(ids, max_tokens)
+            parsers, extra = server.chat_output(req)
+            if top is not None:
+                extra["logprobs"] = top
+            return parsers, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
+
+        parsers, params = await server.off_loop(prepare)
+        choices, gens = server.streams([(ids, None)], req.n, params.__getitem__, multimodal, req.priority)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
@@ -103,13 +110,19 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     async def tokenize(req: TokenizeRequest = Depends(body(TokenizeRequest))):
         server.check_model(req.model)
         tok = server.need_tokenizer("tokenize")
-        if req.prompt is not None:
-            tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        else:
+
+        def tokens_of() -> list[int]:
+            if req.prompt is not None:
+                server.check_prompt_chars(req.prompt, "prompt")
+                return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
             if server.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages]):
                 raise APIError(400, "/tokenize does not fetch images or videos: send their messages to "
                                     "/v1/chat/completions", "messages")
-            tokens = server.chat_template.render(req.messages)
+            text = server.chat_template.render_text(req.messages)
+            server.check_prompt_chars(text, "messages")
+            return server.chat_template.encode(text)
+
+        tokens = await server.off_loop(tokens_of)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
 
     @app.post("/detokenize", dependencies=[auth], openapi_extra=documented_body(DetokenizeRequest))
