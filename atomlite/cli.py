@@ -211,6 +211,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         from atomlite.server.app import build_app, engine_client
         from atomlite.server.chat import ChatOptions, load_chat_template
         from atomlite.server.draining import FLUSH_S, DrainingServer
+        from atomlite.server.timeouts import TimedH11Protocol
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig, parse_memory_size
@@ -234,7 +235,8 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         engine.shutdown()
         fail("--enable-auto-tool-choice needs a tool-call parser: add --tool-call-parser gemma4 (and a "
              "--chat-template that renders tools if the model's does not)")
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1),
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1,
+                                           http=TimedH11Protocol),
                             engine, shutdown_timeout)
     engine.on_death = lambda: setattr(server, "should_exit", True)
     # On SIGTERM/SIGINT the server drains (draining.py), then uvicorn re-raises the signal to the handler it found:

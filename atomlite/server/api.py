@@ -13,7 +13,7 @@ from atomlite.engine.client import AsyncEngine, Delta, EngineStopped, QueueFull,
 from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
 from atomlite.chat_text import OPEN
 from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers
-from atomlite.server.errors import APIError, error_body
+from atomlite.server.errors import NESTED_TOO_DEEPLY, APIError, error_body
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.server.formatting import Choice, Formatter
 from atomlite.server.multimodal import MultiModalInputs
@@ -161,6 +161,10 @@ class Server:
         except ValueError as e:
             raise APIError(400, str(e), "priority") from e
         params = [make_params(j) for j in range(n)]  # any invalid choice fails before a sequence is queued
+        if len(prompts) * n > self.engine.max_waiting:
+            raise APIError(400, f"this request has {len(prompts) * n} sequences ({len(prompts)} prompts x n={n}); the "
+                                f"server queues at most {self.engine.max_waiting} (--max-waiting), so it can never "
+                                f"be admitted: send fewer prompts per request", "prompt" if len(prompts) > 1 else "n")
         self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
         choices, gens = [], []
@@ -280,6 +284,8 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
             yield event
     except (EngineStopped, QueueFull, ValueError) as e:
         yield sse(error_body(503 if not isinstance(e, ValueError) else 400, str(e)))
+    except RecursionError:
+        yield sse(error_body(400, NESTED_TOO_DEEPLY))
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by uvicorn's caller
         yield sse(error_body(500, f"internal error: {type(e).__name__}"))
     yield sse("[DONE]")

@@ -7,6 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from atomlite.config import EngineConfig
 from atomlite.engine.client import AsyncEngine
 from atomlite.server.api import Server
+from atomlite.server.auth import api_key_matches
 from atomlite.server.chat import ChatOptions
 from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
 from atomlite.server.body_parsing import BodyParser
@@ -50,7 +51,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     install_error_handlers(app)
 
     async def authorized(request: Request):
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+        if api_key is not None and not api_key_matches(request.headers.get("authorization"), api_key):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     add_routes(app, server, Depends(authorized), engine.metrics, bodies.dependency)

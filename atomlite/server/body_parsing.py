@@ -52,6 +52,7 @@ class BodyParser:
     def dependency(self, model: type[BaseModel]):
         """A FastAPI dependency giving the request body as `model`."""
         async def parse(request: Request) -> BaseModel:
+            check_json_content_type(request.headers.get("content-type"))
             body = await request.body()
             try:
                 body.decode("utf-8")
@@ -65,6 +66,16 @@ class BodyParser:
                 raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
             return parsed
         return parse
+
+
+def check_json_content_type(content_type: str | None) -> None:
+    """POST bodies are JSON and say so: a form or text/plain body (what a web page may send to another site without
+    asking it first) is refused before it is read, so no page can start generations on a server it can reach."""
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/")
+                                                  and media_type.endswith("+json")):
+        raise APIError(415, f"the request body must be JSON, sent with 'Content-Type: application/json' (got "
+                            f"{content_type or 'no Content-Type'!r})")
 
 
 def documented_body(model: type[BaseModel]) -> dict:

@@ -29,7 +29,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[auth])  # behind the key when there is one, as vLLM; /health stays open
     async def metrics_endpoint():
         return Response(metrics.render() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
