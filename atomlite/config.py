@@ -211,6 +211,7 @@ class EngineConfig:
     # the encoder cache's bound ("512MiB"); None: vLLM's encoder cache size (the larger of the encoder budget and
     # the largest image's soft tokens) at the model's width and dtype
     encoder_cache_memory: int | str | None = None
+    cpu_threads: int | None = None  # torch's CPU threads in the engine; None: usable cores but one (cpu_threads.py)
     model_spec: ModelSpec = field(init=False, repr=False)
 
     def __post_init__(self):

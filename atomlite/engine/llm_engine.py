@@ -22,6 +22,7 @@ from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
 from atomlite.engine.spec.verify import VerifyRows, verify
 from atomlite.engine.structured import StructuredOutputs
+from atomlite.cpu_threads import engine_threads, use_threads
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
 from atomlite.model_ops.platform import detect_platform
@@ -65,6 +66,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.torch_device
+        threads, self.threads_note = engine_threads(config.cpu_threads)
+        use_threads(threads)
         self.workers = self._start_workers(config)
         try:
             self._build(config, EngineRank(config, self.workers.tp if self.workers else SINGLE))
@@ -146,6 +149,7 @@ class LLMEngine:
         if self.memory is not None:
             lines.append(self.memory.describe())
         lines += self.kv_plan.describe()
+        lines.append(f"CPU threads: {self.threads_note}")
         if self.kv_scales_note:
             lines.append(self.kv_scales_note)
         if self.config.speculative_config is not None:
