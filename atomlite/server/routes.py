@@ -132,7 +132,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         vocab = server.engine.vocab_size
         if any(t >= vocab for t in req.tokens):
             raise APIError(400, f"token ids must be below the vocabulary size {vocab}", "tokens")
-        return {"prompt": server.tokenizer.decode(req.tokens)}
+        return {"prompt": await server.off_loop(server.tokenizer.decode, req.tokens)}
 
 
 async def completion_events(server: Server, request_id, choices, gens, req: CompletionRequest, want_logprobs):
