@@ -160,6 +160,7 @@ def start_server(code: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: int) -> dict:
+    rss_start = {"api_mb": rss_mb(api_pid), "core_mb": rss_mb(core_pid)}
     async with httpx.AsyncClient(base_url=base, limits=httpx.Limits(max_connections=64)) as client:
         stop, health, gaps, results = asyncio.Event(), [], [], []
         tasks = [asyncio.create_task(stream_loop(client, model, stop, gaps, results)) for _ in range(STREAMS)]
@@ -181,6 +182,7 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
                     "over_250ms": sum(g > GAP_LIMIT_S for g in gaps)},
         "streams": {"finished": len(results), "complete": sum(results)},
         "hostile": rows,
+        "rss_at_start": rss_start,
         "rejected_schemas": {"count": schemas, "statuses": sorted(set(statuses)), "rss_before": rss_before,
                              "rss_after": rss_after,
                              "delta_mb": {k: round(rss_after[k] - rss_before[k], 1) for k in rss_before}},
