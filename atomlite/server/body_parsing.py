@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from atomlite.cpu_threads import use_threads
 from atomlite.heap import freeze_startup_heap
 from atomlite.lifetime import die_with_parent
 from atomlite.server.errors import APIError
@@ -30,6 +31,7 @@ def _validate(model: type[BaseModel], body: bytes):
 def _load_models() -> None:
     """The worker's first job: the request models imported before a request waits on them."""
     importlib.import_module("atomlite.server.protocol")
+    use_threads(1)  # torch comes with the atomlite package; its OpenMP pool here would only compete
     freeze_startup_heap()
 
 
