@@ -8,7 +8,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
