@@ -52,8 +52,11 @@ def hostile(model: str) -> list[tuple[str, str, dict | bytes, dict]]:
         ("tokenize_3.9MB", "/tokenize", {"model": model, "prompt": big}, {}),
         ("bad_words_20000", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 4,
                                                 "bad_words": [f"w{i}x" for i in range(20_000)]}, {}),
+        ("schema_300_deep_text", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 4,
+                                                     "structured_outputs": {"json": nested_text(300)}}, {}),
+        ("schema_450_deep_text", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 4,
+                                                     "structured_outputs": {"json": nested_text(450)}}, {}),
         ("schema_300_deep", "/v1/chat/completions", schema(nested(300)), {}),
-        ("schema_450_deep", "/v1/chat/completions", schema(nested(450)), {}),
         ("schema_1000_deep_text", "/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 4,
                                                       "structured_outputs": {"json": nested_text(1000)}}, {}),
         ("enum_100000", "/v1/chat/completions",
@@ -91,7 +94,7 @@ async def poll_health(client: httpx.AsyncClient, stop: asyncio.Event, out: list[
             await client.get("/health", timeout=30)
         except httpx.HTTPError:
             pass
-        out.append(time.perf_counter() - start)
+        out.append((start, time.perf_counter() - start))
         await asyncio.sleep(HEALTH_EVERY_S)
 
 
@@ -109,7 +112,7 @@ async def stream_loop(client: httpx.AsyncClient, model: str, stop: asyncio.Event
                         continue
                     now = time.perf_counter()
                     if last is not None:
-                        gaps.append(now - last)
+                        gaps.append((now, now - last))
                     last = now
                     complete = line == "data: [DONE]" or complete
                     if '"error"' in line:
@@ -120,10 +123,11 @@ async def stream_loop(client: httpx.AsyncClient, model: str, stop: asyncio.Event
         results.append(complete)
 
 
-async def send_hostile(client: httpx.AsyncClient, model: str) -> list[dict]:
+async def send_hostile(client: httpx.AsyncClient, model: str, windows: list) -> list[dict]:
     rows = []
     for name, path, body, headers in hostile(model):
         start = time.perf_counter()
+        windows.append((name, start))
         try:
             if isinstance(body, bytes):
                 resp = await client.post(path, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
@@ -133,6 +137,7 @@ async def send_hostile(client: httpx.AsyncClient, model: str) -> list[dict]:
         except httpx.HTTPError as e:
             status, text = None, f"{type(e).__name__}"
         rows.append({"request": name, "status": status, "s": round(time.perf_counter() - start, 2), "said": text})
+        windows[-1] = (name, start, time.perf_counter())
         await asyncio.sleep(0.5)
     return rows
 
@@ -166,7 +171,8 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
         tasks = [asyncio.create_task(stream_loop(client, model, stop, gaps, results)) for _ in range(STREAMS)]
         poller = asyncio.create_task(poll_health(client, stop, health))
         await asyncio.sleep(3)  # the streams under way
-        rows = await send_hostile(client, model)
+        windows = []
+        rows = await send_hostile(client, model, windows)
         stop.set()
         await asyncio.gather(*tasks, poller)
         await asyncio.sleep(2)
@@ -174,6 +180,10 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
         statuses = await rejected_schemas(client, model, schemas)
         await asyncio.sleep(2)
         rss_after = {"api_mb": rss_mb(api_pid), "core_mb": rss_mb(core_pid)}
+    for row, (_, start, end) in zip(rows, windows):  # what the streams and /health saw while each was in flight
+        row["worst_gap_ms"] = round(1e3 * max((g for t, g in gaps if start <= t <= end + 0.5), default=0), 1)
+        row["worst_health_ms"] = round(1e3 * max((h for t, h in health if start <= t <= end), default=0), 1)
+    health, gaps = [h for _, h in health], [g for _, g in gaps]
     return {
         "health_ms": {"n": len(health), "p50": 1e3 * percentile(health, 0.5), "p99": 1e3 * percentile(health, 0.99),
                       "max": 1e3 * max(health, default=float("nan"))},

@@ -139,7 +139,8 @@ class StructuredOutputs:
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
         self.compile_timeout_s = COMPILE_TIMEOUT_S
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future, float]] = {}
+        self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future]] = {}
+        self._compile_started: dict[int, float] = {}  # seq_id -> when the grammar thread took its compile
         self._too_slow: OrderedDict[bytes, None] = OrderedDict()
         self._filler = None  # an xgrammar BatchGrammarMatcher, made on first use
         self._host: torch.Tensor | None = None
@@ -165,8 +166,8 @@ class StructuredOutputs:
         if key in self._too_slow:
             raise self._slow_error(spec)
         self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
-        future = self._pool.submit(self._compile_uncached, spec, skip)
-        self._compiling[seq.seq_id] = (seq, key, future, time.monotonic() + self.compile_timeout_s)
+        future = self._pool.submit(self._compile_timed, seq.seq_id, spec, skip)
+        self._compiling[seq.seq_id] = (seq, key, future)
         return False
 
     @property
@@ -177,13 +178,16 @@ class StructuredOutputs:
         """(sequences whose grammar is ready, now with matchers; (sequence, error) for those whose grammar failed
         or passed the time limit). wait_s: how long to wait for a compile to end when none has."""
         if wait_s and self._compiling:
-            futures = [future for _, _, future, _ in self._compiling.values()]
+            futures = [future for _, _, future in self._compiling.values()]
             concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.FIRST_COMPLETED)
         ready, failed, now = [], [], time.monotonic()
-        for seq_id, (seq, key, future, deadline) in list(self._compiling.items()):
+        for seq_id, (seq, key, future) in list(self._compiling.items()):
+            # the limit counts from the compile's start: a grammar queued behind another's is not charged for it
+            started = self._compile_started.get(seq_id)
             spec = seq.params.structured_outputs
             if future.done():
                 del self._compiling[seq_id]
+                self._compile_started.pop(seq_id, None)
                 try:
                     compiled = future.result()
                 except ValueError as e:
@@ -192,12 +196,15 @@ class StructuredOutputs:
                 self._cache(key, compiled)
                 self._matchers[seq_id] = _xgr().GrammarMatcher(compiled)
                 ready.append(seq)
-            elif now > deadline:
+            elif started is not None and now > started + self.compile_timeout_s:
                 del self._compiling[seq_id]
+                self._compile_started.pop(seq_id, None)
                 self._too_slow[key] = None
                 if len(self._too_slow) > MAX_SLOW_SPECS:
                     self._too_slow.popitem(last=False)
                 failed.append((seq, str(self._slow_error(spec))))
+        for seq_id in self._compile_started.keys() - self._compiling.keys():  # dropped before their compile began
+            del self._compile_started[seq_id]
         return ready, failed
 
     def _slow_error(self, spec: StructuredOutputsParams) -> ValueError:
@@ -206,7 +213,10 @@ class StructuredOutputs:
 
     def drop(self, seq: Sequence) -> None:
         self._matchers.pop(seq.seq_id, None)
-        self._compiling.pop(seq.seq_id, None)  # its compile finishes unseen; a compiled grammar is cached then
+        compiling = self._compiling.pop(seq.seq_id, None)
+        if compiling is not None:  # a compile not begun is cancelled; one under way finishes unseen, not kept
+            compiling[2].cancel()
+            self._compile_started.pop(seq.seq_id, None)
 
     def compile(self, spec: StructuredOutputsParams, skip_special_tokens: bool = True) -> xgr.CompiledGrammar:
         key = self._key(spec, skip_special_tokens)
@@ -216,6 +226,10 @@ class StructuredOutputs:
         compiled = self._compile_uncached(spec, skip_special_tokens)
         self._cache(key, compiled)
         return compiled
+
+    def _compile_timed(self, seq_id: int, spec: StructuredOutputsParams, skip_special_tokens: bool):
+        self._compile_started[seq_id] = time.monotonic()
+        return self._compile_uncached(spec, skip_special_tokens)
 
     @staticmethod
     def _key(spec: StructuredOutputsParams, skip_special_tokens: bool) -> bytes:
