@@ -60,6 +60,8 @@ ENGINE_OPTIONS = [
                  help="Under tensor parallelism, all-reduce through the collective library (NCCL/RCCL) alone. By "
                       "default a decode graph's small all-reduces run over peer memory where the GPUs can read each "
                       "other's: atomlite's one-shot kernel on NVIDIA, AITER's custom all-reduce on ROCm."),
+    click.option("--cpu-threads", type=int, default=None,
+                 help="torch CPU threads of the engine (default: usable cores but one; else OMP_NUM_THREADS)."),
     click.option("--scheduling-policy", default="fcfs", type=click.Choice(["fcfs", "priority"]), show_default=True,
                  help="fcfs: requests run in arrival order; priority: by each request's `priority` field (lower "
                       "first, ties by arrival), and the latest of the lowest priority is preempted first."),
@@ -100,7 +102,7 @@ def engine_args(kw: dict) -> dict:
             "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
             "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
             "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory", "enable_prefix_caching",
-            "seed", "tokenizer", "quantization", "generation_config", "override_generation_config")
+            "seed", "tokenizer", "quantization", "generation_config", "override_generation_config", "cpu_threads")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_overlap_decode" in kw:
         args["overlap_decode"] = not kw["no_overlap_decode"]
@@ -215,9 +217,11 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         from atomlite.server.app import build_app, engine_client
         from atomlite.server.chat import ChatOptions, load_chat_template
         from atomlite.server.draining import FLUSH_S, DrainingServer
+        from atomlite.server.timeouts import TimedH11Protocol
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig, parse_memory_size
+    from atomlite.cpu_threads import use_threads
     from atomlite.heap import freeze_startup_heap
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
@@ -241,7 +245,8 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         engine.shutdown()
         fail("--enable-auto-tool-choice needs a tool-call parser: add --tool-call-parser gemma4 (and a "
              "--chat-template that renders tools if the model's does not)")
-    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1),
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=FLUSH_S + 1,
+                                           http=TimedH11Protocol),
                             engine, shutdown_timeout)
     engine.on_death = lambda: setattr(server, "should_exit", True)
     # On SIGTERM/SIGINT the server drains (draining.py), then uvicorn re-raises the signal to the handler it found:
@@ -249,7 +254,8 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(1 if engine.dead else 0))
     click.echo("\n".join(engine.startup_report + startup_notes(engine.config, chat, click.get_current_context())))
-    click.echo(f"engine core: process {engine.core_pid}")
+    click.echo(f"engine core: process {engine.core_pid}; the API process: 1 CPU thread")
+    use_threads(1)  # the engine's threads are the core's; here they would only compete with it
     freeze_startup_heap()
     sock.listen(server.config.backlog)  # connections from here on wait for uvicorn to accept them
     click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")
@@ -326,7 +332,7 @@ def _bench_report(engine, kind: str, rows: list[dict], probes, settings: dict, j
               f"{engine.config.load_format})",
               *([f"tensor parallel: {engine.workers.tp.size} ranks; {engine.all_reduce_note}"]
                 if engine.workers is not None else []),
-              engine.graph_note,
+              engine.graph_note, f"CPU threads: {engine.threads_note}",
               *([engine.warmup_note] if engine.warmup_note else []),
               *([engine.memory.describe()] if engine.memory is not None else []),
               f"probes: copy {_rate(probes.copy_bytes_per_s, 'B/s')} (read + write), "

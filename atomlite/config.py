@@ -236,6 +236,7 @@ class EngineConfig:
     quantization: str | None = None
     generation_config: str = "auto"
     override_generation_config: dict | str | None = None
+    cpu_threads: int | None = None  # torch's CPU threads in the engine; None: usable cores but one (cpu_threads.py)
     model_spec: ModelSpec = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 

@@ -8,6 +8,7 @@ from atomlite.chat_template import render_chat
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import OutputProcessor
+from atomlite.engine.structured import check_structured_outputs
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.multimodal.offline import OfflineMultiModal
 from atomlite.outputs import RequestOutput
@@ -107,6 +108,8 @@ class LLM:
     def _add_request(self, request_id: str, prompt: str | list[int], multimodal: MultiModalPrompt | None,
                      params: SamplingParams, priority: int = 0):
         """The one place a prompt is handed to the engine."""
+        if params.structured_outputs is not None:
+            check_structured_outputs(params.structured_outputs)  # a bad spec raises here, not in a later step
         if multimodal is not None:
             return self.engine.add_request(request_id, multimodal.prompt_token_ids, params, priority, multimodal)
         return self.engine.add_request(request_id, prompt, params, priority)

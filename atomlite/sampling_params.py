@@ -88,12 +88,16 @@ class StructuredOutputsParams:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+            except RecursionError:
+                raise ValueError("structured_outputs.json is nested too deeply") from None
         if not isinstance(schema, dict):
             raise ValueError("structured_outputs.json must be a JSON schema object (a dict or its JSON text)")
         try:
             json.dumps(schema)
         except (TypeError, ValueError) as e:
             raise ValueError(f"structured_outputs.json is not JSON data: {e}") from None
+        except RecursionError:
+            raise ValueError("structured_outputs.json is nested too deeply") from None
         return schema
 
     @property

@@ -131,7 +131,10 @@ SERVE_OPTIONS = [
     click.option("--override-generation-config", default=None,
                  help='JSON laid over the generation config, e.g. \'{"temperature": 0.5}\'.'),
     click.option("--trust-request-chat-template", is_flag=True,
-                 help="Let a request's chat_template field replace the chat template (vLLM's flag)."),
+                 help="Trust requests with the template's structure (vLLM's flag): a request's chat_template "
+                      "replaces the chat template, special tokens typed in messages become control tokens, and "
+                      "chat_template_kwargs may set bos_token and the like. Off: all three are refused or kept as "
+                      "text."),
     click.option("--allowed-origins", default=None, callback=_json_list,
                  help='CORS: origins allowed to call the API from a browser, as JSON: \'["https://a.example"]\' or '
                       '\'["*"]\'. Off by default (vLLM allows every origin).'),

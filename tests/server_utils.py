@@ -7,13 +7,14 @@ import httpx
 import uvicorn
 
 from atomlite.accuracy.runner import free_port
+from atomlite.server.timeouts import TimedH11Protocol
 
 
 @contextlib.contextmanager
 def running(app):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5, http=TimedH11Protocol))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -60,6 +60,9 @@ def decode_step_times(engine: LLMEngine, prompts: list[list[int]], output_len: i
     return times
 
 
+ABSURD_RATIO = 20.0  # over this many times its roofline, a result says more about the machine than the engine
+
+
 def row(name: str, seconds: float, roofline: float, what: str) -> dict:
     return {"metric": name, "ms": seconds * 1e3, "roofline_ms": roofline * 1e3, "ratio": seconds / roofline,
             "roofline": what}
@@ -152,4 +155,9 @@ def format_table(rows: list[dict]) -> list[str]:
                          f"images/s)")
         if "note" in r:
             lines.append(f"{'':<40} {r['note']}")
+    worst = max((r["ratio"] for r in rows), default=0.0)
+    if worst > ABSURD_RATIO:
+        lines.append(f"warning: {worst:.0f}x the roofline is more than a slow kernel explains; check that no other "
+                     f"process is busy on these cores and the engine's CPU threads (the startup line; --cpu-threads, "
+                     f"OMP_NUM_THREADS), and on a GPU the kernels chosen (-v: a torch reference kernel, eager decode)")
     return lines

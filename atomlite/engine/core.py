@@ -6,6 +6,7 @@ thread. Messages are pickled Python data (updates.py)."""
 import logging
 import os
 import pickle
+import shutil
 import signal
 import traceback
 
@@ -149,6 +150,11 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="%(name)s: %(message)s")
+    from atomlite.lifetime import exit_with_parent
+    ipc_dir = os.path.dirname(commands_addr.removeprefix("ipc://"))
+    # the API process gone (any signal, SIGKILL too): stop within a moment, and take its socket folder along
+    exit_with_parent(parent_pid, lambda: os.path.basename(ipc_dir).startswith("atomlite-") and shutil.rmtree(
+        ipc_dir, ignore_errors=True))
     from atomlite.engine.llm_engine import LLMEngine
     from atomlite.errors import ConfigError
     from atomlite.heap import freeze_startup_heap

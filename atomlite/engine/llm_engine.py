@@ -22,6 +22,7 @@ from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
 from atomlite.engine.spec.verify import VerifyRows, verify
 from atomlite.engine.structured import StructuredOutputs
+from atomlite.cpu_threads import engine_threads, use_threads
 from atomlite.engine.updates import EngineStats, SeqUpdate
 from atomlite.engine.warmup import warm_up
 from atomlite.model_ops.platform import detect_platform
@@ -49,6 +50,9 @@ def close_ranks(runner, workers) -> None:
     workers.close()
 
 
+GRAMMAR_WAIT_S = 0.05  # an engine with nothing to run but grammars compiling checks on them this often
+
+
 @dataclass
 class UnsampledStep:
     """A decode step launched ahead whose rows are sampled only after the host has appended the tokens it read:
@@ -62,6 +66,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = config.torch_device
+        threads, self.threads_note = engine_threads(config.cpu_threads)
+        use_threads(threads)
         self.workers = self._start_workers(config)
         try:
             self._build(config, EngineRank(config, self.workers.tp if self.workers else SINGLE))
@@ -143,6 +149,7 @@ class LLMEngine:
         if self.memory is not None:
             lines.append(self.memory.describe())
         lines += self.kv_plan.describe()
+        lines.append(f"CPU threads: {self.threads_note}")
         if self.kv_scales_note:
             lines.append(self.kv_scales_note)
         if self.config.speculative_config is not None:
@@ -182,14 +189,15 @@ class LLMEngine:
         self.validate_prompt(token_ids)
         images = self._images_of(token_ids, multimodal) if multimodal is not None else []
         seq = Sequence(token_ids, params, request_id, priority, images=images)
-        if params.structured_outputs is not None:
-            self.structured.add(seq)  # a grammar that does not compile fails here, before anything is queued
+        # a grammar not compiled yet compiles on its own thread: the sequence waits for it, the batch runs on
+        waits = params.structured_outputs is not None and not self.structured.start(seq)
         if params.prompt_logprobs is not None:
             seq.prompt_logprobs = [None] * len(token_ids)
         if params.seed is not None:
             self._generators[seq.seq_id] = torch.Generator(self.device).manual_seed(params.seed)
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        if not waits:
+            self.scheduler.add(seq)
         return seq
 
     def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqImage]:
@@ -210,7 +218,20 @@ class LLMEngine:
             self._finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.structured.compiling
+
+    def _take_compiled(self) -> list[SeqUpdate]:
+        """Queues the sequences whose grammar is ready; fails those whose grammar did not compile (in time). With
+        nothing else to run, waits a little for a compile rather than spinning."""
+        if not self.structured.compiling:
+            return []
+        ready, failed = self.structured.compiled(wait_s=0.0 if self.scheduler.has_work() else GRAMMAR_WAIT_S)
+        for seq in ready:
+            self.scheduler.add(seq)
+        for seq, _ in failed:
+            self._generators.pop(seq.seq_id, None)
+            self.requests.pop(seq.request_id, None)
+        return [SeqUpdate(seq.request_id, [], error=error, invalid=True) for seq, error in failed]
 
     # -- stepping -------------------------------------------------------------------------------------------
     def step(self) -> list[SeqUpdate]:
@@ -219,9 +240,10 @@ class LLMEngine:
         input ids stay on the device), so the GPU runs it while the host does this step's work; the next call
         returns its tokens."""
         self.iteration_tokens, self.step_prefilled = [], False
+        failed = self._take_compiled()
         launched, self._ahead = self._ahead or self._run_scheduled(), None
         if launched is None:
-            return []
+            return failed
         if self._can_run_ahead(launched.seqs):
             self._ahead = self._run_ahead(launched)
         done = self._take_tokens(launched)
@@ -232,7 +254,7 @@ class LLMEngine:
         if self.drafter is not None:
             self._draft(done)
         now = time.monotonic()
-        return [self._update(seq, now) for seq in done]
+        return failed + [self._update(seq, now) for seq in done]
 
     def _update(self, seq: Sequence, now: float) -> SeqUpdate:
         sent = seq.num_sent_tokens

@@ -8,22 +8,31 @@ the device unpacks it with torch ops and sets disallowed logits to -inf before g
 token taken advances its sequence's matcher; once the grammar is complete and only a stop token may follow, the
 sequence is done.
 
+Compiling runs on a thread of its own, never inside the step loop (xgrammar releases the GIL while it compiles: a
+100,000-value enum took 52 s on the 2-core CPU machine, and every running sequence waited with it). A request waits
+for its grammar while the batch runs on; one whose compile passes compile_timeout_s fails as a 400 naming the field
+(the compile cannot be stopped: it finishes unseen, and the same spec sent again is refused at once). Compiled
+grammars are cached by a hash of their spec, bounded in bytes (vLLM's VLLM_XGRAMMAR_CACHE_MB idea).
+
 The grammar constrains the text the client gets: where special tokens are left out of it (skip_special_tokens, the
 default) the grammar never picks one, but for a stop token at the end; where they are kept, a literal matches a
 special token by its text, as the client will read it, and Token(id) names one.
 """
 from __future__ import annotations
 
-import functools
+import concurrent.futures
+import hashlib
 import json
 import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import torch
 
+from atomlite.engine.schema_shape import check_schema_shape
 from atomlite.engine.token_mask import unpack_bitmask
 
 from atomlite.engine.sequence import Sequence
@@ -33,7 +42,10 @@ if TYPE_CHECKING:
     import xgrammar as xgr
 
 logger = logging.getLogger("atomlite")
-MAX_CACHED_GRAMMARS = 64
+MAX_CACHED_GRAMMAR_BYTES = 128 * 2**20
+COMPILE_TIMEOUT_S = 30.0
+MAX_CHECKED = 1024  # spec hashes the API process found valid
+MAX_SLOW_SPECS = 1024
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 _XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[20:31:21] /project/cpp/regex_converter.cc:83: "
 
@@ -68,19 +80,35 @@ def _invalid(name: str, error: Exception) -> ValueError:
     return ValueError(f"{name} is invalid: {message}")
 
 
-@functools.lru_cache(maxsize=256)
-def _checked(kind: str, text: str) -> None:
-    _grammar(kind, text)
+def spec_hash(kind: str, text: str) -> bytes:
+    return hashlib.sha256(f"{kind}\0{text}".encode("utf-8", "surrogatepass")).digest()
+
+
+_checked: OrderedDict[bytes, None] = OrderedDict()  # hashes only: a cache must not keep a 3 MB schema alive
 
 
 def check_structured_outputs(spec: StructuredOutputsParams, name: str | None = None) -> None:
     """Raises a ValueError naming the field (`name`, by default structured_outputs.KIND) unless spec makes a valid
     grammar. Needs no tokenizer, so the API process can refuse a bad request before it is queued; the engine's
     compile then does not fail on it."""
+    field = name or f"structured_outputs.{spec.kind}"
     try:
-        _checked(*spec.cache_key)
+        kind, text = spec.cache_key
+    except RecursionError:
+        raise ValueError(f"{field} is nested too deeply") from None
+    key = spec_hash(kind, text)
+    if key in _checked:
+        _checked.move_to_end(key)
+        return
+    if kind == "json":
+        check_schema_shape(text, field)
+    try:
+        _grammar(kind, text)
     except RuntimeError as e:
-        raise _invalid(name or f"structured_outputs.{spec.kind}", e) from None
+        raise _invalid(field, e) from None
+    _checked[key] = None
+    if len(_checked) > MAX_CHECKED:
+        _checked.popitem(last=False)
 
 
 def _without_special_tokens(info: xgr.TokenizerInfo, tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
@@ -106,34 +134,127 @@ class StructuredOutputs:
         self.stop_token_ids = sorted(stop_token_ids)
         self.words = (vocab_size + 31) // 32
         self._compilers: dict[bool, xgr.GrammarCompiler] = {}  # by skip_special_tokens; made on first use
-        self._compiled: OrderedDict[tuple, xgr.CompiledGrammar] = OrderedDict()
+        self._compiled: OrderedDict[bytes, xgr.CompiledGrammar] = OrderedDict()
+        self._compiled_bytes = 0
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
+        self.compile_timeout_s = COMPILE_TIMEOUT_S
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future]] = {}
+        self._compile_started: dict[int, float] = {}  # seq_id -> when the grammar thread took its compile
+        self._too_slow: OrderedDict[bytes, None] = OrderedDict()
         self._filler = None  # an xgrammar BatchGrammarMatcher, made on first use
         self._host: torch.Tensor | None = None
 
     def add(self, seq: Sequence) -> None:
-        """Gives seq a matcher of its params' grammar; a ValueError naming the field if it does not compile."""
+        """Gives seq a matcher of its params' grammar, compiling it here; a ValueError naming the field if it does
+        not compile. The engine uses start() instead, which compiles off the step loop."""
         params = seq.params
         self._matchers[seq.seq_id] = _xgr().GrammarMatcher(self.compile(params.structured_outputs,
                                                                      params.skip_special_tokens))
 
+    def start(self, seq: Sequence) -> bool:
+        """True when seq's grammar was cached and its matcher is made; else its compile starts on the grammar
+        thread and the sequence waits (compiled() hands it back, or its error). A ValueError if the spec was too slow
+        before. The spec is not checked here: even building a grammar can take seconds (1.7 s for a 100,000-value
+        enum), so callers check it first (check_structured_outputs: the API process, LLM)."""
+        spec, skip = seq.params.structured_outputs, seq.params.skip_special_tokens
+        key = self._key(spec, skip)
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            self._matchers[seq.seq_id] = _xgr().GrammarMatcher(self._compiled[key])
+            return True
+        if key in self._too_slow:
+            raise self._slow_error(spec)
+        self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
+        future = self._pool.submit(self._compile_timed, seq.seq_id, spec, skip)
+        self._compiling[seq.seq_id] = (seq, key, future)
+        return False
+
+    @property
+    def compiling(self) -> bool:
+        return bool(self._compiling)
+
+    def compiled(self, wait_s: float = 0.0) -> tuple[list[Sequence], list[tuple[Sequence, str]]]:
+        """(sequences whose grammar is ready, now with matchers; (sequence, error) for those whose grammar failed
+        or passed the time limit). wait_s: how long to wait for a compile to end when none has."""
+        if wait_s and self._compiling:
+            futures = [future for _, _, future in self._compiling.values()]
+            concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.FIRST_COMPLETED)
+        ready, failed, now = [], [], time.monotonic()
+        for seq_id, (seq, key, future) in list(self._compiling.items()):
+            # the limit counts from the compile's start: a grammar queued behind another's is not charged for it
+            started = self._compile_started.get(seq_id)
+            spec = seq.params.structured_outputs
+            if future.done():
+                del self._compiling[seq_id]
+                self._compile_started.pop(seq_id, None)
+                try:
+                    compiled = future.result()
+                except ValueError as e:
+                    failed.append((seq, str(e)))
+                    continue
+                self._cache(key, compiled)
+                self._matchers[seq_id] = _xgr().GrammarMatcher(compiled)
+                ready.append(seq)
+            elif started is not None and now > started + self.compile_timeout_s:
+                del self._compiling[seq_id]
+                self._compile_started.pop(seq_id, None)
+                self._too_slow[key] = None
+                if len(self._too_slow) > MAX_SLOW_SPECS:
+                    self._too_slow.popitem(last=False)
+                failed.append((seq, str(self._slow_error(spec))))
+        for seq_id in self._compile_started.keys() - self._compiling.keys():  # dropped before their compile began
+            del self._compile_started[seq_id]
+        return ready, failed
+
+    def _slow_error(self, spec: StructuredOutputsParams) -> ValueError:
+        return ValueError(f"structured_outputs.{spec.kind} is too large: its grammar did not compile within "
+                          f"{self.compile_timeout_s:g} s; simplify it (fewer enum values, less nesting)")
+
     def drop(self, seq: Sequence) -> None:
         self._matchers.pop(seq.seq_id, None)
+        compiling = self._compiling.pop(seq.seq_id, None)
+        if compiling is not None:  # a compile not begun is cancelled; one under way finishes unseen, not kept
+            compiling[2].cancel()
+            self._compile_started.pop(seq.seq_id, None)
 
     def compile(self, spec: StructuredOutputsParams, skip_special_tokens: bool = True) -> xgr.CompiledGrammar:
-        key = (*spec.cache_key, skip_special_tokens)
+        key = self._key(spec, skip_special_tokens)
         if key in self._compiled:
             self._compiled.move_to_end(key)
             return self._compiled[key]
+        compiled = self._compile_uncached(spec, skip_special_tokens)
+        self._cache(key, compiled)
+        return compiled
+
+    def _compile_timed(self, seq_id: int, spec: StructuredOutputsParams, skip_special_tokens: bool):
+        self._compile_started[seq_id] = time.monotonic()
+        return self._compile_uncached(spec, skip_special_tokens)
+
+    @staticmethod
+    def _key(spec: StructuredOutputsParams, skip_special_tokens: bool) -> bytes:
+        return spec_hash(*spec.cache_key) + bytes([skip_special_tokens])
+
+    def _compile_uncached(self, spec: StructuredOutputsParams, skip_special_tokens: bool) -> xgr.CompiledGrammar:
+        kind, text = spec.cache_key
+        if kind == "json":
+            check_schema_shape(text, f"structured_outputs.{spec.kind}")
         compiler = self._compilers.get(skip_special_tokens) or self._make_compiler(skip_special_tokens)
         try:
-            compiled = compiler.compile_grammar(_grammar(*spec.cache_key))
+            return compiler.compile_grammar(_grammar(*spec.cache_key))
         except RuntimeError as e:
             raise _invalid(f"structured_outputs.{spec.kind}", e) from None
+
+    def _cache(self, key: bytes, compiled: xgr.CompiledGrammar) -> None:
+        """Least recently used out, down to MAX_CACHED_GRAMMAR_BYTES; a grammar larger than that is not kept."""
+        size = compiled.memory_size_bytes
+        if size > MAX_CACHED_GRAMMAR_BYTES or key in self._compiled:
+            return
         self._compiled[key] = compiled
-        if len(self._compiled) > MAX_CACHED_GRAMMARS:
-            self._compiled.popitem(last=False)
-        return compiled
+        self._compiled_bytes += size
+        while self._compiled_bytes > MAX_CACHED_GRAMMAR_BYTES:
+            _, old = self._compiled.popitem(last=False)
+            self._compiled_bytes -= old.memory_size_bytes
 
     def _make_compiler(self, skip_special_tokens: bool) -> xgr.GrammarCompiler:
         if self.tokenizer is None:

@@ -11,11 +11,13 @@ from fastapi.responses import StreamingResponse
 
 from atomlite.engine.client import AsyncEngine, Delta, EngineStopped, QueueFull, check_structured_outputs
 from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
+from atomlite.chat_text import OPEN
 from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers
-from atomlite.server.errors import APIError, error_body
+from atomlite.server.errors import NESTED_TOO_DEEPLY, APIError, error_body
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.server.formatting import Choice, Formatter
 from atomlite.server.multimodal import MultiModalInputs
+from atomlite.server.offload import Offload
 from atomlite.server.protocol import ChatCompletionRequest, NamedToolChoice, SamplingFields
 from atomlite.server.tool_grammar import tool_call_grammar
 
@@ -38,6 +40,16 @@ class Server:
         self.fmt = Formatter(self.tokenizer, model_name)
         self.chat_template = ChatTemplate(self.tokenizer, chat_options) if self.tokenizer is not None else None
         self.multimodal = MultiModalInputs(engine.config, self.tokenizer, model_name)
+        self.offload = Offload()
+        self.max_chars_per_token = max_chars_per_token(self.tokenizer)
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the preparation threads (offload.py), away from the event loop."""
+        return await self.offload.run(fn, *args)
+
+    def close(self) -> None:
+        self.offload.close()
+        self.multimodal.close()
 
     # -- checks ---------------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
@@ -56,6 +68,16 @@ class Server:
             raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; the request "
                                 f"has {len(ids)} prompt tokens and asks for {max_tokens} more. Lower max_tokens "
                                 f"or shorten the prompt.", "max_tokens")
+
+    def check_prompt_chars(self, text: str, field: str) -> None:
+        """vLLM's early refusal: text longer than max_model_len tokens of the longest token can hold can never fit,
+        so it is refused before anything tokenizes it."""
+        limit = self.max_model_len * self.max_chars_per_token
+        if len(text) > limit:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens; the {field} has "
+                                f"{len(text)} characters, more than the {limit} that {self.max_model_len} tokens can "
+                                f"hold (at most {self.max_chars_per_token} characters each). Shorten the {field}.",
+                           field)
 
     def sampling_params(self, req: SamplingFields, max_tokens: int, seed_offset: int, **extra) -> SamplingParams:
         """The request's SamplingParams, checked against the model (bad_words tokenized, token ids in the
@@ -110,6 +132,7 @@ class Server:
         out = []
         for p in prompt:
             if isinstance(p, str):
+                self.check_prompt_chars(p, "prompt")
                 out.append((self.need_tokenizer("a text prompt").encode(p, add_special_tokens=add_special_tokens), p))
             else:
                 self.engine.validate_prompt(list(p))  # before decoding: ids beyond the vocabulary are an error
@@ -118,14 +141,25 @@ class Server:
 
     async def chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], MultiModalPrompt | None]:
         """The prompt's token ids, and with images or videos the MultiModalPrompt they belong to."""
+        prompt, parts = await self.off_loop(self.render_chat, req)
+        if not parts:
+            return prompt, None
+        mm_prompt = await self.multimodal.prompt(prompt, parts, req.mm_processor_kwargs)
+        return mm_prompt.prompt_token_ids, mm_prompt
+
+    def render_chat(self, req: ChatCompletionRequest) -> tuple[list[int] | str, list]:
+        """(token ids, []) of a text chat; (its text, or its ids where the client's text held special tokens' text,
+        the image and video parts) of one with media."""
         self.need_tokenizer("chat")
         self.multimodal.check_kwargs(req.mm_processor_kwargs)
         parts = self.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages])
-        if not parts:
-            return req.prompt_window(self.chat_template.render_request(req), self.max_model_len), None
         text = self.chat_template.render_request_text(req)
-        prompt = await self.multimodal.prompt(text, parts, req.mm_processor_kwargs)
-        return prompt.prompt_token_ids, prompt
+        self.check_prompt_chars(text, "messages")
+        if not parts:
+            return req.prompt_window(self.chat_template.encode_request(req, text), self.max_model_len), parts
+        if OPEN in text:
+            return self.chat_template.encode(text), parts
+        return text, parts
 
     def chat_output(self, req: ChatCompletionRequest) -> tuple[OutputParsers, dict]:
         """The parsers of the request's output, and what its SamplingParams need for them: special tokens kept
@@ -156,6 +190,10 @@ class Server:
         except ValueError as e:
             raise APIError(400, str(e), "priority") from e
         params = [make_params(j) for j in range(n)]  # any invalid choice fails before a sequence is queued
+        if len(prompts) * n > self.engine.max_waiting:
+            raise APIError(400, f"this request has {len(prompts) * n} sequences ({len(prompts)} prompts x n={n}); the "
+                                f"server queues at most {self.engine.max_waiting} (--max-waiting), so it can never "
+                                f"be admitted: send fewer prompts per request", "prompt" if len(prompts) > 1 else "n")
         self.engine.admit(len(prompts) * n)
         base = uuid.uuid4().hex
         choices, gens = [], []
@@ -170,6 +208,13 @@ class Server:
                   multimodal: MultiModalPrompt | None, priority: int = 0):
         """The one place a prompt is handed to the engine."""
         return self.engine.generate(request_id, ids, params, priority, multimodal)
+
+
+def max_chars_per_token(tokenizer) -> int:
+    """The most characters one token of the vocabulary holds (vLLM's max_chars_per_token)."""
+    if tokenizer is None:
+        return 1
+    return max(1, max((len(t) for t in tokenizer.get_vocab()), default=1))
 
 
 def _output_constraint(req: SamplingFields) -> tuple[str, StructuredOutputsParams] | None:
@@ -268,6 +313,8 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
             yield event
     except (EngineStopped, QueueFull, ValueError) as e:
         yield sse(error_body(503 if not isinstance(e, ValueError) else 400, str(e)))
+    except RecursionError:
+        yield sse(error_body(400, NESTED_TOO_DEEPLY))
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by uvicorn's caller
         yield sse(error_body(500, f"internal error: {type(e).__name__}"))
     yield sse("[DONE]")

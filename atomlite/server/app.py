@@ -8,6 +8,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from atomlite.config import EngineConfig
 from atomlite.engine.client import AsyncEngine
 from atomlite.server.api import Server
+from atomlite.server.auth import api_key_matches
 from atomlite.server.chat import ChatOptions
 from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
 from atomlite.server.body_parsing import BodyParser
@@ -46,14 +47,14 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | N
         yield
         await asyncio.to_thread(engine.shutdown)
         bodies.stop()
-        server.multimodal.close()
+        server.close()
 
     app = FastAPI(title="atomlite", lifespan=lifespan)
     app.state.server = server
     install_error_handlers(app)
 
     async def authorized(request: Request):
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+        if api_key is not None and not api_key_matches(request.headers.get("authorization"), api_key):
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     add_routes(app, server, Depends(authorized), engine.metrics, bodies.dependency)

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from atomlite.cpu_threads import use_threads
 from atomlite.heap import freeze_startup_heap
 from atomlite.lifetime import die_with_parent
 from atomlite.server.errors import APIError
@@ -30,6 +31,7 @@ def _validate(model: type[BaseModel], body: bytes):
 def _load_models() -> None:
     """The worker's first job: the request models imported before a request waits on them."""
     importlib.import_module("atomlite.server.protocol")
+    use_threads(1)  # torch comes with the atomlite package; its OpenMP pool here would only compete
     freeze_startup_heap()
 
 
@@ -52,6 +54,7 @@ class BodyParser:
     def dependency(self, model: type[BaseModel]):
         """A FastAPI dependency giving the request body as `model`."""
         async def parse(request: Request) -> BaseModel:
+            check_json_content_type(request.headers.get("content-type"))
             body = await request.body()
             try:
                 body.decode("utf-8")
@@ -65,6 +68,16 @@ class BodyParser:
                 raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors])
             return parsed
         return parse
+
+
+def check_json_content_type(content_type: str | None) -> None:
+    """POST bodies are JSON and say so: a form or text/plain body (what a web page may send to another site without
+    asking it first) is refused before it is read, so no page can start generations on a server it can reach."""
+    media_type = (content_type or "").split(";")[0].strip().lower()
+    if media_type != "application/json" and not (media_type.startswith("application/")
+                                                  and media_type.endswith("+json")):
+        raise APIError(415, f"the request body must be JSON, sent with 'Content-Type: application/json' (got "
+                            f"{content_type or 'no Content-Type'!r})")
 
 
 def documented_body(model: type[BaseModel]) -> dict:

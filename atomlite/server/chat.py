@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atomlite.chat_template import render_chat_text
+from atomlite.chat_text import ContentGuard
 from atomlite.server.errors import APIError
 from atomlite.server.parsers.gemma4_reasoning import CHANNEL_START, Gemma4ReasoningStream, join_reasoning_deltas
 from atomlite.server.parsers.gemma4_tools import TOOL_CALL_START, Gemma4ToolCallStream, join_tool_call_deltas
@@ -20,11 +21,14 @@ PARSER_MARKERS = {"tool_call_parser": TOOL_CALL_START, "reasoning_parser": CHANN
 class ChatOptions:
     """`atomlite serve`'s chat flags (vLLM's names): --chat-template (a file or the template itself),
     --tool-call-parser and --reasoning-parser (gemma4, none, or auto: gemma4 when the template writes its
-    markers)."""
+    markers). --trust-request-chat-template lets a request's text and chat_template_kwargs be template structure
+    (special tokens typed in content become control tokens; bos_token and the like may be set), as before."""
     chat_template: str | None = None
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
-    trust_request_chat_template: bool = False  # vLLM's: a request's chat_template is used only with this
+    # vLLM's: a request's chat_template is used only with this; it also lets client strings and template kwargs
+    # write special tokens (atomlite's content guard off)
+    trust_request_chat_template: bool = False
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -55,15 +59,28 @@ class ChatTemplate:
         self.template = load_chat_template(options.chat_template) or getattr(tokenizer, "chat_template", None)
         self.tool_call_parser = resolve_parser("tool_call_parser", options.tool_call_parser, self.template)
         self.reasoning_parser = resolve_parser("reasoning_parser", options.reasoning_parser, self.template)
+        self.guard = None if options.trust_request_chat_template else ContentGuard(tokenizer)
 
     def render(self, messages: list[ChatMessage], tools: list | None = None,
                template_kwargs: dict | None = None) -> list[int]:
-        return self.tokenizer.encode(self.render_text(messages, tools, template_kwargs), add_special_tokens=False)
+        return self.encode(self.render_text(messages, tools, template_kwargs))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of render_text's text: special tokens only where the template wrote them."""
+        if self.guard is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.guard.encode(text)
 
     def render_request(self, req) -> list[int]:
         """A chat or /tokenize request's prompt ids (request_extras.ChatRendering's fields honoured)."""
-        text = self.render_request_text(req)
-        return self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+        return self.encode_request(req, self.render_request_text(req))
+
+    def encode_request(self, req, text: str) -> list[int]:
+        """render_request_text's text as ids; add_special_tokens puts the tokenizer's own (BOS) before them."""
+        if self.guard is None:
+            return self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+        added = self.tokenizer.encode("", add_special_tokens=True) if req.add_special_tokens else []
+        return added + self.guard.encode(text)
 
     def render_request_text(self, req) -> str:
         template = req.chat_template
@@ -84,14 +101,28 @@ class ChatTemplate:
         reserved = TEMPLATE_ARGUMENTS & set(template_kwargs or {})
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
+        dumped = [m.model_dump(exclude_none=True) for m in messages]
+        tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        if self.guard is not None:
+            self._refuse_structure_kwargs(template_kwargs or {})
+            dumped, tool_dicts, template_kwargs = map(self.guard.mark, (dumped, tool_dicts, template_kwargs))
         try:
             if continue_final_message:
                 template_kwargs = {**(template_kwargs or {}), "continue_final_message": True}
-            return render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in messages],
-                                    [t.model_dump(exclude_none=True) for t in tools] if tools else None,
-                                    template, template_kwargs, add_generation_prompt)
+            return render_chat_text(self.tokenizer, dumped, tool_dicts, template, template_kwargs,
+                                    add_generation_prompt)
         except Exception as e:  # the template's own raise_exception, a kwarg it cannot take, arguments not JSON
             raise APIError(400, f"the chat template refused these messages: {e}", "messages") from e
+
+    def _refuse_structure_kwargs(self, template_kwargs: dict) -> None:
+        """Template variables that name special tokens (bos_token, eos_token, ...) are the template's structure: a
+        request that sets them could write any turn it likes."""
+        specials = set(getattr(self.tokenizer, "special_tokens_map", {})) | set(self.guard.special_texts)
+        named = sorted(k for k in template_kwargs if k in specials or k.endswith(("_token", "_tokens")))
+        if named:
+            raise APIError(400, f"chat_template_kwargs may not set {named}: they name the chat template's special "
+                                f"tokens (serve with --trust-request-chat-template to allow it)",
+                           "chat_template_kwargs")
 
     def request_parsers(self, req: ChatCompletionRequest) -> "OutputParsers":
         tool_choice = req.effective_tool_choice()

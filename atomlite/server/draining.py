@@ -1,6 +1,8 @@
 """SIGTERM (or Ctrl-C) as a drain: the server keeps listening, answers /health and new requests with 503, lets the
 requests in flight finish for up to the shutdown timeout, ends the rest with an error event (streams) or a 503,
-and only then stops uvicorn. A second signal stops at once, as uvicorn's own handling does."""
+and only then stops uvicorn. A second signal ends the drain at once: the requests still open end the same way
+(an error event and [DONE], or an OpenAI-shaped 503) rather than being cut. A third stops as uvicorn's own
+handling does."""
 import logging
 import threading
 import time
@@ -18,8 +20,13 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.engine, self.timeout = engine, timeout
         self._draining = False
+        self._hurry = threading.Event()
 
     def handle_exit(self, sig, frame) -> None:
+        if self._draining and not self._hurry.is_set():
+            logger.warning("second signal: ending the %d requests in flight now", self.engine.num_open)
+            self._hurry.set()
+            return
         if self._draining or not self.started:
             return super().handle_exit(sig, frame)
         self._draining = True
@@ -31,11 +38,11 @@ class DrainingServer(uvicorn.Server):
 
     def _stop_after_drain(self) -> None:
         deadline = time.monotonic() + self.timeout
-        while self.engine.num_open and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = self.engine.fail_open(EngineStopped("the server shut down before this request finished "
-                                                    "(--shutdown-timeout)"))
+        while self.engine.num_open and time.monotonic() < deadline and not self._hurry.wait(0.05):
+            pass
+        why = "a second signal" if self._hurry.is_set() else "--shutdown-timeout"
+        ended = self.engine.fail_open(EngineStopped(f"the server shut down before this request finished ({why})"))
         if ended:
-            logger.warning("shutdown timeout: ended %d requests with an error", ended)
+            logger.warning("shutdown timeout: ended %d requests with an error (%s)", ended, why)
             time.sleep(FLUSH_S)
         self.should_exit = True

@@ -11,8 +11,12 @@ from atomlite.server.protocol import MAX_STOP
 
 logger = logging.getLogger("atomlite.server")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable",
+               405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+               415: "invalid_request_error", 503: "service_unavailable",
                500: "internal_error"}
+
+
+NESTED_TOO_DEEPLY = "the request is nested too deeply (objects and lists inside one another); flatten it"
 
 
 class APIError(Exception):
@@ -48,7 +52,10 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     message = first.get("msg", "invalid request").removeprefix("Value error, ")  # our validators' own words
     if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', message)}", None
+        error = first.get("ctx", {}).get("error", message)
+        if "recursion limit" in str(error):
+            return NESTED_TOO_DEEPLY, None
+        return f"the request body is not valid JSON: {error}", None
     ruled = next((i for i, part in enumerate(loc) if part in FIELD_RULES), None)
     if ruled is not None and (len(loc) > ruled + 1 or first.get("type") in ("string_type", "list_type")):
         return f"{'.'.join(loc[:ruled + 1])}: must be {FIELD_RULES[loc[ruled]]}", loc[0]
@@ -85,6 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineStopped)
     async def _stopped(request: Request, exc: EngineStopped):
         return error_response(503, str(exc))
+
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request: Request, exc: RecursionError):
+        return error_response(400, NESTED_TOO_DEEPLY)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):

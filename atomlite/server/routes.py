@@ -29,7 +29,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             return JSONResponse({"status": "stopping"}, status_code=503)
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[auth])  # behind the key when there is one, as vLLM; /health stays open
     async def metrics_endpoint():
         return Response(metrics.render() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
@@ -49,17 +49,21 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         server.check_model(req.model)
-        server.multimodal.check_kwargs(req.mm_processor_kwargs)
-        prompts = server.completion_prompts(req.prompt, req.add_special_tokens, req.prompt_window)
-        max_tokens = server.default_max_tokens(req.max_tokens, 16)
-        for ids, _ in prompts:
-            server.check_lengths(ids, max_tokens)
         want_logprobs = req.logprobs is not None
-        extra = {"logprobs": req.logprobs} if want_logprobs else {}
-        if req.echo and want_logprobs:
-            extra["prompt_logprobs"] = req.logprobs
-        choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra),
-                                       priority=req.priority)
+        max_tokens = server.default_max_tokens(req.max_tokens, 16)
+
+        def prepare():
+            server.multimodal.check_kwargs(req.mm_processor_kwargs)
+            prompts = server.completion_prompts(req.prompt, req.add_special_tokens, req.prompt_window)
+            for ids, _ in prompts:
+                server.check_lengths(ids, max_tokens)
+            extra = {"logprobs": req.logprobs} if want_logprobs else {}
+            if req.echo and want_logprobs:
+                extra["prompt_logprobs"] = req.logprobs
+            return prompts, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
+
+        prompts, params = await server.off_loop(prepare)
+        choices, gens = server.streams(prompts, req.n, params.__getitem__, priority=req.priority)
         request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
@@ -76,14 +80,17 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         ids, multimodal = await server.chat_prompt(req)
         max_tokens = server.default_max_tokens(req.max_completion_tokens or req.max_tokens,
                                                max(1, server.max_model_len - len(ids)))
-        server.check_lengths(ids, max_tokens)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        parsers, extra = server.chat_output(req)
-        if top is not None:
-            extra["logprobs"] = top
-        choices, gens = server.streams([(ids, None)], req.n,
-                                       lambda j: server.sampling_params(req, max_tokens, j, **extra), multimodal,
-                                       req.priority)
+
+        def prepare():
+            server.check_lengths(ids, max_tokens)
+            parsers, extra = server.chat_output(req)
+            if top is not None:
+                extra["logprobs"] = top
+            return parsers, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
+
+        parsers, params = await server.off_loop(prepare)
+        choices, gens = server.streams([(ids, None)], req.n, params.__getitem__, multimodal, req.priority)
         request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
@@ -104,13 +111,19 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     async def tokenize(req: TokenizeRequest = Depends(body(TokenizeRequest))):
         server.check_model(req.model)
         tok = server.need_tokenizer("tokenize")
-        if req.prompt is not None:
-            tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
-        else:
+
+        def tokens_of() -> list[int]:
+            if req.prompt is not None:
+                server.check_prompt_chars(req.prompt, "prompt")
+                return tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
             if server.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages]):
                 raise APIError(400, "/tokenize does not fetch images or videos: send their messages to "
                                     "/v1/chat/completions", "messages")
-            tokens = server.chat_template.render_request(req)
+            text = server.chat_template.render_request_text(req)
+            server.check_prompt_chars(text, "messages")
+            return server.chat_template.encode_request(req, text)
+
+        tokens = await server.off_loop(tokens_of)
         body = {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
         if req.return_token_strs:
             body["token_strs"] = tok.convert_ids_to_tokens(tokens)
@@ -123,7 +136,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         vocab = server.engine.vocab_size
         if any(t >= vocab for t in req.tokens):
             raise APIError(400, f"token ids must be below the vocabulary size {vocab}", "tokens")
-        return {"prompt": server.tokenizer.decode(req.tokens)}
+        return {"prompt": await server.off_loop(server.tokenizer.decode, req.tokens)}
 
 
 async def completion_events(server: Server, request_id, choices, gens, req: CompletionRequest, want_logprobs):

@@ -139,10 +139,15 @@ def test_grammars_are_compiled_once_per_spec(demo):
 @pytest.mark.parametrize("spec,field", [({"regex": "a(b"}, "structured_outputs.regex"),
                                         ({"grammar": "root ::= undefined_rule"}, "structured_outputs.grammar"),
                                         ({"json": {"type": "nonsense"}}, "structured_outputs.json")])
-def test_a_grammar_that_does_not_compile_fails_at_add_request(demo, spec, field):
+def test_a_grammar_that_does_not_compile_fails_offline_and_as_the_engines_update(demo, spec, field):
     with pytest.raises(ValueError, match=re.escape(field)):
-        demo.engine.add_request("bad", "Hi", constrained(**spec))
-    assert "bad" not in demo.engine.requests and not demo.engine.has_unfinished()
+        demo.generate("Hi", constrained(**spec))
+    demo.engine.add_request("bad", "Hi", constrained(**spec))  # compiled off the step loop: the error comes after
+    updates = []
+    while demo.engine.has_unfinished():
+        updates += demo.engine.step()
+    assert [(u.request_id, u.invalid, field in u.error) for u in updates] == [("bad", True, True)]
+    assert "bad" not in demo.engine.requests
 
 
 def test_a_mixed_batch_leaves_unconstrained_rows_as_they_run_alone(demo):
