@@ -1,8 +1,6 @@
 """The `atomlite` command: serve, generate, bench, eval, plan."""
-import errno
 import logging
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -217,6 +215,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         from atomlite.server.app import build_app, engine_client
         from atomlite.server.chat import ChatOptions, load_chat_template
         from atomlite.server.draining import FLUSH_S, DrainingServer
+        from atomlite.server.listening import bound_socket
         from atomlite.server.timeouts import TimedH11Protocol
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
@@ -266,26 +265,6 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     if not server.started:
         fail("the server failed to start (see the log above)")
     click.echo("server stopped")
-
-
-def bound_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port (not listening yet), or a ConfigError saying why it cannot be."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off only on connections of sockets that name it, and with it
-    # on, each small write of a stream (an SSE event, a response body after its headers) waits for the client's
-    # delayed ACK, about 40 ms
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is already in use (another server?): stop it or pick "
-                              f"another --port") from None
-        reason = e.strerror or e
-        raise ConfigError(f"cannot listen on {host}:{port} ({reason}): pick another --host or --port") from None
-    return sock
 
 
 def default_served_name(model_option: str | None, model: str) -> str:
