@@ -144,7 +144,8 @@ CHECKPOINTS = {
     # group-128 activations need K in whole groups (compressed-tensors refuses others); k_proj's 64 rows are a
     # partial row block, and q, k and v straddle blocks in atomlite's fused qkv
     "ct_block_dense": ("ct", "dense", "FP8_BLOCK", dict(hidden_size=128, intermediate_size=256)),
-    "ct_block_moe": ("ct", "moe", "FP8_BLOCK", dict(hidden_size=128, moe_intermediate_size=128)),
+    "ct_block_moe": ("ct", "moe", "FP8_BLOCK", dict(hidden_size=128, intermediate_size=256,
+                                                    moe_intermediate_size=128)),
     "ct_static_dense": ("ct", "dense", "FP8", {}),
     "ct_w8a16_dense": ("ct", "dense", "FP8_DYNAMIC", dict(weight_only=True)),
     # weight-only blocks: partial K blocks too (hidden 64, down_proj's K 88)

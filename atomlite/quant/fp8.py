@@ -71,11 +71,10 @@ def dynamic_scales(x: torch.Tensor, activation: str, group_size: int = 128) -> t
     raise ValueError(f"no dynamic scales for activation {activation!r}")
 
 
-def _per_element(scale: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., G] scales of groups along K -> [..., k]."""
+def _per_element(scale: torch.Tensor, k: int, group: int) -> torch.Tensor:
+    """[..., G] scales of `group`-wide groups along K (the last one may be partial) -> [..., k]."""
     if scale.shape[-1] == 1:
         return scale
-    group = -(-k // scale.shape[-1])
     return scale.repeat_interleave(group, dim=-1)[..., :k]
 
 
@@ -87,7 +86,8 @@ def quantize_dequantize_input(x: torch.Tensor, spec: FP8Spec, input_scale: torch
     if spec.activation == "static":
         scale = input_scale.float().reshape(())
     else:
-        scale = _per_element(dynamic_scales(x.float(), spec.activation, spec.group_size), x.shape[-1])
+        scale = _per_element(dynamic_scales(x.float(), spec.activation, spec.group_size), x.shape[-1],
+                             spec.group_size)
     return round_e4m3(x.float() / scale) * scale
 
 
@@ -99,9 +99,10 @@ def expand_block_scales(scale: torch.Tensor, rows: int, k: int, block: tuple[int
     return scale.float().repeat_interleave(block[0], dim=0)[:rows]
 
 
-def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """weight [..., N, K] (any fp8 dtype) with atomlite's scales [..., N, G] -> float32 [..., N, K]."""
-    return weight.float() * _per_element(scale.float(), weight.shape[-1])
+def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, block_k: int = 128) -> torch.Tensor:
+    """weight [..., N, K] (any fp8 dtype) with atomlite's scales [..., N, G] (G > 1: one per block_k of K) ->
+    float32 [..., N, K]."""
+    return weight.float() * _per_element(scale.float(), weight.shape[-1], block_k)
 
 
 def quantize_weight(w: torch.Tensor, spec: FP8Spec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +128,7 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, spec
          input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T with the checkpoint's activation semantics, float32 accumulation, x's dtype out."""
     xq = quantize_dequantize_input(x, spec, input_scale)
-    return (xq @ dequantize_weight(weight, weight_scale).T).to(x.dtype)
+    return (xq @ dequantize_weight(weight, weight_scale, spec.block[1]).T).to(x.dtype)
 
 
 def to_e4m3fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
