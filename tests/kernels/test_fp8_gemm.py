@@ -9,7 +9,7 @@ from atomlite.model_ops.triton.fp8.gemm import round_e4m3
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 CASES = [  # (weight strategy, activation, M, N, K)
     ("channel", "token", 5, 96, 192),
