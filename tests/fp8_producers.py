@@ -88,6 +88,7 @@ def compressed_tensors_checkpoint(variant: str, scheme: str, out: Path, seed: in
     quantized = [m for m in model.modules() if getattr(m, "quantization_scheme", None) is not None]
     for module in quantized:
         _observe_weight(module, module.quantization_scheme.weights)
+        _per_token_on_2d_inputs(module)
     if qscheme.input_activations is not None and not qscheme.input_activations.dynamic:
         _calibrate_inputs(model, quantized, seed)
     save_reference(model, out)
@@ -96,6 +97,17 @@ def compressed_tensors_checkpoint(variant: str, scheme: str, out: Path, seed: in
     compressor.remove_decompression_hook(model)
     model.save_pretrained(out)
     compressor.update_config(str(out))
+
+
+def _per_token_on_2d_inputs(module) -> None:
+    """compressed-tensors 0.20.1's dynamic "token" strategy keeps dims 0 and 1 and reduces the rest, so on a 2-D
+    input (the MoE experts' [tokens, hidden] rows) it reduces nothing and takes one scale for the whole tensor; the
+    checkpoint means one scale per token (as vLLM runs it): such inputs are given as [1, tokens, hidden]."""
+    args = module.quantization_scheme.input_activations
+    if args is None or args.strategy != "token":
+        return
+    forward = module.forward
+    module.forward = lambda x: forward(x[None])[0] if x.dim() == 2 else forward(x)
 
 
 def _calibrate_inputs(model, quantized: list, seed: int) -> None:

@@ -21,6 +21,7 @@ from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES, PeerChannel
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.tools.compile_gate.fp8_workloads import fp8_linears
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
 from atomlite.model_ops.triton.gemm.skinny import MAX_ROWS as SKINNY_MAX_ROWS
@@ -257,6 +258,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     for width in inner:
         _mxfp4_linear(r, "mxfp4_linear", tokens, hidden, width, gated=True)
+    fp8_linears(r, _mxfp4_projections(hf, spec.layers), meta)
     if hf.get("enable_moe_block"):
         # the two feed-forward branches joined in the residual update: the dense MLP's output (or its split-K
         # slices) and the routed experts' unsummed slots
