@@ -144,9 +144,21 @@ def quark_checkpoint(variant: str, scheme: str, out: Path, seed: int, weight_onl
     quantizer = ModelQuantizer(config)
     calibration = torch.utils.data.DataLoader(prompts(seed + 7), batch_size=None)
     qmodel = quantizer.freeze(quantizer.quantize_model(model, calibration))
+    if scheme == "ptpc_fp8" and not weight_only:
+        _quark_per_token_on_2d_inputs(qmodel)
     save_reference(qmodel, out)
     with torch.no_grad():
         export_safetensors(qmodel, str(out), custom_mode="quark")
+
+
+def _quark_per_token_on_2d_inputs(qmodel) -> None:
+    """Quark 0.13's ptpc_fp8 inputs are per_channel with ch_axis 1: one scale per token of a [batch, tokens, hidden]
+    input, but per hidden column of the experts' 2-D [tokens, hidden] rows. The checkpoint means per token (vLLM
+    runs it so): the experts' inputs are given as [1, tokens, hidden]."""
+    for name, module in qmodel.named_modules():
+        if ".experts." in name and name.endswith("_proj"):
+            forward = module.forward
+            module.forward = lambda x, forward=forward: forward(x[None])[0] if x.dim() == 2 else forward(x)
 
 
 # name -> (tool, variant, scheme, options)

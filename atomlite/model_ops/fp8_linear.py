@@ -107,3 +107,21 @@ class FP8Linear(nn.Module):
 # Dummy weights (--load-format dummy): e4m3 values of about +-16 times these land near the float weights' 0.02.
 DUMMY_WEIGHT_SCALE = 0.02 / 16
 DUMMY_INPUT_SCALE = 8.0 / fp8.E4M3_MAX
+
+
+def fp8_note(model: nn.Module, platform) -> str | None:
+    """The startup / plan line of a model with FP8 layers: their semantics and, on an e4m3fnuz GPU, the conversion;
+    None without FP8 layers."""
+    from atomlite.model_ops.fp8_moe import FP8Experts
+    specs = {}
+    for module in model.modules():
+        if isinstance(module, (FP8Linear, FP8Experts)):
+            specs[module.spec] = specs.get(module.spec, 0) + 1
+    if not specs:
+        return None
+    kinds = "; ".join(f"{count} x {spec.describe()} ({spec.fmt})" for spec, count in specs.items())
+    line = f"fp8 checkpoint: {kinds}"
+    if platform.is_gpu and platform.fp8_dtype == fp8.E4M3FNUZ_DTYPE:
+        line += (f"; {platform.arch} computes in e4m3fnuz: weights converted at load (same bits, scales x2, "
+                 f"the factor-2 rule; -0 becomes +0), activations quantized on fnuz's grid to the same values")
+    return line
