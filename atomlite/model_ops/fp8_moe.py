@@ -31,7 +31,8 @@ class FP8Experts(nn.Module):
                 self._param(f"{name}_input_scale", torch.ones(num_experts, per_expert), per_expert).dummy_fill = \
                     DUMMY_INPUT_SCALE
         self.kernel = dispatch.choose("fp8_moe_experts", experts=num_experts, dtype=torch.get_default_dtype(),
-                                      weight=spec.weight, activation=spec.activation, block_k=spec.block_k)
+                                      weight=spec.weight, activation=spec.activation, block_k=spec.block_k,
+                                      group_size=spec.group_size)
         self.backend, self._family = self.kernel.backend, self.kernel.fn
         self.graph_safe, self.graph_unsafe_reason = self.kernel.graph_safe, self.kernel.graph_unsafe_reason or ""
         self.prepared = None

@@ -8,7 +8,7 @@ from atomlite.model_ops.triton.attention.paged import paged_attention
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.attention.kv_write import write_kv
 from atomlite.model_ops.triton.moe.gemm import moe_experts
-from atomlite.model_ops.triton.fp8.family import FP8_LINEAR
+from atomlite.model_ops.triton.fp8.family import FP8_EXPERTS, FP8_LINEAR
 from atomlite.model_ops.triton.mxfp4.family import MXFP4_EXPERTS, MXFP4_LINEAR
 from atomlite.model_ops.triton.norm.rms_norm import MAX_DIM, rms_norm
 from atomlite.model_ops.triton.norm.residual import rms_norm_residual
@@ -30,6 +30,7 @@ OPS = {
     "mxfp4_linear": MXFP4_LINEAR,  # mxfp4_gemm, with the weights padded at load
     "mxfp4_moe_experts": MXFP4_EXPERTS,  # the moe_experts kernels on packed FP4 weights
     "fp8_linear": FP8_LINEAR,  # fp8 GEMM with the checkpoint's activation quantization fused in
+    "fp8_moe_experts": FP8_EXPERTS,  # the same as a grouped GEMM over expert-sorted blocks: capture-safe
     "router_topk": router_topk,
     "router": router,  # the logits GEMM and router_topk in one launch at decode
     "one_shot_all_reduce": one_shot_all_reduce,  # tensor parallelism's decode all-reduce over peer memory
@@ -83,7 +84,9 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     if op in MOE_DTYPES:
         return _moe_refusal(op, shape)
-    if op == "fp8_linear":
+    if op in ("fp8_linear", "fp8_moe_experts"):
+        if shape.get("experts", 0) > MAX_EXPERTS:
+            return f"{shape['experts']} experts exceed {MAX_EXPERTS}"
         return _fp8_refusal(platform, shape)
     if op in ("router_topk", "router") and shape.get("experts", 0) > MAX_EXPERTS:
         return f"{shape['experts']} experts exceed the router kernel's {MAX_EXPERTS} (one program holds a row)"
