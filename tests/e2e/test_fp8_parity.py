@@ -101,8 +101,9 @@ def test_w8a8_checkpoints_match_their_oracle_step_for_step(fp8_dirs, name):
     assert step_for_step(results), results
 
 
-@pytest.mark.parametrize("name", ["ct_dynamic_dense", "ct_block_dense", "quark_fp8_dense", "ct_w8a16_dense"])
-def test_triton_fp8_gemm_matches_the_oracle(fp8_dirs, name):
+@pytest.mark.parametrize("name", ["ct_dynamic_dense", "ct_block_dense", "quark_fp8_dense", "ct_w8a16_dense",
+                                  "ct_block_moe", "quark_fp8_moe"])
+def test_triton_fp8_kernels_match_the_oracle(fp8_dirs, name):
     llm = load(fp8_dirs[name], "triton")
     assert {layer.backend for layer in fp8_layers(llm)} == {"triton"}
     results = compare(llm, torch.load(fp8_dirs[name] / "reference.pt"))
