@@ -20,3 +20,19 @@ def fp8_linears(r, projections: set[tuple[int, int]], meta) -> None:
                          group_size=spec.group_size)
             r.call("fp8_linear", shape, meta(rows, k), meta(n, k, dtype=r.platform.fp8_dtype),
                    meta(n, columns, dtype=torch.float32), meta(1, dtype=torch.float32), None, spec, method="matmul")
+
+
+def fp8_moe_experts(r, hf: dict, meta) -> None:
+    """The routed experts' two grouped GEMMs for each semantics (with the Triton activation between them)."""
+    experts, top_k, tokens = hf["num_experts"], hf["top_k_experts"], r.step.tokens
+    hidden, inner = hf["hidden_size"], hf["moe_intermediate_size"]
+    routing = (meta(tokens, top_k, dtype=torch.float32), meta(tokens, top_k, dtype=torch.int64))
+    for spec in SPECS:
+        weights = {}
+        for name, (rows, k) in {"gate_up_proj": (2 * inner, hidden), "down_proj": (hidden, inner)}.items():
+            weights[name] = (meta(experts, rows, k, dtype=r.platform.fp8_dtype),
+                             meta(experts, rows, spec.scale_columns(k), dtype=torch.float32),
+                             meta(experts, dtype=torch.float32))
+        shape = dict(experts=experts, dtype=torch.bfloat16, weight=spec.weight, activation=spec.activation,
+                     block_k=spec.block_k, group_size=spec.group_size)
+        r.call("fp8_moe_experts", shape, meta(tokens, hidden), weights, *routing, None, spec, method="experts")

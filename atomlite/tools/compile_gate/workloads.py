@@ -21,7 +21,7 @@ from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES, PeerChannel
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
-from atomlite.tools.compile_gate.fp8_workloads import fp8_linears
+from atomlite.tools.compile_gate.fp8_workloads import fp8_linears, fp8_moe_experts
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
 from atomlite.model_ops.triton.gemm.skinny import MAX_ROWS as SKINNY_MAX_ROWS
@@ -270,6 +270,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         r.call("rms_norm_residual", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, 1e-6, None,
                (weight, weight, weight))
         _moe_experts(r, hf)
+        fp8_moe_experts(r, hf, meta)
 
 
 def gemma4_launches(platform: Platform, models: list[Path] | None = None) -> list[tuple[str, KernelLaunch]]:
