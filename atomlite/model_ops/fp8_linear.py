@@ -7,6 +7,10 @@ from atomlite.model_ops import dispatch
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
+# Dummy weights (--load-format dummy): e4m3 values of about +-16 times these land near the float weights' 0.02.
+DUMMY_WEIGHT_SCALE = 0.02 / 16
+DUMMY_INPUT_SCALE = 8.0 / fp8.E4M3_MAX
+
 
 def load_fp8_weight(param: torch.Tensor, loaded: torch.Tensor) -> None:
     if tuple(loaded.shape) != tuple(param.shape):
@@ -103,10 +107,6 @@ class FP8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.spec.describe()}, "
                 f"backend={self.backend}")
 
-
-# Dummy weights (--load-format dummy): e4m3 values of about +-16 times these land near the float weights' 0.02.
-DUMMY_WEIGHT_SCALE = 0.02 / 16
-DUMMY_INPUT_SCALE = 8.0 / fp8.E4M3_MAX
 
 
 def fp8_note(model: nn.Module, platform) -> str | None:
