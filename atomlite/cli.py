@@ -10,13 +10,16 @@ from pathlib import Path
 import click
 
 from atomlite.errors import ConfigError
+from atomlite.vllm_flags import ServeCommand, cors_settings, serve_options, startup_notes
 
 ENGINE_OPTIONS = [
     click.option("--model", "model", default=None, type=click.Path(),
                  help="Checkpoint folder (config.json + *.safetensors) or Hugging Face hub repo id (org/name); "
                       "default: the bundled demo model."),
-    click.option("--dtype", default="auto", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-                 show_default=True, help="Weights and activations dtype; auto = the checkpoint's."),
+    click.option("--dtype", default="auto",
+                 type=click.Choice(["auto", "float32", "bfloat16", "float16", "half", "float"]),
+                 show_default=True, help="Weights and activations dtype; auto = the checkpoint's (half = float16, "
+                                         "float = float32, as vLLM)."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda (ROCm GPUs are cuda in torch)."),
     click.option("--max-model-len", type=int, default=None, help="Context length (prompt + output); default min(model limit, 8192)."),
     click.option("--max-num-seqs", type=int, default=64, show_default=True, help="Most sequences in one batch."),
@@ -30,8 +33,9 @@ ENGINE_OPTIONS = [
     click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block."),
     click.option("--kernel-backend", default="auto", type=click.Choice(["auto", "triton", "torch"]),
                  show_default=True, help="Kernel choice: auto = aiter > triton > torch by platform and shape."),
-    click.option("--no-enable-prefix-caching", "--no-prefix-caching", "no_prefix_caching", is_flag=True,
-                 help="Disable reuse of cached prompt prefixes (vLLM's name; --no-prefix-caching is the same)."),
+    click.option("--enable-prefix-caching/--no-enable-prefix-caching", " /--no-prefix-caching", "enable_prefix_caching",
+                 default=True, help="Reuse cached prompt prefixes (on by default; --no-prefix-caching is "
+                                    "--no-enable-prefix-caching)."),
     click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
                  help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
     click.option("--enforce-eager", is_flag=True, help="Never replay decode steps from CUDA/HIP graphs."),
@@ -74,7 +78,7 @@ def engine_options(fn):
 
 # engine flags that change how steps run, not the KV plan
 RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "no_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
+                "enable_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
                 "max_num_encoder_input_tokens", "encoder_cache_memory")
 
 
@@ -95,10 +99,9 @@ def engine_args(kw: dict) -> dict:
             "block_size", "kernel_backend", "load_format", "enforce_eager", "max_graph_batch", "gpu_memory_utilization",
             "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
             "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
-            "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory")
+            "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory", "enable_prefix_caching",
+            "seed", "tokenizer", "quantization", "generation_config", "override_generation_config")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
-    if "no_prefix_caching" in kw:
-        args["enable_prefix_caching"] = not kw["no_prefix_caching"]
     if "no_overlap_decode" in kw:
         args["overlap_decode"] = not kw["no_overlap_decode"]
     return args
@@ -146,9 +149,12 @@ def main(verbose: bool):
 def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
     """Generate a completion for each PROMPT."""
     from atomlite import LLM, SamplingParams
+    from atomlite.config import EngineConfig
+    from atomlite.tokenizer import require_tokenizer
     try:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                 seed=seed, stop=list(stop))
+        require_tokenizer(EngineConfig(model=model_dir(kw), **engine_args(kw)).tokenizer_path)  # before the weights
         llm = LLM(model_dir(kw), **engine_args(kw))
         outputs = llm.generate(list(prompts), params)
     except (ConfigError, ValueError) as e:
@@ -159,11 +165,12 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
         click.echo(prompt + completion.text)
 
 
-@main.command()
+@main.command(cls=ServeCommand)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0 to listen on all).")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port to listen on.")
-@click.option("--served-model-name", default=None,
-              help="Model name clients must send (default: the folder name; atomlite-demo for the demo model).")
+@click.option("--served-model-name", multiple=True,
+              help="Model names clients may send, one or several after the flag (default: the folder name; "
+                   "atomlite-demo for the demo model); responses carry the first.")
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on API routes.")
 @click.option("--max-waiting", type=int, default=1024, show_default=True,
               help="Requests allowed to wait; beyond this the server answers 503.")
@@ -192,6 +199,7 @@ def generate(prompts, max_tokens, temperature, top_p, top_k, seed, stop, **kw):
               help="Hosts that http(s) image and video URLs may come from (exact host names; repeat the flag or "
                    "separate by commas); by default only data: URLs are read.")
 @engine_options
+@serve_options
 @click.argument("model_tag", required=False, metavar="[MODEL]")
 def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout, max_request_size, chat_template,
           tool_call_parser, reasoning_parser, enable_auto_tool_choice, model_tag, **kw):
@@ -214,7 +222,9 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
     model = model_dir(kw)
-    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser)
+    cors = cors_settings(*(kw.pop(k) for k in ("allowed_origins", "allowed_methods", "allowed_headers",
+                                                "allow_credentials")))
+    chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser, kw.pop("trust_request_chat_template"))
     try:
         load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)
@@ -223,8 +233,9 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         engine.start()  # the engine core process builds the model; its errors come back here
     except (ConfigError, ValueError) as e:
         fail(str(e))
-    name = served_model_name or default_served_name(kw["model"], model)
-    app = build_app(engine, name, api_key, body_limit, chat_options)
+    names = list(served_model_name) or [default_served_name(kw["model"], model)]
+    name = names[0]
+    app = build_app(engine, names, api_key, body_limit, chat_options, cors)
     chat = app.state.server.chat_template
     if enable_auto_tool_choice and (chat is None or chat.tool_call_parser is None):
         engine.shutdown()
@@ -237,7 +248,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     # make that handler a clean exit, since a drained shutdown is a success.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(1 if engine.dead else 0))
-    click.echo("\n".join(engine.startup_report))
+    click.echo("\n".join(engine.startup_report + startup_notes(engine.config, chat, click.get_current_context())))
     click.echo(f"engine core: process {engine.core_pid}")
     freeze_startup_heap()
     sock.listen(server.config.backlog)  # connections from here on wait for uvicorn to accept them
@@ -534,7 +545,7 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
     Exits non-zero when a job scores below its threshold, its metric is missing, or it fails to run."""
     try:
         from atomlite.accuracy.catalog import REPO_CI, load_catalog, select
-        from atomlite.accuracy.runner import render_tasks, run_job, write_report
+        from atomlite.accuracy.runner import render_tasks, run_jobs, write_report
         import lm_eval  # noqa: F401
     except ImportError as e:
         fail(f"accuracy jobs need the eval extra: pip install 'atomlite[eval,serve]' ({e.name} is missing)")
@@ -549,13 +560,10 @@ def eval_command(jobs, run_all, level, catalog, report_dir, model, limit, write_
         selected = select(load_catalog(catalog), jobs, run_all, level)
     except ConfigError as e:
         fail(str(e))
-    results = []
-    for i, job in enumerate(selected, 1):
-        click.echo(f"[atomlite eval] job {i}/{len(selected)}: {job.name}")
-        results.append(run_job(job, catalog.parent, report_dir, model, limit or job.limit))
+    results, interrupted = run_jobs(selected, catalog.parent, report_dir, model, limit)
     write_report(results, report_dir)
     click.echo((report_dir / "report.md").read_text())
-    sys.exit(0 if all(r.status in ("pass", "recorded") for r in results) else 1)
+    sys.exit(130 if interrupted else 0 if all(r.status in ("pass", "recorded") for r in results) else 1)
 
 
 @main.command()

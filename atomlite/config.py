@@ -7,6 +7,7 @@ import torch
 
 from atomlite.speculative_config import SpeculativeConfig
 from atomlite.errors import ConfigError
+from atomlite.generation_config import GenerationDefaults, load_generation_defaults
 from atomlite.hub import config_snapshot, is_repo_id
 from atomlite.registry import MODELS
 
@@ -158,6 +159,23 @@ def load_model_spec(model: str | Path) -> ModelSpec:
                      vision_spec(raw, text) if multimodal else None)
 
 
+SUPPORTED_QUANTIZATION = ("quark",)
+
+
+def check_quantization(method: str | None, spec: ModelSpec) -> None:
+    """vLLM's --quantization: the checkpoint's own method, named; atomlite quantizes nothing at load time."""
+    if method is None:
+        return
+    own = (spec.hf.get("quantization_config") or {}).get("quant_method")
+    if own is None:
+        raise ConfigError(f"--quantization {method}: {spec.path} is not quantized, and atomlite does not quantize "
+                          f"at load time; serve a checkpoint quantized with it (atomlite reads "
+                          f"{', '.join(SUPPORTED_QUANTIZATION)}), or leave --quantization out")
+    if method != own:
+        raise ConfigError(f"--quantization {method} does not match the checkpoint's quantization_config "
+                          f"(quant_method {own!r}): use --quantization {own}, or leave it out")
+
+
 def parse_memory_size(text: str | int | None) -> int | None:
     """'20GiB', '512MiB', '1.5GB', '1000000' -> bytes."""
     if text is None or isinstance(text, int):
@@ -174,6 +192,7 @@ def parse_memory_size(text: str | int | None) -> int | None:
 
 LOAD_FORMATS = ("auto", "dummy")  # dummy: seeded random weights in the config's shapes, no safetensors read
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's --dtype also takes these
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # auto: --dtype's; fp8: e4m3 (fnuz on gfx942)
 
@@ -211,11 +230,22 @@ class EngineConfig:
     # the encoder cache's bound ("512MiB"); None: vLLM's encoder cache size (the larger of the encoder budget and
     # the largest image's soft tokens) at the model's width and dtype
     encoder_cache_memory: int | str | None = None
+    # vLLM's: the tokenizer's folder (None: the model's); the checkpoint's quantization, checked; where sampling
+    # defaults come from (atomlite.generation_config) and JSON laid over them
+    tokenizer: str | None = None
+    quantization: str | None = None
+    generation_config: str = "auto"
+    override_generation_config: dict | str | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
+    generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self.model_spec = load_model_spec(self.model)
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        self.generation_defaults = load_generation_defaults(self.model_spec.path, self.generation_config,
+                                                            self.override_generation_config)
+        check_quantization(self.quantization, self.model_spec)
         self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
         self.encoder_cache_memory = parse_memory_size(self.encoder_cache_memory)
         if self.max_num_encoder_input_tokens is None:
@@ -288,6 +318,17 @@ class EngineConfig:
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled (start with "
                              f"--scheduling-policy priority)")
+
+    @property
+    def tokenizer_path(self) -> Path:
+        """The folder the tokenizer loads from: --tokenizer's, else the model's."""
+        if self.tokenizer is None:
+            return self.model_spec.path
+        path, _ = checkpoint_folder(self.tokenizer)
+        if not path.is_dir():
+            raise ConfigError(f"--tokenizer {self.tokenizer}: no such folder (give a folder with tokenizer.json or "
+                              f"tokenizer_config.json, or a hub repo id already in the cache)")
+        return path
 
     @property
     def torch_device(self) -> torch.device:

@@ -1,4 +1,5 @@
 """The offline API, shaped like vLLM's: LLM(model=...).generate(prompts, sampling_params)."""
+import dataclasses
 import itertools
 
 from tqdm import tqdm
@@ -49,7 +50,7 @@ class LLM:
                   sampling_params: SamplingParams | list[SamplingParams] | None,
                   use_tqdm: bool, priority: list[int] | None = None) -> list[RequestOutput]:
         prompts = [prompt for prompt, _ in inputs]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = params if isinstance(params, list) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
@@ -59,8 +60,11 @@ class LLM:
         processor, states = OutputProcessor(self.tokenizer), []
         try:
             for (prompt, multimodal), p, rank in zip(inputs, params, priority):
-                seq = self._add_request(f"offline-{next(self._ids)}", prompt, multimodal, p, rank)
-                states.append(processor.add(seq.request_id, seq.prompt_token_ids, p))
+                request_id = f"offline-{next(self._ids)}"
+                for j, child in enumerate(_children(p)):
+                    seq = self._add_request(f"{request_id}-{j}" if p.n > 1 else request_id, prompt, multimodal, child,
+                                            rank)
+                    states.append(processor.add(seq.request_id, seq.prompt_token_ids, child))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
                     bar.update(self._step(processor))
@@ -68,18 +72,28 @@ class LLM:
             for state in states:
                 self.engine.abort(state.request_id)
             raise
-        return [state.output(p if isinstance(p, str) else None) for state, p in zip(states, prompts)]
+        return _request_outputs(states, prompts, params)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with the checkpoint's generation_config.json defaults (generation_config="vllm"
+        leaves them out), what generate and chat use when given none."""
+        return SamplingParams(**self.engine.config.generation_defaults.sampling)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
              chat_template: str | None = None, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of OpenAI-shaped messages) or several, rendered with the chat
-        template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables;
+        template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables
+        (continue_final_message=True with add_generation_prompt=False continues the last message instead);
         one RequestOutput per conversation, its text the model's raw output. Image and video parts (image_url,
         video_url) are read under the engine config's media policy (data: URLs always)."""
         if self.tokenizer is None:
             raise ValueError("chat needs the model's tokenizer, and this model has none; use generate with token ids")
+        if continue_final_message:  # vLLM's: the last message is continued (a prefill), not answered
+            if add_generation_prompt:
+                raise ValueError("continue_final_message needs add_generation_prompt=False")
+            chat_template_kwargs = {**(chat_template_kwargs or {}), "continue_final_message": True}
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         inputs = []
         for conversation in conversations:
@@ -103,3 +117,24 @@ class LLM:
         for request_id in step.stopped:
             self.engine.abort(request_id)
         return step.num_finished
+
+
+def _children(params: SamplingParams) -> list[SamplingParams]:
+    """The n sequences of one prompt, as vLLM makes them: one each, the j-th seeded with seed + j."""
+    if params.n == 1:
+        return [params]
+    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + j)
+            for j in range(params.n)]
+
+
+def _request_outputs(states: list, prompts: list, params: list[SamplingParams]) -> list[RequestOutput]:
+    """One RequestOutput per prompt, its n completions in order."""
+    outputs, states = [], iter(states)
+    for prompt, p in zip(prompts, params):
+        children = [next(states) for _ in range(p.n)]
+        out = children[0].output(prompt if isinstance(prompt, str) else None)
+        out.request_id = out.request_id.rsplit("-", 1)[0] if p.n > 1 else out.request_id
+        out.outputs = [child.completion(j) for j, child in enumerate(children)]
+        out.finished = all(child.finished for child in children)
+        outputs.append(out)
+    return outputs

@@ -106,7 +106,9 @@ class StructuredOutputsParams:
 
 @dataclass
 class SamplingParams:
-    """Same field names, defaults and meanings as vLLM's. temperature 0 (or below 1e-5) means greedy.
+    """Same field names, defaults and meanings as vLLM's. temperature 0 (or below 1e-5) means greedy; top_k 0 or -1
+    is off. n: output sequences per prompt (with a seed, the j-th samples with seed + j). include_stop_str_in_output
+    keeps the stop string that ended the output in its text.
 
     Logits controls, applied to greedy and sampled rows alike, before the choice: allowed_token_ids (only these may
     be chosen), bad_words (a word's last token is blocked where the output so far ends with the rest of it),
@@ -117,6 +119,7 @@ class SamplingParams:
     only matters for sampled rows. structured_outputs (StructuredOutputsParams) constrains the output to a JSON
     schema, regex, choice or grammar; the sequence stops ("stop") once the grammar allows nothing more. Reported
     logprobs are the model's own, before any of these."""
+    n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -137,6 +140,8 @@ class SamplingParams:
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    spaces_between_special_tokens: bool = True  # fast tokenizers (the only kind atomlite loads) ignore it
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self):
@@ -144,6 +149,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0:
+            self.top_k = -1
         if isinstance(self.logit_bias, dict):
             self.logit_bias = {_token_id_key(k): _clamped_bias(v) for k, v in self.logit_bias.items()}
         self.validate()
@@ -153,6 +160,8 @@ class SamplingParams:
             raise ValueError(msg)
         if self.seed is not None and (not isinstance(self.seed, int) or not SEED_MIN <= self.seed <= SEED_MAX):
             bad(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}")
+        if not _is_nonnegative_int(self.n) or self.n < 1:
+            bad(f"n must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if not 0.0 <= self.temperature:

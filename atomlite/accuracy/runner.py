@@ -1,4 +1,5 @@
-"""Run accuracy jobs: serve the model, point lm-eval at it, compare the metric with the job's threshold."""
+"""Run accuracy jobs: serve the model, point lm-eval (or one of atomlite's own tasks, NATIVE_TASKS) at it, compare
+the metric with the job's threshold."""
 import json
 import os
 import signal
@@ -12,9 +13,13 @@ from pathlib import Path
 import httpx
 
 from atomlite.accuracy.catalog import Job
+from atomlite.accuracy.vqa import run_vqa
 
 SERVED_NAME = "atomlite-eval"
 HEALTH_TIMEOUT_S = 600
+# Tasks lm-eval has no form for (images through the chat API): task name -> run(base_url, model, task, limit), which
+# returns lm-eval's result shape
+NATIVE_TASKS = {"demo_vqa": run_vqa}
 
 
 @dataclass
@@ -92,8 +97,18 @@ def start_server(model: Path, flags: list[str], log_path: Path) -> tuple[subproc
     cmd = [sys.executable, "-m", "atomlite.cli", "serve", "--model", str(model), "--port", str(port),
            "--served-model-name", SERVED_NAME, *flags]
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # a session of its own: Ctrl-C in the terminal reaches this process alone, which then stops the server itself
+    # (a server stopped under lm-eval's requests would have them retried, line after line)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    try:
+        return _wait_healthy(proc, base, log_path)
+    except BaseException:  # Ctrl-C while it starts: its own session would keep it running
+        stop_server(proc)
+        raise
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -132,7 +147,8 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
     started = time.monotonic()
     model = model or job.model_path()
     report_dir.mkdir(parents=True, exist_ok=True)
-    include_dir = render_task(job, catalog_dir, Path(tempfile.mkdtemp(prefix="atomlite-tasks-")))
+    native = NATIVE_TASKS.get(job.task)
+    include_dir = None if native else render_task(job, catalog_dir, Path(tempfile.mkdtemp(prefix="atomlite-tasks-")))
     say(f"{job.name}: serving {model} ...")
     score, status, detail = None, "error", ""
     try:
@@ -141,11 +157,16 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
         return JobResult(job.name, job.task, job.metric, None, job.threshold, job.baseline, "error", str(e),
                          time.monotonic() - started)
     try:
-        say(f"{job.name}: server healthy at {base}; running lm-eval task {job.task} "
-            f"({job.num_fewshot}-shot{f', limit {limit}' if limit else ''})")
-        args = {"base_url": f"{base}/v1/completions", "model": SERVED_NAME, "tokenizer_backend": "remote",
-                "num_concurrent": 16, "max_retries": 1, "timeout": 600}
-        results = lm_eval_run("local-completions", args, job, include_dir, limit)
+        shots = [] if job.num_fewshot is None else [f"{job.num_fewshot}-shot"]
+        details = ", ".join(shots + ([f"limit {limit}"] if limit else []))
+        say(f"{job.name}: server healthy at {base}; running {'' if native else 'lm-eval '}task {job.task}"
+            f"{f' ({details})' if details else ''}")
+        if native:
+            results = native(base, SERVED_NAME, job.task, limit)
+        else:
+            args = {"base_url": f"{base}/v1/completions", "model": SERVED_NAME, "tokenizer_backend": "remote",
+                    "num_concurrent": 16, "max_retries": 1, "timeout": 600}
+            results = lm_eval_run("local-completions", args, job, include_dir, limit)
         write_samples(results, job, report_dir / f"{job.name}.samples.jsonl")
         score = read_metric(results, job)
         status, detail = judge(score, job)
@@ -156,6 +177,21 @@ def run_job(job: Job, catalog_dir: Path, report_dir: Path, model: Path | None = 
     say(f"{job.name}: {status.upper()} - {detail}")
     return JobResult(job.name, job.task, job.metric, score, job.threshold, job.baseline, status, detail,
                      time.monotonic() - started)
+
+
+def run_jobs(jobs: list[Job], catalog_dir: Path, report_dir: Path, model: Path | None = None,
+             limit: int | None = None) -> tuple[list[JobResult], bool]:
+    """(each job's result, whether Ctrl-C stopped the run): an interrupted job's server is stopped, and the jobs
+    finished before it keep their results for the report."""
+    results = []
+    try:
+        for i, job in enumerate(jobs, 1):
+            say(f"job {i}/{len(jobs)}: {job.name}")
+            results.append(run_job(job, catalog_dir, report_dir, model, limit or job.limit))
+    except KeyboardInterrupt:
+        say(f"interrupted: {len(results)} of {len(jobs)} jobs finished; their report follows")
+        return results, True
+    return results, False
 
 
 def write_samples(results: dict, job: Job, path: Path) -> None:

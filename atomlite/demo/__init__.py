@@ -1,5 +1,6 @@
-"""The tiny bundled demo model (model/), its speculative-decoding assistant (assistant/), and the tools that make
-them (data.py, train.py, train_assistant.py, tokenizer.py)."""
+"""The tiny bundled demo model (model/: a Gemma4ForConditionalGeneration whose small vision tower tells the colour
+and the count of shapes in a picture), its speculative-decoding assistant (assistant/), and the tools that make them
+(data.py, train.py, vision_data.py, train_vision.py, train_assistant.py, tokenizer.py)."""
 from pathlib import Path
 
 from atomlite.errors import ConfigError

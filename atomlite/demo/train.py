@@ -274,11 +274,20 @@ def train(args, start: float) -> None:
     print(f"done in {time.monotonic() - start:.0f}s", flush=True)
 
 
+def text_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The float32 weights saved in folder; of a vision demo (train_vision.py), its text model's, named as
+    Gemma4ForCausalLM names them."""
+    state = {}
+    for name, t in load_file(Path(folder) / "model.safetensors").items():
+        if not name.startswith(("model.vision_tower.", "model.embed_vision.")):
+            state[name.replace("model.language_model.", "model.", 1)] = t.float()
+    return state
+
+
 def load_weights(model, folder: Path) -> None:
     """Start from the weights saved in folder (--init), to train on from them (the chat fine-tune); the model is
     built as the one saved there was."""
-    state = {name: t.float() for name, t in load_file(Path(folder) / "model.safetensors").items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(text_weights(folder), strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:  # the output head is tied to the embedding
         raise ValueError(f"{folder} does not hold this model's weights: missing {missing}, unexpected {unexpected}")
     model.tie_weights()

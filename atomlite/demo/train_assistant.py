@@ -71,9 +71,11 @@ def assistant_config(target_config):
 
 
 def load_target(path: Path, device: str):
-    from transformers import Gemma4ForCausalLM
-    target = Gemma4ForCausalLM.from_pretrained(path).float().to(device).eval()
-    return target.requires_grad_(False)
+    """The demo's text model (of a vision demo too: the assistant drafts text)."""
+    from transformers import AutoConfig, Gemma4ForCausalLM
+    target = Gemma4ForCausalLM(AutoConfig.from_pretrained(path).get_text_config()).float()
+    load_weights(target, path)
+    return target.to(device).eval().requires_grad_(False)
 
 
 def build_assistant(target, device: str):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from atomlite.engine.core import core_process_main, serve_engine
+from atomlite.engine.core import core_process_main, pickled_frames, serve_engine
 from atomlite.engine.llm_engine import check_prompt
 from atomlite.engine.output_processor import Delta, OutputProcessor, is_last
 from atomlite.engine.updates import EngineStats, SeqUpdate
@@ -175,7 +175,7 @@ class AsyncEngine:
     def launch(cls, config, **kw) -> "AsyncEngine":
         """A client whose core runs in its own process, built from config by start()."""
         from atomlite.tokenizer import load_tokenizer
-        return cls(CoreProcess(config), config, load_tokenizer(config.model_spec.path), **kw)
+        return cls(CoreProcess(config), config, load_tokenizer(config.tokenizer_path), **kw)
 
     @classmethod
     def over(cls, engine, **kw) -> "AsyncEngine":
@@ -313,7 +313,7 @@ class AsyncEngine:
         """Never blocks: with no core connected (it died) a command has nowhere to go and is dropped."""
         with self._send_lock:
             try:
-                self._commands.send(pickle.dumps(command, protocol=5), zmq.NOBLOCK)
+                self._commands.send_multipart(pickled_frames(command), zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 pass
 

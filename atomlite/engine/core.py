@@ -26,6 +26,18 @@ def parent_gone(parent_pid: int | None) -> bool:
     return parent_pid is not None and os.getppid() != parent_pid
 
 
+def pickled_frames(message) -> list:
+    """message as zmq frames: its pickle, then the buffers protocol 5 keeps out of band (numpy arrays: an image's
+    pixels), sent as they are rather than copied into the pickle."""
+    buffers = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    return [data, *(buffer.raw() for buffer in buffers)]
+
+
+def unpickled_frames(frames: list[zmq.Frame]):
+    return pickle.loads(frames[0].buffer, buffers=[frame.buffer for frame in frames[1:]])
+
+
 def send(socket: zmq.Socket, message, parent_pid: int | None = None) -> bool:
     """Sends message; False if the API process (parent_pid) is gone, since a socket with no reader would block for
     ever."""
@@ -67,7 +79,7 @@ class EngineCore:
     def _apply_commands(self) -> bool:
         while True:
             try:
-                command = pickle.loads(self.commands.recv(zmq.NOBLOCK))
+                command = unpickled_frames(self.commands.recv_multipart(zmq.NOBLOCK, copy=False))
             except zmq.Again:
                 return True
             kind = command[0]

@@ -84,8 +84,8 @@ class LLMEngine:
                                     self.device) if self.device.type == "cuda" else "")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
                                    config.scheduling_policy, self._image_scheduling())
-        self.tokenizer = load_tokenizer(config.model_spec.path)
-        self.eos_token_ids = set(config.model_spec.eos_token_ids)
+        self.tokenizer = load_tokenizer(config.tokenizer_path)
+        self.eos_token_ids = set(config.model_spec.eos_token_ids) | set(config.generation_defaults.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.vocab_size = config.model_spec.hf["vocab_size"]

@@ -30,6 +30,7 @@ class MemoryProfile:
     graphs: int
     outside_torch: int
     encoder_cache: int = 0
+    encoder_peak: int = 0  # the vision tower's own peak at the largest step's images (in prefill_peak's max)
 
     @property
     def kv_budget(self) -> int:
@@ -91,4 +92,5 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
-    return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache)
+    return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache,
+                         tower_peak)

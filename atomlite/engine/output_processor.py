@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from atomlite.engine.detokenizer import IncrementalDetokenizer
 from atomlite.engine.updates import SeqUpdate
-from atomlite.outputs import CompletionOutput, RequestOutput
+from atomlite.outputs import CompletionOutput, RequestOutput, with_ranks
 from atomlite.sampling_params import SamplingParams
 
 
@@ -19,11 +19,13 @@ class Delta:
     finished: bool = False
     finish_reason: str | None = None
     prompt_logprobs: list | None = None
+    stop_reason: int | str | None = None
 
     def merged(self, later: "Delta") -> "Delta":
         return Delta(self.token_ids + later.token_ids, self.text + later.text, self.logprobs + later.logprobs,
                      later.finished, later.finish_reason,
-                     self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs)
+                     self.prompt_logprobs if self.prompt_logprobs is not None else later.prompt_logprobs,
+                     later.stop_reason)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class RequestState:
     finish_reason: str | None = None
     num_cached_tokens: int = 0
     stopped: bool = False  # finished on a stop string, which the engine does not know of
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended the output
 
     def __post_init__(self):
         self.detokenizer = IncrementalDetokenizer(self.tokenizer,
@@ -68,6 +71,8 @@ class RequestState:
             self.finish_reason, self.stopped = "stop", True
         elif u.finish_reason is not None:
             self.finish_reason, self.text = u.finish_reason, self.detokenizer.finish()
+            if u.finish_reason == "stop" and self.token_ids and self.token_ids[-1] in self.params.stop_token_ids:
+                self.stop_reason = self.token_ids[-1]
         return self._delta(u, first)
 
     def _update_token_by_token(self, u: SeqUpdate) -> Delta:
@@ -100,10 +105,11 @@ class RequestState:
         character) before the new text."""
         text = self.detokenizer.text
         start = max(0, text_before - max(map(len, self.params.stop)) + 1)
-        cut = min((i for i in (text.find(s, start) for s in self.params.stop) if i >= 0), default=-1)
-        if cut < 0:
+        found = [(i, s) for s in self.params.stop if (i := text.find(s, start)) >= 0]
+        if not found:
             return False
-        self.text = text[:cut]
+        cut, self.stop_reason = min(found, key=lambda match: match[0])
+        self.text = text[:cut + len(self.stop_reason)] if self.params.include_stop_str_in_output else text[:cut]
         return True
 
     def _delta(self, u: SeqUpdate, first: bool) -> Delta:
@@ -115,15 +121,28 @@ class RequestState:
         new_text = text[self._sent_text:sendable]
         self._sent_text = sendable
         return Delta(u.token_ids, new_text, u.logprobs or [], self.finished, self.finish_reason,
-                     self.prompt_logprobs if first and self.params.prompt_logprobs is not None else None)
+                     self.prompt_logprobs if first and self.params.prompt_logprobs is not None else None,
+                     self.stop_reason)
+
+    def completion(self, index: int = 0) -> CompletionOutput:
+        """The output as vLLM's CompletionOutput: logprobs as {token id: Logprob} with ranks and texts."""
+        logprobs = cumulative = None
+        if self.params.logprobs is not None:
+            logprobs = [with_ranks(entry, token, self._decode) for entry, token in zip(self.logprobs, self.token_ids)]
+            cumulative = sum(entry[token] for entry, token in zip(self.logprobs, self.token_ids))
+        return CompletionOutput(index, self.text, list(self.token_ids), logprobs, self.finish_reason, cumulative,
+                                self.stop_reason)
 
     def output(self, prompt: str | None = None) -> RequestOutput:
-        completion = CompletionOutput(0, self.text, list(self.token_ids),
-                                      self.logprobs if self.params.logprobs is not None else None,
-                                      self.finish_reason)
-        prompt_logprobs = self.prompt_logprobs if self.params.prompt_logprobs is not None else None
-        return RequestOutput(self.request_id, prompt, list(self.prompt_token_ids), prompt_logprobs, [completion],
-                             self.finished, self.num_cached_tokens)
+        prompt_logprobs = None
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is not None:
+            prompt_logprobs = [with_ranks(entry, token, self._decode)
+                               for entry, token in zip(self.prompt_logprobs, self.prompt_token_ids)]
+        return RequestOutput(self.request_id, prompt, list(self.prompt_token_ids), prompt_logprobs,
+                             [self.completion()], self.finished, self.num_cached_tokens)
+
+    def _decode(self, token: int) -> str:
+        return token_text(self.tokenizer, token)
 
 
 def is_last(item: Delta | Exception) -> bool:

@@ -77,11 +77,18 @@ def sample_ids(logits: torch.Tensor, params: list[SamplingParams], generators: l
     return tokens
 
 
-def token_logprobs(logprobs: torch.Tensor, token: int, top_n: int) -> dict[int, float]:
-    """{token: logprob} for the chosen token plus the top_n most likely ones."""
-    result = {}
+class TokenLogprobs(dict):
+    """{token: logprob} for the chosen token plus the top_n most likely ones, those in rank order; `rank` is the
+    chosen token's rank in the whole vocabulary (1 = the most likely), as vLLM reports it."""
+    rank: int = 0
+
+
+def token_logprobs(logprobs: torch.Tensor, token: int, top_n: int) -> TokenLogprobs:
+    result = TokenLogprobs()
     if top_n > 0:
         values, ids = torch.topk(logprobs, min(top_n, logprobs.shape[-1]))
-        result = dict(zip(ids.tolist(), values.tolist()))
-    result[token] = float(logprobs[token])
+        result.update(zip(ids.tolist(), values.tolist()))
+    chosen = logprobs[token]
+    result[token] = float(chosen)
+    result.rank = int((logprobs > chosen).sum()) + 1
     return result

@@ -2,6 +2,7 @@
 each item's soft-token run in place, and per item its pixels, patch positions and content hash."""
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 MODALITIES = ("image", "video")
@@ -22,6 +23,21 @@ class ImageItem:
     num_soft_tokens: int
     content_hash: bytes
     timestamp_s: float | None = None
+
+    def __reduce__(self):
+        # as numpy arrays, which pickle protocol 5 hands out of band: the API process sends an item's megabytes to
+        # the engine core without copying them into the pickle on its event loop
+        return _item_of_arrays, (self.modality, self.pixel_values.numpy(), self.image_position_ids.numpy(),
+                                 self.num_soft_tokens, self.content_hash, self.timestamp_s)
+
+
+def _item_of_arrays(modality: str, pixel_values: np.ndarray, image_position_ids: np.ndarray, num_soft_tokens: int,
+                    content_hash: bytes, timestamp_s: float | None) -> ImageItem:
+    """An unpickled ImageItem; arrays read out of band are read-only views of the message: copied."""
+    def tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array if array.flags.writeable else array.copy())
+    return ImageItem(modality, tensor(pixel_values), tensor(image_position_ids), num_soft_tokens, content_hash,
+                     timestamp_s)
 
 
 @dataclass(slots=True)

@@ -29,9 +29,10 @@ class ClientGone(Exception):
 class Server:
     """Request handling that does not depend on FastAPI: prompts -> engine streams -> OpenAI bodies."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, api_key: str | None,
+    def __init__(self, engine: AsyncEngine, model_name: str | list[str], api_key: str | None,
                  chat_options: ChatOptions = ChatOptions()):
-        self.engine, self.model_name, self.api_key = engine, model_name, api_key
+        self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        self.engine, self.model_name, self.api_key = engine, self.model_names[0], api_key
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.fmt = Formatter(self.tokenizer, model_name)
@@ -40,9 +41,9 @@ class Server:
 
     # -- checks ---------------------------------------------------------------------------------------------
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise APIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`",
-                           "model")
+        if name is not None and name not in self.model_names:
+            served = ", ".join(f"`{n}`" for n in self.model_names)
+            raise APIError(404, f"The model `{name}` does not exist; this server serves {served}", "model")
 
     def need_tokenizer(self, what: str):
         if self.tokenizer is None:
@@ -66,16 +67,42 @@ class Server:
             if "structured_outputs" in extra:
                 raise APIError(400, f"{field} cannot be combined with a forced tool call", field)
             extra["structured_outputs"] = structured_outputs
+        defaults = self.engine.config.generation_defaults.sampling
+
+        def given(name: str, fallback):  # the request's value, else the generation config's, else vLLM's default
+            value = getattr(req, name)
+            return value if value is not None else defaults.get(name, fallback)
+
+        controls = {k: defaults[k] for k in ("repetition_penalty", "min_p") if k in defaults}
+        controls.update(_logits_controls(req))
+        extra.setdefault("skip_special_tokens", req.skip_special_tokens)
+        if req.prompt_logprobs is not None:
+            extra["prompt_logprobs"] = req.prompt_logprobs
         params = SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p, top_k=-1 if req.top_k is None else req.top_k,
+            temperature=given("temperature", 1.0), top_p=given("top_p", 1.0), top_k=given("top_k", -1),
             max_tokens=max_tokens, seed=None if req.seed is None else req.seed + seed_offset, stop=req.stop,
-            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos, **_logits_controls(req), **extra)
+            stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
+            include_stop_str_in_output=req.include_stop_str_in_output, **controls, **extra)
         params.bind_to_model(self.tokenizer, self.engine.vocab_size)
         return params
 
     # -- prompts ---------------------------------------------------------------------------------------------
-    def completion_prompts(self, prompt) -> list[tuple[list[int], str | None]]:
+    def default_max_tokens(self, requested: int | None, fallback: int) -> int:
+        """A request's max_tokens, else the generation config's max_new_tokens, else fallback."""
+        if requested is not None:
+            return requested
+        return min(self.engine.config.generation_defaults.sampling.get("max_tokens", fallback), fallback)
+
+    def completion_prompts(self, prompt, add_special_tokens: bool = True,
+                           window=lambda ids, max_model_len: ids) -> list[tuple[list[int], str | None]]:
+        """window(ids, max_model_len): the part of each prompt kept (truncate_prompt_tokens)."""
+        out = []
+        for ids, text in self._completion_prompts(prompt, add_special_tokens):
+            kept = window(ids, self.max_model_len)
+            out.append((kept, text if len(kept) == len(ids) else self.engine.decode(kept)))
+        return out
+
+    def _completion_prompts(self, prompt, add_special_tokens: bool) -> list[tuple[list[int], str | None]]:
         if isinstance(prompt, str):
             prompt = [prompt]
         elif isinstance(prompt[0], int):
@@ -83,7 +110,7 @@ class Server:
         out = []
         for p in prompt:
             if isinstance(p, str):
-                out.append((self.need_tokenizer("a text prompt").encode(p), p))
+                out.append((self.need_tokenizer("a text prompt").encode(p, add_special_tokens=add_special_tokens), p))
             else:
                 self.engine.validate_prompt(list(p))  # before decoding: ids beyond the vocabulary are an error
                 out.append((list(p), self.engine.decode(p) if self.tokenizer is not None else None))
@@ -95,8 +122,8 @@ class Server:
         self.multimodal.check_kwargs(req.mm_processor_kwargs)
         parts = self.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages])
         if not parts:
-            return self.chat_template.render(req.messages, req.tools, req.chat_template_kwargs), None
-        text = self.chat_template.render_text(req.messages, req.tools, req.chat_template_kwargs)
+            return req.prompt_window(self.chat_template.render_request(req), self.max_model_len), None
+        text = self.chat_template.render_request_text(req)
         prompt = await self.multimodal.prompt(text, parts, req.mm_processor_kwargs)
         return prompt.prompt_token_ids, prompt
 

@@ -3,6 +3,7 @@ import asyncio
 import contextlib
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 
 from atomlite.config import EngineConfig
 from atomlite.engine.client import AsyncEngine
@@ -29,9 +30,11 @@ def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: i
     return build_app(engine_client(engine, max_waiting), model_name, api_key, max_request_size, chat_options)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-              max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions()) -> FastAPI:
-    """The app over an engine client, started with the app unless already started."""
+def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | None = None,
+              max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions(),
+              cors: dict | None = None) -> FastAPI:
+    """The app over an engine client, started with the app unless already started. model_name: the served name, or
+    several (the first is the one responses carry); cors: CORSMiddleware's settings, None for no CORS."""
     server = Server(engine, model_name, api_key, chat_options)
     bodies = BodyParser()
 
@@ -55,4 +58,6 @@ def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
     add_routes(app, server, Depends(authorized), engine.metrics, bodies.dependency)
     app.add_middleware(BodyLimit, max_bytes=max_request_size)
+    if cors is not None:  # outermost: a browser's preflight is answered before the API key is asked for
+        app.add_middleware(CORSMiddleware, **cors)
     return app

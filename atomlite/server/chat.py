@@ -24,6 +24,7 @@ class ChatOptions:
     chat_template: str | None = None
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    trust_request_chat_template: bool = False  # vLLM's: a request's chat_template is used only with this
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -50,7 +51,7 @@ class ChatTemplate:
     """Renders chat requests with the model's template (or --chat-template's) and knows which parsers apply."""
 
     def __init__(self, tokenizer, options: ChatOptions):
-        self.tokenizer = tokenizer
+        self.tokenizer, self.options = tokenizer, options
         self.template = load_chat_template(options.chat_template) or getattr(tokenizer, "chat_template", None)
         self.tool_call_parser = resolve_parser("tool_call_parser", options.tool_call_parser, self.template)
         self.reasoning_parser = resolve_parser("reasoning_parser", options.reasoning_parser, self.template)
@@ -59,19 +60,36 @@ class ChatTemplate:
                template_kwargs: dict | None = None) -> list[int]:
         return self.tokenizer.encode(self.render_text(messages, tools, template_kwargs), add_special_tokens=False)
 
+    def render_request(self, req) -> list[int]:
+        """A chat or /tokenize request's prompt ids (request_extras.ChatRendering's fields honoured)."""
+        text = self.render_request_text(req)
+        return self.tokenizer.encode(text, add_special_tokens=bool(req.add_special_tokens))
+
+    def render_request_text(self, req) -> str:
+        template = req.chat_template
+        if template is not None and not self.options.trust_request_chat_template:
+            raise APIError(400, "a request's chat_template is used only when the server runs with "
+                                "--trust-request-chat-template", "chat_template")
+        return self.render_text(req.messages, req.tools, req.template_variables(), req.add_generation_prompt,
+                                req.continue_final_message, template)
+
     def render_text(self, messages: list[ChatMessage], tools: list | None = None,
-                    template_kwargs: dict | None = None) -> str:
+                    template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False, template: str | None = None) -> str:
         """The template's text; an image or video part is one placeholder in it."""
-        if not self.template:
+        template = template or self.template
+        if not template:
             raise APIError(400, "this model's tokenizer has no chat template; use /v1/completions or serve with "
                                 "--chat-template")
         reserved = TEMPLATE_ARGUMENTS & set(template_kwargs or {})
         if reserved:
             raise APIError(400, f"chat_template_kwargs may not set {sorted(reserved)}", "chat_template_kwargs")
         try:
+            if continue_final_message:
+                template_kwargs = {**(template_kwargs or {}), "continue_final_message": True}
             return render_chat_text(self.tokenizer, [m.model_dump(exclude_none=True) for m in messages],
                                     [t.model_dump(exclude_none=True) for t in tools] if tools else None,
-                                    self.template, template_kwargs)
+                                    template, template_kwargs, add_generation_prompt)
         except Exception as e:  # the template's own raise_exception, a kwarg it cannot take, arguments not JSON
             raise APIError(400, f"the chat template refused these messages: {e}", "messages") from e
 

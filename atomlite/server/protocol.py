@@ -2,6 +2,7 @@
 and every bound the engine relies on is checked here."""
 from typing import Annotated, Any, Literal
 
+from atomlite.server.request_extras import ChatExtras, ChatRendering, CompletionExtras, RequestExtras
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator,
                       model_validator)
 
@@ -51,7 +52,7 @@ class StructuredOutputsFields(BaseModel):
     json_object: StrictBool | None = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestExtras):
     model_config = ConfigDict(extra="forbid")  # a field atomlite does not honour is a 400 naming it
 
     model: StrictStr | None = None
@@ -84,8 +85,8 @@ class SamplingFields(BaseModel):
 
     @model_validator(mode="after")
     def _top_k_range(self):
-        if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
-            raise ValueError("top_k must be -1 (off) or >= 1")
+        if self.top_k is not None and self.top_k < -1:
+            raise ValueError("top_k must be -1 or 0 (off) or >= 1")
         return self
 
     @model_validator(mode="after")
@@ -96,7 +97,7 @@ class SamplingFields(BaseModel):
         return self
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, CompletionExtras):
     prompt: NonEmptyStr | Annotated[list[NonEmptyStr], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)]
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
@@ -210,7 +211,7 @@ class NamedToolChoice(BaseModel):
     function: ToolChoiceFunction
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatExtras):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     logprobs: StrictBool = False
@@ -218,7 +219,6 @@ class ChatCompletionRequest(SamplingFields):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: extra variables for the chat template
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self):
@@ -243,10 +243,12 @@ class ChatCompletionRequest(SamplingFields):
         return "auto" if self.tools else "none"
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatRendering):
+    """vLLM's: a prompt, or messages rendered exactly as the chat endpoint renders them (tools, template kwargs)."""
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: StrictBool = True
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    return_token_strs: StrictBool | None = None
     model: StrictStr | None = None
 
     @model_validator(mode="after")

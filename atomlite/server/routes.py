@@ -33,25 +33,25 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     async def metrics_endpoint():
         return Response(metrics.render() if metrics else b"", media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict:
-        return {"id": server.model_name, "object": "model", "created": int(time.time()), "owned_by": "atomlite",
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "atomlite",
                 "max_model_len": server.max_model_len}
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(name) for name in server.model_names]}
 
     @app.get("/v1/models/{model_id:path}", dependencies=[auth])
     async def model(model_id: str):
         server.check_model(model_id)
-        return model_card()
+        return model_card(model_id)
 
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         server.check_model(req.model)
         server.multimodal.check_kwargs(req.mm_processor_kwargs)
-        prompts = server.completion_prompts(req.prompt)
-        max_tokens = req.max_tokens or 16
+        prompts = server.completion_prompts(req.prompt, req.add_special_tokens, req.prompt_window)
+        max_tokens = server.default_max_tokens(req.max_tokens, 16)
         for ids, _ in prompts:
             server.check_lengths(ids, max_tokens)
         want_logprobs = req.logprobs is not None
@@ -60,7 +60,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             extra["prompt_logprobs"] = req.logprobs
         choices, gens = server.streams(prompts, req.n, lambda j: server.sampling_params(req, max_tokens, j, **extra),
                                        priority=req.priority)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
             return EventStream(events, gens)
@@ -68,13 +68,14 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             await collect(request, choices, gens)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        return fmt.completion(request_id, choices, req.echo, want_logprobs, req.return_token_ids)
+        return fmt.completion(request_id, choices, req.echo, want_logprobs, req.return_token_ids, req)
 
     @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=documented_body(ChatCompletionRequest))
     async def chat(request: Request, req: ChatCompletionRequest = Depends(body(ChatCompletionRequest))):
         server.check_model(req.model)
         ids, multimodal = await server.chat_prompt(req)
-        max_tokens = req.max_completion_tokens or req.max_tokens or max(1, server.max_model_len - len(ids))
+        max_tokens = server.default_max_tokens(req.max_completion_tokens or req.max_tokens,
+                                               max(1, server.max_model_len - len(ids)))
         server.check_lengths(ids, max_tokens)
         top = (req.top_logprobs or 0) if req.logprobs else None
         parsers, extra = server.chat_output(req)
@@ -83,14 +84,14 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         choices, gens = server.streams([(ids, None)], req.n,
                                        lambda j: server.sampling_params(req, max_tokens, j, **extra), multimodal,
                                        req.priority)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
         try:
             await collect(request, choices, gens)
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        return fmt.chat(request_id, choices, top, req.return_token_ids, parsers)
+        return fmt.chat(request_id, choices, top, req.return_token_ids, parsers, req)
 
     @app.get("/tokenizer_info", dependencies=[auth])
     async def tokenizer_info():
@@ -104,13 +105,16 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         server.check_model(req.model)
         tok = server.need_tokenizer("tokenize")
         if req.prompt is not None:
-            tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            tokens = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
         else:
             if server.multimodal.parts([m.model_dump(exclude_none=True) for m in req.messages]):
                 raise APIError(400, "/tokenize does not fetch images or videos: send their messages to "
                                     "/v1/chat/completions", "messages")
-            tokens = server.chat_template.render(req.messages)
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
+            tokens = server.chat_template.render_request(req)
+        body = {"tokens": tokens, "count": len(tokens), "max_model_len": server.max_model_len}
+        if req.return_token_strs:
+            body["token_strs"] = tok.convert_ids_to_tokens(tokens)
+        return body
 
     @app.post("/detokenize", dependencies=[auth], openapi_extra=documented_body(DetokenizeRequest))
     async def detokenize(req: DetokenizeRequest = Depends(body(DetokenizeRequest))):
@@ -132,10 +136,13 @@ async def completion_events(server: Server, request_id, choices, gens, req: Comp
             if req.echo and i not in started:
                 text, tokens, entries = choice.echoed(text, tokens, entries)
             started.add(i)
-            logprobs = fmt.completion_logprobs(tokens, entries) if want_logprobs else None
-            yield sse(fmt.completion_chunk(request_id, i, text, logprobs,
-                                           delta.finish_reason if delta.finished else None,
-                                           delta.token_ids if req.return_token_ids else None))
+            logprobs = fmt.completion_logprobs(tokens, entries, as_ids=req.return_tokens_as_token_ids) \
+                if want_logprobs else None
+            chunk = fmt.completion_chunk(request_id, i, text, logprobs, delta.finish_reason if delta.finished else None,
+                                         delta.token_ids if req.return_token_ids else None)
+            if delta.finished:
+                chunk["choices"][0]["stop_reason"] = delta.stop_reason
+            yield sse(chunk)
     if req.stream_options and req.stream_options.include_usage:
         yield sse({**fmt.header(request_id, "text_completion"), "choices": [], "usage": usage(choices)})
 
@@ -144,22 +151,31 @@ async def chat_events(server: Server, request_id, choices, gens, req: ChatComple
                       parsers: OutputParsers):
     fmt = server.fmt
     readers = [parsers.stream() if parsers.active else None for _ in choices]
+    echoed = req.echoed_text(req.messages)
     for choice in choices:
-        yield sse(fmt.chat_chunk(request_id, choice.index, {"role": "assistant", "content": ""}, None, None))
+        yield sse(fmt.chat_chunk(request_id, choice.index, {"role": "assistant", "content": echoed}, None, None))
     async with contextlib.aclosing(merge(gens)) as deltas:
         async for i, delta in deltas:
             choices[i].add(delta)
-            logprobs = fmt.chat_logprobs(delta.token_ids, delta.logprobs, top) if top is not None else None
+            logprobs = fmt.chat_logprobs(delta.token_ids, delta.logprobs, top, req.return_tokens_as_token_ids) \
+                if top is not None else None
             reader = readers[i]
             if reader is None:
                 message = {"content": delta.text} if delta.text else {}
             else:
                 message = merged_delta(reader.feed(delta.text) + (reader.finish() if delta.finished else []))
+                if not req.include_reasoning:
+                    message.pop("reasoning_content", None)
             finish_reason = None
             if delta.finished:
                 finish_reason = chat_finish_reason(delta.finish_reason, reader is not None and reader.made_tool_calls)
-            yield sse(fmt.chat_chunk(request_id, i, message, logprobs, finish_reason,
-                                     delta.token_ids if req.return_token_ids else None))
+            elif not message and logprobs is None and not req.return_token_ids:
+                continue  # tokens the parsers hold (a marker, a call's name so far): nothing to send yet
+            chunk = fmt.chat_chunk(request_id, i, message, logprobs, finish_reason,
+                                   delta.token_ids if req.return_token_ids else None)
+            if delta.finished:
+                chunk["choices"][0]["stop_reason"] = delta.stop_reason
+            yield sse(chunk)
     if req.stream_options and req.stream_options.include_usage:
         yield sse({**fmt.header(request_id, "chat.completion.chunk"), "choices": [], "usage": usage(choices)})
 

@@ -4,9 +4,10 @@ sorted order, strings between <|"|> delimiters), satisfy the tool's parameter sc
 
 The schema subset: type (string, integer, number, boolean, null, object, array, or a list of them), enum,
 const, properties with required (optional ones may be left out), items, minItems/maxItems, minLength/maxLength,
-anyOf/oneOf. Anything else (a $ref, patterns, formats) is refused, so a forced call never promises a shape the
-grammar does not enforce. Strings hold no "<" (which would open a delimiter); integers have at most 18 digits
-and fractions 16 (int64 and float64 hold no more), so a model cannot run on in digits."""
+anyOf/oneOf, and $ref into the schema's own $defs (or definitions), recursive ones included: what pydantic writes
+for nested models. Anything else (a remote $ref, patterns, formats) is refused, so a forced call never promises a
+shape the grammar does not enforce. Strings hold no "<" (which would open a delimiter); integers have at most 18
+digits and fractions 16 (int64 and float64 hold no more), so a model cannot run on in digits."""
 import json
 
 from atomlite.server.parsers.gemma4_tools import CALL_PREFIX, STRING_DELIM, TOOL_CALL_END, TOOL_CALL_START, \
@@ -14,7 +15,8 @@ from atomlite.server.parsers.gemma4_tools import CALL_PREFIX, STRING_DELIM, TOOL
 
 SUPPORTED_KEYS = {"type", "enum", "const", "properties", "required", "items", "minItems", "maxItems", "minLength",
                   "maxLength", "anyOf", "oneOf", "description", "title", "default", "additionalProperties",
-                  "examples", "$schema"}
+                  "examples", "$schema", "$ref", "$defs", "definitions"}
+REF_PREFIXES = ("#/$defs/", "#/definitions/")
 COMMON_RULES = r'''
 string_char ::= [^<]
 integer ::= "-"? ("0" | [1-9] [0-9]{0,17})
@@ -38,6 +40,23 @@ class ToolCallGrammar:
 
     def __init__(self):
         self.rules: list[str] = []
+        self.definitions: dict = {}  # the current tool's $defs
+        self.prefix = ""  # the current tool's rule names start with it
+        self._defined: dict[str, str] = {}  # $ref -> its rule
+
+    def for_tool(self, schema: dict, prefix: str) -> None:
+        self.definitions = {**(schema.get("definitions") or {}), **(schema.get("$defs") or {})}
+        self.prefix, self._defined = prefix, {}
+
+    def reference(self, ref, name: str) -> str:
+        """The rule of a $ref into the schema's own definitions, made once (a recursive one refers to itself)."""
+        key = next((ref[len(p):] for p in REF_PREFIXES if isinstance(ref, str) and ref.startswith(p)), None)
+        if key is None or key not in self.definitions:
+            raise ValueError(f"{name}: $ref {ref!r} is not one of the schema's own $defs, so it cannot be enforced")
+        if ref not in self._defined:
+            rule = self._defined[ref] = f"{self.prefix}_def{len(self._defined)}"
+            self.rule(rule, self.value(self.definitions[key], f"{rule}_value"))
+        return self._defined[ref]
 
     def rule(self, name: str, body: str) -> str:
         self.rules.append(f"{name} ::= {body}")
@@ -50,6 +69,8 @@ class ToolCallGrammar:
         unsupported = set(schema) - SUPPORTED_KEYS
         if unsupported:
             raise ValueError(f"{name}: {', '.join(sorted(unsupported))} cannot be enforced in a forced tool call")
+        if "$ref" in schema:
+            return self.reference(schema["$ref"], name)
         if "const" in schema:
             return self.rule(name, literal(render_value(schema["const"])))
         if "enum" in schema:
@@ -126,6 +147,7 @@ def tool_call_grammar(tools: list[dict], name: str | None = None, parallel: bool
         if name is not None and tool["name"] != name:
             continue
         schema = tool.get("parameters") or {"type": "object"}
+        grammar.for_tool(schema, f"tool{i}")
         try:
             args = grammar.object(schema, f"tool{i}_args") if schema.get("type", "object") == "object" else None
         except ValueError as e:

@@ -1,5 +1,6 @@
-"""The accuracy gate itself: catalog, metric lookup, a gate that fails on a broken model, and per-sample parity
-between atomlite's server and transformers (lm-eval's `hf` model) on the demo model."""
+"""The accuracy gate itself: catalog, metric lookup, a gate that fails on a broken model (its text model, or its
+vision tower for demo-vqa), and per-sample parity between atomlite's server and transformers (lm-eval's `hf` model)
+on the demo model."""
 import json
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ PARITY_LIMIT = 60
 
 def test_catalog_pr_jobs_gate_a_few_points_under_their_baseline():
     jobs = select(load_catalog(REPO_CI / "catalog.yaml"), (), True, "pr")
-    assert {j.name for j in jobs} == {"demo-gsm8k", "demo-gsm8k-fp8-kv", "demo-mmlu"}
+    assert {j.name for j in jobs} == {"demo-gsm8k", "demo-gsm8k-fp8-kv", "demo-mmlu", "demo-vqa"}
     for job in jobs:
         assert job.baseline is not None and job.threshold is not None, job.name
         assert job.baseline - 0.06 <= job.threshold < job.baseline, job.name
@@ -68,7 +69,7 @@ def test_gate_fails_on_a_perturbed_checkpoint(tmp_path, job_name):
     g = torch.Generator().manual_seed(0)
     # The first layer's MLP with noise of 5x its weights' spread: the trained model shrugs off 2x, or any noise on a
     # later layer's MLP, on the MMLU-style task (held-out probes: layer 0 at 5x scores 0.0 gsm8k, 0.69 MMLU)
-    for name in [n for n in tensors if n.startswith("model.layers.0.mlp.")]:
+    for name in [n for n in tensors if n.startswith("model.language_model.layers.0.mlp.")]:
         weight = tensors[name].float()
         noise = torch.randn(weight.shape, generator=g) * weight.std() * 5
         tensors[name] = (weight + noise).to(tensors[name].dtype)
@@ -106,3 +107,25 @@ def test_plain_lm_eval_runs_the_written_tasks_against_the_demo_server(tmp_path):
             env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert run.returncode == 0, run.stderr[-3000:]
     assert "demo_gsm8k" in run.stdout and "exact_match" in run.stdout, run.stdout[-2000:]
+
+
+def _with_shuffled_vision_encoder(folder):
+    """The demo with each weight of its vision encoder's layers shuffled: their values kept, their places lost."""
+    tensors = load_file(folder / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name in [n for n in tensors if n.startswith("model.vision_tower.encoder.")]:
+        flat = tensors[name].flatten()
+        tensors[name] = flat[torch.randperm(flat.numel(), generator=g)].view(tensors[name].shape)
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def test_demo_vqa_passes_on_the_demo_and_fails_on_a_perturbed_vision_tower(tmp_path):
+    job = next(j for j in load_catalog(REPO_CI / "catalog.yaml") if j.name == "demo-vqa")
+    trained = run_job(job, REPO_CI, tmp_path / "trained", limit=job.limit)
+    assert trained.status == "pass", trained.detail
+    broken = _with_shuffled_vision_encoder(shutil.copytree(demo_model_dir(), tmp_path / "broken"))
+    perturbed = run_job(job, REPO_CI, tmp_path / "perturbed", model=broken, limit=job.limit)
+    assert perturbed.status == "fail" and perturbed.score < job.threshold, perturbed.detail
+    samples = [json.loads(line) for line in open(tmp_path / "trained" / "demo-vqa.samples.jsonl")]
+    assert len(samples) == job.limit and {s["question"] for s in samples} > {"What color are the shapes?"}

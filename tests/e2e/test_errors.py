@@ -10,6 +10,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from atomlite import LLM, SamplingParams
+from atomlite.demo import demo_model_dir
 from atomlite.errors import ConfigError
 from helpers import random_prompt
 
@@ -35,7 +36,7 @@ def test_bad_prompts_are_rejected_and_leave_nothing_behind(llm, prompt, message)
 @pytest.mark.parametrize("kwargs,message", [
     (dict(max_tokens=0), "max_tokens"), (dict(max_tokens=-3), "max_tokens"),
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1), "temperature"),
-    (dict(top_k=0), "top_k"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
+    (dict(top_k=-2), "top_k"), (dict(logprobs=-1), "logprobs"), (dict(stop=[""]), "stop"),
 ])
 def test_bad_sampling_params_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -93,10 +94,21 @@ def test_damaged_weight_file_is_one_error_naming_it(checkpoints, tmp_path, damag
     damage(file)
     with pytest.raises(ConfigError, match=f"weight file {re.escape(str(file))} is not a readable safetensors file"):
         LLM(str(path), device="cpu")
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # generate reads text prompts: it checks that first
+        shutil.copy(demo_model_dir() / name, path / name)
     result = subprocess.run([sys.executable, "-m", "atomlite.cli", "generate", "--model", str(path), "hi"],
                             capture_output=True, text=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"error: weight file {file}") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_generate_without_a_tokenizer_says_so_before_reading_weights(checkpoints, tmp_path):
+    path = tmp_path / "config-only"
+    path.mkdir()
+    shutil.copy(checkpoints.get("dense")[0] / "config.json", path / "config.json")  # no weights: loading would fail
+    result = subprocess.run([sys.executable, "-m", "atomlite.cli", "generate", "--model", str(path), "hi"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {path} has no tokenizer"), result.stderr
 
 
 def test_unreadable_index_is_named(checkpoints, tmp_path):

@@ -9,8 +9,7 @@ import torch
 from PIL import Image
 
 from atomlite import LLM, SamplingParams
-from atomlite.demo import demo_model_dir
-from vision_checkpoint import reference_processor, vision_model_dir
+from vision_checkpoint import reference_processor, text_only_model_dir, vision_model_dir
 
 # the demo-based vision checkpoint declares a vision_config but carries no tower: its engine refuses images
 NO_TOWER = "has no vision tower: it takes text only"
@@ -91,7 +90,7 @@ def test_chat_with_an_image_url_reaches_the_engine(llm):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": "http://example.com/a.png"}]}])
 
 
-def test_images_for_a_text_only_model_are_an_error_naming_it():
-    llm = LLM(str(demo_model_dir()), device="cpu", max_model_len=256)
+def test_images_for_a_text_only_model_are_an_error_naming_it(tmp_path):
+    llm = LLM(str(text_only_model_dir(tmp_path / "model")), device="cpu", max_model_len=256)
     with pytest.raises(ValueError, match="the model model has no vision tower"):
         llm.generate({"prompt": "<|image|>", "multi_modal_data": {"image": image(8, 8)}})

@@ -54,6 +54,10 @@ def test_a_vision_model_profiles_its_tower_at_the_largest_image_and_serves_it(ch
     path, _ = vision_checkpoint(checkpoints, "dense", "standardized", True)
     engine = LLM(str(path), dtype="float32", max_num_batched_tokens=1200).engine
     assert engine.memory.encoder_cache > 0 and "encoder cache" in engine.memory.describe()
+    # the tower's attention is Triton's on a GPU: its peak at the 10080-patch image is the pixels and activations
+    # (about 0.1 GB, the fp32 pixels and two temporaries of them), no [2 heads, T, T] fp32 scores (0.8 GB)
+    assert "encoder_attention[dtype=torch.float32,gqa=1,head_dim=24]: triton" in "\n".join(engine.kernels.describe())
+    assert 0 < engine.memory.encoder_peak < 2 * 10080 ** 2 * 4 // 4
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     prompt = image_prompt(items_of(["tall"], 1120))

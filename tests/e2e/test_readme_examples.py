@@ -1,5 +1,6 @@
 """The README's serving examples run as written (curl commands and Python snippets that talk to
-127.0.0.1:8000) against the demo model served as atomlite-demo, on a free port instead of 8000."""
+127.0.0.1:8000) against the demo model served as atomlite-demo, on a free port instead of 8000; the image example
+gets the answer the README shows."""
 import json
 import re
 import shutil
@@ -61,12 +62,42 @@ def test_readme_curl_command_runs(base, index):
         assert "choices" in json.loads(run.stdout)
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_readme_image_question_gets_the_answer_the_readme_shows(base):
+    command = next(c for c in curl_commands() if "image_url" in c).replace(f"http://{ADDRESS}", base)
+    shown = re.search(r"^The answer's `content` is `(.+)`$", README.read_text(), flags=re.M).group(1)
+    run = subprocess.run(["bash", "-c", command + " --fail-with-body -sS"], capture_output=True, text=True,
+                         timeout=120)
+    reply = json.loads(run.stdout)
+    assert reply["choices"][0]["message"]["content"] == shown, reply
+    assert reply["choices"][0]["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize("index", range(len(python_snippets())))
 def test_readme_python_snippet_runs(base, index):
     code = python_snippets()[index].replace(f"http://{ADDRESS}", base)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, (code, run.stderr)
     assert run.stdout.strip()
+
+
+def test_readme_first_curl_solves_its_question(base):
+    """The quick start's curl, on the demo: its arithmetic answered, not text run on to max_tokens."""
+    command = curl_commands()[0].replace(f"http://{ADDRESS}", base)
+    run = subprocess.run(["bash", "-c", command + " --fail-with-body -sS"], capture_output=True, text=True,
+                         timeout=120)
+    choice = json.loads(run.stdout)["choices"][0]
+    assert "7 + 5 = 12" in choice["text"] and "#### 12" in choice["text"] and choice["finish_reason"] == "stop"
+
+
+def test_readme_offline_example_runs_on_the_demo():
+    [code] = [block for block in fenced_blocks("python") if "from atomlite import LLM" in block]
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=README.parent)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == lines[1] and "7 + 5 = 12" in lines[0] and lines[0].endswith(" stop")  # text = its token ids
+    assert len(lines) == 5 and all("Logprob(logprob=" in line and "rank=" in line for line in lines[2:])
 
 
 @pytest.mark.parametrize("message", ["hi", "What is 7 + 5?", "Name a color.",

@@ -52,7 +52,7 @@ BAD = [
     ("completions", {**OK, "temperature": "hot"}, "temperature"),
     ("completions", {**OK, "top_p": 0}, "top_p"),
     ("completions", {**OK, "top_p": 1.5}, "top_p"),
-    ("completions", {**OK, "top_k": 0}, "top_k"),
+    ("completions", {**OK, "top_k": -2}, "top_k"),  # 0 and -1 are off, as in vLLM
     ("completions", {**OK, "n": 0}, "n"),
     ("completions", {**OK, "n": 10_000}, "n"),
     ("completions", {**OK, "stop": 5}, "stop"),

@@ -15,11 +15,10 @@ import torch
 from PIL import Image
 
 from atomlite import LLM
-from atomlite.demo import demo_model_dir
 from atomlite.server.app import make_app
 from atomlite.server.protocol import ChatCompletionRequest
 from server_utils import running
-from vision_checkpoint import reference_processor, video_bytes, vision_model_dir
+from vision_checkpoint import reference_processor, text_only_model_dir, video_bytes, vision_model_dir
 
 NAME = "vision"
 # the demo-based vision checkpoint declares a vision_config but carries no tower: its engine refuses images
@@ -138,8 +137,8 @@ def test_text_chat_still_runs_on_a_vision_model(client):
     assert out.choices[0].finish_reason in ("stop", "length")
 
 
-def test_an_image_for_a_text_only_model_is_a_400_naming_the_model():
-    engine = LLM(str(demo_model_dir()), device="cpu", max_model_len=256).engine
+def test_an_image_for_a_text_only_model_is_a_400_naming_the_model(tmp_path):
+    engine = LLM(str(text_only_model_dir(tmp_path / "model")), device="cpu", max_model_len=256).engine
     with running(make_app(engine, "demo")) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         with pytest.raises(openai.BadRequestError) as e:

@@ -22,3 +22,22 @@ def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
     assert bool(experts) == (variant == "moe")
     assert all(e._fn is triton_ops.OPS["moe_experts"] and e.graph_safe for e in experts)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))] == want
+
+
+@pytest.mark.parametrize("shape", ["standardized", "clipped"])
+def test_the_vision_tower_on_triton_gives_the_torch_backends_soft_tokens(checkpoints, shape):
+    """Both tiny towers (head_dim 24, padded to 32 in the kernel, and 16), two images packed in one encode."""
+    from image_prompts import items_of, vision_checkpoint
+    path, _ = vision_checkpoint(checkpoints, "dense", shape, True)
+    items = items_of(["tall", "landscape"], 70)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    soft_tokens = {}
+    for backend in ("torch", "triton"):
+        engine = LLM(str(path), dtype="float32", device=device, kernel_backend=backend).engine
+        (encoder,) = [line for line in engine.kernels.describe() if line.startswith("encoder_attention[")]
+        assert f": {backend} " in encoder, encoder
+        with torch.inference_mode():
+            soft_tokens[backend] = engine.model.embed_images([i.pixel_values for i in items],
+                                                             [i.image_position_ids for i in items])
+    for got, want in zip(soft_tokens["triton"], soft_tokens["torch"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -167,7 +167,16 @@ def run_adapters(window=8):
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
     results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter()
-    return results
+    return results + run_encoder_adapter()
+
+
+def run_encoder_adapter(head_dim=72, heads=4, lengths=(1, 33, 7)):
+    from atomlite.model_ops.packed import PackedSequences
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(sum(lengths), heads, head_dim, generator=g).bfloat16() for _ in range(3))
+    packed = PackedSequences.of(list(lengths), "cpu")
+    return [("encoder_attention", backend.encoder_attention(q, k, v, packed, 0.125),
+             torch_ref.encoder_attention(q, k, v, packed, 0.125))]
 
 
 def run_fp8_cache_adapters(b: Batch):
@@ -349,3 +358,29 @@ def test_steps_with_key_ends_leave_aiter_for_triton(pinned_aiter, caplog):
     assert (want - causal).abs().max() > 0.1  # the key ends matter here
     backend.paged_attention(*args)
     assert [path for path, _, _ in calls] == [F.FLASH_VARLEN]
+
+
+def test_encoder_attention_is_flash_varlen_without_the_causal_mask_over_the_packs_bounds(pinned_aiter):
+    """The vision tower's packed images: one flash_attn_varlen_func call, causal=False, the pack's cu_seqlens for
+    queries and keys and its longest image from the host's lengths."""
+    _, calls = pinned_aiter
+    run_encoder_adapter(lengths=(9, 36, 18))
+    [(path, _, kwargs)] = calls
+    assert path == F.FLASH_VARLEN and kwargs["causal"] is False and kwargs["window_size"] == (-1, -1)
+    assert kwargs["softmax_scale"] == 0.125
+    assert kwargs["cu_seqlens_q"] is kwargs["cu_seqlens_k"] and kwargs["cu_seqlens_q"].tolist() == [0, 9, 45, 63]
+    assert kwargs["max_seqlen_q"] == kwargs["max_seqlen_k"] == 36
+
+
+def test_a_float32_pack_leaves_aiter_for_triton(pinned_aiter):
+    """CK's fmha forward takes bf16/fp16 alone: float32 runs on Triton's kernel (in the interpreter here)."""
+    from atomlite.model_ops.aiter import encoder as adapter
+    from atomlite.model_ops.packed import PackedSequences
+    _, calls = pinned_aiter
+    adapter._other_dtype.cache_clear()
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(40, 2, 64, generator=g) for _ in range(3))
+    packed = PackedSequences.of([30, 10], "cpu")
+    got = backend.encoder_attention(q, k, v, packed, 0.125)
+    assert calls == [] and adapter._other_dtype(64, 1).__module__ == "atomlite.model_ops.triton.attention.encoder"
+    torch.testing.assert_close(got, torch_ref.encoder_attention(q, k, v, packed, 0.125), atol=2e-5, rtol=2e-5)

@@ -62,6 +62,33 @@ def test_attention_backend_per_platform_and_head_dim(platform, head_dim, expecte
     assert reason in choice.reason
 
 
+# The vision towers' encoder attention (31B / 26B-A4B: 16 x 72; E2B / E4B: 12 x 64): (platform, dtype, expected
+# backend, text the reason must contain)
+ENCODER = [
+    (GFX950, torch.bfloat16, "aiter", "aiter on gfx950"), (GFX942, torch.float16, "aiter", "aiter on gfx942"),
+    (GFX942, torch.float32, "triton", "aiter: CK's flash attention forward takes bfloat16 or float16, not "
+                                      "torch.float32"),
+    (ROCM_NO_AITER, torch.bfloat16, "triton", "triton on rocm"), (CUDA, torch.bfloat16, "triton", "triton on cuda"),
+    (CUDA, torch.float32, "triton", "triton on cuda"), (CPU, torch.bfloat16, "torch", "reference on cpu"),
+]
+
+
+@pytest.mark.parametrize("head_dim,gqa", [(72, 1), (64, 1)])
+@pytest.mark.parametrize("platform,dtype,expected,reason", ENCODER)
+def test_encoder_attention_backend_per_platform_and_dtype(platform, dtype, expected, reason, head_dim, gqa):
+    choice = dispatch.choose("encoder_attention", platform, "auto", head_dim=head_dim, gqa=gqa, dtype=dtype)
+    assert choice.backend == expected and reason in choice.reason
+    assert choice.fn.__module__ == {"aiter": "atomlite.model_ops.aiter.encoder",
+                                    "triton": "atomlite.model_ops.triton.attention.encoder",
+                                    "torch": "atomlite.model_ops.torch_ref.encoder_attention"}[expected]
+    assert choice.graph_safe
+
+
+def test_encoder_attention_beyond_the_triton_tiles_falls_to_the_reference_and_says_why():
+    choice = dispatch.choose("encoder_attention", CUDA, "auto", head_dim=256, gqa=1, dtype=torch.bfloat16)
+    assert choice.backend == "torch" and "triton: head_dim 256 exceeds the encoder kernel's 128" in choice.reason
+
+
 @pytest.mark.parametrize("platform,expected,reason", MXFP4)
 def test_mxfp4_linear_uses_aiter_only_on_gfx950(platform, expected, reason):
     (row,) = plan_kernels(platform, shapes=(("mxfp4_linear", dict(n=2560, k=10240, dynamic_input=True)),)).values()
@@ -95,6 +122,7 @@ def test_plan_kernels_for_the_moe_model_on_gfx950_aiter_says_why_moe_is_not_on_a
 
 def test_limits_refuse_unsupported_shapes_and_archs():
     assert "divisible by 8" in backend.limits("attention", GFX950, dict(head_dim=100))
+    assert "divisible by 8" in backend.limits("encoder_attention", GFX950, dict(head_dim=100))
     assert "gfx942/gfx950" in backend.limits("rms_norm", Platform("rocm", "gfx90a", True), dict(dim=64))
     assert "weight-only" in backend.limits("mxfp4_linear", GFX950, dict(n=32, dynamic_input=False))
     assert "divisible by 16" in backend.limits("mxfp4_linear", GFX950, dict(n=40))

@@ -17,7 +17,8 @@ GEMMA4_KERNELS = {
     "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
     "moe.router._router_topk_kernel", "moe.router._router_kernel",
     "fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel",  # FP8 checkpoints (compressed-tensors, Quark)
-    "all_reduce._one_shot_all_reduce_kernel"}  # tensor parallelism's decode all-reduce
+    "all_reduce._one_shot_all_reduce_kernel",  # tensor parallelism's decode all-reduce
+    "attention.encoder._encoder_attention_kernel"}  # the vision towers' encoder attention
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,29 @@ def test_the_prefill_with_image_blocks_compiles_at_the_sliding_head_dim(rocm_res
         (256, True, False)}
     assert len({r.constexprs["BLOCK_M"] for r in spans}) == 2
     assert all("bidirectional_spans=True" in r.workload for r in spans)
+
+
+@pytest.mark.parametrize("platform", ROCM)
+def test_encoder_attention_compiles_at_both_tower_head_dims_and_spills_no_vgprs(rocm_results, platform):
+    """The vision towers' encoder attention in bf16 at the largest step's images: 16 heads x 72 (31B, 26B-A4B; padded
+    to 128) and 12 x 64 (E2B, E4B)."""
+    encoder = [r for r in rocm_results if r.platform == platform
+               and r.kernel == "attention.encoder._encoder_attention_kernel"]
+    assert {(r.constexprs["HEAD_DIM"], r.constexprs["HEAD_DIM_P"]) for r in encoder} == {(72, 128), (64, 64)}
+    assert all("tower images-" in r.workload and "dtype=torch.bfloat16" in r.workload for r in encoder)
+    spilled = [f"{r.describe()}: {r.stats}" for r in encoder if r.stats["spills"]]
+    assert not spilled, "\n".join(spilled)
+
+
+def test_a_model_given_with_a_vision_tower_adds_its_encoder_attention():
+    from atomlite.model_ops.platform import parse_platform
+    from atomlite.tools.compile_gate.workloads import EXAMPLE_CONFIGS, gemma4_launches
+    launches = gemma4_launches(parse_platform("gfx950"), [EXAMPLE_CONFIGS / "gemma-4-31B-it-vision"])
+    encoder = [(workload, launch) for workload, launch in launches
+               if launch.kernel.fn.__name__ == "_encoder_attention_kernel"]
+    assert {workload.partition(" encoder_attention")[0] for workload, _ in encoder} == {
+        "gemma-4-31B-it-vision tower images-1", "gemma-4-31B-it-vision tower images-2"}
+    assert {(launch.kwargs["HEAD_DIM"], launch.grid[1]) for _, launch in encoder} == {(72, 16)}
 
 
 def test_gate_reports_a_kernel_with_inline_ptx_by_name_on_gfx950():

@@ -99,6 +99,17 @@ def test_bad_data_urls_and_schemes_are_refused_naming_the_part(url, reason):
     assert str(e.value).startswith(WHERE + ": ")
 
 
+def test_base64_over_several_slices_decodes_as_one_call_and_padding_only_ends_it():
+    from atomlite.multimodal.media import B64_SLICE, _b64decode
+    raw = np.random.default_rng(0).integers(0, 256, 3 * B64_SLICE + 1, dtype=np.uint8).tobytes()
+    encoded = base64.b64encode(raw).decode()
+    assert len(encoded) > 3 * B64_SLICE and _b64decode(encoded) == raw
+    with pytest.raises(ValueError):
+        _b64decode("QQ==" + "QUJD" * B64_SLICE)  # padding inside: whole-string decoding refuses it too
+    with pytest.raises(ValueError):
+        _b64decode(encoded[:-1])
+
+
 def test_file_urls_are_refused_by_default(tmp_path):
     (tmp_path / "a.png").write_bytes(png_bytes())
     with pytest.raises(MediaError, match="--allowed-local-media-path"):

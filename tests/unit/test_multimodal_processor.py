@@ -9,7 +9,7 @@ from atomlite.multimodal.inputs import placeholder_runs
 from atomlite.multimodal.processor import MultiModalProcessor
 from atomlite.multimodal.video import sample_indices
 from atomlite.tokenizer import load_tokenizer
-from vision_checkpoint import reference_processor, vision_model_dir
+from vision_checkpoint import reference_processor, text_only_model_dir, vision_model_dir
 
 SIZES = [(100, 150), (480, 640), (37, 500), (1000, 20), (48, 48), (1200, 1600), (3, 900)]
 SOFT_TOKENS = (70, 140, 280, 560, 1120)
@@ -132,7 +132,7 @@ def test_same_pixels_hash_alike_and_a_different_image_or_budget_does_not(process
     assert digest(image) != digest(Image.fromarray(np.asarray(image)[:, :80]))
 
 
-def test_a_text_only_checkpoint_has_no_multimodal_processor():
-    from atomlite.demo import demo_model_dir
+def test_a_text_only_checkpoint_has_no_multimodal_processor(tmp_path):
+    text_only = text_only_model_dir(tmp_path / "model")
     with pytest.raises(ValueError, match="has no vision tower"):
-        MultiModalProcessor.from_model_dir(demo_model_dir(), load_tokenizer(demo_model_dir()))
+        MultiModalProcessor.from_model_dir(text_only, load_tokenizer(text_only))

@@ -21,9 +21,12 @@ doweight_stage1=False; shuffle_weight(w, (16, 16)) once at load, e8m0_shuffle fo
 is a tanh GELU activation in AITER. Running erf GELU instead would change every expert's output (by up to ~5e-4 per
 unit of up(x)), which the torch reference, the oracle, would not match.
 """
+import torch
+
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.all_reduce import SUPPORTED_WORLD_SIZES, AiterAllReduce, unavailable
-from atomlite.model_ops.aiter.attention import paged_attention, write_kv
+from atomlite.model_ops.aiter.attention import HALF_DTYPES, paged_attention, write_kv
+from atomlite.model_ops.aiter.encoder import encoder_attention
 from atomlite.model_ops.aiter.functions import REQUIRED
 from atomlite.model_ops.aiter.mxfp4 import MXFP4_LINEAR, N_ALIGN, mxfp4_linear, prepare_weight
 from atomlite.model_ops.aiter.norm_act import gelu_tanh_and_mul, rms_norm
@@ -32,6 +35,7 @@ __all__ = ["DECLINED", "OPS", "limits", "mxfp4_linear", "prepare_weight"]
 
 OPS = {
     "attention": paged_attention,
+    "encoder_attention": encoder_attention,  # flash_attn_varlen_func, not causal (CK's group-mode fmha forward)
     "write_kv": write_kv,
     "rms_norm": rms_norm,
     "gelu_tanh_and_mul": gelu_tanh_and_mul,
@@ -60,7 +64,9 @@ def _shape_refusal(op: str, platform, shape: dict) -> str | None:
     head_dim = shape.get("head_dim")
     if op == "attention" and shape.get("k_from_v"):
         return "AITER's attention reads a K cache; keys derived from V run on Triton"
-    if op == "attention" and head_dim is not None:
+    if op == "encoder_attention" and shape.get("dtype", torch.bfloat16) not in HALF_DTYPES:
+        return f"CK's flash attention forward takes bfloat16 or float16, not {shape['dtype']}"
+    if op in ("attention", "encoder_attention") and head_dim is not None:
         if head_dim > CK_MAX_HEAD_DIM:
             return f"CK flash attention stops at head_dim {CK_MAX_HEAD_DIM} (got {head_dim})"
         if head_dim % 8:

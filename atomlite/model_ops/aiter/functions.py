@@ -18,6 +18,7 @@ CUSTOM_ALL_REDUCE_LOADED = "dist.device_communicators.custom_all_reduce.custom_a
 # Functions an op needs before dispatch may pick AITER for it.
 REQUIRED = {
     "attention": (FLASH_VARLEN, PAGED_DECODE),
+    "encoder_attention": (FLASH_VARLEN,),
     "write_kv": (WRITE_KV_NHD,),
     "rms_norm": (RMS_NORM,),
     "gelu_tanh_and_mul": (GELU_TANH_AND_MUL,),

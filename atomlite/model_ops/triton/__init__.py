@@ -4,7 +4,9 @@ import torch
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.peer_memory import PeerMemory
 from atomlite.model_ops.triton.all_reduce import one_shot_all_reduce
+from atomlite.model_ops.triton.attention.encoder import encoder_attention
 from atomlite.model_ops.triton.attention.paged import paged_attention
+from atomlite.model_ops.triton.attention.tuning import ENCODER_MAX_HEAD_DIM
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.attention.kv_write import write_kv
 from atomlite.model_ops.triton.moe.gemm import moe_experts
@@ -20,6 +22,7 @@ __all__ = ["gelu_tanh_and_mul", "paged_attention", "rms_norm", "write_kv"]
 
 OPS = {
     "attention": paged_attention,
+    "encoder_attention": encoder_attention,  # a vision tower's packed images, bidirectional; one launch, no sync
     "write_kv": write_kv,
     "linear": linear,  # the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
     "rms_norm": rms_norm,
@@ -53,6 +56,7 @@ MAX_HEAD_DIM = 512
 MAX_GQA_GROUP = 64
 MIN_K_FROM_V_HEAD_DIM = 32  # the rotated columns of each half are read as tiles of at least 16
 MAX_EXPERTS = 512  # the routing holds a one-hot [64, experts] per step
+ENCODER_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MOE_DTYPES = {"moe_experts": (torch.bfloat16, torch.float16, torch.float32),
               "mxfp4_moe_experts": (torch.bfloat16, torch.float32)}  # FP4 expands to bf16 (fp32 for fp32)
 
@@ -73,6 +77,8 @@ def limits(op: str, platform, shape: dict) -> str | None:
             return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
         if shape.get("k_from_v") and head_dim is not None and head_dim < MIN_K_FROM_V_HEAD_DIM:
             return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
+    if op == "encoder_attention":
+        return _encoder_refusal(shape)
     if op in ("one_shot_all_reduce", "custom_all_reduce") and platform.kind == "rocm":
         return ("not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way "
                 "there)")
@@ -114,4 +120,15 @@ def _fp8_refusal(platform, shape: dict) -> str | None:
             return f"activation group {group} does not divide the weight's {block_k}-wide scale blocks"
     elif block_k and (block_k < 16 or not _is_power_of_two(block_k)):
         return f"weight scale blocks of {block_k} along K are not a power of two >= 16"
+    return None
+
+
+def _encoder_refusal(shape: dict) -> str | None:
+    head_dim = shape.get("head_dim")
+    if head_dim is not None and head_dim > ENCODER_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} exceeds the encoder kernel's {ENCODER_MAX_HEAD_DIM} (its tiles stop there)"
+    if shape.get("gqa", 1) > MAX_GQA_GROUP:
+        return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+    if shape.get("dtype", torch.bfloat16) not in ENCODER_DTYPES:
+        return f"encoder_attention takes bfloat16, float16 or float32, not {shape['dtype']}"
     return None

@@ -69,12 +69,14 @@ class Gemma4ArgsToJson:
         self._token = ""  # key or bare value read so far
         self._out = ["{"]
 
-    def feed(self, text: str, final: bool = False) -> str:
+    def feed(self, text: str, final: bool = False, cut: bool = False) -> str:
+        """cut: the text ended inside the arguments (the output ran out): what was read is given as it stands, its
+        containers left open, rather than closed into arguments the model never wrote."""
         self._rest += text
         while self._rest and self._state != "done" and getattr(self, f"_read_{self._state}")(final):
             pass
         if final and self._state != "done":
-            self._close_everything()
+            self._give_partial() if cut else self._close_everything()
         piece, self._out = "".join(self._out), []
         return piece
 
@@ -214,6 +216,16 @@ class Gemma4ArgsToJson:
         self._closers, self._counts, self._state = [], [], "done"
 
 
+    def _give_partial(self) -> None:
+        """The text ended mid-arguments: a key or bare value being read is given as far as it went."""
+        if self._state in ("key", "quoted_key"):
+            self._start_member()
+            self._out.append('"' + _json_string_body(self._token))
+        elif self._state == "bare":
+            self._out.append(self._token.strip())
+        self._state = "done"
+
+
 def _json_string_body(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
@@ -313,7 +325,7 @@ class Gemma4ToolCallStream(DeltaStream):
 
     def _read_arguments(self, out: list[dict], final: bool) -> bool:
         text, marker, self._buffer = split_at_marker(self._buffer, (TOOL_CALL_END,), final)
-        self._write_arguments(self._args.feed(text, final=final or marker is not None), out)
+        self._write_arguments(self._args.feed(text, final=final or marker is not None, cut=marker is None), out)
         if marker:
             self._state, self._after_call = "content", True
         return marker is not None

@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 
 from atomlite.config import LayerAttention, ModelSpec, load_model_spec
+from atomlite.engine.encoder_cache import MAX_SOFT_TOKENS
 from atomlite.model_ops import dispatch, triton as triton_ops
 from atomlite.model_ops.carriers import NormedPair, PartialSums, RankPartials, as_heads, split_columns
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV, rotary_pairs
+from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES, PeerChannel
@@ -273,8 +275,41 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         fp8_moe_experts(r, hf, meta)
 
 
+# The two vision tower shapes by their vision_config (31B and 26B-A4B: 16 heads x 72; E2B and E4B: 12 x 64), for the
+# default configs: of their example configs only gemma-4-31B-it-vision has a tower.
+VISION_TOWERS = {"31B/26B-A4B tower": dict(num_attention_heads=16, num_key_value_heads=16, head_dim=72),
+                 "E2B/E4B tower": dict(num_attention_heads=12, num_key_value_heads=12, head_dim=64)}
+# The images one step encodes (engine.image_embeds.largest_step_images): one of the most patches at the default
+# budget, and two packed (a small one beside it).
+LARGEST_IMAGE_PATCHES = MAX_SOFT_TOKENS * 3 ** 2  # 3 x 3 patches pooled into each soft token
+IMAGE_STEPS = (Step("images-1", 1, LARGEST_IMAGE_PATCHES, 0), Step("images-2", 2, LARGEST_IMAGE_PATCHES, 0))
+
+
+def _vision_tower(r: Recorder, vision_cfg: dict) -> None:
+    """The tower's encoder attention over the step's packed images, in the model's dtype."""
+    heads, dim = vision_cfg["num_attention_heads"], vision_cfg["head_dim"]
+    kv_heads = vision_cfg.get("num_key_value_heads") or heads
+    lengths = [r.step.new // 4] * (r.step.num_seqs - 1) + [r.step.new]
+    q, kv = meta(sum(lengths), heads, dim), meta(sum(lengths), kv_heads, dim)
+    packed = PackedSequences(meta(len(lengths) + 1, dtype=torch.int32), tuple(lengths))
+    r.call("encoder_attention", dict(head_dim=dim, gqa=heads // kv_heads, dtype=torch.bfloat16), q, kv, kv, packed,
+           dim ** -0.5)
+
+
+def vision_launches(platform: Platform, towers: dict[str, dict] | None = None) -> list[tuple[str, KernelLaunch]]:
+    """(workload, launch) of each vision tower's kernels at the image steps (default: VISION_TOWERS)."""
+    launches = []
+    for name, vision_cfg in (towers or VISION_TOWERS).items():
+        for step in IMAGE_STEPS:
+            recorder = Recorder(platform, name, step, [])
+            _vision_tower(recorder, vision_cfg)
+            launches += recorder.launches
+    return launches
+
+
 def gemma4_launches(platform: Platform, models: list[Path] | None = None) -> list[tuple[str, KernelLaunch]]:
-    """(workload, launch) for every step of every model (default: the example Gemma 4 configs)."""
+    """(workload, launch) for every step of every model (default: the example Gemma 4 configs, and the vision
+    towers); a model given with a vision_config adds its tower's."""
     launches = []
     for model in models or [EXAMPLE_CONFIGS / name for name in GEMMA4_CONFIGS]:
         spec = load_model_spec(model)
@@ -282,4 +317,6 @@ def gemma4_launches(platform: Platform, models: list[Path] | None = None) -> lis
             recorder = Recorder(platform, Path(model).name, step, [])
             _model_step(recorder, spec)
             launches += recorder.launches
-    return launches
+        if models and spec.vision is not None:
+            launches += vision_launches(platform, {f"{Path(model).name} tower": spec.vision.hf})
+    return launches + ([] if models else vision_launches(platform))

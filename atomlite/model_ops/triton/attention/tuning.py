@@ -76,3 +76,15 @@ MANY_TOKENS, TOKENS_PER_PROGRAM = 64, 8
 QK_NORM_ROPE_WARPS, QK_NORM_ROPE_WARPS_WIDE_HEAD = 2, 4
 QK_NORM_ROPE_WIDE_HEAD_DIM = 512  # from this head_dim on, QK_NORM_ROPE_WARPS_WIDE_HEAD
 MANY_TOKENS_WARP_FACTOR = 2
+
+# Encoder attention (encoder.py: bidirectional within each packed sequence, no cache), by padded head_dim: (from this
+# padded head_dim on, 2-byte values on NVIDIA, 2-byte values on AMD, 4-byte values or the interpreter). Head dims are
+# padded to a power of two (the 31B tower's 72 to 128; 64 stays). The NVIDIA tiles are the prefill tiles of the same
+# width (PREFILL_TILES); on AMD the 128-wide tile with 3 stages spilled 2 VGPRs on gfx950 (compile gate), with 2 it
+# holds 243 and spills none; 4-byte tiles are halved so the K/V stages fit NVIDIA's shared memory. Not yet timed for
+# the encoder itself.
+ENCODER_TILES = [
+    (128, AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 4, 2)),
+    (0, AttnConfig(128, 64, 4, 3), AttnConfig(128, 64, 4, 3), AttnConfig(64, 32, 4, 2)),
+]
+ENCODER_MAX_HEAD_DIM = 128
