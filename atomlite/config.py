@@ -159,7 +159,7 @@ def load_model_spec(model: str | Path) -> ModelSpec:
                      vision_spec(raw, text) if multimodal else None)
 
 
-SUPPORTED_QUANTIZATION = ("quark",)
+SUPPORTED_QUANTIZATION = ("quark", "compressed-tensors")
 
 
 def check_quantization(method: str | None, spec: ModelSpec) -> None:

@@ -169,12 +169,15 @@ def load_weights(model, model_dir: str | Path) -> None:
 DUMMY_STD = 0.02
 # e8m0 exponents 2^-11 .. 2^-5: with e2m1 values up to 6, weights land around +-0.02 like the float ones
 DUMMY_E8M0_RANGE = (116, 123)
+DUMMY_FP8_STD = 16.0  # with the FP8 layers' dummy weight scale (0.02 / 16), weights land around +-0.02 too
 
 
 def _fill_dummy(name: str, param, generator) -> None:
     data = param.data
     if hasattr(param, "dummy_fill"):  # the parameter's own neutral value (a clip bound: unbounded)
         data.fill_(param.dummy_fill)
+    elif data.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):  # FP8 weights: e4m3 values around +-16
+        data.copy_(torch.randn(data.shape, generator=generator, device=data.device).mul_(DUMMY_FP8_STD))
     elif data.dtype == torch.uint8:  # MXFP4: packed e2m1 pairs (every byte is a valid pair) or e8m0 scales
         low, high = DUMMY_E8M0_RANGE if name.endswith("scale") else (0, 256)
         data.random_(low, high, generator=generator)

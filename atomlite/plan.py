@@ -39,6 +39,9 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform, kernels: 
     lines += [f"layers: {len(spec.layers)}, dtype {str(config.torch_dtype).removeprefix('torch.')}, "
               f"{weights_text(weight_bytes(model), config.tensor_parallel_size)}",
               f"max model len: {config.max_model_len}"]
+    from atomlite.model_ops.fp8_linear import fp8_note
+    note = fp8_note(model, platform)
+    lines += [note] if note else []
     shared = sum(s.kind == "shared" for s in specs)
     if shared:
         lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")

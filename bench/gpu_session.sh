@@ -174,6 +174,12 @@ stage() {
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
+        fp8-gemm) python bench/fp8_gemm.py ;;
+        tests-fp8) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_moe.py ;;
+        fp8-b1) for model in gemma-4-31B-it gemma-4-31B-it-fp8-dynamic gemma-4-31B-it-fp8-block gemma-4-31B-it-quark-fp8 \
+                             gemma-4-26B-A4B-it gemma-4-26B-A4B-it-fp8-dynamic gemma-4-26B-A4B-it-fp8-block; do
+                    latency_b1 "$model"; done ;;  # issue 55: 31B FP8 <= 0.56x bf16, 26B-A4B FP8 <= 0.75x at batch 1
+        load-fp8) load gemma-4-31B-it; load gemma-4-31B-it-fp8-dynamic; load gemma-4-31B-it-fp8-block ;;
         26b) latency gemma-4-26B-A4B-it ;;
         26b-b1) latency_b1 gemma-4-26B-A4B-it ;;
         ab-26b-b1) from_baseline bash -c "$(declare -f latency_b1); latency_b1 gemma-4-26B-A4B-it" \

@@ -152,6 +152,10 @@ class LLMEngine:
         lines.append(f"CPU threads: {self.threads_note}")
         if self.kv_scales_note:
             lines.append(self.kv_scales_note)
+        from atomlite.model_ops.fp8_linear import fp8_note
+        fp8_line = fp8_note(self.model, detect_platform(self.device))
+        if fp8_line:
+            lines.append(fp8_line)
         if self.config.speculative_config is not None:
             lines.append(self.config.speculative_config.describe())
         if self.workers is not None:

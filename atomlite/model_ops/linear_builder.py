@@ -1,4 +1,5 @@
-"""Builds each Linear of a model the way its checkpoint stores it: plain, or MXFP4 per the Quark config.
+"""Builds each Linear of a model the way its checkpoint stores it: plain, MXFP4 (Quark) or FP8 (Quark,
+compressed-tensors), per the checkpoint's quantization_config.
 
 Models name every projection (`model.layers.0.mlp.gate_up_proj`); the quantization spec of that name decides the
 class, which chooses its kernel through the dispatch table. Under tensor parallelism (atomlite.distributed.use) a
@@ -10,6 +11,26 @@ from atomlite.distributed import Shard
 from atomlite.errors import ConfigError
 from atomlite.model_ops.linear import Linear, MergedLinear, RowParallelLinear
 from atomlite.model_ops.sharding import read_narrowed, read_per_expert_mxfp4, read_stacked_experts
+from atomlite.quant.fp8 import FP8Spec
+
+SUPPORTED_METHODS = ("atomlite loads Quark (quant_method 'quark': MXFP4, FP8) and compressed-tensors (quant_method "
+                     "'compressed-tensors', format float-quantized: FP8) checkpoints")
+
+
+def checkpoint_quantization(qc: dict):
+    """A checkpoint's quantization_config parsed once: QuarkConfig or CompressedTensorsConfig (both answer
+    spec_for(module name)); ConfigError naming the field for a method or scheme atomlite does not run."""
+    method = qc.get("quant_method")
+    try:
+        if method == "quark":
+            from atomlite.quant.quark import QuarkConfig
+            return QuarkConfig.from_hf_config(qc)
+        if method == "compressed-tensors":
+            from atomlite.quant.compressed_tensors import CompressedTensorsConfig
+            return CompressedTensorsConfig.from_hf_config(qc)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    raise ConfigError(f"quantization_config.quant_method {method!r} is not supported; {SUPPORTED_METHODS}")
 
 
 def _packed(layer) -> list:
@@ -20,25 +41,19 @@ def _packed(layer) -> list:
 class LinearBuilder:
     def __init__(self, hf_config: dict):
         self.tp = distributed.current()
-        self.quark = None
         qc = hf_config.get("quantization_config")
-        if qc:
-            from atomlite.quant.quark import QuarkConfig
-            if qc.get("quant_method") != "quark":
-                raise ConfigError(f"quantization_config quant_method {qc.get('quant_method')!r} is not supported; "
-                                  f"atomlite loads Quark (quant_method 'quark') MXFP4 checkpoints")
-            try:
-                self.quark = QuarkConfig.from_hf_config(qc)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        self.quant = checkpoint_quantization(qc) if qc else None
 
     def _spec(self, name: str):
-        if self.quark is None:
+        if self.quant is None:
             return None
         try:
-            return self.quark.spec_for(name)
+            spec = self.quant.spec_for(name)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if isinstance(spec, FP8Spec) and self.tp.size > 1:
+            raise ConfigError(f"{name}: fp8 checkpoints run on one GPU for now (--tensor-parallel-size 1)")
+        return spec
 
     def can_fuse(self, names: list[str]) -> bool:
         """Whether these projections of one input share a quantization, so one fused GEMM can run them."""
@@ -50,6 +65,9 @@ class LinearBuilder:
         size = out_features if rows is None else rows.size
         if spec is None:
             layer = Linear(in_features, size)
+        elif isinstance(spec, FP8Spec):
+            from atomlite.model_ops.fp8_linear import FP8Linear
+            layer = FP8Linear(in_features, size, spec)
         else:
             from atomlite.model_ops.mxfp4_linear import MXFP4Linear
             layer = MXFP4Linear(in_features, size, spec)
@@ -91,6 +109,9 @@ class LinearBuilder:
             raise ConfigError(f"{name} fuses {', '.join(parts)}, which are quantized differently")
         if spec is None:
             return MergedLinear(in_features, out_features)
+        if isinstance(spec, FP8Spec):
+            from atomlite.model_ops.fp8_linear import FP8Linear
+            return FP8Linear(in_features, sum(out_features), spec, shard_sizes=out_features)
         from atomlite.model_ops.mxfp4_linear import MXFP4MergedLinear
         return MXFP4MergedLinear(in_features, out_features, spec)
 
@@ -131,6 +152,9 @@ class LinearBuilder:
         spec = self._experts_spec(name, num_experts)
         if spec is None:
             return Experts(num_experts, hidden, intermediate)
+        if isinstance(spec, FP8Spec):
+            from atomlite.model_ops.fp8_moe import FP8Experts
+            return FP8Experts(num_experts, hidden, intermediate, spec)
         from atomlite.model_ops.mxfp4_moe import MXFP4Experts
         try:
             return MXFP4Experts(num_experts, hidden, intermediate, spec)

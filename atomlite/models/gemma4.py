@@ -144,8 +144,10 @@ class Gemma4ForCausalLM(nn.Module):
     packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
                       "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
                       "self_attn.v_proj": ("self_attn.qkv_proj", 2)}
-    # Quark's MXFP4 export keeps one tensor per expert: experts.E.{gate,up,down}_proj.{weight,weight_scale}
-    per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale)$")
+    # Quantized exports (Quark MXFP4 and FP8, compressed-tensors FP8) keep one tensor per expert:
+    # experts.E.{gate,up,down}_proj.{weight,weight_scale,input_scale}
+    per_expert_tensor = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.(weight|weight_scale|input_scale)$")
+    _stacked_suffix = {"weight": "", "weight_scale": "_scale", "input_scale": "_input_scale"}
     # Quark's fp8 KV cache scales: one per layer for K and for V (quant.quark.KVCacheQuant)
     kv_scale_tensor = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_proj\.output_scale$")
     # tensors of towers this model has not: the vision tower's where config.json has no vision_config
@@ -219,14 +221,15 @@ class Gemma4ForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def stacked_weight(self, name: str) -> tuple[str, int] | None:
-        """A per-expert checkpoint tensor -> (stacked parameter, shard), see MXFP4Experts; else None."""
+        """A per-expert checkpoint tensor -> (stacked parameter, shard), see MXFP4Experts and FP8Experts; else
+        None."""
         match = self.per_expert_tensor.match(name)
         if match is None:
             return None
         prefix, expert, proj, kind = match.groups()
         stacked = "down_proj" if proj == "down" else "gate_up_proj"
         shard = int(expert) if proj == "down" else 2 * int(expert) + (proj == "up")
-        return f"{prefix}.{stacked}{'_scale' if kind == 'weight_scale' else ''}", shard
+        return f"{prefix}.{stacked}{self._stacked_suffix[kind]}", shard
 
     def kv_scale_target(self, name: str) -> tuple[int, str] | None:
         """A checkpoint's KV cache scale -> (layer, "k" or "v"); else None."""

@@ -9,10 +9,13 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
+from atomlite.quant.fp8 import FP8Spec
 from atomlite.quant.mxfp4 import BLOCK
 
 SUPPORTED = ("MXFP4 weights (fp4, per_group 32 along K, e8m0 scales, static) with either no input quantization or "
-             "dynamic MXFP4 inputs (scale_calculation_mode even)")
+             "dynamic MXFP4 inputs (scale_calculation_mode even); fp8_e4m3 weights (per_tensor or per_channel, "
+             "static) with no input quantization, static per_tensor or dynamic per-token (per_channel ch_axis 1) "
+             "fp8_e4m3 inputs")
 
 # atomlite's fused projections and the checkpoint modules they are made of.
 PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -82,7 +85,41 @@ def _is_mxfp4(tensor_config: dict, dynamic: bool) -> bool:
             and tensor_config.get("mx_element_dtype") is None)
 
 
-def _parse_layer_config(config: dict | None) -> LinearQuantSpec | _Unsupported | None:
+def _fp8_weight(weight: dict) -> str | None:
+    if weight.get("dtype") != "fp8_e4m3" or weight.get("is_dynamic") or weight.get("symmetric") is False:
+        return None
+    if weight.get("qscheme") == "per_tensor":
+        return "tensor"
+    if weight.get("qscheme") == "per_channel" and weight.get("ch_axis", 0) == 0:
+        return "channel"
+    return None
+
+
+def _fp8_input(inputs: dict | None) -> tuple[bool, str | None]:
+    """(supported, activation) of an fp8 Linear's input_tensors config."""
+    if inputs is None:
+        return True, None
+    if inputs.get("dtype") != "fp8_e4m3" or inputs.get("symmetric") is False:
+        return False, None
+    dynamic, qscheme = bool(inputs.get("is_dynamic")), inputs.get("qscheme")
+    if not dynamic and qscheme == "per_tensor":
+        return True, "static"
+    if dynamic and qscheme == "per_channel" and inputs.get("ch_axis") in (1, -1):
+        return True, "token"
+    return False, None
+
+
+def _parse_fp8(weight: dict, inputs: dict | None) -> FP8Spec | _Unsupported:
+    strategy = _fp8_weight(weight)
+    if strategy is None:
+        return _Unsupported(f"weight {_describe(weight)}")
+    supported, activation = _fp8_input(inputs)
+    if not supported:
+        return _Unsupported(f"input {_describe(inputs)} with fp8 weights")
+    return FP8Spec(strategy, activation, fmt="quark")
+
+
+def _parse_layer_config(config: dict | None) -> LinearQuantSpec | FP8Spec | _Unsupported | None:
     """One QLayerConfig dict -> the spec it stands for; None when it quantizes nothing."""
     if not config:
         return None
@@ -94,6 +131,8 @@ def _parse_layer_config(config: dict | None) -> LinearQuantSpec | _Unsupported |
         return _Unsupported("multi-level (sequential) quantization")
     if weight is None:
         return _Unsupported(f"input-only quantization ({_describe(inputs)})") if inputs else None
+    if weight.get("dtype") == "fp8_e4m3":
+        return _parse_fp8(weight, inputs)
     if not _is_mxfp4(weight, dynamic=False):
         return _Unsupported(f"weight {_describe(weight)}")
     if inputs is not None and not _is_mxfp4(inputs, dynamic=True):
@@ -119,9 +158,9 @@ def _excluded_by(entry: str, name: str) -> bool:
 
 @dataclass(frozen=True)
 class QuarkConfig:
-    global_spec: LinearQuantSpec | _Unsupported | None
-    layer_specs: tuple[tuple[str, LinearQuantSpec | _Unsupported | None], ...]
-    linear_type_spec: LinearQuantSpec | _Unsupported | None
+    global_spec: LinearQuantSpec | FP8Spec | _Unsupported | None
+    layer_specs: tuple[tuple[str, LinearQuantSpec | FP8Spec | _Unsupported | None], ...]
+    linear_type_spec: LinearQuantSpec | FP8Spec | _Unsupported | None
     exclude: tuple[str, ...]
     kv_cache: KVCacheQuant | None = None
 
@@ -150,7 +189,7 @@ class QuarkConfig:
     def is_excluded(self, module_name: str) -> bool:
         return any(_excluded_by(e, form) for e in self.exclude for form in _name_forms(module_name))
 
-    def spec_for(self, module_name: str) -> LinearQuantSpec | None:
+    def spec_for(self, module_name: str) -> LinearQuantSpec | FP8Spec | None:
         """The quantization of the Linear `module_name`; None when it stays unquantized.
 
         A fused projection (`...qkv_proj`, `...gate_up_proj`) takes its shards' common spec. Raises ValueError
@@ -168,7 +207,7 @@ class QuarkConfig:
                              f"it cannot run as one layer")
         return specs[names[0]]
 
-    def _spec_of_one(self, module_name: str) -> LinearQuantSpec | None:
+    def _spec_of_one(self, module_name: str) -> LinearQuantSpec | FP8Spec | None:
         forms = _name_forms(module_name)
         if self.is_excluded(module_name):
             return None

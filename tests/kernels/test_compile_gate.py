@@ -16,6 +16,7 @@ GEMMA4_KERNELS = {
     "moe.routing._count_kernel", "moe.routing._place_kernel", "moe.gemm._gate_up_kernel", "moe.gemm._down_kernel",
     "moe.gemv._gate_up_gemv_kernel", "moe.gemv._down_gemv_kernel", "moe.common._sum_slots_kernel",
     "moe.router._router_topk_kernel", "moe.router._router_kernel",
+    "fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel",  # FP8 checkpoints (compressed-tensors, Quark)
     "all_reduce._one_shot_all_reduce_kernel",  # tensor parallelism's decode all-reduce
     "attention.encoder._encoder_attention_kernel",  # the vision towers' encoder attention
     "attention.axial_norm_rope._axial_norm_rope_kernel"}  # and their attention inputs

@@ -63,7 +63,9 @@ def test_fused_projection_takes_the_common_spec_of_its_shards_and_refuses_a_mix(
 
 
 @pytest.mark.parametrize("change, scheme", [
-    ({"weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_tensor"}}, "weight dtype=fp8_e4m3"),
+    ({"weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_tensor"}}, "input dtype=fp4 qscheme=per_group"
+                                                                                    " group_size=32"),
+    ({"weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_group"}}, "weight dtype=fp8_e4m3"),
     ({"weight": {**MXFP4_TENSOR, "dtype": "int4", "group_size": 128}}, "weight dtype=int4"),
     ({"output_tensors": FP8_OUTPUT}, "output_tensors quantization (dtype=fp8_e4m3"),
     ({"input_tensors": {**MXFP4_TENSOR, "is_dynamic": False}}, "input dtype=fp4 qscheme=per_group"),
@@ -108,7 +110,7 @@ def test_other_kv_cache_schemes_are_refused_by_name(change):
 
 
 def test_unsupported_global_scheme_is_fine_when_every_such_layer_is_overridden_or_excluded():
-    fp8 = {**MXFP4_LAYER, "weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_tensor"}}
+    fp8 = {**MXFP4_LAYER, "weight": {**MXFP4_TENSOR, "dtype": "fp8_e4m3", "qscheme": "per_group"}}
     config = QuarkConfig.from_hf_config(quark_config(global_quant_config=fp8, layer_quant_config={
         "*mlp.*": MXFP4_LAYER}))
     assert config.spec_for("model.layers.0.mlp.down_proj") == DYNAMIC

@@ -4,6 +4,7 @@ from atomlite.model_ops.torch_ref.axial_norm_rope import axial_qkv_norm_rope
 from atomlite.model_ops.torch_ref.attention import paged_attention
 from atomlite.model_ops.torch_ref.encoder_attention import encoder_attention
 from atomlite.model_ops.torch_ref.kv_write import write_kv
+from atomlite.model_ops.torch_ref.fp8 import FP8_EXPERTS, FP8_LINEAR
 from atomlite.model_ops.torch_ref.linear import linear
 from atomlite.model_ops.torch_ref.moe import moe_experts, mxfp4_moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
@@ -30,6 +31,8 @@ OPS = {
     "moe_experts": moe_experts,
     "mxfp4_linear": MXFP4_LINEAR,
     "mxfp4_moe_experts": MXFP4_EXPERTS,
+    "fp8_linear": FP8_LINEAR,
+    "fp8_moe_experts": FP8_EXPERTS,
     "router_topk": router_topk,
     "router": router,
 }
@@ -51,6 +54,7 @@ DECLINED = {
 GRAPH_UNSAFE = {
     "moe_experts": LOOP_REASON,
     "mxfp4_moe_experts": LOOP_REASON,
+    "fp8_moe_experts": LOOP_REASON,
     "attention": "loops over the sequences, whose lengths it reads back to the host (.tolist())",
     "write_kv": MASKED_WRITE,
     "qk_norm_rope": MASKED_WRITE,

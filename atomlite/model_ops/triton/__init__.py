@@ -11,6 +11,7 @@ from atomlite.model_ops.triton.attention.tuning import ENCODER_MAX_HEAD_DIM
 from atomlite.model_ops.triton.common import interpreting
 from atomlite.model_ops.triton.attention.kv_write import write_kv
 from atomlite.model_ops.triton.moe.gemm import moe_experts
+from atomlite.model_ops.triton.fp8.family import FP8_EXPERTS, FP8_LINEAR
 from atomlite.model_ops.triton.mxfp4.family import MXFP4_EXPERTS, MXFP4_LINEAR
 from atomlite.model_ops.triton.norm.rms_norm import MAX_DIM, rms_norm
 from atomlite.model_ops.triton.norm.residual import rms_norm_residual
@@ -33,6 +34,8 @@ OPS = {
     "moe_experts": moe_experts,  # routing, gate_up, down and the sum over a token's experts: capture-safe
     "mxfp4_linear": MXFP4_LINEAR,  # mxfp4_gemm, with the weights padded at load
     "mxfp4_moe_experts": MXFP4_EXPERTS,  # the moe_experts kernels on packed FP4 weights
+    "fp8_linear": FP8_LINEAR,  # fp8 GEMM with the checkpoint's activation quantization fused in
+    "fp8_moe_experts": FP8_EXPERTS,  # the same as a grouped GEMM over expert-sorted blocks: capture-safe
     "router_topk": router_topk,
     "router": router,  # the logits GEMM and router_topk in one launch at decode
     "one_shot_all_reduce": one_shot_all_reduce,  # tensor parallelism's decode all-reduce over peer memory
@@ -94,6 +97,10 @@ def limits(op: str, platform, shape: dict) -> str | None:
         return f"dim {shape['dim']} exceeds {MAX_DIM}"
     if op in MOE_DTYPES:
         return _moe_refusal(op, shape)
+    if op in ("fp8_linear", "fp8_moe_experts"):
+        if shape.get("experts", 0) > MAX_EXPERTS:
+            return f"{shape['experts']} experts exceed {MAX_EXPERTS}"
+        return _fp8_refusal(platform, shape)
     if op in ("router_topk", "router") and shape.get("experts", 0) > MAX_EXPERTS:
         return f"{shape['experts']} experts exceed the router kernel's {MAX_EXPERTS} (one program holds a row)"
     return None
@@ -106,6 +113,20 @@ def _moe_refusal(op: str, shape: dict) -> str | None:
     if shape.get("dtype", torch.bfloat16) not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         return f"{op} takes {names}, not {shape['dtype']}"
+    return None
+
+
+def _fp8_refusal(platform, shape: dict) -> str | None:
+    if not platform.has_fp8:
+        return f"{platform.arch} has no fp8 tensor cores"
+    block_k, group = shape.get("block_k", 0), shape.get("group_size", 128)
+    if shape.get("activation") == "group":
+        if not _is_power_of_two(group) or group < 16:
+            return f"activation group {group} is not a power of two >= 16 (one K step per group)"
+        if block_k and block_k % group:
+            return f"activation group {group} does not divide the weight's {block_k}-wide scale blocks"
+    elif block_k and (block_k < 16 or not _is_power_of_two(block_k)):
+        return f"weight scale blocks of {block_k} along K are not a power of two >= 16"
     return None
 
 

@@ -23,6 +23,7 @@ from atomlite.model_ops.rope import inv_freq_from_params
 from atomlite.model_ops.peer_memory import MAX_BYTES as PEER_MAX_BYTES, PeerChannel
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce
 from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.tools.compile_gate.fp8_workloads import fp8_linears, fp8_moe_experts
 from atomlite.model_ops.triton.mxfp4.family import ScaleFacts
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, gated_path, input_quantization
 from atomlite.model_ops.triton.gemm.skinny import MAX_ROWS as SKINNY_MAX_ROWS
@@ -259,6 +260,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         _mxfp4_linear(r, "mxfp4_linear", tokens, n, k)
     for width in inner:
         _mxfp4_linear(r, "mxfp4_linear", tokens, hidden, width, gated=True)
+    fp8_linears(r, _mxfp4_projections(hf, spec.layers), meta)
     if hf.get("enable_moe_block"):
         # the two feed-forward branches joined in the residual update: the dense MLP's output (or its split-K
         # slices) and the routed experts' unsummed slots
@@ -270,6 +272,7 @@ def _model_step(r: Recorder, spec: ModelSpec) -> None:
         r.call("rms_norm_residual", dict(dim=hidden), _split_k_output(tokens, hidden), x, weight, 1e-6, None,
                (weight, weight, weight))
         _moe_experts(r, hf)
+        fp8_moe_experts(r, hf, meta)
 
 
 # The two vision tower shapes by their vision_config (31B and 26B-A4B: 16 heads x 72; E2B and E4B: 12 x 64), for the

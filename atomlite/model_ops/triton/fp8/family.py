@@ -1,0 +1,51 @@
+"""The FP8 linear and experts as layers call them (dispatch's fp8_linear, fp8_moe_experts) on the Triton GEMMs:
+weights converted at load to the platform's e4m3 (fnuz on gfx942, scales doubled), then fused-quantization GEMMs."""
+import torch
+
+from atomlite.model_ops.triton.common import platform_of
+from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+from atomlite.model_ops.triton.fp8.moe import expert_blocks, fp8_moe_gemm
+from atomlite.quant import fp8
+from atomlite.quant.fp8 import FP8Spec
+
+
+class TritonFP8Linear:
+    def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec):
+        if platform_of(weight.device).fp8_dtype == fp8.E4M3FNUZ_DTYPE:
+            weight, scale = fp8.to_e4m3fnuz(weight, scale)
+        return weight.contiguous(), scale.float().contiguous(), None
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
+               prepared: None, spec: FP8Spec) -> torch.Tensor:
+        return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k)
+
+
+FP8_LINEAR = TritonFP8Linear()
+
+
+class TritonFP8Experts:
+    """The experts as two grouped GEMMs (gate_up, then down on gelu_tanh(gate) * up) and the weighted sum over each
+    token's slots."""
+
+    def prepare_weights(self, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
+                        down_scale: torch.Tensor, spec: FP8Spec):
+        (gate_up, gate_up_scale, _), (down, down_scale, _) = (
+            TritonFP8Linear().prepare_weights(w, s, spec) for w, s in ((gate_up, gate_up_scale), (down, down_scale)))
+        return gate_up, gate_up_scale, down, down_scale, None
+
+    def experts(self, x: torch.Tensor, weights: dict, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                prepared: None, spec: FP8Spec) -> torch.Tensor:
+        tokens, top_k = topk_ids.shape
+        gate_up, gate_up_scale, gate_up_input = weights["gate_up_proj"]
+        down, down_scale, down_input = weights["down_proj"]
+        block_m = 16 if tokens * top_k <= 256 else 64
+        rows, block_expert = expert_blocks(topk_ids, gate_up.shape[0], block_m)
+        common = dict(rows=rows, block_expert=block_expert, out_rows=tokens * top_k, activation=spec.activation,
+                      group_size=spec.group_size, scale_block_k=spec.block_k, block_m=block_m)
+        h = fp8_moe_gemm(x, gate_up, gate_up_scale, gate_up_input, rows_per_source=top_k, **common)
+        y = fp8_moe_gemm(gelu_tanh_and_mul(h), down, down_scale, down_input, rows_per_source=1, **common)
+        return (y.view(tokens, top_k, -1).float() * topk_weights[..., None].float()).sum(dim=1).to(x.dtype)
+
+
+FP8_EXPERTS = TritonFP8Experts()

@@ -1,0 +1,125 @@
+"""The Triton FP8 GEMM (fused dynamic activation quantization, block-scaled weights) against the torch reference
+(quant.fp8), under TRITON_INTERPRET=1 on CPU; on a GPU the same tests run compiled (pytest -m gpu)."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.fp8.gemm import round_e4m3
+from atomlite.quant import fp8
+from atomlite.quant.fp8 import FP8Spec
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+CASES = [  # (weight strategy, activation, M, N, K)
+    ("channel", "token", 5, 96, 192),
+    ("channel", None, 3, 80, 160),
+    ("tensor", "static", 7, 64, 128),
+    ("block", "group", 4, 200, 256),    # a partial row block
+    ("block", None, 2, 72, 200),        # partial row and K blocks, weight-only
+    ("block", "token", 33, 130, 384),
+    ("channel", "token", 70, 64, 96),   # K not a multiple of the K step
+]
+
+
+def _layer(strategy: str, activation: str | None, n: int, k: int, device: str, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    spec = FP8Spec(strategy, activation)
+    w = torch.randn(n, k, generator=gen) * torch.logspace(-2, 1, n)[:, None]
+    q, stored = fp8.quantize_weight(w, spec)
+    if strategy == "block":
+        scale = fp8.expand_block_scales(stored, n, k, spec.block)
+    else:
+        scale = stored.float().reshape(-1, 1).expand(n, 1).contiguous()
+    input_scale = torch.tensor([0.05]) if activation == "static" else None
+    move = (lambda t: None if t is None else t.to(device))
+    return spec, move(q), move(scale), move(input_scale)
+
+
+def _x(m: int, k: int, device: str, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 2, m)[:, None]
+    x[0] = 0.0  # an all-zero token: scale eps, zeros out
+    return x.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy, activation, m, n, k", CASES)
+def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    spec, q, scale, input_scale = _layer(strategy, activation, n, k, device)
+    x = _x(m, k, device)
+    want = fp8.gemm(x.cpu(), q.cpu(), scale.cpu(), spec, None if input_scale is None else input_scale.cpu())
+    got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k).cpu()
+    # fp32 throughout: the quantized x is the reference's exactly; only the summation order differs
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@triton.jit
+def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, round_e4m3(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_e4m3_rounding_in_the_kernel_is_torchs(device):
+    """Every e4m3 value, the midpoints between neighbours (ties to even), and values just off them."""
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid.isfinite() & (grid >= 0)].unique()
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = torch.cat([grid, mids, mids.nextafter(torch.tensor(1e9)), mids.nextafter(torch.tensor(-1e9))])
+    x = torch.cat([x, -x])
+    y = torch.empty_like(x, device=device)
+    _round_kernel[(triton.cdiv(x.numel(), 256),)](x.to(device), y, x.numel(), BLOCK=256)
+    assert torch.equal(y.cpu(), x.to(torch.float8_e4m3fn).float())
+
+
+def test_fnuz_conversion_keeps_every_weight_value():
+    """gfx942's e4m3fnuz: the same bits are half the value, so the scales double; fn's -0 (fnuz's NaN) is +0."""
+    bits = torch.arange(256, dtype=torch.uint8)
+    q = bits[(bits & 0x7F) != 0x7F].view(torch.float8_e4m3fn).reshape(2, -1)  # every finite e4m3fn value
+    scale = torch.tensor([[0.5], [3.0]])
+    nuz, nuz_scale = fp8.to_e4m3fnuz(q, scale)
+    assert nuz.dtype == torch.float8_e4m3fnuz and not fp8.dequantize_weight(nuz, nuz_scale).isnan().any()
+    assert torch.equal(fp8.dequantize_weight(nuz, nuz_scale), fp8.dequantize_weight(q, scale))
+
+
+@pytest.mark.gpu
+def test_fnuz_weights_give_the_checkpoints_results():
+    """On an e4m3fnuz GPU (gfx942) the kernel quantizes x on fnuz's grid: the e4m3fn checkpoint's numbers."""
+    from atomlite.model_ops.platform import detect_platform
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    if detect_platform(torch.device("cuda")).fp8_dtype != torch.float8_e4m3fnuz:
+        pytest.skip("not an e4m3fnuz GPU (gfx942)")
+    spec, q, scale, _ = _layer("channel", "token", 64, 128, "cpu")
+    nuz, nuz_scale = fp8.to_e4m3fnuz(q, scale)
+    x = _x(6, 128, "cpu")
+    want = fp8.gemm(x, q, scale, spec)
+    got = fp8_gemm(x.cuda(), nuz.cuda(), nuz_scale.cuda(), None, "token").cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_per_tensor_activation_scales_are_not_per_token():
+    """The kernel's per-token scales differ from one scale for the whole batch (the mistake the parity tests
+    must catch): rows far below the batch's largest lose precision under a per-tensor scale."""
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    spec, q, scale, _ = _layer("channel", "token", 64, 128, "cpu")
+    x = _x(6, 128, "cpu")
+    per_tensor = torch.full((1,), x.abs().max().item() / fp8.E4M3_MAX)
+    got = fp8_gemm(x, q, scale, None, "token")
+    wrong = fp8_gemm(x, q, scale, per_tensor, "static")
+    assert not torch.allclose(got[1], wrong[1], rtol=1e-2)
+
+
+@pytest.mark.slow
+def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
+    """The fp8_linear and fp8_moe_experts launches the Gemma 4 configs make, for every activation semantics, with
+    gfx942's e4m3fnuz weights and gfx950's e4m3fn (the full gate: tests/kernels/test_compile_gate.py)."""
+    from pathlib import Path
+
+    from atomlite.tools.compile_gate import failures, run_gate
+    source = Path(__file__).with_name("compile_gate_fp8.py")
+    results = run_gate(["gfx942", "gfx950"], launches=f"{source}:launches")
+    assert not failures(results), "\n\n".join(failures(results))
+    assert {r.kernel for r in results} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
+    assert all(not (r.stats or {}).get("spills") for r in results)
