@@ -4,22 +4,12 @@ its Gemma 4 model under vLLM's engine, against vLLM's own CPU backend, transform
 Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not installed. vLLM runs in child processes
 (tests/e2e/vllm_cases.py): plugins load once per process, so each ATOMLITE_VLLM_* setting gets its own.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (tools/vllm_venv.sh builds the venv these tests need)")
 
-import tiny_models  # noqa: E402
-from helpers import greedy, hf_greedy, random_prompt  # noqa: E402
-
-CASES = Path(__file__).with_name("vllm_cases.py")
-PROMPTS = [random_prompt(n, seed=n) for n in (5, 23, 40)]  # the Gemma 4 window is 8
-MAX_TOKENS = 12
+from helpers import greedy, hf_greedy  # noqa: E402
+from vllm_runs import MAX_TOKENS, PROMPTS, run_vllm, tiny_llama  # noqa: E402
 PLAIN = {"enable_prefix_caching": False}
 # 16-token chunks split the 23- and 40-token prompts; 16-token blocks let the repeat hit the prefix cache and
 # let vLLM drop sliding-window blocks that left the window.
@@ -28,29 +18,9 @@ CHUNKED = {"enable_chunked_prefill": True, "max_num_batched_tokens": 16, "enable
 ATOMLITE_MODEL = {"hf_overrides": {"architectures": ["AtomliteGemma4ForCausalLM"]}}
 
 
-def run_vllm(runs: list[dict], **switches: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ATOMLITE_VLLM_")} | switches
-    case = json.dumps({"prompts": PROMPTS, "max_tokens": MAX_TOKENS, "runs": runs})
-    proc = subprocess.run([sys.executable, str(CASES), case], env=env, capture_output=True, text=True,
-                          timeout=900, check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"vLLM run failed (rc {proc.returncode}):\n{proc.stderr[-6000:]}"
-    return json.loads(lines[-1].removeprefix("RESULT "))
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                      bos_token_id=2, eos_token_id=1, pad_token_id=0)
-    model = LlamaForCausalLM(cfg)
-    tiny_models.randomize(model, seed=3)
-    model = model.float().eval()
-    path = tmp_path_factory.mktemp("llama")
-    model.save_pretrained(path)
-    return str(path), model
+    return tiny_llama(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")
