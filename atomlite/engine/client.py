@@ -5,10 +5,10 @@ over(engine) runs an LLMEngine of this process on a thread. A handler validates 
 its sequences (admit: QueueFull when the queue has no room, EngineStopped while draining or once stopped), then
 reads each sequence's Deltas from generate(); closing that Generation aborts the sequence. The server checks a
 structured-outputs constraint before queueing it (check_structured_outputs) and shows logprobs with their tokens'
-texts (logprobs_with_texts)."""
+texts (logprobs_with_texts, token_text)."""
 from atomlite.engine.async_engine import AsyncEngine, EngineDead, EngineStopped, Generation, QueueFull
-from atomlite.engine.output_processor import Delta, TokenLogprob, logprobs_with_texts
+from atomlite.engine.output_processor import Delta, TokenLogprob, logprobs_with_texts, token_text
 from atomlite.engine.structured import check_structured_outputs
 
 __all__ = ["AsyncEngine", "Delta", "EngineDead", "EngineStopped", "Generation", "QueueFull", "TokenLogprob",
-           "check_structured_outputs", "logprobs_with_texts"]
+           "check_structured_outputs", "logprobs_with_texts", "token_text"]

@@ -139,8 +139,9 @@ def test_required_tool_choice_calls_tools_whose_arguments_validate(client):
 def test_agent_loop_call_then_result_then_answer(client):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.chat.completions.create(model=NAME, messages=messages, tools=TOOLS, temperature=0,
-                                           max_tokens=80, tool_choice={"type": "function",
-                                                                       "function": {"name": "get_weather"}})
+                                           max_tokens=200, tool_choice={"type": "function",
+                                                                        "function": {"name": "get_weather"}})
+    assert first.choices[0].finish_reason == "tool_calls", first.choices[0].message  # a whole call to answer
     call = first.choices[0].message.tool_calls[0]
     messages += [first.choices[0].message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
