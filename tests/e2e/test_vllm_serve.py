@@ -24,7 +24,8 @@ def test_vllm_serve_answers_through_the_atomlite_plugin(tmp_path):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "vllm"), "serve", str(demo_model_dir()), "--port",
                              str(port), "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
-                             "--served-model-name", "demo"], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
+                             "--served-model-name", "demo", "--limit-mm-per-prompt", '{"image": 0, "video": 0}',
+                             "--hf-overrides", '{"architectures": ["AtomliteGemma4ForCausalLM"]}'], stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 600

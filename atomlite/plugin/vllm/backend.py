@@ -93,12 +93,19 @@ class AtomliteMetadataBuilder(AttentionMetadataBuilder[AtomliteMetadata]):
 def bidirectional_image_problem(model_config) -> str | None:
     """Why this backend cannot serve the model: vLLM asks for bidirectional image attention (Gemma 4 with
     text_config.use_bidirectional_attention "vision" and images enabled), which this backend would run causally."""
-    if model_config is None or not model_config.is_mm_prefix_lm:
+    if model_config is None or not model_config.is_mm_prefix_lm or not _takes_images(model_config):
         return None
     return ("atomlite's attention backend has no bidirectional image attention, which this checkpoint's "
             "use_bidirectional_attention='vision' needs: image prompts would be answered wrongly. Serve images "
             "with vLLM's own attention backend on GPU (drop --attention-backend CUSTOM / ATOMLITE_VLLM_CPU_ATTENTION), "
             "or serve text only with --limit-mm-per-prompt '{\"image\": 0, \"video\": 0}'")
+
+
+def _takes_images(model_config) -> bool:
+    """Whether vLLM will put images or video in prompts: a multimodal model whose limits allow some (a text model,
+    such as atomlite's own Gemma 4, or --limit-mm-per-prompt of 0 for both, runs text alone)."""
+    mm = model_config.multimodal_config
+    return mm is not None and any(mm.get_limit_per_prompt(m) for m in ("image", "video"))
 
 
 def _refuse(alibi_slopes, logits_soft_cap, attn_type, kv_cache_dtype, extra: dict) -> str | None:
