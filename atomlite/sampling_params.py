@@ -147,6 +147,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     spaces_between_special_tokens: bool = True  # fast tokenizers (the only kind atomlite loads) ignore it
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False)
+    _bound_to: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    _bad_words_index: object = field(default=None, init=False, repr=False, compare=False)  # logits_controls'
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -217,14 +219,19 @@ class SamplingParams:
     def bind_to_model(self, tokenizer, vocab_size: int) -> None:
         """Turns bad_words into token ids with the model's tokenizer (vLLM's way: each word as written and, where
         it tokenizes to as many tokens as a different first one, with a leading space, as words mid-text are) and
-        checks every token id against the vocabulary."""
-        self._bad_words_token_ids = []
+        checks every token id against the vocabulary. Params bound before to the same words and model (the API
+        process binds them, then the engine core) are not tokenized again: 20,000 words took seconds."""
+        bound_to = (vocab_size, getattr(tokenizer, "name_or_path", None), tuple(self.bad_words or ()))
+        if bound_to == self._bound_to:
+            return
+        self._bad_words_token_ids, self._bad_words_index, self._bound_to = [], None, None
         if self.bad_words:
             if tokenizer is None:
                 raise ValueError("bad_words needs the model's tokenizer, and this model has none; "
                                  "use logit_bias or allowed_token_ids with token ids instead")
             self._bad_words_token_ids = _bad_word_token_ids(self.bad_words, tokenizer)
         self._check_vocabulary(vocab_size)
+        self._bound_to = bound_to
 
     def _check_vocabulary(self, vocab_size: int) -> None:
         for name, ids in (("logit_bias", self.logit_bias or ()), ("allowed_token_ids", self.allowed_token_ids or ()),
@@ -255,13 +262,21 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+def _encoded(texts: list[str], tokenizer) -> list[list[int]]:
+    """Each text's token ids without special tokens: in one batch call where the tokenizer takes one (a fast
+    tokenizer's Rust batch, which leaves the GIL; a call per text held it for seconds with 20,000 bad_words)."""
+    if callable(tokenizer):
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+
+
 def _bad_word_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    stripped = [word.lstrip() for word in words]
+    encoded = _encoded(stripped + [" " + word for word in stripped], tokenizer)
     sequences = []
-    for word in words:
-        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+    for plain, spaced in zip(encoded[:len(words)], encoded[len(words):]):
         if not plain:
             continue
-        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
         sequences.append(plain)
         if len(spaced) == len(plain) and spaced[0] != plain[0]:
             sequences.append(spaced)

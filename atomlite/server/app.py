@@ -44,6 +44,7 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | N
         await asyncio.to_thread(bodies.start)
         if not engine.started:
             await asyncio.to_thread(engine.start)
+        await asyncio.to_thread(bodies.wait_ready)
         yield
         await asyncio.to_thread(engine.shutdown)
         bodies.stop()

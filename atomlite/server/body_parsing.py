@@ -38,13 +38,20 @@ def _load_models() -> None:
 class BodyParser:
     def __init__(self):
         self.pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._loaded: concurrent.futures.Future | None = None
 
     def start(self) -> None:
         """The worker process, spawned (not forked: the API process has threads); it imports the request models
-        while the server starts, and the first large body waits for that if it comes sooner."""
+        (torch among them: 4 s on the idle 2-core machine, more when loaded) while the engine starts."""
         self.pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                            initializer=die_with_parent, initargs=(os.getpid(),))
-        self.pool.submit(_load_models)
+        self._loaded = self.pool.submit(_load_models)
+
+    def wait_ready(self) -> None:
+        """Returns once the worker has its imports, so no large body waits on them (nor competes with them for the
+        cores) once the server answers."""
+        if self._loaded is not None:
+            self._loaded.result()
 
     def stop(self) -> None:
         if self.pool is not None:

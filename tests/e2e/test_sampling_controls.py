@@ -148,6 +148,67 @@ def test_bad_words_become_token_ids_as_vllm_makes_them():
     assert char_params.bad_words_token_ids == [[71, 72]]  # the demo's " ab" is 3 characters: not kept
 
 
+def bad_words_reference(words: list[list[int]], output: list[int]) -> set[int]:
+    """vLLM's definition: a word's last token is blocked where the output ends with the rest of the word."""
+    return {w[-1] for w in words if len(output) >= len(w) - 1 and output[len(output) - len(w) + 1:] == w[:-1]}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_many_bad_words_block_what_their_definition_says_on_the_host_and_in_flight(seed):
+    """Hundreds of words whose other tokens come from a few ids, so prefixes are shared and outputs end in many of
+    them, and whose last tokens spread over the rest of the vocabulary, so each output blocks its own set."""
+    rng = torch.Generator().manual_seed(seed)
+
+    def draw(low, high, n=1):
+        return torch.randint(low, high, (n,), generator=rng).tolist()
+    words = [draw(2, 6, draw(1, 4)[0]) + draw(6, VOCAB) for _ in range(400)] + [[20], [21]]
+    params = bad_words_params(*words)
+    for _ in range(12):
+        prompt, output = draw(2, 6, 4), draw(2, 6, draw(0, 6)[0])  # the prompt never counts
+        want = bad_words_reference(words, output)
+        on_host = controlled(torch.zeros(1, VOCAB), [params], [seq_with(prompt, output, params)])
+        assert set((on_host[0] == float("-inf")).nonzero()[:, 0].tolist()) == want
+        if output:
+            in_flight = controlled(torch.zeros(1, VOCAB), [params], [seq_with(prompt, output[:-1], params)],
+                                   in_flight=torch.tensor([output[-1]]))
+            assert torch.equal(in_flight, on_host)
+
+
+def test_bad_words_are_tokenized_in_one_batch_as_one_word_at_a_time_would():
+    tokenizer = load_tokenizer(demo_model_dir())
+
+    class OneAtATime:  # not callable: one encode per word
+        def encode(self, text, add_special_tokens=True):
+            return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    words = ["ab", " hello", "x y", "Once upon", "é", "  time", "a"]
+    params = SamplingParams(bad_words=words)
+    params.bind_to_model(tokenizer, vocab_size=128)
+    one_by_one = SamplingParams(bad_words=words)
+    one_by_one.bind_to_model(OneAtATime(), vocab_size=128)
+    assert params.bad_words_token_ids == one_by_one.bad_words_token_ids and params.bad_words_token_ids
+
+
+def test_params_bound_once_are_not_tokenized_again():
+    """The API process binds a request's params, the engine core binds them again: the words are tokenized once,
+    unless they changed."""
+    class Counting:
+        calls = 0
+
+        def encode(self, text, add_special_tokens=True):
+            Counting.calls += 1
+            return [len(text) % 20 + 2]
+
+    params = SamplingParams(bad_words=["one", "three"])
+    params.bind_to_model(Counting(), vocab_size=VOCAB)
+    calls = Counting.calls
+    params.bind_to_model(Counting(), vocab_size=VOCAB)
+    assert Counting.calls == calls
+    params.bad_words = ["three", "seven"]
+    params.bind_to_model(Counting(), vocab_size=VOCAB)
+    assert Counting.calls > calls and params.bad_words_token_ids[0] == [len("three") + 2]
+
+
 @pytest.mark.parametrize("temperature,min_p", [(1.0, 0.1), (0.7, 0.3), (2.0, 0.05), (1.0, 1.0)])
 def test_min_p_keeps_tokens_at_least_min_p_times_the_top_probability(temperature, min_p):
     torch.manual_seed(1)
