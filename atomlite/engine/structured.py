@@ -8,11 +8,11 @@ the device unpacks it with torch ops and sets disallowed logits to -inf before g
 token taken advances its sequence's matcher; once the grammar is complete and only a stop token may follow, the
 sequence is done.
 
-Compiling runs on a thread of its own, never inside the step loop (xgrammar releases the GIL while it compiles: a
-100,000-value enum took 52 s on the 2-core CPU machine, and every running sequence waited with it). A request waits
-for its grammar while the batch runs on; one whose compile passes compile_timeout_s fails as a 400 naming the field
-(the compile cannot be stopped: it finishes unseen, and the same spec sent again is refused at once). Compiled
-grammars are cached by a hash of their spec, bounded in bytes (vLLM's VLLM_XGRAMMAR_CACHE_MB idea).
+Compiling never runs inside the step loop: a grammar thread hands each compile to a process of its own
+(grammar_worker.py, at a lower CPU priority) and reads the compiled grammar back. A request waits for its grammar
+while the batch runs on; one whose compile passes compile_timeout_s fails as a 400 naming the field, its compile
+killed (the same spec sent again is refused at once). Compiled grammars are cached by a hash of their spec, bounded
+in bytes (vLLM's VLLM_XGRAMMAR_CACHE_MB idea).
 
 The grammar constrains the text the client gets: where special tokens are left out of it (skip_special_tokens, the
 default) the grammar never picks one, but for a stop token at the end; where they are kept, a literal matches a
@@ -25,13 +25,16 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import torch
 
+from atomlite.engine.grammar_worker import CompileDropped, CompileTimeout, GrammarWorker
 from atomlite.engine.schema_shape import check_schema_shape
 from atomlite.engine.token_mask import unpack_bitmask
 
@@ -80,11 +83,27 @@ def _invalid(name: str, error: Exception) -> ValueError:
     return ValueError(f"{name} is invalid: {message}")
 
 
+def compile_spec(compiler: xgr.GrammarCompiler, kind: str, text: str, field: str) -> xgr.CompiledGrammar:
+    """The grammar of a spec's cache key compiled; a ValueError naming field if it makes none."""
+    if kind == "json":
+        check_schema_shape(text, field)
+    try:
+        return compiler.compile_grammar(_grammar(kind, text))
+    except RuntimeError as e:
+        raise _invalid(field, e) from None
+
+
 def spec_hash(kind: str, text: str) -> bytes:
     return hashlib.sha256(f"{kind}\0{text}".encode("utf-8", "surrogatepass")).digest()
 
 
 _checked: OrderedDict[bytes, None] = OrderedDict()  # hashes only: a cache must not keep a 3 MB schema alive
+
+
+def _stop(pool: concurrent.futures.ThreadPoolExecutor, worker: GrammarWorker) -> None:
+    """An engine's grammar thread and process, ended with it."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    worker.stop()
 
 
 def check_structured_outputs(spec: StructuredOutputsParams, name: str | None = None) -> None:
@@ -133,14 +152,15 @@ class StructuredOutputs:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self.words = (vocab_size + 31) // 32
-        self._compilers: dict[bool, xgr.GrammarCompiler] = {}  # by skip_special_tokens; made on first use
+        self._infos: dict[bool, xgr.TokenizerInfo] = {}  # by skip_special_tokens; made on first use
+        self._compilers: dict[bool, xgr.GrammarCompiler] = {}  # compile()'s, in this process
         self._compiled: OrderedDict[bytes, xgr.CompiledGrammar] = OrderedDict()
         self._compiled_bytes = 0
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
         self.compile_timeout_s = COMPILE_TIMEOUT_S
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future]] = {}
-        self._compile_started: dict[int, float] = {}  # seq_id -> when the grammar thread took its compile
+        self._worker = GrammarWorker()
+        self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future, threading.Event]] = {}
         self._too_slow: OrderedDict[bytes, None] = OrderedDict()
         self._filler = None  # an xgrammar BatchGrammarMatcher, made on first use
         self._host: torch.Tensor | None = None
@@ -165,9 +185,12 @@ class StructuredOutputs:
             return True
         if key in self._too_slow:
             raise self._slow_error(spec)
-        self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
-        future = self._pool.submit(self._compile_timed, seq.seq_id, spec, skip)
-        self._compiling[seq.seq_id] = (seq, key, future)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
+            weakref.finalize(self, _stop, self._pool, self._worker)
+        dropped = threading.Event()
+        future = self._pool.submit(self._compile_in_worker, spec, skip, dropped)
+        self._compiling[seq.seq_id] = (seq, key, future, dropped)
         return False
 
     @property
@@ -178,33 +201,27 @@ class StructuredOutputs:
         """(sequences whose grammar is ready, now with matchers; (sequence, error) for those whose grammar failed
         or passed the time limit). wait_s: how long to wait for a compile to end when none has."""
         if wait_s and self._compiling:
-            futures = [future for _, _, future in self._compiling.values()]
+            futures = [future for _, _, future, _ in self._compiling.values()]
             concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.FIRST_COMPLETED)
-        ready, failed, now = [], [], time.monotonic()
-        for seq_id, (seq, key, future) in list(self._compiling.items()):
-            # the limit counts from the compile's start: a grammar queued behind another's is not charged for it
-            started = self._compile_started.get(seq_id)
-            spec = seq.params.structured_outputs
-            if future.done():
-                del self._compiling[seq_id]
-                self._compile_started.pop(seq_id, None)
-                try:
-                    compiled = future.result()
-                except ValueError as e:
-                    failed.append((seq, str(e)))
-                    continue
-                self._cache(key, compiled)
-                self._matchers[seq_id] = _xgr().GrammarMatcher(compiled)
-                ready.append(seq)
-            elif started is not None and now > started + self.compile_timeout_s:
-                del self._compiling[seq_id]
-                self._compile_started.pop(seq_id, None)
+        ready, failed = [], []
+        for seq_id, (seq, key, future, _) in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[seq_id]
+            try:
+                compiled = future.result()
+            except CompileTimeout:
                 self._too_slow[key] = None
                 if len(self._too_slow) > MAX_SLOW_SPECS:
                     self._too_slow.popitem(last=False)
-                failed.append((seq, str(self._slow_error(spec))))
-        for seq_id in self._compile_started.keys() - self._compiling.keys():  # dropped before their compile began
-            del self._compile_started[seq_id]
+                failed.append((seq, str(self._slow_error(seq.params.structured_outputs))))
+                continue
+            except ValueError as e:
+                failed.append((seq, str(e)))
+                continue
+            self._cache(key, compiled)
+            self._matchers[seq_id] = _xgr().GrammarMatcher(compiled)
+            ready.append(seq)
         return ready, failed
 
     def _slow_error(self, spec: StructuredOutputsParams) -> ValueError:
@@ -214,9 +231,9 @@ class StructuredOutputs:
     def drop(self, seq: Sequence) -> None:
         self._matchers.pop(seq.seq_id, None)
         compiling = self._compiling.pop(seq.seq_id, None)
-        if compiling is not None:  # a compile not begun is cancelled; one under way finishes unseen, not kept
+        if compiling is not None:  # a compile not begun is cancelled; one under way is killed
             compiling[2].cancel()
-            self._compile_started.pop(seq.seq_id, None)
+            compiling[3].set()
 
     def compile(self, spec: StructuredOutputsParams, skip_special_tokens: bool = True) -> xgr.CompiledGrammar:
         key = self._key(spec, skip_special_tokens)
@@ -227,23 +244,36 @@ class StructuredOutputs:
         self._cache(key, compiled)
         return compiled
 
-    def _compile_timed(self, seq_id: int, spec: StructuredOutputsParams, skip_special_tokens: bool):
-        self._compile_started[seq_id] = time.monotonic()
-        return self._compile_uncached(spec, skip_special_tokens)
+    def _compile_in_worker(self, spec: StructuredOutputsParams, skip_special_tokens: bool,
+                           dropped: threading.Event) -> xgr.CompiledGrammar:
+        """On the grammar thread: the compile in the grammar process, its limit counted from when the process took
+        it (a grammar queued behind another's is not charged for it, nor the process's start); CompileTimeout past
+        the limit."""
+        info = self._tokenizer_info(skip_special_tokens)
+        try:
+            self._worker.start()
+        except RuntimeError as e:
+            raise ValueError(f"structured_outputs.{spec.kind} could not be compiled: {e}") from None
+        kind, text = spec.cache_key
+        deadline = time.monotonic() + self.compile_timeout_s
+        try:
+            compiled = self._worker.compile(skip_special_tokens, info, kind, text, f"structured_outputs.{spec.kind}",
+                                            deadline, dropped.is_set)
+        except CompileDropped:
+            return None  # nobody reads it
+        return _xgr().CompiledGrammar.deserialize_json(compiled, info)
 
     @staticmethod
     def _key(spec: StructuredOutputsParams, skip_special_tokens: bool) -> bytes:
         return spec_hash(*spec.cache_key) + bytes([skip_special_tokens])
 
     def _compile_uncached(self, spec: StructuredOutputsParams, skip_special_tokens: bool) -> xgr.CompiledGrammar:
-        kind, text = spec.cache_key
-        if kind == "json":
-            check_schema_shape(text, f"structured_outputs.{spec.kind}")
-        compiler = self._compilers.get(skip_special_tokens) or self._make_compiler(skip_special_tokens)
-        try:
-            return compiler.compile_grammar(_grammar(*spec.cache_key))
-        except RuntimeError as e:
-            raise _invalid(f"structured_outputs.{spec.kind}", e) from None
+        """In this process (compile(): tests, tools); the engine's compiles go to the grammar process."""
+        compiler = self._compilers.get(skip_special_tokens)
+        if compiler is None:  # its own cache off: compiled grammars are cached here, by spec
+            compiler = _xgr().GrammarCompiler(self._tokenizer_info(skip_special_tokens), cache_enabled=False)
+            self._compilers[skip_special_tokens] = compiler
+        return compile_spec(compiler, *spec.cache_key, f"structured_outputs.{spec.kind}")
 
     def _cache(self, key: bytes, compiled: xgr.CompiledGrammar) -> None:
         """Least recently used out, down to MAX_CACHED_GRAMMAR_BYTES; a grammar larger than that is not kept."""
@@ -256,15 +286,18 @@ class StructuredOutputs:
             _, old = self._compiled.popitem(last=False)
             self._compiled_bytes -= old.memory_size_bytes
 
-    def _make_compiler(self, skip_special_tokens: bool) -> xgr.GrammarCompiler:
+    def _tokenizer_info(self, skip_special_tokens: bool) -> xgr.TokenizerInfo:
+        info = self._infos.get(skip_special_tokens)
+        if info is not None:
+            return info
         if self.tokenizer is None:
             raise ValueError("structured_outputs needs the model's tokenizer, and this model has none")
         info = _xgr().TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                   stop_token_ids=self.stop_token_ids or None)
         if skip_special_tokens:
             info = _without_special_tokens(info, self.tokenizer, self.vocab_size)
-        compiler = self._compilers[skip_special_tokens] = _xgr().GrammarCompiler(info, cache_enabled=False)
-        return compiler  # its own cache is off: compiled grammars are cached here, by spec
+        self._infos[skip_special_tokens] = info
+        return info
 
     def constrains(self, seqs: list[Sequence]) -> bool:
         return bool(self._matchers) and any(seq.seq_id in self._matchers for seq in seqs)

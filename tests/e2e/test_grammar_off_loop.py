@@ -2,13 +2,16 @@
 does not compile within the limit fails naming its field, nothing of it kept; compiled grammars are cached by hash
 and bounded in bytes."""
 import json
+import os
 import threading
+import time
 
 import httpx
 import pytest
 
 from atomlite import LLM, SamplingParams, StructuredOutputsParams
 from atomlite.engine import structured
+from atomlite.engine.grammar_worker import GRAMMAR_NICENESS
 from atomlite.server.app import make_app
 from server_utils import running
 
@@ -35,9 +38,12 @@ def test_a_running_sequence_finishes_while_a_slow_grammar_compiles_and_times_out
         engine.add_request("plain", "Hello", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         engine.add_request("slow", "Hello", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
             json=BIG_ENUM)))
+        process = grammar_process(engine)
         updates = run_until_done(engine)
     finally:
         engine.structured.compile_timeout_s = structured.COMPILE_TIMEOUT_S
+    process.join(5)
+    assert not process.is_alive()  # killed at its limit, not left to finish unseen
     plain = [u for u in updates if u.request_id == "plain"]
     slow = [u for u in updates if u.request_id == "slow"]
     assert sum(len(u.token_ids) for u in plain) == 8 and plain[-1].finish_reason == "length"
@@ -47,6 +53,32 @@ def test_a_running_sequence_finishes_while_a_slow_grammar_compiles_and_times_out
     with pytest.raises(ValueError, match="did not compile within"):  # the same spec again: refused at once
         engine.add_request("again", "Hello", SamplingParams(structured_outputs=StructuredOutputsParams(
             json=BIG_ENUM)))
+
+
+def grammar_process(engine):
+    """The grammar process once it runs (its imports take a few seconds)."""
+    deadline = time.monotonic() + 120
+    while engine.structured._worker._process is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine.structured._worker._process
+
+
+def test_the_grammar_process_runs_at_a_lower_priority_and_a_dropped_requests_compile_is_killed(llm):
+    engine = llm.engine
+    spec = StructuredOutputsParams(json={**BIG_ENUM, "enum": BIG_ENUM["enum"] + ["dropped"]})
+    engine.add_request("dropped", "Hello", SamplingParams(max_tokens=2, structured_outputs=spec))
+    process = grammar_process(engine)
+    nicer = min(19, os.getpriority(os.PRIO_PROCESS, 0) + GRAMMAR_NICENESS)
+    deadline = time.monotonic() + 30  # the process sets its niceness as it starts
+    while os.getpriority(os.PRIO_PROCESS, process.pid) != nicer and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.getpriority(os.PRIO_PROCESS, process.pid) == nicer
+    engine.abort("dropped")
+    process.join(30)
+    assert not process.is_alive() and not engine.structured.compiling and not engine.has_unfinished()
+    out = llm.generate("Hi", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no"])))  # the next compile starts a new process
+    assert out[0].outputs[0].text in ("yes", "no")
 
 
 def test_a_compiled_grammar_is_cached_by_hash_and_reused(llm):

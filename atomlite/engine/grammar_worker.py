@@ -1,0 +1,110 @@
+"""Grammars compile in a process of their own, one at a time, at a lower CPU priority than the engine.
+
+In the engine core's process, a compile ran on xgrammar's own threads (eight by default): on the 2-core CPU
+machine a 100,000-value enum pushed every running stream's gap between tokens from ~100 ms to 0.7-3 s for the
+30 s it ran, and went on for as long again after its limit, unseen, since a compile cannot be stopped. Here it runs
+on GRAMMAR_THREADS threads at niceness GRAMMAR_NICENESS, and a compile past its limit, or whose request was dropped,
+ends by killing the process (the next compile starts a new one). A compiled grammar comes back as xgrammar's JSON
+(serialize_json; the engine side reads it with the tokenizer's TokenizerInfo): for small grammars a few ms."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+
+from atomlite.lifetime import die_with_parent
+
+GRAMMAR_NICENESS = 10  # a nice-0 thread busy beside it gets ~90% of a shared core
+GRAMMAR_THREADS = 1
+POLL_S = 0.05  # how often a wait checks its limit and whether the request is still wanted
+START_TIMEOUT_S = 120.0  # the process's imports (xgrammar brings torch) on a loaded machine
+
+
+class CompileTimeout(Exception):
+    pass
+
+
+class CompileDropped(Exception):
+    pass
+
+
+def _serve(conn, parent_pid: int, niceness: int, threads: int) -> None:
+    """The worker: (skip_special_tokens, TokenizerInfo JSON or None once sent, kind, text, field) in, ("ok",
+    compiled JSON) or ("error", message) out, until the engine's end of the pipe closes."""
+    die_with_parent(parent_pid)
+    os.nice(niceness)  # before any thread starts: Linux threads take their creator's niceness
+    import xgrammar as xgr
+
+    from atomlite.engine.structured import compile_spec
+    conn.send(("ready", None))
+    compilers: dict[bool, xgr.GrammarCompiler] = {}
+    while True:
+        try:
+            skip, info_json, kind, text, field = conn.recv()
+        except EOFError:
+            return
+        if info_json is not None:
+            info = xgr.TokenizerInfo.deserialize_json(info_json)
+            compilers[skip] = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        try:
+            conn.send(("ok", compile_spec(compilers[skip], kind, text, field).serialize_json()))
+        except ValueError as e:
+            conn.send(("error", str(e)))
+
+
+class GrammarWorker:
+    """The engine's end of the worker process; used from one thread (the engine's grammar thread)."""
+
+    def __init__(self, niceness: int = GRAMMAR_NICENESS, threads: int = GRAMMAR_THREADS):
+        self.niceness, self.threads = niceness, threads
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn = None
+        self._infos_sent: set[bool] = set()
+
+    def start(self) -> None:
+        """The process, started and its imports done (not counted against any compile's limit)."""
+        if self._process is not None:
+            return
+        context = multiprocessing.get_context("spawn")
+        ours, theirs = context.Pipe()
+        self._process = context.Process(target=_serve, args=(theirs, os.getpid(), self.niceness, self.threads),
+                                        name="atomlite-grammar", daemon=True)
+        self._process.start()
+        theirs.close()
+        self._conn = ours
+        if not ours.poll(START_TIMEOUT_S) or ours.recv()[0] != "ready":
+            self.stop()
+            raise RuntimeError(f"the grammar process did not start within {START_TIMEOUT_S:g} s")
+
+    def compile(self, skip_special_tokens: bool, tokenizer_info, kind: str, text: str, field: str,
+                deadline: float, dropped: Callable[[], bool]) -> str:
+        """The compiled grammar's JSON; a ValueError naming field if the spec makes no grammar, CompileTimeout past
+        deadline (time.monotonic()), CompileDropped once dropped() says the request is gone; either kills the
+        process."""
+        self.start()
+        info_json = None if skip_special_tokens in self._infos_sent else tokenizer_info.serialize_json()
+        self._conn.send((skip_special_tokens, info_json, kind, text, field))
+        self._infos_sent.add(skip_special_tokens)
+        while not self._conn.poll(POLL_S):
+            gone, late, alive = dropped(), time.monotonic() > deadline, self._process.is_alive()
+            if gone or late or not alive:
+                self.stop()
+                if gone:
+                    raise CompileDropped()
+                if late:
+                    raise CompileTimeout()
+                raise ValueError(f"{field} could not be compiled: the grammar process died (out of memory?)")
+        status, value = self._conn.recv()
+        if status == "error":
+            raise ValueError(value)
+        return value
+
+    def stop(self) -> None:
+        """Kills the process, whatever it is doing."""
+        if self._process is None:
+            return
+        self._process.kill()
+        self._process.join(5)
+        self._conn.close()
+        self._process, self._conn, self._infos_sent = None, None, set()
