@@ -8,10 +8,13 @@ ends by killing the process (the next compile starts a new one). A compiled gram
 (serialize_json; the engine side reads it with the tokenizer's TokenizerInfo): for small grammars a few ms."""
 from __future__ import annotations
 
-import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 
 from atomlite.lifetime import die_with_parent
 
@@ -29,11 +32,11 @@ class CompileDropped(Exception):
     pass
 
 
-def _serve(conn, parent_pid: int, niceness: int, threads: int) -> None:
+def _serve(conn: Connection, parent_pid: int, niceness: int, threads: int) -> None:
     """The worker: (skip_special_tokens, TokenizerInfo JSON or None once sent, kind, text, field) in, ("ok",
-    compiled JSON) or ("error", message) out, until the engine's end of the pipe closes."""
-    die_with_parent(parent_pid)
+    compiled JSON) or ("error", message) out, until the engine's end of the socket closes."""
     os.nice(niceness)  # before any thread starts: Linux threads take their creator's niceness
+    die_with_parent(parent_pid)
     import xgrammar as xgr
 
     from atomlite.engine.structured import compile_spec
@@ -58,22 +61,26 @@ class GrammarWorker:
 
     def __init__(self, niceness: int = GRAMMAR_NICENESS, threads: int = GRAMMAR_THREADS):
         self.niceness, self.threads = niceness, threads
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._conn = None
+        self._process: subprocess.Popen | None = None
+        self._conn: Connection | None = None
         self._infos_sent: set[bool] = set()
 
     def start(self) -> None:
         """The process, started and its imports done (not counted against any compile's limit)."""
         if self._process is not None:
             return
-        context = multiprocessing.get_context("spawn")
-        ours, theirs = context.Pipe()
-        self._process = context.Process(target=_serve, args=(theirs, os.getpid(), self.niceness, self.threads),
-                                        name="atomlite-grammar", daemon=True)
-        self._process.start()
+        # a plain child process: the engine core is a daemonic multiprocessing process, which may not start one
+        ours, theirs = socket.socketpair()
+        args = [str(theirs.fileno()), str(os.getpid()), str(self.niceness), str(self.threads)]
+        self._process = subprocess.Popen([sys.executable, "-m", "atomlite.engine.grammar_worker", *args],
+                                         pass_fds=[theirs.fileno()])
         theirs.close()
-        self._conn = ours
-        if not ours.poll(START_TIMEOUT_S) or ours.recv()[0] != "ready":
+        self._conn = Connection(ours.detach())
+        try:
+            started = self._conn.poll(START_TIMEOUT_S) and self._conn.recv()[0] == "ready"
+        except (EOFError, OSError):
+            started = False
+        if not started:
             self.stop()
             raise RuntimeError(f"the grammar process did not start within {START_TIMEOUT_S:g} s")
 
@@ -87,7 +94,7 @@ class GrammarWorker:
         self._conn.send((skip_special_tokens, info_json, kind, text, field))
         self._infos_sent.add(skip_special_tokens)
         while not self._conn.poll(POLL_S):
-            gone, late, alive = dropped(), time.monotonic() > deadline, self._process.is_alive()
+            gone, late, alive = dropped(), time.monotonic() > deadline, self._process.poll() is None
             if gone or late or not alive:
                 self.stop()
                 if gone:
@@ -105,6 +112,10 @@ class GrammarWorker:
         if self._process is None:
             return
         self._process.kill()
-        self._process.join(5)
+        self._process.wait(5)
         self._conn.close()
         self._process, self._conn, self._infos_sent = None, None, set()
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])), *map(int, sys.argv[2:]))

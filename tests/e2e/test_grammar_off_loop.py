@@ -42,8 +42,7 @@ def test_a_running_sequence_finishes_while_a_slow_grammar_compiles_and_times_out
         updates = run_until_done(engine)
     finally:
         engine.structured.compile_timeout_s = structured.COMPILE_TIMEOUT_S
-    process.join(5)
-    assert not process.is_alive()  # killed at its limit, not left to finish unseen
+    assert process.wait(5) is not None  # killed at its limit, not left to finish unseen
     plain = [u for u in updates if u.request_id == "plain"]
     slow = [u for u in updates if u.request_id == "slow"]
     assert sum(len(u.token_ids) for u in plain) == 8 and plain[-1].finish_reason == "length"
@@ -74,8 +73,7 @@ def test_the_grammar_process_runs_at_a_lower_priority_and_a_dropped_requests_com
         time.sleep(0.01)
     assert os.getpriority(os.PRIO_PROCESS, process.pid) == nicer
     engine.abort("dropped")
-    process.join(30)
-    assert not process.is_alive() and not engine.structured.compiling and not engine.has_unfinished()
+    assert process.wait(30) is not None and not engine.structured.compiling and not engine.has_unfinished()
     out = llm.generate("Hi", SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no"])))  # the next compile starts a new process
     assert out[0].outputs[0].text in ("yes", "no")
