@@ -4,8 +4,10 @@ In the engine core's process, a compile ran on xgrammar's own threads (eight by 
 machine a 100,000-value enum pushed every running stream's gap between tokens from ~100 ms to 0.7-3 s for the
 30 s it ran, and went on for as long again after its limit, unseen, since a compile cannot be stopped. Here it runs
 on GRAMMAR_THREADS threads at niceness GRAMMAR_NICENESS, and a compile past its limit, or whose request was dropped,
-ends by killing the process (the next compile starts a new one). A compiled grammar comes back as xgrammar's JSON
-(serialize_json; the engine side reads it with the tokenizer's TokenizerInfo): for small grammars a few ms."""
+ends by killing the process (the next compile starts a new one), as does one that leaves it over MAX_WORKER_RSS_MB
+(what large grammars grew stays with this process, not the engine's). A compiled grammar comes back as xgrammar's
+JSON (serialize_json; the engine side reads it with the tokenizer's TokenizerInfo): for small grammars a few ms.
+The process costs ~270 MB (xgrammar imports torch) once a request has asked for a grammar."""
 from __future__ import annotations
 
 import os
@@ -22,6 +24,10 @@ GRAMMAR_NICENESS = 10  # a nice-0 thread busy beside it gets ~90% of a shared co
 GRAMMAR_THREADS = 1
 POLL_S = 0.05  # how often a wait checks its limit and whether the request is still wanted
 START_TIMEOUT_S = 120.0  # the process's imports (xgrammar brings torch) on a loaded machine
+MAX_WORKER_RSS_MB = 1024  # a process grown past this (large grammars compiled) is replaced by the next compile
+WORKER_MAIN = ("import sys; from multiprocessing.connection import Connection; "
+               "from atomlite.engine.grammar_worker import _serve; "
+               "_serve(Connection(int(sys.argv[1])), *map(int, sys.argv[2:]))")
 
 
 class CompileTimeout(Exception):
@@ -56,6 +62,18 @@ def _serve(conn: Connection, parent_pid: int, niceness: int, threads: int) -> No
             conn.send(("error", str(e)))
 
 
+def _rss_mb(pid: int) -> float:
+    """A process's resident memory (Linux; 0 where /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 class GrammarWorker:
     """The engine's end of the worker process; used from one thread (the engine's grammar thread)."""
 
@@ -72,8 +90,7 @@ class GrammarWorker:
         # a plain child process: the engine core is a daemonic multiprocessing process, which may not start one
         ours, theirs = socket.socketpair()
         args = [str(theirs.fileno()), str(os.getpid()), str(self.niceness), str(self.threads)]
-        self._process = subprocess.Popen([sys.executable, "-m", "atomlite.engine.grammar_worker", *args],
-                                         pass_fds=[theirs.fileno()])
+        self._process = subprocess.Popen([sys.executable, "-c", WORKER_MAIN, *args], pass_fds=[theirs.fileno()])
         theirs.close()
         self._conn = Connection(ours.detach())
         try:
@@ -103,6 +120,8 @@ class GrammarWorker:
                     raise CompileTimeout()
                 raise ValueError(f"{field} could not be compiled: the grammar process died (out of memory?)")
         status, value = self._conn.recv()
+        if _rss_mb(self._process.pid) > MAX_WORKER_RSS_MB:
+            self.stop()
         if status == "error":
             raise ValueError(value)
         return value
@@ -116,6 +135,3 @@ class GrammarWorker:
         self._conn.close()
         self._process, self._conn, self._infos_sent = None, None, set()
 
-
-if __name__ == "__main__":
-    _serve(Connection(int(sys.argv[1])), *map(int, sys.argv[2:]))
