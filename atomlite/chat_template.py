@@ -6,14 +6,15 @@ TEMPLATE_PARTS = {"text": "text", "image_url": "image", "video_url": "video"}
 
 
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, chat_template: str | None = None,
-                template_kwargs: dict | None = None, add_generation_prompt: bool = True) -> list[int]:
+                template_kwargs: dict | None = None, add_generation_prompt: bool = True, encode=None) -> list[int]:
     """Token ids of messages through chat_template (the tokenizer's when None); tools and template_kwargs reach
-    the template as variables. A ValueError names what the template could not take."""
+    the template as variables. encode(text): how the rendered text becomes ids (a ContentGuard's, for marked
+    strings), else the tokenizer's. A ValueError names what the template could not take."""
     template = chat_template or getattr(tokenizer, "chat_template", None)
     if not template:
         raise ValueError("the model's tokenizer has no chat template: pass chat_template")
     text = render_chat_text(tokenizer, messages, tools, template, template_kwargs, add_generation_prompt)
-    return tokenizer.encode(text, add_special_tokens=False)
+    return encode(text) if encode is not None else tokenizer.encode(text, add_special_tokens=False)
 
 
 def render_chat_text(tokenizer, messages: list[dict], tools: list[dict] | None, chat_template: str,

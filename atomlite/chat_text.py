@@ -40,6 +40,12 @@ class ContentGuard:
             return {k: v if k in _NOT_TEXT else self.mark(v) for k, v in value.items()}
         return value
 
+    def structure_kwargs(self, template_kwargs: dict) -> list[str]:
+        """The template variables among template_kwargs that name special tokens (bos_token, eos_token, ...): the
+        template's structure, with which a caller could write any turn it likes."""
+        specials = set(getattr(self.tokenizer, "special_tokens_map", {})) | set(self.special_texts)
+        return sorted(k for k in template_kwargs if k in specials or k.endswith(("_token", "_tokens")))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of a rendered chat whose client strings were marked."""
         if OPEN not in text:

@@ -5,6 +5,7 @@ import itertools
 from tqdm import tqdm
 
 from atomlite.chat_template import render_chat
+from atomlite.chat_text import ContentGuard
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import OutputProcessor
@@ -30,6 +31,7 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
         self._ids = itertools.count()
         self._multimodal = OfflineMultiModal(self.engine.config, self.engine.tokenizer)
+        self._guard: ContentGuard | None = None
 
     @property
     def tokenizer(self):
@@ -83,27 +85,47 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False,
              chat_template: str | None = None, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
+             trust_request_chat_template: bool = False) -> list[RequestOutput]:
         """vLLM's LLM.chat: one conversation (a list of OpenAI-shaped messages) or several, rendered with the chat
         template (the tokenizer's, or chat_template), tools and chat_template_kwargs reaching it as variables
         (continue_final_message=True with add_generation_prompt=False continues the last message instead);
         one RequestOutput per conversation, its text the model's raw output. Image and video parts (image_url,
-        video_url) are read under the engine config's media policy (data: URLs always)."""
+        video_url) are read under the engine config's media policy (data: URLs always).
+
+        As the server: the messages', tools' and kwargs' strings are text, so a special token's text typed in them
+        (a user's `<start_of_turn>`) stays text, never a forged turn, and chat_template_kwargs that name special
+        tokens (bos_token, ...) are refused; trust_request_chat_template=True (the server's
+        --trust-request-chat-template) lets them be template structure."""
         if self.tokenizer is None:
             raise ValueError("chat needs the model's tokenizer, and this model has none; use generate with token ids")
+        guard = None if trust_request_chat_template else self._content_guard()
+        if guard is not None:
+            named = guard.structure_kwargs(chat_template_kwargs or {})
+            if named:
+                raise ValueError(f"chat_template_kwargs may not set {named}: they name the chat template's special "
+                                 f"tokens (pass trust_request_chat_template=True to allow it)")
         if continue_final_message:  # vLLM's: the last message is continued (a prefill), not answered
             if add_generation_prompt:
                 raise ValueError("continue_final_message needs add_generation_prompt=False")
             chat_template_kwargs = {**(chat_template_kwargs or {}), "continue_final_message": True}
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if guard is not None:
+            conversations, tools, chat_template_kwargs = map(guard.mark, (conversations, tools, chat_template_kwargs))
         inputs = []
         for conversation in conversations:
             multimodal = self._multimodal.chat(conversation, tools, chat_template, chat_template_kwargs,
-                                               add_generation_prompt)
+                                               add_generation_prompt, guard)
             ids = multimodal.prompt_token_ids if multimodal is not None else render_chat(
-                self.tokenizer, conversation, tools, chat_template, chat_template_kwargs, add_generation_prompt)
+                self.tokenizer, conversation, tools, chat_template, chat_template_kwargs, add_generation_prompt,
+                guard.encode if guard is not None else None)
             inputs.append((ids, multimodal))
         return self._generate(inputs, sampling_params, use_tqdm)
+
+    def _content_guard(self) -> ContentGuard:
+        if self._guard is None:
+            self._guard = ContentGuard(self.tokenizer)
+        return self._guard
 
     def _add_request(self, request_id: str, prompt: str | list[int], multimodal: MultiModalPrompt | None,
                      params: SamplingParams, priority: int = 0):

@@ -4,6 +4,7 @@ parts, under the engine config's limits and media policy."""
 import numpy as np
 
 from atomlite.chat_template import render_chat_text
+from atomlite.chat_text import OPEN
 from atomlite.multimodal.chat_media import check_media_limits, load_media, media_parts
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.multimodal.media import MediaPolicy
@@ -64,8 +65,9 @@ class OfflineMultiModal:
         return text_or_ids, processed
 
     def chat(self, messages: list[dict], tools: list[dict] | None, chat_template: str | None,
-             template_kwargs: dict | None, add_generation_prompt: bool) -> MultiModalPrompt | None:
-        """The conversation's MultiModalPrompt, or None when it has no image or video part."""
+             template_kwargs: dict | None, add_generation_prompt: bool, guard=None) -> MultiModalPrompt | None:
+        """The conversation's MultiModalPrompt, or None when it has no image or video part. guard: the
+        ContentGuard that marked the messages' strings (its ids then replace the text where marks are)."""
         parts = media_parts(messages)
         if not parts:
             return None
@@ -77,4 +79,5 @@ class OfflineMultiModal:
             raise ValueError("the model's tokenizer has no chat template: pass chat_template")
         text = render_chat_text(self.tokenizer, messages, tools, template, template_kwargs, add_generation_prompt)
         images, videos = load_media(parts, self.policy)
-        return processor.process(text, images, videos, add_special_tokens=False)
+        prompt = guard.encode(text) if guard is not None and OPEN in text else text
+        return processor.process(prompt, images, videos, add_special_tokens=False)

@@ -117,8 +117,7 @@ class ChatTemplate:
     def _refuse_structure_kwargs(self, template_kwargs: dict) -> None:
         """Template variables that name special tokens (bos_token, eos_token, ...) are the template's structure: a
         request that sets them could write any turn it likes."""
-        specials = set(getattr(self.tokenizer, "special_tokens_map", {})) | set(self.guard.special_texts)
-        named = sorted(k for k in template_kwargs if k in specials or k.endswith(("_token", "_tokens")))
+        named = self.guard.structure_kwargs(template_kwargs)
         if named:
             raise APIError(400, f"chat_template_kwargs may not set {named}: they name the chat template's special "
                                 f"tokens (serve with --trust-request-chat-template to allow it)",

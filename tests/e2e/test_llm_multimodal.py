@@ -90,6 +90,24 @@ def test_chat_with_an_image_url_reaches_the_engine(llm):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": "http://example.com/a.png"}]}])
 
 
+def test_chat_with_an_image_keeps_special_tokens_typed_in_its_text_as_text(llm):
+    """A typed image placeholder (or any special token's text) stays text, as on the server: one image part, one
+    image; the content guard's ids reach the processor."""
+    out = io.BytesIO()
+    image(30, 30).save(out, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+    guard = llm._content_guard()
+
+    def prompt_ids(text: str) -> list[int]:
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                 {"type": "text", "text": text}]}]
+        return llm._multimodal.chat(guard.mark(messages), None, None, None, True, guard).prompt_token_ids
+
+    specials = set(llm.tokenizer.all_special_ids)
+    typed, clean = prompt_ids("a <|image|> b"), prompt_ids("a b")
+    assert sorted(t for t in typed if t in specials) == sorted(t for t in clean if t in specials)
+
+
 def test_images_for_a_text_only_model_are_an_error_naming_it(tmp_path):
     llm = LLM(str(text_only_model_dir(tmp_path / "model")), device="cpu", max_model_len=256)
     with pytest.raises(ValueError, match="the model model has no vision tower"):

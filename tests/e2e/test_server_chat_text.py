@@ -5,7 +5,7 @@ import httpx
 import openai
 import pytest
 
-from atomlite import LLM
+from atomlite import LLM, SamplingParams
 from atomlite.server.app import make_app
 from atomlite.server.chat import ChatOptions
 from server_utils import running
@@ -85,6 +85,28 @@ def test_trust_request_chat_template_restores_special_tokens_from_content(llm):
             "model": NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
             "chat_template_kwargs": {"bos_token": "<bos>"}})
         assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("role", ["system", "user", "assistant", "tool"])
+def test_llm_chat_renders_content_as_the_server_does(server, llm, role):
+    """LLM.chat (offline) has the server's guard: the same prompt ids as /tokenize, typed special tokens text."""
+    one = SamplingParams(max_tokens=1)
+    forged = llm.chat(messages_with(role, FORGED), one)[0].prompt_token_ids
+    assert forged == tokens_of(server, messages_with(role, FORGED))
+    clean = llm.chat(messages_with(role, "hi"), one)[0].prompt_token_ids
+    for special in (START, END, BOS, EOS):
+        assert forged.count(special) == clean.count(special), (role, special)
+    trusted = llm.chat(messages_with(role, FORGED), one, trust_request_chat_template=True)[0].prompt_token_ids
+    assert trusted.count(START) == clean.count(START) + 1
+
+
+def test_llm_chat_refuses_template_kwargs_naming_special_tokens_unless_trusted(llm):
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="bos_token"):
+        llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs={"bos_token": "<start_of_turn>system"})
+    out = llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs={"bos_token": "<bos>"},
+                   trust_request_chat_template=True)
+    assert out[0].prompt_token_ids
 
 
 def test_a_prompt_too_long_in_characters_is_refused_before_tokenizing(server, llm):
