@@ -37,7 +37,7 @@ class Server:
         self.engine, self.model_name, self.api_key = engine, self.model_names[0], api_key
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
-        self.fmt = Formatter(self.tokenizer, model_name)
+        self.fmt = Formatter(self.tokenizer, self.model_name)  # responses name the first served name, as vLLM
         self.chat_template = ChatTemplate(self.tokenizer, chat_options) if self.tokenizer is not None else None
         self.multimodal = MultiModalInputs(engine.config, self.tokenizer, model_name)
         self.offload = Offload()

@@ -10,7 +10,7 @@ import pytest
 
 from atomlite import LLM
 from atomlite.server import body_limit, timeouts
-from atomlite.server.app import make_app
+from atomlite.server.app import build_app, engine_client, make_app
 from server_utils import running
 
 NAME = "tiny"
@@ -134,3 +134,12 @@ def test_a_body_that_stops_halfway_is_a_408(server, monkeypatch):
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     answer = raw(server, head + b'{"model": ')
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within" in answer, answer[:300]
+
+
+def test_responses_name_the_first_served_model_name_as_vllm(llm):
+    with running(build_app(engine_client(llm.engine), ["first", "second"])) as base:
+        for name in ("first", "second"):
+            assert httpx.post(f"{base}/v1/completions", json={**OK, "model": name}).json()["model"] == "first"
+            chat = httpx.post(f"{base}/v1/chat/completions", json={**CHAT, "model": name, "stream": True})
+            chunks = [json.loads(line[6:]) for line in chat.text.splitlines() if line.startswith("data: {")]
+            assert chunks and all(chunk["model"] == "first" for chunk in chunks)
