@@ -9,9 +9,10 @@ the schema was checked), and reads the RSS again.
 
     python bench/hostile_load.py [--code /work/main] [--json out.json]
 
-Prints one JSON summary: /health p50/p99/max, inter-token gap p99/max and how many over 250 ms, whether every
-stream completed, each hostile request's status and time, and the RSS before/after of the API process and the
-engine core."""
+Prints one JSON summary: /health p50/p99/max, inter-token gap p99/max and how many over 250 ms, the same while no
+hostile request was in flight (the machine's own baseline: on a shared machine other processes set it), whether
+every stream completed, each hostile request's status and time and the worst gap and /health while it ran, and the
+RSS before/after of the API process and the engine core."""
 import argparse
 import asyncio
 import json
@@ -123,16 +124,20 @@ async def stream_loop(client: httpx.AsyncClient, model: str, stop: asyncio.Event
         results.append(complete)
 
 
-async def send_hostile(client: httpx.AsyncClient, model: str, windows: list) -> list[dict]:
+def encoded(model: str) -> list[tuple[str, str, bytes, dict]]:
+    """hostile(model) with each body as the bytes sent, encoded before the run: JSON-encoding megabytes on this
+    client's event loop would delay its own readings of the streams and /health."""
+    return [(name, path, body if isinstance(body, bytes) else json.dumps(body).encode(),
+             {"content-type": "application/json", **headers}) for name, path, body, headers in hostile(model)]
+
+
+async def send_hostile(client: httpx.AsyncClient, requests: list, windows: list) -> list[dict]:
     rows = []
-    for name, path, body, headers in hostile(model):
+    for name, path, body, headers in requests:
         start = time.perf_counter()
         windows.append((name, start))
         try:
-            if isinstance(body, bytes):
-                resp = await client.post(path, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
-            else:
-                resp = await client.post(path, json=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
+            resp = await client.post(path, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
             status, text = resp.status_code, resp.text[:160]
         except httpx.HTTPError as e:
             status, text = None, f"{type(e).__name__}"
@@ -166,13 +171,14 @@ def start_server(code: Path, port: int, log: Path) -> subprocess.Popen:
 
 async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: int) -> dict:
     rss_start = {"api_mb": rss_mb(api_pid), "core_mb": rss_mb(core_pid)}
+    requests = encoded(model)
     async with httpx.AsyncClient(base_url=base, limits=httpx.Limits(max_connections=64)) as client:
         stop, health, gaps, results = asyncio.Event(), [], [], []
         tasks = [asyncio.create_task(stream_loop(client, model, stop, gaps, results)) for _ in range(STREAMS)]
         poller = asyncio.create_task(poll_health(client, stop, health))
         await asyncio.sleep(3)  # the streams under way
         windows = []
-        rows = await send_hostile(client, model, windows)
+        rows = await send_hostile(client, requests, windows)
         stop.set()
         await asyncio.gather(*tasks, poller)
         await asyncio.sleep(2)
@@ -183,6 +189,9 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
     for row, (_, start, end) in zip(rows, windows):  # what the streams and /health saw while each was in flight
         row["worst_gap_ms"] = round(1e3 * max((g for t, g in gaps if start <= t <= end + 0.5), default=0), 1)
         row["worst_health_ms"] = round(1e3 * max((h for t, h in health if start <= t <= end), default=0), 1)
+    def quiet(samples):  # what was measured while no hostile request was in flight (nor just answered)
+        return [v for t, v in samples if not any(start <= t <= end + 0.5 for _, start, end in windows)]
+    quiet_gaps, quiet_health = quiet(gaps), quiet(health)
     health, gaps = [h for _, h in health], [g for _, g in gaps]
     return {
         "health_ms": {"n": len(health), "p50": 1e3 * percentile(health, 0.5), "p99": 1e3 * percentile(health, 0.99),
@@ -190,6 +199,10 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
         "gaps_ms": {"n": len(gaps), "p50": 1e3 * percentile(gaps, 0.5), "p99": 1e3 * percentile(gaps, 0.99),
                     "max": 1e3 * max(gaps, default=float("nan")),
                     "over_250ms": sum(g > GAP_LIMIT_S for g in gaps)},
+        "quiet": {"gaps_p50_ms": 1e3 * percentile(quiet_gaps, 0.5), "gaps_p99_ms": 1e3 * percentile(quiet_gaps, 0.99),
+                  "gaps_max_ms": 1e3 * max(quiet_gaps, default=float("nan")),
+                  "health_p99_ms": 1e3 * percentile(quiet_health, 0.99),
+                  "health_max_ms": 1e3 * max(quiet_health, default=float("nan"))},
         "streams": {"finished": len(results), "complete": sum(results)},
         "hostile": rows,
         "rss_at_start": rss_start,
