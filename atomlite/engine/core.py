@@ -156,6 +156,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
     exit_with_parent(parent_pid, lambda: os.path.basename(ipc_dir).startswith("atomlite-") and shutil.rmtree(
         ipc_dir, ignore_errors=True))
     from atomlite.engine.llm_engine import LLMEngine
+    from atomlite.engine.structured import preload as preload_structured_outputs
     from atomlite.errors import ConfigError
     from atomlite.heap import freeze_startup_heap
     context = zmq.Context()
@@ -171,6 +172,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
                                      f"{traceback.format_exc()}"), parent_pid)
             raise
         try:
+            preload_structured_outputs()  # not on the step loop at the first grammar
             freeze_startup_heap()
             if send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
                 EngineCore(engine, commands, outputs, parent_pid).run()

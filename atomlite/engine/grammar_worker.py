@@ -41,11 +41,13 @@ class CompileDropped(Exception):
 def _serve(conn: Connection, parent_pid: int, niceness: int, threads: int) -> None:
     """The worker: (skip_special_tokens, TokenizerInfo JSON or None once sent, kind, text, field) in, ("ok",
     compiled JSON) or ("error", message) out, until the engine's end of the socket closes."""
-    os.nice(niceness)  # before any thread starts: Linux threads take their creator's niceness
     die_with_parent(parent_pid)
     import xgrammar as xgr
 
     from atomlite.engine.structured import compile_spec
+    # after the imports (at a lower priority they took 40 s on the loaded 2-core machine, and nothing else waits on
+    # them), before the compiler's threads start: Linux threads take their creator's niceness
+    os.nice(niceness)
     conn.send(("ready", None))
     compilers: dict[bool, xgr.GrammarCompiler] = {}
     while True:

@@ -54,9 +54,16 @@ _XGRAMMAR_LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")  # "[20:31:21] /proje
 
 
 def _xgr():
-    """xgrammar, imported when a grammar is first needed: an engine that never constrains never loads it."""
+    """xgrammar, imported when a grammar is first needed: an engine that never constrains never loads it (a server
+    imports it as it starts: preload)."""
     import xgrammar
     return xgrammar
+
+
+def preload() -> None:
+    """Imports xgrammar now: its import held the GIL for ~170 ms, which on a server's first grammar stalled every
+    stream (the engine core) or /health (the API process)."""
+    _xgr()
 
 
 def choice_grammar(choices: list[str]) -> str:

@@ -6,7 +6,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 
 from atomlite.config import EngineConfig
-from atomlite.engine.client import AsyncEngine
+from atomlite.engine.client import AsyncEngine, preload_structured_outputs
 from atomlite.server.api import Server
 from atomlite.server.auth import api_key_matches
 from atomlite.server.chat import ChatOptions
@@ -44,6 +44,7 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | N
         await asyncio.to_thread(bodies.start)
         if not engine.started:
             await asyncio.to_thread(engine.start)
+        await asyncio.to_thread(preload_structured_outputs)
         await asyncio.to_thread(bodies.wait_ready)
         yield
         await asyncio.to_thread(engine.shutdown)

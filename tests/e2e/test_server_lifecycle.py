@@ -28,22 +28,41 @@ def core_pid(log) -> int:
     return int(re.search(r"engine core: process (\d+)", log.read_text()).group(1))
 
 
-def test_the_engine_core_dies_with_a_killed_api_process_and_removes_its_sockets(random_model_dir, tmp_path,
-                                                                              monkeypatch):
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                if stat.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(stat))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def test_the_engine_core_and_its_grammar_process_die_with_a_killed_api_process(random_model_dir, tmp_path,
+                                                                             monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     log = tmp_path / "server.log"
     proc, base = start_server(random_model_dir, ["--dtype", "float32", "--max-model-len", "512"], log)
     try:
         core = core_pid(log)
         assert [p.name for p in tmp_path.glob("atomlite-*")], "the core's socket folder is in TMPDIR"
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        resp = httpx.post(f"{base}/v1/completions", timeout=120, json={
+            "model": SERVED_NAME, "prompt": "Hi", "max_tokens": 40, "structured_outputs": {"json": schema}})
+        assert resp.status_code == 200, resp.text  # compiled in the grammar process, a child of the core
+        grammar = children(core)
+        assert grammar, "the grammar process runs beside the core"
         with httpx.stream("POST", f"{base}/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
             assert next(r.iter_lines()).startswith("data:")  # the core is busy stepping
             proc.kill()
             proc.wait(10)
         deadline = time.monotonic() + 10
-        while alive(core) and time.monotonic() < deadline:
+        while (alive(core) or any(map(alive, grammar))) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not alive(core), "the engine core outlived its API process"
+        assert not any(map(alive, grammar)), "the grammar process outlived the engine core"
         assert not list(tmp_path.glob("atomlite-*"))
     finally:
         proc.kill()
