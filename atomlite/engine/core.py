@@ -173,6 +173,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
             raise
         try:
             preload_structured_outputs()  # not on the step loop at the first grammar
+            engine.structured.start_grammar_process()
             freeze_startup_heap()
             if send(outputs, ("ready", engine.describe(), os.getpid()), parent_pid):
                 EngineCore(engine, commands, outputs, parent_pid).run()

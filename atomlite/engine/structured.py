@@ -165,8 +165,10 @@ class StructuredOutputs:
         self._compiled_bytes = 0
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
         self.compile_timeout_s = COMPILE_TIMEOUT_S
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # the grammar thread (started by the first compile) and the grammar process, ended with this object
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
         self._worker = GrammarWorker()
+        weakref.finalize(self, _stop, self._pool, self._worker)
         self._compiling: dict[int, tuple[Sequence, bytes, concurrent.futures.Future, threading.Event]] = {}
         self._too_slow: OrderedDict[bytes, None] = OrderedDict()
         self._filler = None  # an xgrammar BatchGrammarMatcher, made on first use
@@ -192,13 +194,21 @@ class StructuredOutputs:
             return True
         if key in self._too_slow:
             raise self._slow_error(spec)
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="atomlite-grammar")
-            weakref.finalize(self, _stop, self._pool, self._worker)
         dropped = threading.Event()
         future = self._pool.submit(self._compile_in_worker, spec, skip, dropped)
         self._compiling[seq.seq_id] = (seq, key, future, dropped)
         return False
+
+    def start_grammar_process(self) -> None:
+        """Starts the grammar process now rather than at the first grammar: its imports (~4 s of a core, xgrammar
+        brings torch) then compete with no running stream, and the first grammar does not wait for them. The
+        server's engine core does this before it says it is ready."""
+        if self.tokenizer is None:
+            return
+        try:
+            self._worker.start()
+        except RuntimeError as e:  # the first grammar tries again, and fails naming its field if it cannot
+            logger.warning("%s", e)
 
     @property
     def compiling(self) -> bool:
