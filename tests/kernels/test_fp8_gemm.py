@@ -5,11 +5,12 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.fp8.gemm import round_e4m3
+from atomlite.model_ops.triton.fp8.quant import round_e4m3
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# one device: the interpreter on CPU, compiled on a GPU (where Triton cannot take CPU tensors)
+DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else ["cpu"]
 
 CASES = [  # (weight strategy, activation, M, N, K)
     ("channel", "token", 5, 96, 192),
@@ -103,12 +104,29 @@ def test_per_tensor_activation_scales_are_not_per_token():
     """The kernel's per-token scales differ from one scale for the whole batch (the mistake the parity tests
     must catch): rows far below the batch's largest lose precision under a per-tensor scale."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
-    spec, q, scale, _ = _layer("channel", "token", 64, 128, "cpu")
-    x = _x(6, 128, "cpu")
-    per_tensor = torch.full((1,), x.abs().max().item() / fp8.E4M3_MAX)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec, q, scale, _ = _layer("channel", "token", 64, 128, device)
+    x = _x(6, 128, device)
+    per_tensor = torch.full((1,), x.abs().max().item() / fp8.E4M3_MAX, device=device)
     got = fp8_gemm(x, q, scale, None, "token")
     wrong = fp8_gemm(x, q, scale, per_tensor, "static")
     assert not torch.allclose(got[1], wrong[1], rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group"), ("tensor", "static"),
+                                                  ("channel", None), ("block", "token")])
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 64, 300])
+def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m):
+    """The GPU's tile paths (split-K decode, medium, large tiles) on a bf16 model: the reference on the same bf16
+    x, within the output's bf16 rounding and the fp32 summation order."""
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    n, k = 384, 2048  # few N tiles and a long K: the decode path splits K
+    spec, q, scale, input_scale = _layer(strategy, activation, n, k, "cuda")
+    x = _x(m, k, "cuda").to(torch.bfloat16)
+    want = fp8.gemm(x.float().cpu(), q.cpu(), scale.cpu(), spec, None if input_scale is None else input_scale.cpu())
+    got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k).float().cpu()
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-4 * want.abs().max().item())
 
 
 @pytest.mark.slow
