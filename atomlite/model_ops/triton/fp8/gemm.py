@@ -26,43 +26,45 @@ from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """sum over k in [k_lo, k_hi) of x[:, k] W[:, k]^T, fp32 [BLOCK_M, BLOCK_N]; x_rows / w_rows point at each tile
+    """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
+    rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
     ws_rows + k // SCALE_K) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it."""
     rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_hi
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows[None, :] + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [K, N]
         if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
             x = x.to(tl.float32)
             w = w.to(tl.float32)
         elif x.dtype != w.dtype:  # W8A16: e4m3 values are exact in x's 16-bit dtype
             w = w.to(x.dtype)
         if X_BLOCKS or W_BLOCKS:
-            part = tl.dot(x, w, input_precision="ieee") if FP32_DOT else tl.dot(x, w)
+            part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
             if X_BLOCKS:
-                part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[:, None]
+                part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
             if W_BLOCKS:
-                part = part * tl.load(ws_rows + k // SCALE_K, mask=n_ok, other=0.0)[None, :]
+                part = part * tl.load(ws_rows + k // SCALE_K, mask=n_ok, other=0.0)[:, None]
             acc += part
         elif FP32_DOT:
-            acc = tl.dot(x, w, acc, input_precision="ieee")
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
         else:
-            acc = tl.dot(x, w, acc)
+            acc = tl.dot(w, tl.trans(x), acc)
     return acc
 
 
 @triton.jit
 def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                W_BLOCKS: tl.constexpr):
-    """The once-per-tile scales: x's per row (token, static), W's per column (tensor, channel)."""
+    """The once-per-tile scales of the transposed tile: x's per row (token, static), W's per column (tensor,
+    channel)."""
     if X_SCALED and not X_BLOCKS:
-        acc = acc * tl.load(xs_rows, mask=m_ok, other=0.0)[:, None]
+        acc = acc * tl.load(xs_rows, mask=m_ok, other=0.0)[None, :]
     if not W_BLOCKS:
-        acc = acc * tl.load(ws_rows, mask=n_ok, other=0.0)[None, :]
+        acc = acc * tl.load(ws_rows, mask=n_ok, other=0.0)[:, None]
     return acc
 
 
@@ -71,8 +73,9 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
                     stride_wsn, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program (m tile, n tile, K split). SPLIT: y is float32 [splits, M, N] partials (stride_split apart)."""
-    pid_m, pid_n, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart)."""
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok, n_ok = rm < M, rn < N
@@ -83,8 +86,8 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi,
                       X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
-    out = y_ptr + split * stride_split + rm[:, None] * stride_ym + rn[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileConfig) -> int:
@@ -109,7 +112,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     w_blocks = scale.shape[1] > 1
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
-    tiles = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n))
+    tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
     k_steps = triton.cdiv(k, config.block_k)
     splits = num_splits(tiles[0] * tiles[1], k_steps, x.device, config) if config.split_k else 1
     k_per_split = triton.cdiv(k_steps, splits) * config.block_k

@@ -34,8 +34,8 @@ def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_exp
         acc = scaled_tile(x_ptr + src * stride_xm, xs_rows, w_ptr + expert * stride_we + rn * stride_wn, ws_rows,
                           m_ok, n_ok, 0, K, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
-        out = y_ptr + tl.where(m_ok, pairs, 0)[:, None] * stride_ym + rn[None, :]
-        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        out = y_ptr + tl.where(m_ok, pairs, 0)[None, :] * stride_ym + rn[:, None]  # the tile is transposed
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:

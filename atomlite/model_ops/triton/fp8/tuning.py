@@ -19,7 +19,7 @@ class FP8TileConfig:
 
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
-DECODE = FP8TileConfig(16, 64, 128, 4, 4, split_k=True)
+DECODE = FP8TileConfig(16, 128, 128, 4, 4, split_k=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
