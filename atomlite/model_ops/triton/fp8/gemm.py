@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
-from atomlite.model_ops.triton.fp8.quant import MODES, _quantize, quantize_rows
+from atomlite.model_ops.triton.fp8.quant import _quantize, quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
@@ -30,30 +30,16 @@ def _amax_scale_rows(x):
 
 
 @triton.jit
-def row_scales(x_rows, m_ok, K, static_ptr, QUANT_MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Each row's activation scale for in-kernel quantization: the static input scale (QUANT_MODE 1) or the row's
-    amax over all of K / 448 (2); fnuz's factor not applied."""
-    if QUANT_MODE == 1:
-        return tl.full((BLOCK_M,), 1.0, tl.float32) * tl.load(static_ptr).to(tl.float32)
-    amax = tl.zeros((BLOCK_M,), tl.float32)
-    for k in range(0, K, BLOCK_K):
-        kk = k + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk[None, :] < K), other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    return tl.where(amax == 0.0, 1.1920928955078125e-07, amax / 448.0)
-
-
-@triton.jit
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, QUANT: tl.constexpr = 0, row_scale=None,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_QUANT: tl.constexpr = False,
                 FNUZ: tl.constexpr = False):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
     ws_rows + k // SCALE_K) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it.
-    QUANT: x is read in its own dtype and quantized here (decode rows: no launch of quant.quantize_rows), 1 with
-    row_scale [BLOCK_M], 3 per BLOCK_K group (BLOCK_K = SCALE_K, the scales computed here instead of read)."""
+    GROUP_QUANT: x is read in its own dtype and quantized here per BLOCK_K group (BLOCK_K = SCALE_K), the group
+    scales computed instead of read (decode rows: no launch of quant.quantize_rows)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
@@ -61,9 +47,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOC
         k_ok = kk < k_hi
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if QUANT == 1:
-            x = _quantize(x.to(tl.float32), row_scale[:, None], FNUZ, w_rows.dtype.element_ty)
-        if QUANT == 3:
+        if GROUP_QUANT:
             group_scale = _amax_scale_rows(x.to(tl.float32))
             x = _quantize(x.to(tl.float32), group_scale[:, None], FNUZ, w_rows.dtype.element_ty)
         if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
@@ -73,7 +57,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOC
             w = w.to(x.dtype)
         if X_BLOCKS or W_BLOCKS:
             part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
-            if QUANT == 3:
+            if GROUP_QUANT:
                 part = part * (group_scale * (2.0 if FNUZ else 1.0))[None, :]
             elif X_BLOCKS:
                 part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
@@ -104,10 +88,10 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
                     stride_wsn, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    QUANT_MODE: tl.constexpr = 0, FNUZ: tl.constexpr = False):
+                    GROUP_QUANT: tl.constexpr = False, FNUZ: tl.constexpr = False):
     """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
-    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). QUANT_MODE (decode rows):
-    x in its own dtype, quantized here as quant.MODES says (static: xs_ptr is the input scale)."""
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). GROUP_QUANT: x in its own
+    dtype, quantized here per group (scaled_tile)."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -116,17 +100,9 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     k_hi = tl.minimum(k_lo + k_per_split, K)
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
-    x_rows = x_ptr + rm * stride_xm
-    if QUANT_MODE == 1 or QUANT_MODE == 2:
-        scales = row_scales(x_rows, m_ok, K, xs_ptr, QUANT_MODE, BLOCK_M, BLOCK_K)
-        acc = scaled_tile(x_rows, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi, False, W_BLOCKS,
-                          SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, 1, scales, FNUZ)
-        acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, False, False, W_BLOCKS)
-        acc = acc * (scales * (2.0 if FNUZ else 1.0))[None, :]
-    else:
-        acc = scaled_tile(x_rows, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOCKS,
-                          W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, QUANT_MODE, None, FNUZ)
-        acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
+    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi,
+                      X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_QUANT, FNUZ)
+    acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -139,11 +115,10 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
 
 
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
-              scale_k: int, out_dtype: torch.dtype, quantize: str | None = None,
-              input_scale: torch.Tensor | None = None) -> torch.Tensor:
+              scale_k: int, out_dtype: torch.dtype, group_quant: bool = False) -> torch.Tensor:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
-    scale_k: K per scale column where G or G' > 1. quantize: x (16/32-bit) is quantized inside the GEMM as this
-    activation semantics says (static: with input_scale; group: scale_k wide)."""
+    scale_k: K per scale column where G or G' > 1. group_quant: x (16/32-bit) is quantized inside the GEMM in
+    scale_k-wide groups."""
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
@@ -151,11 +126,11 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
         return y
     fp32_dot = interpreting() or x.dtype == torch.float32
     config = tile_config(m, x.device, fp32_dot)
-    x_blocks = quantize == "group" or (x_scale is not None and x_scale.shape[1] > 1)
+    x_blocks = group_quant or (x_scale is not None and x_scale.shape[1] > 1)
     w_blocks = scale.shape[1] > 1
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
-    if quantize == "group":
+    if group_quant:
         assert scale_k == config.block_k, "in-kernel group quantization reads one group per K step"
     tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
     k_steps = triton.cdiv(k, config.block_k)
@@ -163,13 +138,13 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     k_per_split = triton.cdiv(k_steps, splits) * config.block_k
     splits = triton.cdiv(k, k_per_split)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    xs = x_scale if x_scale is not None else input_scale if input_scale is not None else scale  # unread if unused
+    xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), target.stride(-2),
-               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None or quantize is not None,
+               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None or group_quant,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-               QUANT_MODE=MODES[quantize] if quantize else 0, FNUZ=weight.dtype == torch.float8_e4m3fnuz,
+               GROUP_QUANT=group_quant, FNUZ=weight.dtype == torch.float8_e4m3fnuz,
                num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, SUM_BLOCK)), target, y, m, n, splits, target.stride(0),
@@ -180,14 +155,14 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
              activation: str | None, group_size: int = 128, scale_block_k: int = 0) -> torch.Tensor:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
-    scales [N, G]; scale_block_k: K per scale column when G > 1. Decode rows are quantized inside the GEMM, more
-    rows once before it."""
+    scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
+    except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower)."""
     if activation is None:
         return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype)
     scale_k = group_size if activation == "group" else scale_block_k
     if activation == "group" and scale.shape[1] > 1:
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
-    if x.shape[0] <= DECODE_ROWS:
-        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, quantize=activation, input_scale=input_scale)
+    if activation == "group" and x.shape[0] <= DECODE_ROWS:
+        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
     return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype)
