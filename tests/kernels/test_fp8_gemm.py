@@ -155,3 +155,26 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
     assert not failures(results), "\n\n".join(failures(results))
     assert {r.kernel for r in results} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
     assert all(not (r.stats or {}).get("spills") for r in results)
+
+
+@pytest.mark.parametrize("activation", ["token", "static", "group"])
+@pytest.mark.parametrize("whole_row", [True, False])
+def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
+    """The quantization pass before the GEMM, a row read whole or in steps (rows longer than WHOLE_ROW): the
+    reference's e4m3 values times their scales, exactly; MoE rows repeated per slot with each its own static scale."""
+    from atomlite.model_ops.triton.fp8 import quant
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not whole_row:
+        monkeypatch.setattr(quant, "WHOLE_ROW", 64)
+        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
+    x = _x(5, 200, device)
+    scales = torch.tensor([0.03, 0.5], device=device)
+    per_pair = scales.repeat(x.shape[0])  # token t's slot j: scales[j]
+    for static, repeat in ((scales[:1], 1), (per_pair, 2)) if activation == "static" else ((None, 1),):
+        q, s = quant.quantize_rows(x, activation, torch.float8_e4m3fn, static_scale=static, rows_per_source=repeat)
+        rows = x.repeat_interleave(repeat, 0).cpu()
+        spec = FP8Spec("channel", activation)
+        per_row = static.cpu().expand(rows.shape[0]) if static is not None else [None] * rows.shape[0]
+        want = torch.stack([fp8.quantize_dequantize_input(r[None], spec, t)[0] for r, t in zip(rows, per_row)])
+        got = q.float().cpu() * fp8._per_element(s.cpu(), x.shape[1], spec.group_size)
+        assert torch.equal(got, want)

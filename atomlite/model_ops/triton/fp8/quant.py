@@ -15,7 +15,8 @@ from atomlite.model_ops.triton.common import run_kernel
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
 FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
-ROW_BLOCK = 1024  # K elements a program reads per step (per token and static)
+WHOLE_ROW = 32768  # rows up to this long are read in one step (a loop over K costs a load latency per step)
+ROW_BLOCK = 4096  # the step for longer rows
 
 
 @triton.jit
@@ -47,9 +48,11 @@ def _amax_scale(x):
 
 @triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
-                         stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr):
+                         stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
+                         WHOLE: tl.constexpr):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
-    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]."""
+    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. WHOLE: the row
+    fits in one BLOCK and is read once."""
     row = tl.program_id(0)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -63,6 +66,14 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
             scale = _amax_scale(x)
             tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
             tl.store(s_row + k // BLOCK, scale * factor)
+    elif WHOLE:
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        if MODE == 1:
+            scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
+        else:
+            scale = _amax_scale(x)
+        tl.store(q_row + cols, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=cols < K)
+        tl.store(s_row, scale * factor)
     else:
         if MODE == 1:
             scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
@@ -95,8 +106,13 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
         x = x.contiguous()
     static = static_scale if static_scale is not None else scales
     stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
-    block = group_size if activation == "group" else min(ROW_BLOCK, triton.next_power_of_2(k))
+    if activation == "group":
+        block, warps = group_size, 4
+    else:
+        whole = triton.next_power_of_2(k)
+        block = whole if whole <= WHOLE_ROW else ROW_BLOCK
+        warps = max(4, min(16, block // 2048))  # at most 64 elements a thread
     run_kernel(quantize_rows_kernel, (rows,), x, q, scales, static, k, rows_per_source, x.stride(0), q.stride(0),
                scales.stride(0), stride_static, MODE=MODES[activation], FNUZ=fp8_dtype == torch.float8_e4m3fnuz,
-               BLOCK=block, num_warps=4)
+               BLOCK=block, WHOLE=activation != "group" and block >= k, num_warps=warps)
     return q, scales
