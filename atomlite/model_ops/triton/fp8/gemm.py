@@ -24,8 +24,8 @@ from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 
 @triton.jit
 def _amax_scale_rows(x):
-    """amax / 448 of each row of fp32 x [rows, K], eps where it is zero."""
-    scale = tl.max(tl.abs(x), axis=1) / 448.0
+    """amax / 448 of each row of fp32 x [rows, K], eps where it is zero (rounded as quant._amax_scale)."""
+    scale = tl.div_rn(tl.max(tl.abs(x), axis=1), 448.0)
     return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
 
 

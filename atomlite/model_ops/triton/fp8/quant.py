@@ -15,8 +15,7 @@ from atomlite.model_ops.triton.common import run_kernel
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
 FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
-WHOLE_ROW = 32768  # rows up to this long are read in one step (a loop over K costs a load latency per step)
-ROW_BLOCK = 4096  # the step for longer rows
+ROW_BLOCK = 1024  # K elements a program reads per step (per token and static)
 
 
 @triton.jit
@@ -33,7 +32,7 @@ def round_e4m3(v):
 
 @triton.jit
 def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
-    q = round_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
+    q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
     if FNUZ:
         q = q * 0.5
     return q.to(FP8)
@@ -41,8 +40,9 @@ def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
 
 @triton.jit
 def _amax_scale(x):
-    """amax / 448 of a 1-D fp32 x, eps where it is zero."""
-    scale = tl.max(tl.abs(x), axis=0) / 448.0
+    """amax / 448 of a 1-D fp32 x, eps where it is zero. Divisions round to nearest (tl.div_rn) as torch's do: a GPU's
+    default fp32 division may be a unit off, which moves a value across an e4m3 step."""
+    scale = tl.div_rn(tl.max(tl.abs(x), axis=0), 448.0)
     return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
 
 
@@ -52,7 +52,7 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
                          WHOLE: tl.constexpr):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
     own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. WHOLE: the row
-    fits in one BLOCK and is read once."""
+    fits in one BLOCK: per token, it is read once."""
     row = tl.program_id(0)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -66,12 +66,9 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
             scale = _amax_scale(x)
             tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
             tl.store(s_row + k // BLOCK, scale * factor)
-    elif WHOLE:
+    elif WHOLE and MODE == 2:
         x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        if MODE == 1:
-            scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
-        else:
-            scale = _amax_scale(x)
+        scale = _amax_scale(x)
         tl.store(q_row + cols, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=cols < K)
         tl.store(s_row, scale * factor)
     else:
@@ -106,13 +103,8 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
         x = x.contiguous()
     static = static_scale if static_scale is not None else scales
     stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
-    if activation == "group":
-        block, warps = group_size, 4
-    else:
-        whole = triton.next_power_of_2(k)
-        block = whole if whole <= WHOLE_ROW else ROW_BLOCK
-        warps = max(4, min(16, block // 2048))  # at most 64 elements a thread
+    block = group_size if activation == "group" else min(ROW_BLOCK, triton.next_power_of_2(k))
     run_kernel(quantize_rows_kernel, (rows,), x, q, scales, static, k, rows_per_source, x.stride(0), q.stride(0),
                scales.stride(0), stride_static, MODE=MODES[activation], FNUZ=fp8_dtype == torch.float8_e4m3fnuz,
-               BLOCK=block, WHOLE=activation != "group" and block >= k, num_warps=warps)
+               BLOCK=block, WHOLE=block >= k, num_warps=4)
     return q, scales
