@@ -24,6 +24,23 @@ def atomlite_calls() -> int:
     return AtomliteAttentionImpl.calls
 
 
+def parameter_bytes(worker) -> dict[str, int]:
+    """Run inside each of vLLM's workers (LLM.collective_rpc): every parameter's bytes in the model that worker
+    holds."""
+    return {n: p.numel() * p.element_size() for n, p in worker.model_runner.get_model().named_parameters()}
+
+
+def refusal(spec: dict) -> str | None:
+    """The error an LLM with spec's arguments is refused with at startup; None if it starts."""
+    from vllm import LLM
+    try:
+        llm = LLM(model=spec["model"], **{**BASE_LLM_ARGS, **spec.get("llm", {})})
+    except Exception as e:  # noqa: BLE001 - what is refused, and how, is the result
+        return f"{type(e).__name__}: {e}"
+    del llm
+    return None
+
+
 def run(case: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -32,6 +49,9 @@ def run(case: dict) -> dict:
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in case["prompts"]]
     results = {}
     for spec in case["runs"]:
+        if spec.get("refused"):
+            results[spec["name"]] = {"error": refusal(spec)}
+            continue
         llm = LLM(model=spec["model"], **{**BASE_LLM_ARGS, **spec.get("llm", {})})
         before = atomlite_calls()
         tokens, cached = [], []
@@ -40,6 +60,8 @@ def run(case: dict) -> dict:
             tokens.append([list(o.outputs[0].token_ids) for o in outputs])
             cached.append([o.num_cached_tokens or 0 for o in outputs])
         results[spec["name"]] = {"tokens": tokens, "cached": cached, "atomlite_calls": atomlite_calls() - before}
+        if spec.get("parameter_bytes"):  # per worker, rank order (vLLM's executor lists its workers so)
+            results[spec["name"]]["parameter_bytes"] = llm.collective_rpc(parameter_bytes)
         del llm
         gc.collect()
     return results
