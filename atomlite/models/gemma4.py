@@ -25,6 +25,7 @@ from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.multimodal import MultiModalEmbeds
 from atomlite.model_ops.norm import RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
+from atomlite.models import gemma4_config
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
 from atomlite.models.gemma4_vision import PROJECTOR_PREFIX, TOWER_PREFIX, Gemma4VisionTower
 
@@ -140,6 +141,8 @@ class Gemma4Model(nn.Module):
 
 
 class Gemma4ForCausalLM(nn.Module):
+    parse_config = staticmethod(gemma4_config.parse_config)  # config.json -> ModelLayout
+    mtp_assistant = "atomlite.models.gemma4_assistant"  # its MTP drafter (speculative_config method "mtp")
     # checkpoint name fragment -> (parameter name fragment, shard) for projections stored fused here
     packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
                       "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
@@ -219,6 +222,11 @@ class Gemma4ForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    @property
+    def logits_weight(self) -> torch.Tensor:
+        """What compute_logits multiplies by (the tied embedding table; this rank's rows)."""
+        return self.model.embed_tokens.weight
 
     def stacked_weight(self, name: str) -> tuple[str, int] | None:
         """A per-expert checkpoint tensor -> (stacked parameter, shard), see MXFP4Experts and FP8Experts; else
