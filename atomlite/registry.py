@@ -18,6 +18,8 @@ from atomlite.errors import ConfigError
 MODELS = {
     "Gemma4ForCausalLM": "atomlite.models.gemma4:Gemma4ForCausalLM",
     "Gemma4ForConditionalGeneration": "atomlite.models.gemma4:Gemma4ForCausalLM",
+    "Gemma3ForCausalLM": "atomlite.models.gemma3:Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration": "atomlite.models.gemma3:Gemma3ForCausalLM",  # its text model alone
 }
 
 

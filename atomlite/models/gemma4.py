@@ -14,13 +14,12 @@ from torch import nn
 
 from atomlite import distributed
 from atomlite.config import ModelSpec, VisionSpec
-from atomlite.distributed import TensorParallel, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
-from atomlite.model_ops.embedding import ScaledEmbedding, VocabParallelEmbedding
+from atomlite.model_ops.embedding import ScaledEmbedding, token_embedding
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.multimodal import MultiModalEmbeds
 from atomlite.model_ops.norm import RMSNorm
@@ -66,14 +65,6 @@ def image_spans_bidirectional(spec: ModelSpec) -> bool:
     return mode == "vision"
 
 
-def token_embedding(vocab_size: int, hidden: int, tp: TensorParallel) -> ScaledEmbedding:
-    """The (tied) token table: vocab-parallel under tensor parallelism, its rows also the logits' weights."""
-    vocab = split(vocab_size, tp.rank, tp.size, "vocab_size")
-    if vocab.whole:
-        return ScaledEmbedding(vocab_size, hidden, math.sqrt(hidden))
-    return VocabParallelEmbedding(vocab, hidden, math.sqrt(hidden), tp)
-
-
 class Gemma4Model(nn.Module):
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -85,7 +76,7 @@ class Gemma4Model(nn.Module):
         self.share_targets = kv_share_targets(kinds, cfg.get("num_kv_shared_layers") or 0)
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
-        self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, lin.tp)
+        self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, math.sqrt(hidden), lin.tp)
         self.ropes = ropes_by_kind(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
         self.image_spans_bidirectional = image_spans_bidirectional(spec)
