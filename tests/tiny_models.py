@@ -155,21 +155,35 @@ def gemma3_config(variant: str, **overrides):
     return Gemma3TextConfig(**{**GEMMA3_BASE, **GEMMA3_VARIANTS.get(variant, {}), **overrides})
 
 
-def build_gemma3(variant: str, out: Path, seed: int = 0, hub_form: bool = False, **overrides):
+def build_gemma3(variant: str, out: Path, seed: int = 0, hub_form: bool = False, multimodal: bool = False,
+                 **overrides):
     """Save a tiny Gemma3ForCausalLM checkpoint to out and return the float32 transformers model (eval mode).
     hub_form: GEMMA3_HUB_FORM's fields, written to config.json as hub checkpoints have them (legacy RoPE fields,
-    sliding_window_pattern)."""
+    sliding_window_pattern). multimodal: a Gemma3ForConditionalGeneration with a tiny SigLIP tower, its text_config
+    left as sparse as the hub's (fields at transformers' defaults left out)."""
     from transformers import Gemma3ForCausalLM
     if hub_form:
         overrides = {**GEMMA3_HUB_FORM, **overrides}
     torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(gemma3_config(variant, **overrides))
+    config = gemma3_config(variant, **overrides)
+    model = _gemma3_multimodal(config) if multimodal else Gemma3ForCausalLM(config)
     randomize(model, seed)
     model = model.float().eval()
     model.save_pretrained(out)
     if hub_form:
         _write_gemma3_hub_form(out, {**GEMMA3_BASE, **GEMMA3_VARIANTS.get(variant, {}), **overrides})
+    if multimodal:
+        _drop_gemma3_text_defaults(out)
     return model
+
+
+def _gemma3_multimodal(text):
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    return Gemma3ForConditionalGeneration(Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                                       mm_tokens_per_image=4, image_token_index=95,
+                                                       boi_token_index=93, eoi_token_index=94))
 
 
 def _write_gemma3_hub_form(out: Path, fields: dict) -> None:
@@ -179,4 +193,14 @@ def _write_gemma3_hub_form(out: Path, fields: dict) -> None:
         raw.pop(key, None)
     raw.update({key: fields[key] for key in ("rope_theta", "rope_local_base_freq", "sliding_window_pattern",
                                              "rope_scaling")})
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def _drop_gemma3_text_defaults(out: Path) -> None:
+    from transformers import Gemma3TextConfig
+    defaults = Gemma3TextConfig().to_dict()
+    path = out / "config.json"
+    raw = json.loads(path.read_text())
+    text = raw["text_config"]
+    raw["text_config"] = {k: v for k, v in text.items() if k == "model_type" or defaults.get(k, object()) != v}
     path.write_text(json.dumps(raw, indent=2))

@@ -1,7 +1,8 @@
 """atomlite's Gemma 3 text model against transformers' Gemma3ForCausalLM, float32, on tiny random models with every
 weight randomized (norms too): prompt logprobs and greedy tokens on configs of several shapes (linear RoPE scaling
 and soft-capping, head_dim != hidden / heads with one KV head and its own layer_types, a hub-form config.json), and
-the engine paths a model must not change: chunked prefill, prefix-cache hits, decode from static buffers."""
+a Gemma3ForConditionalGeneration checkpoint's text model; and the engine paths a model must not change: chunked
+prefill, prefix-cache hits, decode from static buffers."""
 import pytest
 import torch
 
@@ -31,6 +32,17 @@ def test_greedy_tokens_match_transformers_generate(checkpoints, variant, hub_for
     prompts = [random_prompt(n, seed=n) for n in (1, 5, 8, 9, 23)]
     for prompt, out in zip(prompts, llm.generate(prompts, greedy(12))):
         assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 12), len(prompt)
+
+
+def test_conditional_generation_checkpoint_runs_its_text_model_like_transformers(checkpoints):
+    """A Gemma3ForConditionalGeneration checkpoint (language_model.* weights, a text_config that leaves transformers'
+    defaults out, a vision tower left unread) against transformers' own class on text. final_logit_softcapping is
+    off: transformers' Gemma3ForConditionalGeneration never applies it (its Gemma3ForCausalLM does, as atomlite
+    does for both)."""
+    path, ref = checkpoints.gemma3("gemma3_linear_softcap", multimodal=True, final_logit_softcapping=None)
+    llm = LLM(str(path), dtype="float32", device="cpu")
+    ids = random_prompt(40, seed=2)
+    assert_logprobs_match(atomlite_prompt_logprobs(llm, ids, VOCAB), hf_logprobs(ref, ids)[:-1])
 
 
 def test_chunked_prefill_matches_transformers(checkpoints):
