@@ -40,6 +40,7 @@ TEXT_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=921
 DEFAULT_THETA = {"sliding": 10_000.0, "full": 1_000_000.0}
 LEGACY_THETA = {"sliding": "rope_local_base_freq", "full": "rope_theta"}
 SUPPORTED_ROPE = ("default", "linear")
+SPECIAL_TOKENS = ("eos_token_id", "bos_token_id", "pad_token_id")
 
 
 def layer_kinds(text: dict) -> list[str]:
@@ -60,6 +61,8 @@ def rope_by_kind(text: dict) -> dict[str, dict]:
     """RoPE parameters per layer kind, read as transformers does: rope_parameters per layer type, else the legacy
     rope_local_base_freq (sliding), rope_theta and rope_scaling (global)."""
     given = text.get("rope_parameters") or {}
+    if given and not {"sliding_attention", "full_attention"} & set(given):
+        raise ConfigError(f"rope_parameters {given} must be given per layer type (sliding_attention, full_attention)")
     ropes = {}
     for kind in ("sliding", "full"):
         params = dict(given.get(f"{kind}_attention") or {})
@@ -91,7 +94,9 @@ def check_text_config(text: dict) -> None:
 def parse_config(raw: dict) -> ModelLayout:
     """A Gemma3ForCausalLM config.json, or a Gemma3ForConditionalGeneration's (its text_config; text only)."""
     multimodal = "text_config" in raw
-    text = {**TEXT_DEFAULTS, **(text_config(raw) if multimodal else raw)}
+    # a multimodal checkpoint may name its special tokens at the top level only
+    tokens = {key: raw[key] for key in SPECIAL_TOKENS if multimodal and raw.get(key) is not None}
+    text = {**TEXT_DEFAULTS, **tokens, **(text_config(raw) if multimodal else raw)}
     check_text_config(text)
     layers = [LayerAttention(kind, text["head_dim"], text["num_key_value_heads"], k_eq_v=False)
               for kind in layer_kinds(text)]

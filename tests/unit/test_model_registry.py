@@ -57,6 +57,7 @@ def test_gemma3_layers_follow_sliding_window_pattern_and_legacy_rope_fields():
     (dict(tie_word_embeddings=False), "tie_word_embeddings"),
     (dict(layer_types=["sliding_attention"] * 6), "layer_types"),
     (dict(sliding_window=None), "sliding_window"),
+    (dict(rope_parameters={"rope_type": "linear", "factor": 2.0}), "per layer type"),
 ])
 def test_gemma3_configs_it_cannot_run_are_refused_by_field(fields, named):
     with pytest.raises(ConfigError, match=named):
@@ -69,3 +70,10 @@ def test_mtp_on_a_model_without_an_assistant_says_to_use_ngram(tmp_path):
     assert spec.architecture == "Gemma3ForCausalLM"
     with pytest.raises(ConfigError, match="ngram"):
         registry.mtp_assistant(spec.architecture)
+
+
+def test_a_multimodal_gemma3_config_takes_its_special_tokens_from_the_top_level():
+    layout = parse_config({"architectures": ["Gemma3ForConditionalGeneration"], "eos_token_id": [1, 106],
+                           "text_config": {"num_hidden_layers": 2, "layer_types": ["sliding_attention"] * 2}})
+    assert layout.multimodal and layout.vision is None
+    assert layout.hf["eos_token_id"] == [1, 106] and layout.hf["bos_token_id"] == 2
