@@ -4,9 +4,9 @@ mean accepted length (1 + accepted drafts per verifying step) is reported and at
 388 drafts accepted), as docs/SPECULATIVE.md says, with room for a retrained assistant's small changes."""
 from atomlite import LLM, SamplingParams
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
-from atomlite.demo.train import char_ids
-from atomlite.demo.train_assistant import held_out_prompts
 from atomlite.demo.tokenizer import build_char_tokenizer
+from tools.demo_training.train import char_ids
+from tools.demo_training.train_assistant import held_out_prompts
 
 
 def test_demo_assistant_is_accepted_on_the_demo_prompts():
