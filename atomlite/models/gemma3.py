@@ -18,7 +18,6 @@ from atomlite.config import LayerAttention, ModelLayout, ModelSpec, text_config
 from atomlite.distributed import kv_heads_of_rank, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.carriers import as_heads, merged_heads, split_columns
 from atomlite.model_ops.context import ForwardContext
@@ -27,7 +26,8 @@ from atomlite.model_ops.fusion import Feeds, NormedSum
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.mlp import GatedGeluMLP
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 
 # transformers' Gemma3TextConfig defaults: hub configs (a Gemma3ForConditionalGeneration's text_config above all)
@@ -156,28 +156,12 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(merged_heads(out))
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, lin: LinearBuilder, prefix: str):
-        super().__init__()
-        part = split(intermediate, lin.tp.rank, lin.tp.size, "intermediate_size")
-        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate],
-                                       rows=[part, part])
-        self.act = GeluTanhAndMul(part.size)
-        self.down_proj = lin.row_parallel(f"{prefix}.down_proj", part, hidden)
-
-    def dataflow(self):
-        yield Feeds(self.act, self.down_proj)
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: dict, layer: LayerAttention, window: int | None, lin: LinearBuilder, prefix: str):
         super().__init__()
         hidden = cfg["hidden_size"]
         self.self_attn = Gemma3Attention(cfg, layer, window, lin, f"{prefix}.self_attn")
-        self.mlp = Gemma3MLP(hidden, cfg["intermediate_size"], lin, f"{prefix}.mlp")
+        self.mlp = GatedGeluMLP(hidden, cfg["intermediate_size"], lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, gemma3_norm(hidden, cfg["rms_norm_eps"]))
@@ -191,11 +175,11 @@ class Gemma3DecoderLayer(nn.Module):
         yield Feeds(self.mlp.down_proj, self.post_feedforward_layernorm)
         yield NormedSum(self.post_feedforward_layernorm, (next_norm,), next_reader)
 
-    def forward(self, h, cos, sin, ctx: ForwardContext):
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        h = self.post_attention_layernorm.add_to_residual(attn, h)
-        m = self.mlp(self.pre_feedforward_layernorm(h))
-        return self.post_feedforward_layernorm.add_to_residual(m, h)
+    def forward(self, h: Residual, cos, sin, ctx: ForwardContext) -> Residual:
+        attn = self.self_attn(h.normed(self.input_layernorm), cos, sin, ctx)
+        h = self.post_attention_layernorm.add_to_residual(attn, h.stream)
+        m = self.mlp(h.normed(self.pre_feedforward_layernorm))
+        return self.post_feedforward_layernorm.add_to_residual(m, h.stream)
 
 
 class Gemma3Model(nn.Module):
@@ -223,9 +207,10 @@ class Gemma3Model(nn.Module):
     def forward(self, ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.embed_tokens(ids)
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        residual = Residual(h)
         for kind, layer in zip(self.kinds, self.layers):
-            h = layer(h, *cos_sin[kind], ctx)
-        return self.norm(h)
+            residual = layer(residual, *cos_sin[kind], ctx)
+        return residual.normed(self.norm)
 
 
 class Gemma3ForCausalLM(nn.Module):

@@ -22,7 +22,7 @@ from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.embedding import ScaledEmbedding, token_embedding
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.multimodal import MultiModalEmbeds
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 from atomlite.models import gemma4_config
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
@@ -126,9 +126,10 @@ class Gemma4Model(nn.Module):
             h = mm_embeds.placed_in(h)
         ple = self.per_layer_inputs(ids, h) if self.ple_dim else None
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        residual = Residual(h)
         for i, layer in enumerate(self.layers):
-            h = layer(h, None if ple is None else ple[:, i], *cos_sin[self.kinds[i]], ctx)
-        return self.norm(h)
+            residual = layer(residual, None if ple is None else ple[:, i], *cos_sin[self.kinds[i]], ctx)
+        return residual.normed(self.norm)
 
 
 class Gemma4ForCausalLM(nn.Module):

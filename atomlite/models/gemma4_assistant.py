@@ -25,7 +25,7 @@ from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.fusion import link
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.models.construction import default_dtype
 from atomlite.models.gemma4 import Gemma4ForCausalLM, ropes_by_kind
 from atomlite.models.gemma4_config import layout
@@ -169,9 +169,10 @@ class Gemma4AssistantModel(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        residual = Residual(h)
         for layer, kind in zip(self.layers, self.kinds):
-            h = layer(h, None, *cos_sin[kind], ctx)
-        return self.norm(h)
+            residual = layer(residual, None, *cos_sin[kind], ctx)
+        return residual.normed(self.norm)
 
 
 class Gemma4AssistantForCausalLM(nn.Module):
