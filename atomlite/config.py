@@ -9,15 +9,7 @@ from atomlite.speculative_config import SpeculativeConfig
 from atomlite.errors import ConfigError
 from atomlite.generation_config import GenerationDefaults, load_generation_defaults
 from atomlite.hub import config_snapshot, is_repo_id
-from atomlite.registry import MODELS
-
-MULTIMODAL_MODEL_TYPES = {"gemma4"}
-# Gemma 4's special token ids, where a multimodal config.json leaves them out (transformers' Gemma4Config defaults)
-DEFAULT_MULTIMODAL_TOKENS = {"image_token_id": 258_880, "video_token_id": 258_884, "boi_token_id": 255_999,
-                             "eoi_token_id": 258_882}
-# Gemma 4's RoPE per layer kind when the config's rope_parameters leave it out
-DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
-                "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+from atomlite.registry import MODELS, model_class
 
 
 @dataclass(frozen=True)
@@ -43,15 +35,25 @@ class VisionSpec:
     pad_token_id: int
 
 
-def vision_spec(raw: dict, text: dict) -> VisionSpec | None:
-    """The vision part of a multimodal config.json; None where it has no vision_config."""
-    if not raw.get("vision_config"):
-        return None
-    tokens = {key: raw.get(key, default) for key, default in DEFAULT_MULTIMODAL_TOKENS.items()}
-    pad = text.get("pad_token_id")
-    return VisionSpec(dict(raw["vision_config"]), **tokens,
-                      use_bidirectional_attention=text.get("use_bidirectional_attention"),
-                      pad_token_id=0 if pad is None else pad)
+@dataclass(frozen=True)
+class ModelLayout:
+    """What a model family reads from a checkpoint's config.json (its class's parse_config): the text model's config
+    (`hf`, completed with the family's defaults), each layer's attention, the RoPE parameters of each layer kind,
+    whether the checkpoint is multimodal, and its vision tower where the family runs one."""
+    hf: dict
+    layers: list[LayerAttention]
+    rope: dict[str, dict]
+    multimodal: bool = False
+    vision: VisionSpec | None = None
+
+
+def text_config(raw: dict) -> dict:
+    """The text model's part of a multimodal config.json (its text_config, with the quantization_config such
+    checkpoints keep at the top level)."""
+    text = dict(raw.get("text_config") or raw)
+    if "quantization_config" in raw and "quantization_config" not in text:
+        text["quantization_config"] = raw["quantization_config"]
+    return text
 
 
 @dataclass
@@ -67,13 +69,14 @@ class ModelSpec:
     multimodal: bool
     repo_id: str | None = None
     vision: VisionSpec | None = None  # a multimodal checkpoint's vision tower
+    rope: dict[str, dict] = field(default_factory=dict)  # layer kind -> RoPE parameters (rope_type, rope_theta, ...)
 
     @property
     def max_position_embeddings(self) -> int:
         return int(self.hf.get("max_position_embeddings", 8192))
 
     def rope_parameters(self, kind: str) -> dict:
-        return (self.hf.get("rope_parameters") or {}).get(f"{kind}_attention") or DEFAULT_ROPE[kind]
+        return self.rope[kind]
 
     @property
     def kv_cache_quant(self):
@@ -97,29 +100,6 @@ def read_json(path: Path) -> dict:
         raise ConfigError(f"{path} not found: --model must be a checkpoint folder with config.json") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
-
-
-def layer_attention(text: dict) -> list[LayerAttention]:
-    num_layers = text["num_hidden_layers"]
-    layer_types = text.get("layer_types") or [
-        "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(num_layers)]
-    k_eq_v = bool(text.get("attention_k_eq_v", False))
-    overrides = {int(k): v for k, v in (text.get("per_layer_config") or {}).items()}
-    layers = []
-    for i, layer_type in enumerate(layer_types):
-        full = layer_type == "full_attention"
-        head_dim, kv_heads = text.get("head_dim", 256), text["num_key_value_heads"]
-        if full and "per_layer_config" not in text:
-            head_dim = text.get("global_head_dim", 512)
-            if k_eq_v and text.get("num_global_key_value_heads"):
-                kv_heads = text["num_global_key_value_heads"]
-        override = overrides.get(i, {})
-        layers.append(LayerAttention(
-            kind="full" if full else "sliding",
-            head_dim=override.get("head_dim", head_dim),
-            num_kv_heads=override.get("num_key_value_heads", kv_heads),
-            k_eq_v=k_eq_v and full))
-    return layers
 
 
 def checkpoint_dtype(raw: dict, text: dict) -> torch.dtype:
@@ -147,16 +127,12 @@ def load_model_spec(model: str | Path) -> ModelSpec:
         raise ConfigError(
             f"{path / 'config.json'}: architecture {architectures or raw.get('model_type')} is not supported; "
             f"supported: {', '.join(MODELS)}")
-    multimodal = raw.get("model_type") in MULTIMODAL_MODEL_TYPES or "text_config" in raw
-    text = dict(raw.get("text_config") or raw) if multimodal else raw
-    if "quantization_config" in raw and "quantization_config" not in text:
-        text["quantization_config"] = raw["quantization_config"]
     try:
-        layers = layer_attention(text)
+        layout = model_class(arch).parse_config(raw)
     except KeyError as e:
         raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
-    return ModelSpec(path, arch, text, layers, checkpoint_dtype(raw, text), multimodal, repo_id,
-                     vision_spec(raw, text) if multimodal else None)
+    return ModelSpec(path, arch, layout.hf, layout.layers, checkpoint_dtype(raw, layout.hf), layout.multimodal,
+                     repo_id, layout.vision, layout.rope)
 
 
 SUPPORTED_QUANTIZATION = ("quark", "compressed-tensors")

@@ -163,7 +163,7 @@ stage() {
         spec-26b) speculative gemma-4-26B-A4B-it ;;
         verify-31b) python bench/verify_step.py --model examples/configs/gemma-4-31B-it ;;
         verify-26b) python bench/verify_step.py --model examples/configs/gemma-4-26B-A4B-it ;;
-        train-assistant) python -m atomlite.demo.train_assistant --device cuda --max-seconds "${TRAIN_SECONDS:-220}" \
+        train-assistant) python -m tools.demo_training.train_assistant --device cuda --max-seconds "${TRAIN_SECONDS:-220}" \
                              --out /tmp/assistant && tar -C /tmp -cf "$OUT/assistant.tar" assistant ;;
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         tp-31b) tp_rows gemma-4-31B-it ;;  # nvidia-h100-x2
@@ -189,7 +189,7 @@ stage() {
                        echo "--- baseline: $run"; from_baseline bash -c "$(declare -f latency latency_b1); $run"
                        echo "--- this tree: $run"; $run
                    done ;;  # the baseline copy and this tree side by side, model by model, one machine
-        train-demo) python -m atomlite.demo.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" ${TRAIN_ARGS:-} --out /tmp/demo \
+        train-demo) python -m tools.demo_training.train --device cuda --max-seconds "${TRAIN_SECONDS:-470}" ${TRAIN_ARGS:-} --out /tmp/demo \
                         && tar -C /tmp -cf "$OUT/demo.tar" demo ;;  # one file back instead of six
         26b-profile) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --enforce-eager ;;
         31b-mxfp4-profile) python bench/decode_profile.py --model examples/configs/gemma-4-31B-it-mxfp4 ;;

@@ -44,6 +44,16 @@ class Checkpoints:
                                                       per_layer_form=per_layer_form, **overrides))
         return self.cache[key]
 
+    def gemma3(self, variant: str = "gemma3", hub_form: bool = False, multimodal: bool = False, **overrides):
+        """A tiny Gemma3ForCausalLM (tiny_models.GEMMA3_VARIANTS; multimodal: Gemma3ForConditionalGeneration):
+        (folder, float32 reference model)."""
+        key = ("gemma3", variant, hub_form, multimodal, tuple(sorted(overrides.items())))
+        if key not in self.cache:
+            out = self.root / f"{variant}-{len(self.cache)}"
+            self.cache[key] = (out, tiny_models.build_gemma3(variant, out, hub_form=hub_form, multimodal=multimodal,
+                                                             **overrides))
+        return self.cache[key]
+
 
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> Checkpoints:

@@ -14,14 +14,15 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.fusion import link
 from atomlite.model_ops.platform import Platform
 from atomlite.models.construction import default_dtype
-from atomlite.models.gemma4 import Gemma4ForCausalLM
+from atomlite.registry import model_class
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 64
 
 
-def build(path: Path, tp: distributed.TensorParallel) -> Gemma4ForCausalLM:
+def build(path: Path, tp: distributed.TensorParallel):
+    spec = load_model_spec(path)
     with dispatch.use(Platform(), "torch"), distributed.use(tp), default_dtype(torch.float32):
-        model = link(Gemma4ForCausalLM(load_model_spec(path), max_positions=256))
+        model = link(model_class(spec.architecture)(spec, max_positions=256))
     load_weights(model, path)
     return model.eval()
 

@@ -128,3 +128,79 @@ def build_assistant(variant: str, out: Path, seed: int = 0, ordered: bool = Fals
     model = model.float().eval()
     model.save_pretrained(out)
     return model
+
+
+# Gemma 3 text (Gemma3ForCausalLM): five sliding layers then a global one, and variants the model was not written
+# around: linear RoPE scaling with both soft-caps set, head_dim != hidden / heads with one KV head and a layer_types
+# list of its own, and a hub-form config.json (legacy rope_theta / rope_local_base_freq / rope_scaling fields and
+# sliding_window_pattern instead of rope_parameters and layer_types).
+GEMMA3_BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, sliding_window=8, query_pre_attn_scalar=24,
+                   max_position_embeddings=512, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+GEMMA3_VARIANTS = {
+    "gemma3": {},
+    "gemma3_linear_softcap": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}, rope_theta=50_000.0,
+                                  rope_local_base_freq=500.0, final_logit_softcapping=5.0,
+                                  attn_logit_softcapping=3.0, sliding_window_pattern=3, num_hidden_layers=7),
+    "gemma3_wide_heads": dict(head_dim=48, num_key_value_heads=1, query_pre_attn_scalar=48, sliding_window=5,
+                              layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                                           "full_attention", "sliding_attention"], num_hidden_layers=5),
+}
+GEMMA3_HUB_FORM = dict(rope_theta=200_000.0, rope_local_base_freq=2_000.0, sliding_window_pattern=2,
+                       rope_scaling={"rope_type": "linear", "factor": 8.0}, num_hidden_layers=5)
+
+
+def gemma3_config(variant: str, **overrides):
+    from transformers import Gemma3TextConfig
+    return Gemma3TextConfig(**{**GEMMA3_BASE, **GEMMA3_VARIANTS.get(variant, {}), **overrides})
+
+
+def build_gemma3(variant: str, out: Path, seed: int = 0, hub_form: bool = False, multimodal: bool = False,
+                 **overrides):
+    """Save a tiny Gemma3ForCausalLM checkpoint to out and return the float32 transformers model (eval mode).
+    hub_form: GEMMA3_HUB_FORM's fields, written to config.json as hub checkpoints have them (legacy RoPE fields,
+    sliding_window_pattern). multimodal: a Gemma3ForConditionalGeneration with a tiny SigLIP tower, its text_config
+    left as sparse as the hub's (fields at transformers' defaults left out)."""
+    from transformers import Gemma3ForCausalLM
+    if hub_form:
+        overrides = {**GEMMA3_HUB_FORM, **overrides}
+    torch.manual_seed(seed)
+    config = gemma3_config(variant, **overrides)
+    model = _gemma3_multimodal(config) if multimodal else Gemma3ForCausalLM(config)
+    randomize(model, seed)
+    model = model.float().eval()
+    model.save_pretrained(out)
+    if hub_form:
+        _write_gemma3_hub_form(out, {**GEMMA3_BASE, **GEMMA3_VARIANTS.get(variant, {}), **overrides})
+    if multimodal:
+        _drop_gemma3_text_defaults(out)
+    return model
+
+
+def _gemma3_multimodal(text):
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    return Gemma3ForConditionalGeneration(Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                                                       mm_tokens_per_image=4, image_token_index=95,
+                                                       boi_token_index=93, eoi_token_index=94))
+
+
+def _write_gemma3_hub_form(out: Path, fields: dict) -> None:
+    path = out / "config.json"
+    raw = json.loads(path.read_text())
+    for key in ("rope_parameters", "layer_types"):
+        raw.pop(key, None)
+    raw.update({key: fields[key] for key in ("rope_theta", "rope_local_base_freq", "sliding_window_pattern",
+                                             "rope_scaling")})
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def _drop_gemma3_text_defaults(out: Path) -> None:
+    from transformers import Gemma3TextConfig
+    defaults = Gemma3TextConfig().to_dict()
+    path = out / "config.json"
+    raw = json.loads(path.read_text())
+    text = raw["text_config"]
+    raw["text_config"] = {k: v for k, v in text.items() if k == "model_type" or defaults.get(k, object()) != v}
+    path.write_text(json.dumps(raw, indent=2))

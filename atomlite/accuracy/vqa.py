@@ -1,4 +1,4 @@
-"""The demo-vqa task: held-out synthetic pictures (atomlite/demo/vision_data.py, a seed apart from training's), each
+"""The demo-vqa task: held-out synthetic pictures (atomlite/accuracy/vqa_pictures.py, a seed apart from training's), each
 sent as a data-URL PNG with its question to the server's chat API, scored by exact match of the answer without case
 or punctuation. It returns lm-eval's result shape, so the runner reads and records it as any other task."""
 import asyncio
@@ -6,7 +6,7 @@ import base64
 
 import httpx
 
-from atomlite.demo.vision_data import eval_items, normalized, png_bytes
+from atomlite.accuracy.vqa_pictures import eval_items, normalized, png_bytes
 
 DEFAULT_ITEMS = 200
 METRIC = "exact_match"

@@ -1,12 +1,12 @@
 """A served folder for benchmarking a config-only checkpoint over HTTP with images:
 
-    python -m atomlite.benchmarks.bench_checkpoint examples/configs/gemma-4-31B-it-vision /tmp/g31v
-    atomlite serve /tmp/g31v --load-format dummy ...; atomlite bench serve --model /tmp/g31v --images-per-prompt 1
+    python -m atomlite.benchmarks.bench_checkpoint examples/configs/<a config with vision_config> /tmp/served
+    atomlite serve /tmp/served --load-format dummy ...; atomlite bench serve --model /tmp/served --images-per-prompt 1
 
 The chat endpoint needs a tokenizer and a chat template, which examples/configs does not ship (the real ones are
 the hub's). This writes config.json beside a character-level tokenizer whose special tokens sit at the ids the
 config names (pad, eos, bos, image, video, boi, eoi), and a chat template that writes one image placeholder per
-image part as Gemma 4's does. Token ids change nothing a dummy-weight model computes; prompt lengths come out as
+image part as the multimodal checkpoints' templates do. Token ids change nothing a dummy-weight model computes; prompt lengths come out as
 one token per character (a tiny vocabulary keeps the newline, space and lowercase letters first)."""
 import argparse
 import json

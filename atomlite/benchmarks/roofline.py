@@ -85,7 +85,7 @@ def weight_bytes_read(model, batch: int) -> float:
 
 def logits_bytes(model) -> float:
     hf = model.spec.hf
-    return hf["vocab_size"] * hf["hidden_size"] * model.model.embed_tokens.weight.element_size()
+    return hf["vocab_size"] * hf["hidden_size"] * model.logits_weight.element_size()
 
 
 def kv_bytes_read(specs: list[KVSpec], batch: int, context: int) -> float:

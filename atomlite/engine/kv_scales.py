@@ -3,8 +3,8 @@
 Quark exports one K and one V scale per layer (amax / 448). With kv_cache_post_rope they were observed on the cached
 values themselves: each layer takes its own, a layer that reads another layer's cache (KV sharing) takes that
 layer's, and a layer without a V scale (k_eq_v: Quark writes none) keeps 1. Without it they were observed on the raw
-k_proj / v_proj outputs, before the models' K/V norms, and do not bound what the cache holds (on Quark's own tiny
-Gemma 4 export the normalized values reach 509-751 times the scale, past e4m3's 448): every layer keeps 1, which
+k_proj / v_proj outputs, before the models' K/V norms, and do not bound what the cache holds (on a tiny export by
+Quark itself the normalized values reach 509-751 times the scale, past e4m3's 448): every layer keeps 1, which
 RMS-normalized K and V fit.
 """
 import torch

@@ -293,13 +293,7 @@ class LLMEngine:
         self.iteration_tokens.append(sum(num_new for _, num_new in batch))
         self._record_prompt_logprobs(logits, rows.prompt)
         self._hidden_rows = {seq.seq_id: row for seq, row in rows.sample}
-        verifying = {seq.seq_id for seq, _ in rows.verify}
-        for seq, num_new in batch:
-            if seq.seq_id in verifying:
-                continue  # what it computed is known once its drafts are decided (_settle_verified)
-            seq.num_computed_tokens += num_new
-            self.kv.update_block_hashes(seq)
-            self.kv.release_out_of_window(seq)
+        self.scheduler.update_from_output(batch, {seq.seq_id for seq, _ in rows.verify})
         if rows.verify:
             return self._verified(logits, rows, bitmask)
         if not rows.sample:
@@ -348,9 +342,7 @@ class LLMEngine:
             return None
         logits = self.runner.execute_ahead(seqs, launched.ids)
         self.iteration_tokens.append(len(seqs))
-        for seq in seqs:
-            seq.num_computed_tokens += 1  # hashes of the new full blocks wait for the token (_settle_ahead)
-            self.kv.release_out_of_window(seq)
+        self.scheduler.advance_ahead(seqs)
         if self.structured.constrains(seqs):
             return UnsampledStep(seqs, logits)
         return self._sample(logits, seqs, in_flight=launched.ids)
@@ -376,8 +368,7 @@ class LLMEngine:
         """After the tokens the step ahead read are appended: its sequences' full blocks get their prefix-cache
         hashes; a step ahead whose sequences all finished is dropped (its tokens are never read)."""
         running = [seq for seq in self._ahead.seqs if not seq.is_finished]
-        for seq in running:
-            self.kv.update_block_hashes(seq)
+        self.scheduler.settle_ahead(running)
         if not running:
             self._ahead = None
         elif isinstance(self._ahead, UnsampledStep):  # the grammars have seen the tokens: masks, then sampling
@@ -406,18 +397,12 @@ class LLMEngine:
                             checking.seqs)
 
     def _settle_verified(self, step: VerifiedStep) -> None:
-        """The verifying sequences' KV holds their accepted tokens, the rejected drafts' entries beyond it are left
-        to be overwritten; their full blocks get prefix-cache hashes and out-of-window blocks go."""
-        for seq, first_row in zip(step.seqs[len(step.seqs) - len(step.verified):],
-                                  step.first_rows[len(step.seqs) - len(step.verified):]):
-            seq.spec_token_ids = []
-            if seq.is_finished:
-                continue
-            accepted = len(seq.token_ids) - 2 - seq.num_computed_tokens  # its run: accepted drafts, then one token
-            seq.num_computed_tokens += 1 + accepted
-            self._hidden_rows[seq.seq_id] = first_row + accepted
-            self.kv.update_block_hashes(seq)
-            self.kv.release_out_of_window(seq)
+        """The scheduler settles what the verifying sequences computed; a drafter that reads hidden states reads
+        each one's row of its last accepted token."""
+        first_rows = step.first_rows[len(step.seqs) - len(step.verified):]
+        for seq, first_row, accepted in zip(step.verified, first_rows, self.scheduler.settle_verified(step.verified)):
+            if not seq.is_finished:
+                self._hidden_rows[seq.seq_id] = first_row + accepted
 
     def _draft(self, seqs: list[Sequence]) -> None:
         """Drafts for the next step, for each sequence that may take them and has more than one token to come. A

@@ -27,7 +27,7 @@ from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.fusion import link
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.models.construction import default_dtype
-from atomlite.registry import model_class
+from atomlite.registry import model_class, mtp_assistant
 
 logger = logging.getLogger("atomlite")
 CPU_DEFAULT_KV_BYTES = 2 * 2**30
@@ -59,9 +59,9 @@ def assistant_spec_for(config: EngineConfig):
     spec = config.speculative_config
     if spec is None or spec.method != "mtp":
         return None
-    from atomlite.models.gemma4_assistant import check_compatible, load_assistant_spec
-    assistant = load_assistant_spec(spec.model)
-    check_compatible(assistant, config.model_spec)
+    drafter = mtp_assistant(config.model_spec.architecture)
+    assistant = drafter.load_assistant_spec(spec.model)
+    drafter.check_compatible(assistant, config.model_spec)
     return assistant
 
 
@@ -69,10 +69,10 @@ def build_assistant_for(config: EngineConfig, assistant_spec, target, kernels: K
     """The MTP assistant built beside target (its KV read from target's cache); None without one."""
     if assistant_spec is None:
         return None
-    from atomlite.models.gemma4_assistant import build_assistant
+    build = mtp_assistant(config.model_spec.architecture).build_assistant
     device = config.torch_device
     with dispatch.use(detect_platform(device), config.kernel_backend, kernels):
-        return build_assistant(assistant_spec, target, device, config.torch_dtype, config.load_format, config.seed)
+        return build(assistant_spec, target, device, config.torch_dtype, config.load_format, config.seed)
 
 
 def load_checkpoint(model, spec) -> None:

@@ -121,6 +121,48 @@ class Scheduler:
             self._admit_waiting(scheduled, budget, images)
         return scheduled
 
+    # -- after a step: the one place a sequence advances ------------------------------------------------------
+    def advance(self, seq: Sequence, num_tokens: int, token_known: bool = True) -> None:
+        """seq's KV now holds num_tokens more positions: they count as computed, blocks the window no longer sees
+        go, and (token_known: every token they hold is on the host) its new full blocks get prefix-cache keys."""
+        seq.num_computed_tokens += num_tokens
+        if token_known:
+            self.kv.update_block_hashes(seq)
+        self.kv.release_out_of_window(seq)
+
+    def update_from_output(self, batch: list[tuple[Sequence, int]], verifying: set[int] = frozenset()) -> None:
+        """After a step's forward: each scheduled sequence computed the tokens it was given, except those that
+        verified drafts (seq_id in verifying), whose computed count is known once their drafts are decided
+        (settle_verified)."""
+        for seq, num_new in batch:
+            if seq.seq_id not in verifying:
+                self.advance(seq, num_new)
+
+    def advance_ahead(self, seqs: list[Sequence]) -> None:
+        """A decode step launched before the tokens it reads reached the host (overlapped decode): each sequence
+        computes one more position; its keys wait for that token (settle_ahead)."""
+        for seq in seqs:
+            self.advance(seq, 1, token_known=False)
+
+    def settle_ahead(self, seqs: list[Sequence]) -> None:
+        """The tokens a step launched ahead read are on the host: its sequences' new full blocks get their keys."""
+        for seq in seqs:
+            self.kv.update_block_hashes(seq)
+
+    def settle_verified(self, seqs: list[Sequence]) -> list[int]:
+        """After a step that verified drafts, its tokens appended: each sequence computed its accepted drafts and
+        the token before them; the rejected drafts' KV entries are left to be overwritten. Returns how many drafts
+        each accepted (0 for a sequence that finished, which advances no more)."""
+        accepted = []
+        for seq in seqs:
+            seq.spec_token_ids = []
+            if seq.is_finished:
+                accepted.append(0)
+                continue
+            accepted.append(len(seq.token_ids) - 2 - seq.num_computed_tokens)  # its run: drafts, then one token
+            self.advance(seq, 1 + accepted[-1])
+        return accepted
+
     def _fit_running(self, seq: Sequence, num_new: int, images: StepImageBudget) -> int:
         """Allocate for seq, preempting later sequences (then shrinking a lone chunk); 0 if seq itself yielded.
         Drafts never cost another sequence its blocks: where they do not fit, seq goes on without them."""

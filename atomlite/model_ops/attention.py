@@ -23,10 +23,12 @@ class Attention(nn.Module):
     block (the window still counts back from each query); layers without it attend causally whatever key_ends says.
     Gemma 4 sets it on its sliding layers when the text config's use_bidirectional_attention is "vision" (31B,
     26B-A4B), as transformers masks them (create_masks_for_vision_model); its full-attention layers stay causal.
+    value_norm=False: forward_raw stores V as projected (attention that norms q and k alone); by default V is
+    RMS-normed too.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, window: int | None,
-                 key_rope: RotaryEmbedding | None = None, bidirectional_spans: bool = False):
+                 key_rope: RotaryEmbedding | None = None, bidirectional_spans: bool = False, value_norm: bool = True):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window, self.key_rope = scale, window, key_rope
@@ -40,7 +42,8 @@ class Attention(nn.Module):
         self.attend_kernel = dispatch.choose("attention", **shape)
         self._attend = self.attend_kernel.fn
         self._write = dispatch.choose("write_kv", head_dim=head_dim).fn
-        self.prepare_kernel = dispatch.choose("qk_norm_rope", head_dim=head_dim)
+        self.prepare_options = {} if value_norm else {"v_norm": False}
+        self.prepare_kernel = dispatch.choose("qk_norm_rope", head_dim=head_dim, **self.prepare_options)
         self.prepare_qkv = self.prepare_kernel.fn
         self.reader_quantization = None  # set by fusion.link: input_quantization of o_proj reading QuantizedRows
         self.k_cache = self.v_cache = None
@@ -80,11 +83,13 @@ class Attention(nn.Module):
                     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
                     sin: torch.Tensor, ctx: ForwardContext):
         """Raw projections in (PartialSums where linked to a projection that returns them): q/k norms, RoPE, v norm
-        and the KV write as one op (qk_norm_rope), then attention. Out: [T, H, D]; or, linked to a reader of
-        QuantizedRows, [T, H * D] in the form it asks for (input_quantization) where the kernel writes that."""
+        (unless value_norm=False) and the KV write as one op (qk_norm_rope), then attention. Out: [T, H, D]; or,
+        linked to a reader of QuantizedRows, [T, H * D] in the form it asks for (input_quantization) where the kernel
+        writes that."""
         group = ctx.groups[self.group_id]
         caches = (self.k_cache, self.v_cache, group.slot_mapping) if k is not None else ()
-        q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales)
+        q, _, _ = self.prepare_qkv(q, k, v, q_weight, k_weight, eps, cos, sin, *caches, kv_scales=self.kv_scales,
+                                   **self.prepare_options)
         quantize = None if self.reader_quantization is None else self.reader_quantization(q.flatten(1))
         return self._attention(q, ctx, group, k_weight, quantize)
 

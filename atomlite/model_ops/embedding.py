@@ -2,7 +2,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from atomlite.distributed import Shard, TensorParallel
+from atomlite.distributed import Shard, TensorParallel, split
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.sharding import read_narrowed
 
@@ -34,3 +34,11 @@ class VocabParallelEmbedding(ScaledEmbedding):
         outside = (local < 0) | (local >= self.vocab.size)
         rows = super().forward(local.masked_fill(outside, 0))
         return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0))
+
+
+def token_embedding(vocab_size: int, hidden: int, scale: float, tp: TensorParallel) -> ScaledEmbedding:
+    """A token table (tied: its rows also the logits' weights), vocab-parallel under tensor parallelism."""
+    vocab = split(vocab_size, tp.rank, tp.size, "vocab_size")
+    if vocab.whole:
+        return ScaledEmbedding(vocab_size, hidden, scale)
+    return VocabParallelEmbedding(vocab, hidden, scale, tp)

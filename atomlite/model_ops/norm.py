@@ -1,4 +1,5 @@
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -8,11 +9,27 @@ from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSu
 from atomlite.model_ops.linear import copy_weight
 
 
+@dataclass(frozen=True)
+class Residual:
+    """The residual stream, and the norms of it that the residual update which made it computed in the same kernel
+    (RMSNorm.add_to_residual, for the norms fusion linked to follow it). A forward reads a norm of the stream
+    through normed(norm): the update's result where it computed that norm, else the norm's own kernel."""
+    stream: torch.Tensor
+    norms: tuple["RMSNorm", ...] = ()
+    outputs: tuple = ()  # norms[i](stream), each a tensor or the QuantizedRows its reader asked for
+
+    def normed(self, norm: "RMSNorm") -> "torch.Tensor | object":
+        for computed, output in zip(self.norms, self.outputs):
+            if computed is norm:
+                return output
+        return norm(self.stream)
+
+
 class RMSNorm(nn.Module):
     """Gemma RMSNorm (plain weight; learned=False: a weight the owner sets after loading, not a checkpoint tensor).
 
     As a residual update (add_to_residual) it computes, in the same kernel, the norms linked to follow it
-    (model_ops.fusion), and hands each its result: a norm applied to the sum it was handed returns that result.
+    (model_ops.fusion), and returns them with the sum (Residual).
     """
 
     def __init__(self, dim: int, eps: float, learned: bool = True):
@@ -29,12 +46,8 @@ class RMSNorm(nn.Module):
         self.next_norms: tuple[RMSNorm, ...] = ()
         self.reader_quantization: Callable | None = None  # the input_quantization of the first norm's reader
         self.joins_lazily = False
-        self._handed: tuple[torch.Tensor, object] | None = None  # (the sum, this norm of it)
 
-    def forward(self, x: torch.Tensor) -> "torch.Tensor | object":
-        handed, self._handed = self._handed, None
-        if handed is not None and handed[0] is x:
-            return handed[1]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x, self.weight, self.eps)
 
     def can(self, capability: str) -> bool:
@@ -52,24 +65,19 @@ class RMSNorm(nn.Module):
         self.joins_lazily = "normed_pair" in forms
 
     def add_to_residual(self, x: "torch.Tensor | PartialSums | NormedPair", residual: torch.Tensor,
-                        scale: torch.Tensor | None = None) -> torch.Tensor:
-        """(residual + self(x)) [* scale]; the linked next norms of it come from the same pass (see the class)."""
+                        scale: torch.Tensor | None = None) -> Residual:
+        """(residual + self(x)) [* scale], with the linked next norms of it from the same pass (see the class)."""
         weights = tuple(norm.weight for norm in self.next_norms)
         next_weight = weights[0] if len(weights) == 1 else weights or None
         quantize = self._input_quantization(residual)
         extra = {} if quantize is None else {"quantize": quantize}
         total, outs = self.residual_kernel.fn(x, residual, self.weight, self.eps, scale, next_weight, **extra)
-        for norm, out in zip(self.next_norms, outs if isinstance(outs, tuple) else (outs,)):
-            norm.hand_over(total, out)
-        return total
+        if not self.next_norms:
+            return Residual(total)
+        return Residual(total, self.next_norms, outs if isinstance(outs, tuple) else (outs,))
 
     def _input_quantization(self, residual: torch.Tensor) -> InputQuantization | None:
         return None if self.reader_quantization is None else self.reader_quantization(residual)
-
-    def hand_over(self, source: torch.Tensor, output: object) -> None:
-        """output is self(source), computed by the residual update that made source: the next self(source)
-        returns it."""
-        self._handed = (source, output)
 
     def joined(self, x: "torch.Tensor | PartialSums", other: "RMSNorm",
                y: "torch.Tensor | PartialSums") -> "torch.Tensor | NormedPair":

@@ -3,7 +3,6 @@ import torch
 from torch import nn
 
 
-
 # Frequencies live on the host (whatever the default device): layers read from them which ones turn.
 def default_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim))
@@ -17,13 +16,18 @@ def proportional_inv_freq(head_dim: int, theta: float, partial_rotary_factor: fl
     return inv
 
 
+ROPE_TYPES = ("default", "proportional", "linear")
+
+
 def inv_freq_from_params(head_dim: int, params: dict) -> torch.Tensor:
     kind = params.get("rope_type", "default")
     if kind == "default":
         return default_inv_freq(head_dim, params["rope_theta"])
     if kind == "proportional":
         return proportional_inv_freq(head_dim, params["rope_theta"], params.get("partial_rotary_factor", 1.0))
-    raise ValueError(f"rope_type {kind!r} is not supported (supported: default, proportional)")
+    if kind == "linear":  # positions divided by factor, which is the same as frequencies divided by it
+        return default_inv_freq(head_dim, params["rope_theta"]) / params["factor"]
+    raise ValueError(f"rope_type {kind!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
 
 
 class RotaryEmbedding(nn.Module):

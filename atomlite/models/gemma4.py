@@ -14,17 +14,17 @@ from torch import nn
 
 from atomlite import distributed
 from atomlite.config import ModelSpec, VisionSpec
-from atomlite.distributed import TensorParallel, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.context import ForwardContext
-from atomlite.model_ops.embedding import ScaledEmbedding, VocabParallelEmbedding
+from atomlite.model_ops.embedding import ScaledEmbedding, token_embedding
 from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.multimodal import MultiModalEmbeds
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
+from atomlite.models import gemma4_config
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
 from atomlite.models.gemma4_vision import PROJECTOR_PREFIX, TOWER_PREFIX, Gemma4VisionTower
 
@@ -65,14 +65,6 @@ def image_spans_bidirectional(spec: ModelSpec) -> bool:
     return mode == "vision"
 
 
-def token_embedding(vocab_size: int, hidden: int, tp: TensorParallel) -> ScaledEmbedding:
-    """The (tied) token table: vocab-parallel under tensor parallelism, its rows also the logits' weights."""
-    vocab = split(vocab_size, tp.rank, tp.size, "vocab_size")
-    if vocab.whole:
-        return ScaledEmbedding(vocab_size, hidden, math.sqrt(hidden))
-    return VocabParallelEmbedding(vocab, hidden, math.sqrt(hidden), tp)
-
-
 class Gemma4Model(nn.Module):
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -84,7 +76,7 @@ class Gemma4Model(nn.Module):
         self.share_targets = kv_share_targets(kinds, cfg.get("num_kv_shared_layers") or 0)
         self.window = cfg.get("sliding_window")
         lin = LinearBuilder(cfg)
-        self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, lin.tp)
+        self.embed_tokens = token_embedding(cfg["vocab_size"], hidden, math.sqrt(hidden), lin.tp)
         self.ropes = ropes_by_kind(spec, max_positions)
         self.key_from_value = self._key_from_value_layers(spec)
         self.image_spans_bidirectional = image_spans_bidirectional(spec)
@@ -134,12 +126,15 @@ class Gemma4Model(nn.Module):
             h = mm_embeds.placed_in(h)
         ple = self.per_layer_inputs(ids, h) if self.ple_dim else None
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        residual = Residual(h)
         for i, layer in enumerate(self.layers):
-            h = layer(h, None if ple is None else ple[:, i], *cos_sin[self.kinds[i]], ctx)
-        return self.norm(h)
+            residual = layer(residual, None if ple is None else ple[:, i], *cos_sin[self.kinds[i]], ctx)
+        return residual.normed(self.norm)
 
 
 class Gemma4ForCausalLM(nn.Module):
+    parse_config = staticmethod(gemma4_config.parse_config)  # config.json -> ModelLayout
+    mtp_assistant = "atomlite.models.gemma4_assistant"  # its MTP drafter (speculative_config method "mtp")
     # checkpoint name fragment -> (parameter name fragment, shard) for projections stored fused here
     packed_weights = {"mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
                       "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
@@ -219,6 +214,11 @@ class Gemma4ForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    @property
+    def logits_weight(self) -> torch.Tensor:
+        """What compute_logits multiplies by (the tied embedding table; this rank's rows)."""
+        return self.model.embed_tokens.weight
 
     def stacked_weight(self, name: str) -> tuple[str, int] | None:
         """A per-expert checkpoint tensor -> (stacked parameter, shard), see MXFP4Experts and FP8Experts; else

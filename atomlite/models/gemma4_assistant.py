@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from atomlite.config import (LayerAttention, ModelSpec, checkpoint_dtype, checkpoint_folder, layer_attention,
-                             read_json)
+from atomlite.config import LayerAttention, ModelSpec, checkpoint_dtype, checkpoint_folder, read_json
 from atomlite.errors import ConfigError
 from atomlite.hub import fetch_weights
 from atomlite.loader import load_dummy_weights, load_weights, resolve
@@ -26,9 +25,10 @@ from atomlite.model_ops.embedding import ScaledEmbedding
 from atomlite.model_ops.fusion import link
 from atomlite.model_ops.linear import copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.models.construction import default_dtype
 from atomlite.models.gemma4 import Gemma4ForCausalLM, ropes_by_kind
+from atomlite.models.gemma4_config import layout
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
 
 ASSISTANT_MODEL_TYPE = "gemma4_assistant"
@@ -60,11 +60,12 @@ def load_assistant_spec(path: str | Path) -> AssistantSpec:
                           f"google/gemma-4-E2B-it-assistant)")
     text = dict(raw["text_config"])
     try:
-        layers = layer_attention(text)
+        text_layout = layout(text)
     except KeyError as e:
         raise ConfigError(f"{config} text_config lacks {e.args[0]!r}") from None
     own = {f.name: raw[f.name] for f in fields(AssistantSpec) if f.name != "text" and f.name in raw}
-    model = ModelSpec(folder, "Gemma4AssistantForCausalLM", text, layers, checkpoint_dtype(raw, text), False, repo_id)
+    model = ModelSpec(folder, "Gemma4AssistantForCausalLM", text, text_layout.layers, checkpoint_dtype(raw, text),
+                      False, repo_id, rope=text_layout.rope)
     spec = AssistantSpec(model, **own)
     _check_assistant(spec, config)
     return spec
@@ -168,9 +169,10 @@ class Gemma4AssistantModel(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         cos_sin = {kind: rope.cos_sin(ctx.positions, h.dtype) for kind, rope in self.ropes.items()}
+        residual = Residual(h)
         for layer, kind in zip(self.layers, self.kinds):
-            h = layer(h, None, *cos_sin[kind], ctx)
-        return self.norm(h)
+            residual = layer(residual, None, *cos_sin[kind], ctx)
+        return residual.normed(self.norm)
 
 
 class Gemma4AssistantForCausalLM(nn.Module):

@@ -8,7 +8,6 @@ from torch import nn
 
 from atomlite.distributed import Shard, TensorParallel, kv_heads_of_rank, split
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.activation import GeluTanhAndMul
 from atomlite.model_ops.attention import Attention
 from atomlite.model_ops.branches import side_by_side
 from atomlite.model_ops.carriers import as_heads, merged_heads, split_columns
@@ -16,7 +15,8 @@ from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.fusion import Feeds, NormedSum
 from atomlite.model_ops.linear import Linear, copy_weight
 from atomlite.model_ops.linear_builder import LinearBuilder
-from atomlite.model_ops.norm import RMSNorm
+from atomlite.model_ops.mlp import GatedGeluMLP
+from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding
 
 OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branches fill the GPU by themselves
@@ -94,22 +94,6 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(merged_heads(out))
 
 
-class Gemma4MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, lin: LinearBuilder, prefix: str):
-        super().__init__()
-        part = split(intermediate, lin.tp.rank, lin.tp.size, "intermediate_size")
-        self.gate_up_proj = lin.merged(f"{prefix}.gate_up_proj", hidden, [intermediate, intermediate],
-                                       rows=[part, part])
-        self.act = GeluTanhAndMul(part.size)
-        self.down_proj = lin.row_parallel(f"{prefix}.down_proj", part, hidden)
-
-    def dataflow(self):
-        yield Feeds(self.act, self.down_proj)
-
-    def forward(self, x):
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
 class Gemma4Router(nn.Module):
     """norm(x) * scale * hidden^-0.5 -> proj -> the top-k experts (router_topk). The weightless norm and the two
     scalings are one norm whose weight is scale * hidden^-0.5 (made after loading)."""
@@ -129,8 +113,9 @@ class Gemma4Router(nn.Module):
     def process_after_loading(self) -> None:
         self.norm.weight = (self.scale.float() * self.root_size).to(self.scale.dtype)
 
-    def forward(self, x):
-        normed = self.norm(x)
+    def forward(self, h: Residual):
+        """h: the residual stream this layer's feed-forward reads (its norm may come with it, Residual)."""
+        normed = h.normed(self.norm)
         if self._route is not None:
             return self._route(normed, self.proj.weight, self.per_expert_scale, self.top_k)
         return self._topk(self.proj(normed), self.per_expert_scale, self.top_k)
@@ -145,7 +130,7 @@ class Gemma4DecoderLayer(nn.Module):
         self.self_attn = Gemma4Attention(cfg, layer, window, shares_kv, lin, f"{prefix}.self_attn", key_rope,
                                          owner_key_norm, bidirectional_spans)
         wide = 2 if cfg.get("use_double_wide_mlp") and shares_kv else 1
-        self.mlp = Gemma4MLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
+        self.mlp = GatedGeluMLP(hidden, cfg["intermediate_size"] * wide, lin, f"{prefix}.mlp")
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
             setattr(self, name, RMSNorm(hidden, eps))
@@ -186,25 +171,26 @@ class Gemma4DecoderLayer(nn.Module):
         if not self.ple_dim:  # with per-layer inputs, h changes between the update and next_norm
             yield NormedSum(self.post_feedforward_layernorm, (next_norm,), next_reader)
 
-    def forward(self, h, ple, cos, sin, ctx):
-        """h: the residual stream, in and out."""
-        attn = self.self_attn(self.input_layernorm(h), cos, sin, ctx)
-        h = self.post_attention_layernorm.add_to_residual(attn, h)
-        m = self._moe_feed_forward(h) if self.moe else self.mlp(self.pre_feedforward_layernorm(h))
+    def forward(self, h: Residual, ple, cos, sin, ctx) -> Residual:
+        """h: the residual stream, in and out, with the norms of it that its last update computed (Residual)."""
+        attn = self.self_attn(h.normed(self.input_layernorm), cos, sin, ctx)
+        h = self.post_attention_layernorm.add_to_residual(attn, h.stream)
+        m = self._moe_feed_forward(h) if self.moe else self.mlp(h.normed(self.pre_feedforward_layernorm))
         if not self.ple_dim:
-            return self.post_feedforward_layernorm.add_to_residual(m, h, scale=self.layer_scalar)
-        h = self.post_feedforward_layernorm.add_to_residual(m, h)
+            return self.post_feedforward_layernorm.add_to_residual(m, h.stream, scale=self.layer_scalar)
+        h = self.post_feedforward_layernorm.add_to_residual(m, h.stream).stream
         gated = self.ple_act(self.per_layer_input_gate(h)) * ple
-        return (h + self.post_per_layer_input_norm(self.per_layer_projection(gated))) * self.layer_scalar
+        return Residual((h + self.post_per_layer_input_norm(self.per_layer_projection(gated))) * self.layer_scalar)
 
-    def _moe_feed_forward(self, h):
-        x, experts_in = self.pre_feedforward_layernorm(h), self.pre_feedforward_layernorm_2(h)
+    def _moe_feed_forward(self, h: Residual):
+        x, experts_in = h.normed(self.pre_feedforward_layernorm), h.normed(self.pre_feedforward_layernorm_2)
         # At decode the router is latency-bound: beside the MLP's weight stream its loads queue behind the MLP's
         # (measured 11.8 against 5 us alone), and the experts wait for it; so it runs first, alone. The experts'
         # chain of launches (gate_up, then down) then overlaps the MLP, which only streams weights.
         route = self.router(h)
-        experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), h.device,
-                                  overlap=h.shape[0] <= OVERLAP_MAX_TOKENS)
+        stream = h.stream
+        experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), stream.device,
+                                  overlap=stream.shape[0] <= OVERLAP_MAX_TOKENS)
         if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
             m, experts = self.tp.all_reduced(m, experts, hand_over=self._hands_rank_partials())
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)

@@ -160,7 +160,8 @@ class VisionEncoderLayer(nn.Module):
         """h: the residual stream, in and out."""
         attn = self.self_attn(self.input_layernorm(h), cos, sin, packed)
         h = self.post_attention_layernorm.add_to_residual(attn, h)
-        return self.post_feedforward_layernorm.add_to_residual(self.mlp(self.pre_feedforward_layernorm(h)), h)
+        m = self.mlp(h.normed(self.pre_feedforward_layernorm))
+        return self.post_feedforward_layernorm.add_to_residual(m, h.stream).stream
 
 
 class VisionEncoder(nn.Module):

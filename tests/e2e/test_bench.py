@@ -1,7 +1,6 @@
 """`--load-format dummy` and `atomlite bench`: random weights from config.json alone, each benchmark's table and JSON,
 and the roofline arithmetic they print beside their results."""
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from click.testing import CliRunner
 
 from atomlite import LLM
 from atomlite.benchmarks.images import vision_tower_flops
-from atomlite.benchmarks.roofline import kv_bytes_read, weight_bytes_read
+from atomlite.benchmarks.roofline import kv_bytes_read, logits_bytes, weight_bytes_read
 from atomlite.cli import main
 from atomlite.config import EngineConfig
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
@@ -132,29 +131,35 @@ def test_bench_speculative_without_a_config_is_one_line():
     assert result.output.count("\n") == 1
 
 
-def test_decode_roofline_bytes_of_31b():
-    """Weights once per step plus the tied lm_head; KV of sliding layers clamps at the window (1024); the global
-    (k_eq_v) layers hold V alone."""
-    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-31B-it", dtype="bfloat16")
-    model = meta_model(config, Platform())
+# Google's model cards: 31B has 30.7B parameters; 26B-A4B 25.2B, of which 3.8B are active per token; E2B 2.3B
+# effective (its per-layer embedding tables are looked up, not read whole).
+@pytest.mark.parametrize("name,active,every_expert", [("gemma-4-31B-it", 30.7e9, 30.7e9),
+                                                      ("gemma-4-26B-A4B-it", 3.8e9, 25.2e9),
+                                                      ("gemma-4-E2B-it", 2.3e9, 2.3e9)])
+def test_decode_roofline_reads_the_published_parameter_counts(name, active, every_expert):
+    """A decode step of one sequence reads the active parameters once (the tied lm_head included), in bf16; one
+    of a batch large enough to touch every expert reads all of them. The published figures have two or three
+    significant digits."""
+    model = meta_model(EngineConfig(model=f"{EXAMPLES}/{name}", dtype="bfloat16"), Platform())
+    read = lambda batch: (weight_bytes_read(model, batch) + logits_bytes(model)) / 2  # noqa: E731
+    assert read(1) == pytest.approx(active, rel=0.015)
+    assert read(10**6) == pytest.approx(every_expert, rel=0.015)
+
+
+@pytest.mark.parametrize("name", ["gemma-4-31B-it", "gemma-4-E2B-it"])
+def test_decode_roofline_kv_bytes_are_what_each_layer_reads_from_the_allocated_cache(name):
+    """Per layer, the bytes of one token in the cache views the engine allocates (V alone on 31B's k_eq_v layers,
+    the target's cache for E2B's KV-sharing layers), times the keys its attention sees (its window, if any)."""
+    from atomlite.engine.kv_cache import KVCacheManager
+    model = meta_model(EngineConfig(model=f"{EXAMPLES}/{name}", dtype="bfloat16"), Platform())
     specs = model.kv_specs(torch.bfloat16)
-    per_token = 50 * 2 * 16 * 256 * 2 + 10 * 4 * 512 * 2  # sliding layers K and V, global layers V, bf16
-    assert kv_bytes_read(specs, 2, 512) == 2 * 512 * per_token
-    sliding_at_window = 50 * 2 * 16 * 256 * 2 * 1024 + 10 * 4 * 512 * 2 * 4096
-    assert kv_bytes_read(specs, 1, 4096) == sliding_at_window
-    non_embedding = sum(p.numel() * 2 for n, p in model.named_parameters()
-                        if "embed_tokens" not in n and not n.startswith("vision."))  # a decode step skips the tower
-    assert weight_bytes_read(model, 1) == non_embedding
-
-
-def test_moe_roofline_reads_only_the_routed_experts():
-    config = EngineConfig(model=f"{EXAMPLES}/gemma-4-26B-A4B-it", dtype="bfloat16")
-    model = meta_model(config, Platform())
-    experts = sum(p.numel() * 2 for n, p in model.named_parameters() if ".experts." in n)
-    dense = weight_bytes_read(model, 10**6)  # every expert touched
-    assert dense - weight_bytes_read(model, 1) == pytest.approx(experts * (1 - 8 / 128))
-    assert math.isclose(weight_bytes_read(model, 10**6), sum(
-        p.numel() * 2 for n, p in model.named_parameters() if "embed_tokens" not in n), rel_tol=1e-9)
+    kv = KVCacheManager(specs, 2, 16, torch.device("meta"))
+    for batch, context in ((2, 512), (1, 4096)):
+        expected = 0
+        for i, attn in enumerate(model.attention_layers()):
+            token = sum(t[0, 0].numel() * t.element_size() for t in kv.cache_for_layer(i)[:2] if t is not None)
+            expected += batch * min(context, attn.window or context) * token
+        assert kv_bytes_read(specs, batch, context) == expected
 
 
 def test_bench_serve_times_a_server_without_a_tokenizer_under_vllm_names(config_only, tmp_path):

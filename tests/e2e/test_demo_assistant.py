@@ -1,11 +1,12 @@
 """The bundled demo assistant drafts for the demo model: on the demo's own prompts (held-out gsm8k and MMLU style,
 the README's question as a completion and as a chat) at k = 4, greedy output is the output without drafts, and the
-mean accepted length (1 + accepted drafts per verifying step) is reported and at least 2."""
+mean accepted length (1 + accepted drafts per verifying step) is reported and at least 4.5: 4.67 measured (356 of
+388 drafts accepted), as docs/SPECULATIVE.md says, with room for a retrained assistant's small changes."""
 from atomlite import LLM, SamplingParams
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
-from atomlite.demo.train import char_ids
-from atomlite.demo.train_assistant import held_out_prompts
 from atomlite.demo.tokenizer import build_char_tokenizer
+from tools.demo_training.train import char_ids
+from tools.demo_training.train_assistant import held_out_prompts
 
 
 def test_demo_assistant_is_accepted_on_the_demo_prompts():
@@ -19,4 +20,4 @@ def test_demo_assistant_is_accepted_on_the_demo_prompts():
     print(f"demo assistant, k=4: mean accepted length {stats.mean_acceptance_length:.2f} over {stats.num_drafts} "
           f"verifying steps, {stats.num_accepted_tokens}/{stats.num_draft_tokens} drafts accepted")
     assert got == want
-    assert stats.mean_acceptance_length >= 2.0
+    assert stats.mean_acceptance_length >= 4.5

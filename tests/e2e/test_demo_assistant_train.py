@@ -1,4 +1,4 @@
-"""The demo assistant's training recipe (atomlite/demo/train_assistant.py): its batched draft rounds are what
+"""The demo assistant's training recipe (tools/demo_training/train_assistant.py): its batched draft rounds are what
 transformers' Gemma4AssistantForCausalLM computes one round at a time, and a short CPU run learns and saves a
 drafter that transformers loads and drives."""
 import json
@@ -11,10 +11,10 @@ from transformers import Gemma4AssistantForCausalLM
 
 from atomlite.demo import DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import char_ids, training_batch
-from atomlite.demo.train_assistant import (DRAFTS, MAX_ASSISTANT_BYTES, build_assistant, draft_logits,
-                                           held_out_prompts, load_target, mean_accepted_length, parse_args,
-                                           round_lengths, target_pass, train)
+from tools.demo_training.train import char_ids, training_batch
+from tools.demo_training.train_assistant import (DRAFTS, MAX_ASSISTANT_BYTES, build_assistant, draft_logits,
+                                                 held_out_prompts, load_target, mean_accepted_length, parse_args,
+                                                 round_lengths, target_pass, train)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The demo model's training recipe (atomlite/demo/train.py): its data, and what it saves. Nothing here trains."""
+"""The demo model's training recipe (tools/demo_training/train.py): its data, and what it saves. Nothing here trains."""
 import json
 
 import torch
@@ -7,10 +7,10 @@ from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
 from atomlite import LLM, SamplingParams
 from atomlite.accuracy.catalog import REPO_CI
-from atomlite.demo.data import write_eval_files
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import (CONFIG, MAX_WEIGHT_BYTES, TrainingBatches, char_ids, encode, encode_piece, save,
-                                 storage_dtype, training_batch)
+from tools.demo_training.data import write_eval_files
+from tools.demo_training.train import (CONFIG, MAX_WEIGHT_BYTES, TrainingBatches, char_ids, encode, encode_piece, save,
+                                       storage_dtype, training_batch)
 
 
 def test_eval_files_are_what_the_generator_writes(tmp_path):
@@ -31,7 +31,7 @@ def test_char_table_encodes_like_the_tokenizer():
 def test_chat_episodes_are_what_the_chat_template_renders_and_end_turns_with_an_eos_token():
     import random
 
-    from atomlite.demo.data import chat_episode
+    from tools.demo_training.data import chat_episode
     tokenizer = build_char_tokenizer()
     table = char_ids(tokenizer)
     rng = random.Random(5)

@@ -1,22 +1,23 @@
-"""The demo's vision recipe (atomlite/demo/train_vision.py): its chats are what the chat template and the processor
-render, a short CPU run saves a folder atomlite serves, and the shipped demo answers pictures through atomlite
+"""The demo's vision recipe (tools/demo_training/train_vision.py): its chats are what the chat template and the
+processor render, a short CPU run saves a folder atomlite serves, and the shipped demo answers pictures through atomlite
 token for token as transformers' own model does."""
 import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 from atomlite import LLM, SamplingParams
+from atomlite.accuracy.vqa_pictures import eval_items
 from atomlite.demo import demo_model_dir
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import char_ids
-from atomlite.demo.train_vision import MAX_SOFT_TOKENS, chat_example, drawn_chat, token_ids
-from atomlite.demo.vision_data import eval_items
 from atomlite.multimodal.patches import PatchSpec
 from atomlite.multimodal.processor import MultiModalProcessor
 from atomlite.tokenizer import load_tokenizer
+from tools.demo_training.train import char_ids
+from tools.demo_training.train_vision import MAX_SOFT_TOKENS, chat_example, drawn_chat, token_ids
 
 
 def test_training_chats_are_what_the_template_and_the_processor_render():
@@ -54,9 +55,10 @@ def test_the_demo_is_a_vision_model_with_small_images():
 
 
 def test_a_short_cpu_run_saves_a_folder_atomlite_serves(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "atomlite.demo.train_vision", "--device", "cpu", "--steps", "2",
+    run = subprocess.run([sys.executable, "-m", "tools.demo_training.train_vision", "--device", "cpu", "--steps", "2",
                           "--batch-size", "2", "--text-batch", "1", "--seq-len", "64", "--probe-every", "0",
-                          "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+                          "--threads", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900,
+                         cwd=Path(__file__).resolve().parents[2])
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "vqa probe" in run.stdout and (tmp_path / "processor_config.json").exists()
     llm = LLM(str(tmp_path), device="cpu", max_model_len=512)

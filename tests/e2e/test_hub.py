@@ -117,7 +117,7 @@ def test_local_folder_wins_over_a_hub_id(random_model_dir, tmp_path, offline_cac
 
 
 def test_served_name_of_a_hub_id_is_the_id(tmp_path):
-    from atomlite.cli import default_served_name
+    from atomlite.commands.serve import default_served_name
     assert default_served_name(REPO, REPO) == REPO
     assert default_served_name(str(tmp_path / "ckpt"), str(tmp_path / "ckpt")) == "ckpt"
     assert default_served_name(None, str(tmp_path)) == "atomlite-demo"

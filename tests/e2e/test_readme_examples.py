@@ -37,6 +37,11 @@ def python_snippets() -> list[str]:
     return [block for block in fenced_blocks("python") if ADDRESS in block]
 
 
+def test_the_readme_stays_short():
+    """Detail goes to docs/ (CONTRIBUTING: README.md is for users)."""
+    assert len(README.read_text().splitlines()) < 250
+
+
 def test_the_readme_has_examples_to_run():
     assert len(curl_commands()) >= 3 and len(python_snippets()) >= 2
 

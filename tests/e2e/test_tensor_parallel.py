@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU: two processes over gloo, each holding its shards of a tiny checkpoint, give the
 single-process model's greedy tokens and logprobs (float32, 1e-4) through prefill and decode steps of a paged KV
-cache: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4."""
+cache: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4; Gemma 3 (linear RoPE
+and soft-capping; one KV head, head_dim != hidden / heads)."""
 import json
 import shutil
 from pathlib import Path
@@ -47,7 +48,9 @@ def cases(checkpoints, tmp_path_factory) -> dict[str, Path]:
     return {"dense": checkpoints.get("dense")[0], "moe": checkpoints.get("moe")[0],
             "ple": checkpoints.get("ple")[0],
             "one_kv_head": checkpoints.get("dense", num_key_value_heads=1)[0],
-            "mxfp4": mxfp4_copy(wide, tmp_path_factory.mktemp("tp") / "mxfp4")}
+            "mxfp4": mxfp4_copy(wide, tmp_path_factory.mktemp("tp") / "mxfp4"),
+            "gemma3": checkpoints.gemma3("gemma3_linear_softcap")[0],
+            "gemma3_one_kv_head": checkpoints.gemma3("gemma3_wide_heads")[0]}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def two_ranks(cases, tmp_path_factory) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("case", ["dense", "moe", "ple", "one_kv_head", "mxfp4"])
+@pytest.mark.parametrize("case", ["dense", "moe", "ple", "one_kv_head", "mxfp4", "gemma3", "gemma3_one_kv_head"])
 def test_two_ranks_give_the_single_process_tokens_and_logprobs(cases, two_ranks, case):
     single = greedy_logits(build(cases[case], distributed.TensorParallel()), PROMPT, STEPS)
     sharded = two_ranks["logits"][case]
@@ -70,3 +73,5 @@ def test_each_rank_declares_its_kv_heads(two_ranks):
     for rank_heads in two_ranks["kv_heads"]:
         assert rank_heads["dense"] == [1] * 6
         assert rank_heads["one_kv_head"] == [1] * 6
+        assert rank_heads["gemma3"] == [1] * 7  # 2 KV heads, one a rank
+        assert rank_heads["gemma3_one_kv_head"] == [1] * 5  # replicated

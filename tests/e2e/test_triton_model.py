@@ -41,3 +41,16 @@ def test_the_vision_tower_on_triton_gives_the_torch_backends_soft_tokens(checkpo
                                                              [i.image_position_ids for i in items])
     for got, want in zip(soft_tokens["triton"], soft_tokens["torch"], strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_gemma3_on_triton_gives_transformers_tokens(checkpoints):
+    """Gemma 3's V goes to the cache un-normed (qk_norm_rope's v_norm=False) through the Triton kernels too."""
+    from helpers import hf_greedy
+    path, ref = checkpoints.gemma3("gemma3_linear_softcap")
+    prompts = [random_prompt(n, seed=n) for n in (3, 21)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
+    attention = llm.engine.model.attention_layers()[0]
+    assert attention._attend is triton_ops.OPS["attention"] and attention.prepare_qkv is triton_ops.OPS["qk_norm_rope"]
+    for prompt, out in zip(prompts, llm.generate(prompts, greedy(6))):
+        assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 6)

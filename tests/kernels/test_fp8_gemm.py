@@ -5,11 +5,12 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.fp8.gemm import round_e4m3
+from atomlite.model_ops.triton.fp8.quant import round_e4m3
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# one device: the interpreter on CPU, compiled on a GPU (where Triton cannot take CPU tensors)
+DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else ["cpu"]
 
 CASES = [  # (weight strategy, activation, M, N, K)
     ("channel", "token", 5, 96, 192),
@@ -43,16 +44,32 @@ def _x(m: int, k: int, device: str, seed: int = 1) -> torch.Tensor:
     return x.to(device)
 
 
+def assert_gemm_close(got, x, q, scale, spec, input_scale, out_dtype=torch.float32):
+    """got against the reference within the summation's rounding: each element off by at most a fraction of the sum
+    of its products' magnitudes (fp32 sums in the interpreter: 1e-5; a GPU's fp8 MMAs accumulate with about 14 bits
+    of mantissa, as Hopper's do: 2^-9), plus the output's rounding. A wrong scale on one block of K, or a tile
+    left out, moves an element by a whole block's share of that sum."""
+    x, q, scale = x.float().cpu(), q.cpu(), scale.cpu()
+    input_scale = None if input_scale is None else input_scale.cpu()
+    want = fp8.gemm(x, q, scale, spec, input_scale)
+    magnitude = fp8.quantize_dequantize_input(x, spec, input_scale).abs() @ fp8.dequantize_weight(
+        q, scale, spec.block[1]).abs().T
+    sums = 1e-5 if got.device.type == "cpu" else 2 ** -9
+    rounding = 0.0 if out_dtype == torch.float32 else torch.finfo(out_dtype).eps
+    bound = sums * magnitude + rounding * want.abs() + 1e-30
+    excess = ((got.float().cpu() - want).abs() / bound).max().item()
+    assert excess <= 1.0, f"off by {excess:.2f}x the rounding bound"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation, m, n, k", CASES)
 def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
     spec, q, scale, input_scale = _layer(strategy, activation, n, k, device)
     x = _x(m, k, device)
-    want = fp8.gemm(x.cpu(), q.cpu(), scale.cpu(), spec, None if input_scale is None else input_scale.cpu())
-    got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k).cpu()
-    # fp32 throughout: the quantized x is the reference's exactly; only the summation order differs
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
+    # the quantized x is the reference's exactly; only the summation order and precision differ
+    assert_gemm_close(got, x, q, scale, spec, input_scale)
 
 
 @triton.jit
@@ -94,21 +111,36 @@ def test_fnuz_weights_give_the_checkpoints_results():
     spec, q, scale, _ = _layer("channel", "token", 64, 128, "cpu")
     nuz, nuz_scale = fp8.to_e4m3fnuz(q, scale)
     x = _x(6, 128, "cpu")
-    want = fp8.gemm(x, q, scale, spec)
-    got = fp8_gemm(x.cuda(), nuz.cuda(), nuz_scale.cuda(), None, "token").cpu()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    got = fp8_gemm(x.cuda(), nuz.cuda(), nuz_scale.cuda(), None, "token")
+    assert_gemm_close(got, x, q, scale, spec, None)
 
 
 def test_per_tensor_activation_scales_are_not_per_token():
     """The kernel's per-token scales differ from one scale for the whole batch (the mistake the parity tests
     must catch): rows far below the batch's largest lose precision under a per-tensor scale."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
-    spec, q, scale, _ = _layer("channel", "token", 64, 128, "cpu")
-    x = _x(6, 128, "cpu")
-    per_tensor = torch.full((1,), x.abs().max().item() / fp8.E4M3_MAX)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec, q, scale, _ = _layer("channel", "token", 64, 128, device)
+    x = _x(6, 128, device)
+    per_tensor = torch.full((1,), x.abs().max().item() / fp8.E4M3_MAX, device=device)
     got = fp8_gemm(x, q, scale, None, "token")
     wrong = fp8_gemm(x, q, scale, per_tensor, "static")
     assert not torch.allclose(got[1], wrong[1], rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group"), ("tensor", "static"),
+                                                  ("channel", None), ("block", "token")])
+@pytest.mark.parametrize("m", [1, 5, 16, 40, 64, 300])
+def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m):
+    """The GPU's tile paths (split-K decode, medium, large tiles) on a bf16 model: the reference on the same bf16
+    x, within the output's bf16 rounding and the fp32 summation order."""
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    n, k = 384, 2048  # few N tiles and a long K: the decode path splits K
+    spec, q, scale, input_scale = _layer(strategy, activation, n, k, "cuda")
+    x = _x(m, k, "cuda").to(torch.bfloat16)
+    got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
+    assert_gemm_close(got, x, q, scale, spec, input_scale, torch.bfloat16)
 
 
 @pytest.mark.slow
@@ -123,3 +155,25 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
     assert not failures(results), "\n\n".join(failures(results))
     assert {r.kernel for r in results} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
     assert all(not (r.stats or {}).get("spills") for r in results)
+
+
+@pytest.mark.parametrize("activation", ["token", "static", "group"])
+@pytest.mark.parametrize("whole_row", [True, False])
+def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
+    """The quantization pass before the GEMM, a row read whole or in steps (rows longer than ROW_BLOCK): the
+    reference's e4m3 values times their scales, exactly; MoE rows repeated per slot with each its own static scale."""
+    from atomlite.model_ops.triton.fp8 import quant
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not whole_row:
+        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
+    x = _x(5, 200, device)
+    scales = torch.tensor([0.03, 0.5], device=device)
+    per_pair = scales.repeat(x.shape[0])  # token t's slot j: scales[j]
+    for static, repeat in ((scales[:1], 1), (per_pair, 2)) if activation == "static" else ((None, 1),):
+        q, s = quant.quantize_rows(x, activation, torch.float8_e4m3fn, static_scale=static, rows_per_source=repeat)
+        rows = x.repeat_interleave(repeat, 0).cpu()
+        spec = FP8Spec("channel", activation)
+        per_row = static.cpu().expand(rows.shape[0]) if static is not None else [None] * rows.shape[0]
+        want = torch.stack([fp8.quantize_dequantize_input(r[None], spec, t)[0] for r, t in zip(rows, per_row)])
+        got = q.float().cpu() * fp8._per_element(s.cpu(), x.shape[1], spec.group_size)
+        assert torch.equal(got, want)

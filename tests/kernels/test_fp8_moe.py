@@ -6,7 +6,8 @@ import torch
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# one device: the interpreter on CPU, compiled on a GPU (where Triton cannot take CPU tensors)
+DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else ["cpu"]
 SPECS = [FP8Spec("channel", "token"), FP8Spec("block", "group"), FP8Spec("tensor", "static"),
          FP8Spec("block", None)]
 
@@ -50,8 +51,11 @@ def test_fp8_experts_match_reference(device, spec, tokens):
     got = FP8_EXPERTS.experts(x.to(device), on, topk_weights.to(device), topk_ids.to(device), None, spec).cpu()
     # float32 throughout: a flip of one e4m3 rounding of the inner activation (summation order) moves a row a
     # little; everything else matches to rounding
-    close = torch.isclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
-    assert close.float().mean() > 0.99, (got - want).abs().max()
+    # little; everything else matches to rounding: fp32 sums in the interpreter, a GPU's fp8 MMAs accumulate with
+    # about 14 bits of mantissa (Hopper's)
+    tol = 1e-4 if device == "cpu" else 2 ** -9
+    close = torch.isclose(got, want, rtol=tol, atol=tol * want.abs().max().item())
+    assert close.float().mean() > 0.99, ((got - want).abs().max(), close.float().mean())
 
 
 def test_expert_blocks_sort_pairs_by_expert_in_whole_blocks():

@@ -135,6 +135,25 @@ def test_qk_norm_rope_writes_the_cache_like_the_separate_ops(dtype, num_heads, n
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rope_without_v_norm_stores_v_as_projected(dtype):
+    """v_norm=False (attention that norms q and k alone): the cache's V rows are v itself, K and q as with the norm."""
+    tokens, heads, kv_heads, head_dim = 5, 4, 2, 64
+    q, k, v = (randn(tokens, h, head_dim, dtype=dtype) * 3 for h in (heads, kv_heads, kv_heads))
+    q_w, k_w = (randn(head_dim, dtype=dtype) + 1.0 for _ in range(2))
+    cos, sin = _rotation(tokens, head_dim, dtype)
+    slots = torch.tensor([3, -1, 7, 0, 12], device=DEVICE)
+    caches = [torch.full((4, 4, kv_heads, head_dim), 7.0, device=DEVICE, dtype=dtype) for _ in range(4)]
+    out_q, _, _ = tri.qk_norm_rope(q, k, v, q_w, k_w, 1e-6, cos, sin, caches[0], caches[1], slots, v_norm=False)
+    f32 = [t.float() for t in (q, k, v, q_w, k_w, cos, sin)]
+    ref_q, ref_k, ref_v = torch_ref.qk_norm_rope(*f32[:5], 1e-6, *f32[5:], v_norm=False)
+    assert torch.equal(ref_v, f32[2])
+    torch_ref.write_kv(ref_k, ref_v, caches[2], caches[3], slots)
+    assert_prepared(out_q, ref_q)
+    assert_prepared(caches[0], caches[2].float())
+    assert torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_qk_norm_rope_returns_k_v_without_a_cache_and_q_alone_without_k(dtype):
     q, k = randn(3, 4, 64, dtype=dtype), randn(3, 2, 64, dtype=dtype)
     q_w = randn(64, dtype=dtype) + 1.0

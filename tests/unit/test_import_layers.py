@@ -100,7 +100,7 @@ def test_cycle_finder_sees_a_cycle_through_a_third_module():
 def test_lazy_and_from_imports_are_seen():
     graph = module_graph()
     assert "atomlite.model_ops.dispatch" in graph["atomlite.model_ops.norm"]
-    assert "atomlite.server.app" in graph["atomlite.cli"]  # imported inside `serve`
+    assert "atomlite.server.app" in graph["atomlite.commands.serve"]  # imported inside `serve`
 
 
 def within(module: str, package: str) -> bool:
@@ -192,3 +192,17 @@ def test_backend_comparison_finder_sees_every_form():
     source = 'a = backend == "triton"\nb = "aiter" != self.backend\nc = x < 1 == layer.backend == "torch"\n'
     assert backend_comparisons(source) == [1, 2, 3]
     assert backend_comparisons('backend = "triton"\nok = backend in BACKENDS\nn = name == "triton"\n') == []
+
+
+def test_the_runtime_package_imports_nothing_from_the_repositorys_tools():
+    """The demo's training lives in tools/demo_training/, outside the package serve installs: nothing in atomlite may
+    need it."""
+    reaching = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                     else [])
+            reaching += [f"{module_name(path)} -> {name}" for name in names if name.split(".")[0] == "tools"]
+    assert reaching == []
+    assert not list((ROOT / "demo").glob("train*.py"))

@@ -1,7 +1,7 @@
 """The scheduler on its own, over a real KV cache manager of tiny specs: what it runs each step under the token
-budget, what it admits, whom it preempts, and that every block comes back. `step` stands in for the engine: it
-marks the scheduled tokens computed, keys and releases blocks as the engine does, and appends one token to each
-sequence whose prompt is done."""
+budget, what it admits, whom it preempts, and that every block comes back. `step` runs the engine's bookkeeping
+(Scheduler.update_from_output) and stands in for the model only: it appends one token to each sequence whose prompt
+is done."""
 import pytest
 import torch
 
@@ -35,10 +35,7 @@ def finish(sched: Scheduler, s: Sequence, reason: str) -> None:
 
 def step(sched: Scheduler) -> list[tuple[Sequence, int]]:
     batch = sched.schedule()
-    for s, num_new in batch:
-        s.num_computed_tokens += num_new
-        sched.kv.update_block_hashes(s)
-        sched.kv.release_out_of_window(s)
+    sched.update_from_output(batch)
     for s, _ in batch:
         if s.num_uncomputed == 0:
             s.token_ids.append(10_000 + s.seq_id * 1000 + len(s.token_ids))
@@ -310,3 +307,51 @@ def test_priority_policy_preempts_the_least_urgent_not_the_latest():
 def test_scheduler_refuses_an_unknown_policy():
     with pytest.raises(ValueError, match="scheduling policy 'lifo'"):
         make_scheduler(num_blocks=4, policy="lifo")
+
+
+def cached_prefix(sched: Scheduler, prompt: list[int]) -> int:
+    """Tokens of prompt a new sequence would find in the prefix cache (its blocks go back at once)."""
+    probe = Sequence(prompt, SamplingParams())
+    hit = sched.kv.apply_prefix_hit(probe)
+    sched.kv.free(probe)
+    return hit
+
+
+def test_a_step_launched_ahead_computes_a_position_and_keys_it_once_its_token_is_in():
+    """Overlapped decode: advance_ahead counts the in-flight token's position computed; the block that token
+    completes becomes findable in the prefix cache only with settle_ahead, after the token is appended."""
+    sched = make_scheduler(num_blocks=32, specs=(FULL, SLIDING))
+    a = seq(6)
+    sched.add(a)
+    step(sched)  # 6 computed, its first output token appended: 7 tokens
+    batch = sched.schedule()
+    assert batch == [(a, 1)]
+    sched.update_from_output(batch)  # position 6 computed; the token sampled from it is still on the device
+    assert sched.kv.allocate(a, 1)
+    sched.advance_ahead([a])  # position 7 (the in-flight token's) computed
+    assert a.num_computed_tokens == 8 and len(a.token_ids) == 7
+    a.token_ids.append(555)
+    assert cached_prefix(sched, a.token_ids + [1]) == BLOCK
+    sched.settle_ahead([a])
+    assert cached_prefix(sched, a.token_ids + [1]) == 2 * BLOCK
+
+
+def test_settling_verified_drafts_advances_by_the_accepted_drafts_and_one_token():
+    """Two drafts verified: the step computed the last token and both drafts; with one draft accepted and one
+    token after it, the sequence advanced by two; a sequence finished meanwhile does not advance."""
+    sched = make_scheduler(num_blocks=32)
+    a, b = seq(6), seq(6, first=100)
+    for s in (a, b):
+        sched.add(s)
+    step(sched)
+    for s in (a, b):
+        s.spec_token_ids = [900, 901]
+    batch = sched.schedule()
+    assert batch == [(a, 3), (b, 3)]
+    sched.update_from_output(batch, verifying={a.seq_id, b.seq_id})
+    assert a.num_computed_tokens == b.num_computed_tokens == 6
+    a.token_ids += [900, 42]  # one draft accepted, then its own token
+    b.status = Status.FINISHED
+    assert sched.settle_verified([a, b]) == [1, 0]
+    assert a.num_computed_tokens == 8 and b.num_computed_tokens == 6
+    assert a.spec_token_ids == b.spec_token_ids == []

@@ -1,8 +1,9 @@
 """Drafters: each proposes up to k tokens per sequence after the step that gave it its newest token.
 
-NgramDrafter looks the sequence's tail up in its own tokens. AssistantDrafter runs a Gemma 4 assistant (MTP) that
-reads the target's KV cache: its input is the newest token and the target's last hidden state of the position before
-it (the state that predicted that token), and each of its k steps feeds its own guess back at the same position.
+NgramDrafter looks the sequence's tail up in its own tokens. AssistantDrafter runs the model's MTP assistant (the
+module its class names as `mtp_assistant`, see atomlite.registry), which reads the target's KV cache: its input is the
+newest token and the target's last hidden state of the position before it (the state that predicted that token), and
+each of its k steps feeds its own guess back at the same position.
 """
 import torch
 

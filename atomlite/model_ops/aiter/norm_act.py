@@ -1,6 +1,7 @@
-"""RMSNorm, add+RMSNorm and gelu_tanh_and_mul on AITER, with torch_ref's signatures.
+"""RMSNorm and gelu_tanh_and_mul on AITER, with torch_ref's signatures (the residual update, add + norms, is
+Triton's: docs/ROCM.md says why).
 
-Weight convention: AITER's rmsnorm2d_fwd(_with_add) computes rmsnorm(x) * weight in fp32 with the weight as given
+Weight convention: AITER's rmsnorm2d_fwd computes rmsnorm(x) * weight in fp32 with the weight as given
 (its `gemma_norm=True` switches to (1 + weight), the Gemma 1-3 form). Gemma 4 stores the plain multiplier, so the
 weight goes in unchanged and gemma_norm keeps its default False (present at HEAD only; the contract test checks
 that default). A weightless norm passes a cached vector of ones.

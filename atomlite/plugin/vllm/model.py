@@ -2,8 +2,10 @@
 
 The adapter only (1) puts a vLLM Attention layer (backed by atomlite's attention backend) in each layer's `attn`
 slot, so vLLM owns the KV cache, scheduling and metadata, (2) turns vLLM's (input_ids, positions) call into
-atomlite's (ids, ForwardContext), and (3) feeds vLLM's weight iterator through the same name mapping and
-weight_loaders as atomlite's loader. Every other line of the forward pass is atomlite's.
+atomlite's (ids, ForwardContext), (3) feeds vLLM's weight iterator through the same name mapping, shard narrowing
+and weight_loaders as atomlite's loader, and (4) builds the model over vLLM's tensor-parallel group, so each rank
+holds atomlite's shard of every sharded layer and its collectives run on that group. Every other line of the
+forward pass is atomlite's.
 """
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,6 +15,7 @@ from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.attention import Attention as VllmAttention
 
+from atomlite import distributed
 from atomlite.config import load_model_spec
 from atomlite.errors import ConfigError
 from atomlite.loader import finish_loading, kv_scale_of, load_tensor, resolve
@@ -64,6 +67,16 @@ TEXT_ONLY = ("atomlite's Gemma 4 in vLLM is text only: {} has a vision tower, wh
              "image attention is causal, or `atomlite serve`.")
 
 
+def vllm_tensor_parallel() -> distributed.TensorParallel:
+    """vLLM's tensor-parallel group as atomlite's: this worker's rank and size, and the group's torch.distributed
+    device group (gloo on vLLM's CPU platform, NCCL/RCCL on GPUs), which atomlite's all-reduces and gathers use."""
+    from vllm.distributed.parallel_state import get_tp_group
+    group = get_tp_group()
+    if group.world_size == 1:
+        return distributed.TensorParallel()
+    return distributed.TensorParallel(group.rank_in_group, group.world_size, group.device_group)
+
+
 class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
     """vLLM's model interface over atomlite's Gemma4ForCausalLM (same modules, same parameter names)."""
 
@@ -71,8 +84,12 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
         spec = load_model_spec(_checkpoint_dir(vllm_config))
         if spec.vision is not None:
             logger.warning(TEXT_ONLY.format(vllm_config.model_config.model))
-        with dispatch.use(vllm_platform(vllm_config)):
+        tp = vllm_tensor_parallel()
+        with dispatch.use(vllm_platform(vllm_config)), distributed.use(tp):
             super().__init__(spec, max_positions=vllm_config.model_config.max_model_len)
+        if tp.size > 1:
+            logger.info("atomlite's Gemma 4 on vLLM tensor-parallel rank %d of %d: %d parameter bytes (its shard)",
+                        tp.rank, tp.size, sum(p.numel() * p.element_size() for p in self.parameters()))
         name = (f"{prefix}." if prefix else "") + "model.layers.{}.self_attn.attn"
         for i, layer in enumerate(self.model.layers):
             old = layer.self_attn.attn
@@ -94,7 +111,8 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
         return self.model(input_ids, ForwardContext(positions, None, None, {}))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Same name mapping and per-parameter weight_loaders as atomlite's loader, fed by vLLM's iterator."""
+        """Same name mapping, shard narrowing (read_shard: this rank's part under tensor parallelism) and
+        per-parameter weight_loaders as atomlite's loader, fed by vLLM's iterator of whole tensors."""
         params = dict(self.named_parameters())
         loaded = set()
         for name, tensor in weights:
@@ -102,7 +120,9 @@ class AtomliteGemma4ForCausalLM(Gemma4ForCausalLM):
                 continue  # vLLM owns the KV cache here, and this backend runs 16-bit caches only
             resolved = resolve(self, name, params)
             if resolved is not None:
-                load_tensor(params, name, *resolved, tensor, "")
+                target, shard = resolved
+                reader = getattr(params.get(target), "read_shard", None)
+                load_tensor(params, name, target, shard, tensor if reader is None else reader(tensor, shard), "")
                 loaded.add(resolved)
         finish_loading(self, loaded, "vLLM's weight iterator")
         return {target for target, _ in loaded}

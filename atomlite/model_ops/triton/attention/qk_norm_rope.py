@@ -1,7 +1,8 @@
 """Everything between the QKV projection and attention in one launch: q = rope(norm(q) * w_q), k = rope(norm(k) *
-w_k), v = norm(v), with k and v stored straight into the paged cache (or returned, when the caller's attention
-owns the cache). A program takes one head row of one token (of several at prefill); each row is rounded to the
-activation dtype after the norm, as the separate norm and RoPE kernels would, so the result equals theirs."""
+w_k), v = norm(v) (v as projected with v_norm=False), with k and v stored straight into the paged cache (or returned,
+when the caller's attention owns the cache). A program takes one head row of one token (of several at prefill); each
+row is rounded to the activation dtype after the norm, as the separate norm and RoPE kernels would, so the result
+equals theirs."""
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +24,7 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
                     stride_d0, stride_d1, stride_dh, stride_ct, stride_st, stride_split,
                     SPLITS: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
                     TO_CACHE: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_Q_WEIGHT: tl.constexpr,
-                    STORE_K: tl.constexpr, CACHE_MAX: tl.constexpr, PDL: tl.constexpr):
+                    STORE_K: tl.constexpr, CACHE_MAX: tl.constexpr, PDL: tl.constexpr, NORM_V: tl.constexpr = True):
     """BLOCK_T tokens of one head row a program. PDL: a dependent launch; it lets the attention kernel after it
     start (and read the batch's bounds), and reads its slots and weights while the kernel ahead, which wrote q, k
     and v, finishes. SPLITS > 1: q, k and v are a split-K projection's fp32 slices, stride_split apart, added in
@@ -68,9 +69,14 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
         gdc_wait()
     x1 = load_row(src, cols[None, :], mask, stride_split, SPLITS, q_out.dtype.element_ty)
     x2 = load_row(src, HALF + cols[None, :], mask, stride_split, SPLITS, q_out.dtype.element_ty)
-    inv = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / head_dim + eps)
-    x1 = x1 * inv[:, None]
-    x2 = x2 * inv[:, None]
+    if NORM_V:
+        normed = True
+    else:
+        normed = ~is_v
+    if normed:
+        inv = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / head_dim + eps)
+        x1 = x1 * inv[:, None]
+        x2 = x2 * inv[:, None]
     if HAS_Q_WEIGHT:
         weighted = ~is_v
     else:
@@ -113,7 +119,8 @@ def _prepare_kernel(q, k, v, q_out, k_dst, v_dst, q_weight, k_weight, cos, sin, 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, q_weight: torch.Tensor | None,
                  k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                  k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                 slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES):
+                 slot_mapping: torch.Tensor | None = None, kv_scales: tuple[float, float] = UNIT_SCALES,
+                 v_norm: bool = True):
     """Same contract as torch_ref.qk_norm_rope; q, k and v may be PartialSums slices of one split-K projection."""
     dtype, splits, stride_split = q.dtype, 1, 0
     if isinstance(q, PartialSums):
@@ -153,5 +160,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    TO_CACHE=to_cache,
                    BLOCK_SIZE=v_cache.shape[1] if to_cache else 1, HAS_Q_WEIGHT=q_weight is not None,
                    STORE_K=k_cache is not None, CACHE_MAX=cache_max(v_cache if to_cache else None),
-                   PDL=pdl, num_warps=warps * (MANY_TOKENS_WARP_FACTOR if block_t > 1 else 1), **pdl_launch(pdl))
+                   PDL=pdl, **({} if v_norm else {"NORM_V": False}),  # the default keeps recorded launches' keys
+                   num_warps=warps * (MANY_TOKENS_WARP_FACTOR if block_t > 1 else 1), **pdl_launch(pdl))
     return q_out, k_out, v_out

@@ -1,11 +1,13 @@
 """The FP8 linear and experts as layers call them (dispatch's fp8_linear, fp8_moe_experts) on the Triton GEMMs:
-weights converted at load to the platform's e4m3 (fnuz on gfx942, scales doubled), then fused-quantization GEMMs."""
+weights converted at load to the platform's e4m3 (fnuz on gfx942, scales doubled); activations quantized, then
+fp8 GEMMs."""
 import torch
 
 from atomlite.model_ops.triton.common import platform_of
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
 from atomlite.model_ops.triton.fp8.moe import expert_blocks, fp8_moe_gemm
+from atomlite.model_ops.triton.fp8.tuning import moe_block_m
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -39,9 +41,10 @@ class TritonFP8Experts:
         tokens, top_k = topk_ids.shape
         gate_up, gate_up_scale, gate_up_input = weights["gate_up_proj"]
         down, down_scale, down_input = weights["down_proj"]
-        block_m = 16 if tokens * top_k <= 256 else 64
+        block_m = moe_block_m(tokens * top_k)
         rows, block_expert = expert_blocks(topk_ids, gate_up.shape[0], block_m)
-        common = dict(rows=rows, block_expert=block_expert, out_rows=tokens * top_k, activation=spec.activation,
+        common = dict(rows=rows, block_expert=block_expert, pair_experts=topk_ids.flatten(),
+                      out_rows=tokens * top_k, activation=spec.activation,
                       group_size=spec.group_size, scale_block_k=spec.block_k, block_m=block_m)
         h = fp8_moe_gemm(x, gate_up, gate_up_scale, gate_up_input, rows_per_source=top_k, **common)
         y = fp8_moe_gemm(gelu_tanh_and_mul(h), down, down_scale, down_input, rows_per_source=1, **common)

@@ -1,128 +1,168 @@
-"""FP8 GEMM y = q(x) W^T with the checkpoint's activation quantization fused into the kernel (portable Triton).
+"""FP8 GEMM y = x W^T on e4m3 weights (portable Triton), as the checkpoint's activation semantics ask.
 
-Each program computes a [BLOCK_M, BLOCK_N] tile. Its x rows are quantized as the K loop reads them: per token
-(a first pass over K finds each row's amax), per group of BLOCK_K (= the group size), or with the static input
-scale; then fp8 x fp8 tensor-core dots accumulate in fp32. Weights are e4m3 with atomlite's float32 scales
-[N, G] (quant.fp8): one column (per tensor or channel) is applied once at the end, block columns at each K block.
-Weight-only layers (W8A16) dot x in its own dtype with the weights widened (e4m3 values are exact in bf16).
+Activations are quantized first, in one pass per row (quant.quantize_rows: per token, per group of 128, or with the
+static input scale), so the K loop streams fp8 tiles of x and W straight into fp8 x fp8 tensor-core dots with fp32
+accumulation. Weight-only layers (W8A16) dot x in its own dtype with the weights widened (e4m3 values are exact in
+bf16). Scales: a per-row x scale and a per-column W scale (tensor, channel) multiply the tile once at the end;
+per-K-block scales (x groups, W blocks) multiply each K step's product. The weights are e4m3fn, or e4m3fnuz on
+gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
 
-Rounding to e4m3 is done in fp32 on the bits (round half to even on the e4m3fn grid, then an exact cast): the
-same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. On an e4m3fnuz GPU (gfx942) the
-same bits are half the value, so the quantized x is halved before the cast and its scale doubled, and the
-weights were converted at load (quant.fp8.to_e4m3fnuz): the results are those of the checkpoint's e4m3fn.
+Few rows (decode) are bound by streaming W: the K loop is split over programs until the GPU is full (split-K),
+each program storing its scaled fp32 partial, and a second kernel adds them (gemm.skinny's). Many rows use
+tensor-core tiles (tuning.py).
 """
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting, run_kernel
-
-ACT_NONE, ACT_STATIC, ACT_TOKEN, ACT_GROUP = 0, 1, 2, 3
-ACT_CODES = {None: ACT_NONE, "static": ACT_STATIC, "token": ACT_TOKEN, "group": ACT_GROUP}
-E4M3_MAX = 448.0
-FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
-
-
-@triton.jit
-def round_e4m3(v):
-    """v (fp32, |v| <= 448) rounded half-to-even onto the e4m3fn grid, as fp32."""
-    a = tl.abs(v)
-    bits = a.to(tl.uint32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-    # below 2^-6 the grid is 2^-9 apart; adding 1.5 * 2^23 rounds to an integer half to even
-    sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
-    r = tl.where(a >= 0.015625, normal, sub)
-    return tl.where(v < 0, -r, r)
+from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
+from atomlite.model_ops.triton.fp8.quant import _quantize, quantize_rows
+from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, FP8TileConfig, tile_config
+from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
+from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 
 
 @triton.jit
-def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
-    q = round_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
-    if FNUZ:
-        q = q * 0.5
-    return q.to(FP8)
+def _amax_scale_rows(x):
+    """amax / 448 of each row of fp32 x [rows, K], eps where it is zero (rounded as quant._amax_scale)."""
+    scale = tl.div_rn(tl.max(tl.abs(x), axis=1), 448.0)
+    return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
 
 
 @triton.jit
-def fp8_gemm_kernel(x_ptr, w_ptr, ws_ptr, in_scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                    stride_wsn, ACT: tl.constexpr, BLOCK_SCALED: tl.constexpr, SCALE_BLOCK_K: tl.constexpr,
-                    FNUZ: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
+                W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_QUANT: tl.constexpr = False,
+                FNUZ: tl.constexpr = False):
+    """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
+    rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
+    row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
+    ws_rows + k // SCALE_K) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it.
+    GROUP_QUANT: x is read in its own dtype and quantized here per BLOCK_K group (BLOCK_K = SCALE_K), the group
+    scales computed instead of read (decode rows: no launch of quant.quantize_rows)."""
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        kk = k + rk
+        k_ok = kk < k_hi
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if GROUP_QUANT:
+            group_scale = _amax_scale_rows(x.to(tl.float32))
+            x = _quantize(x.to(tl.float32), group_scale[:, None], FNUZ, w_rows.dtype.element_ty)
+        if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        elif x.dtype != w.dtype:  # W8A16: e4m3 values are exact in x's 16-bit dtype
+            w = w.to(x.dtype)
+        if X_BLOCKS or W_BLOCKS:
+            part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
+            if GROUP_QUANT:
+                part = part * (group_scale * (2.0 if FNUZ else 1.0))[None, :]
+            elif X_BLOCKS:
+                part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
+            if W_BLOCKS:
+                part = part * tl.load(ws_rows + k // SCALE_K, mask=n_ok, other=0.0)[:, None]
+            acc += part
+        elif FP32_DOT:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(x), acc)
+    return acc
+
+
+@triton.jit
+def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
+               W_BLOCKS: tl.constexpr):
+    """The once-per-tile scales of the transposed tile: x's per row (token, static), W's per column (tensor,
+    channel)."""
+    if X_SCALED and not X_BLOCKS:
+        acc = acc * tl.load(xs_rows, mask=m_ok, other=0.0)[None, :]
+    if not W_BLOCKS:
+        acc = acc * tl.load(ws_rows, mask=n_ok, other=0.0)[:, None]
+    return acc
+
+
+@triton.jit
+def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
+                    stride_wsn, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
+                    W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_QUANT: tl.constexpr = False, FNUZ: tl.constexpr = False):
+    """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). GROUP_QUANT: x in its own
+    dtype, quantized here per group (scaled_tile)."""
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
     m_ok, n_ok = rm < M, rn < N
-    x_rows = x_ptr + rm[:, None] * stride_xm
-    w_rows = w_ptr + rn[None, :] * stride_wn
-    x_factor = 2.0 if FNUZ else 1.0  # fnuz holds half the value: the activation's scale doubles
-
-    row_scale = tl.full((BLOCK_M,), 1.0, tl.float32)
-    if ACT == 1:
-        row_scale = row_scale * tl.load(in_scale_ptr).to(tl.float32)
-    if ACT == 2:  # per token: the row's amax over all of K first
-        amax = tl.zeros((BLOCK_M,), tl.float32)
-        for k in range(0, K, BLOCK_K):
-            kk = k + rk
-            x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & (kk[None, :] < K), other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        row_scale = amax / 448.0
-        row_scale = tl.where(row_scale == 0.0, 1.1920928955078125e-07, row_scale)
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in range(0, K, BLOCK_K):
-        kk = k + rk
-        k_ok = kk < K
-        x = tl.load(x_rows + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_rows + kk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N]
-        if ACT == 0:
-            if FP32_DOT:
-                part = tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-            else:
-                part = tl.dot(x, w.to(x.dtype))
-        else:
-            xf = x.to(tl.float32)
-            if ACT == 3:  # per group of BLOCK_K along K: its own scale, applied to this block's product
-                group_scale = tl.max(tl.abs(xf), axis=1) / 448.0
-                group_scale = tl.where(group_scale == 0.0, 1.1920928955078125e-07, group_scale)
-                part = tl.dot(_quantize(xf, group_scale[:, None], FNUZ, w_ptr.dtype.element_ty), w) * (group_scale * x_factor)[:, None]
-            else:
-                part = tl.dot(_quantize(xf, row_scale[:, None], FNUZ, w_ptr.dtype.element_ty), w)
-        if BLOCK_SCALED:
-            ws = tl.load(ws_ptr + rn * stride_wsn + k // SCALE_BLOCK_K, mask=n_ok, other=0.0)
-            part = part * ws[None, :]
-        acc += part
-
-    if not BLOCK_SCALED:
-        acc = acc * tl.load(ws_ptr + rn * stride_wsn, mask=n_ok, other=0.0)[None, :]
-    if ACT == 1 or ACT == 2:
-        acc = acc * (row_scale * x_factor)[:, None]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    xs_rows = xs_ptr + rm * stride_xsm
+    ws_rows = ws_ptr + rn * stride_wsn
+    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi,
+                      X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_QUANT, FNUZ)
+    acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
+    out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
-def block_sizes(m: int, activation: str | None, group_size: int, scale_block_k: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): BLOCK_K is the activation group, and divides the weight's scale block."""
-    block_k = group_size if activation == "group" else min(128, scale_block_k or 128)
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    return block_m, 64, block_k
+def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileConfig) -> int:
+    """K splits that fill the GPU in one wave (config.programs_per_sm per multiprocessor), each split walking at
+    least config.min_k_steps steps of BLOCK_K: 1 when the tiles alone fill it."""
+    slots = config.programs_per_sm * num_sms(device)
+    return max(1, min(slots // max(tiles, 1), k_steps // config.min_k_steps))
+
+
+def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
+              scale_k: int, out_dtype: torch.dtype, group_quant: bool = False) -> torch.Tensor:
+    """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
+    scale_k: K per scale column where G or G' > 1. group_quant: x (16/32-bit) is quantized inside the GEMM in
+    scale_k-wide groups."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m == 0:
+        return y
+    fp32_dot = interpreting() or x.dtype == torch.float32
+    config = tile_config(m, x.device, fp32_dot)
+    x_blocks = group_quant or (x_scale is not None and x_scale.shape[1] > 1)
+    w_blocks = scale.shape[1] > 1
+    if x_blocks or w_blocks:
+        assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
+    if group_quant:
+        assert scale_k == config.block_k, "in-kernel group quantization reads one group per K step"
+    tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
+    k_steps = triton.cdiv(k, config.block_k)
+    splits = num_splits(tiles[0] * tiles[1], k_steps, x.device, config) if config.split_k else 1
+    k_per_split = triton.cdiv(k_steps, splits) * config.block_k
+    splits = triton.cdiv(k, k_per_split)
+    target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
+    xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
+    run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
+               x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), target.stride(-2),
+               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None or group_quant,
+               X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
+               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+               GROUP_QUANT=group_quant, FNUZ=weight.dtype == torch.float8_e4m3fnuz,
+               num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, SUM_BLOCK)), target, y, m, n, splits, target.stride(0),
+                   y.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
+    return y
 
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
              activation: str | None, group_size: int = 128, scale_block_k: int = 0) -> torch.Tensor:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
-    scales [N, G]; scale_block_k: K per scale column when G > 1."""
-    m, k = x.shape
-    n = weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    block_m, block_n, block_k = block_sizes(m, activation, group_size, scale_block_k)
-    fnuz = weight.dtype == torch.float8_e4m3fnuz
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    run_kernel(fp8_gemm_kernel, grid, x, weight, scale, input_scale if input_scale is not None else scale, y,
-               m, n, k, x.stride(0), weight.stride(0), y.stride(0), scale.stride(0),
-               ACT=ACT_CODES[activation], BLOCK_SCALED=scale.shape[1] > 1, SCALE_BLOCK_K=scale_block_k or k,
-               FNUZ=fnuz, FP32_DOT=interpreting() or x.dtype == torch.float32, BLOCK_M=block_m,
-               BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
-    return y
+    scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
+    except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower)."""
+    if activation is None:
+        return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype)
+    scale_k = group_size if activation == "group" else scale_block_k
+    if activation == "group" and scale.shape[1] > 1:
+        assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
+    if activation == "group" and x.shape[0] <= DECODE_ROWS:
+        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True)
+    xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
+    return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype)

@@ -4,7 +4,7 @@ template, from one seeded generator.
 gsm8k style: {"question", "answer": "<reasoning>\\n#### N"};  MMLU style: {"question", "choices", "answer": index}.
 Training text and evaluation files come from disjoint seeds.
 
-`python -m atomlite.demo.data OUT_DIR` writes the evaluation files (test and few-shot splits of both tasks).
+`python -m tools.demo_training.data OUT_DIR` writes the evaluation files (test and few-shot splits of both tasks).
 """
 import json
 import random

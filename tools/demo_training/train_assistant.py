@@ -1,7 +1,7 @@
 """Train the demo model's speculative-decoding assistant: a tiny Gemma4AssistantForCausalLM (an MTP drafter) that
 drafts tokens for the frozen demo model in atomlite/demo/model.
 
-    python -m atomlite.demo.train_assistant --device cuda [--max-seconds 220] [--out atomlite/demo/assistant]
+    python -m tools.demo_training.train_assistant --device cuda [--max-seconds 220] [--out atomlite/demo/assistant]
 
 What it learns is what a draft round does at inference. A round starts at the newest token x_p (position p); the
 target holds K/V for positions 0..p-1 and its final-normed hidden state h_{p-1}, the one that predicted x_p. Step 1
@@ -18,7 +18,7 @@ learn; where the data is random (names, operands of a new question) the argmax i
 context while the data token is noise, and where the target is sure (answers) the two agree.
 
 The defaults train 3000 steps of 32 x 512 tokens, lr 1e-3 cosine, bf16 autocast on a GPU, the step compiled with
-torch.compile (eager if that fails), seeded like atomlite/demo/train.py. At the end it prints a held-out mean
+torch.compile (eager if that fails), seeded like tools/demo_training/train.py. At the end it prints a held-out mean
 accepted length at DRAFTS drafts (1 + accepted drafts per round, greedy verification) on few-shot gsm8k/MMLU prompts,
 chats and the README's question, measured on the target's own greedy continuations, then saves config.json and
 model.safetensors (bf16 storage, config dtype float32 like the demo model). The shipped weights trained on from the
@@ -35,8 +35,8 @@ from safetensors.torch import load_file, save_file
 
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
-from atomlite.demo.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, load_weights, optimizer,
-                                 probe_set, round_weights, training_options)
+from tools.demo_training.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, load_weights,
+                                       optimizer, probe_set, round_weights, training_options)
 
 ASSISTANT_SIZE = dict(hidden_size=128, intermediate_size=512, num_attention_heads=4,
                       layer_types=["sliding_attention", "full_attention"])

@@ -1,4 +1,5 @@
-"""Synthetic pictures for the demo's vision tower: one to four shapes (circles, squares, triangles) of one colour on a
+"""Synthetic pictures for the demo's vision tower (the demo-vqa job's, and those its training in
+tools/demo_training/train_vision.py draws): one to four shapes (circles, squares, triangles) of one colour on a
 light background, small (32 to 64 pixels a side), and questions about them with short answers, as chats in the
 demo's chat template. Seeded: a picture and its question depend only on the generator's state.
 

@@ -1,14 +1,14 @@
 """Train the bundled demo model: a tiny Gemma 4 (sliding + global layers with different head dims, k_eq_v on
 the global ones, a window shorter than a few-shot prompt) on synthetic arithmetic in gsm8k and MMLU formats.
 
-    python -m atomlite.demo.train --device cuda [--max-seconds 480] [--out atomlite/demo/model]
+    python -m tools.demo_training.train --device cuda [--max-seconds 480] [--out atomlite/demo/model]
 
 The committed weights are two runs. First the defaults: 12000 steps of 32 x 512 tokens on one GPU, bf16 autocast,
 the step compiled with torch.compile (eager if compiling fails). Then, from those weights, 500 steps with chats in
 the mix, so that a chat turn ends (the reply, then <end_of_turn>, which config.json lists as an end-of-sequence
 token), on a CPU:
 
-    python -m atomlite.demo.train --device cpu --init atomlite/demo/model --chat-share 0.3 --steps 500 \
+    python -m tools.demo_training.train --device cpu --init atomlite/demo/model --chat-share 0.3 --steps 500 \
         --batch-size 8 --lr 3e-4 --no-compile
 
 Seeded: each step's batch depends only on the seed and the step number, so the data is the same on every machine
@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from atomlite.demo import DEMO_DIR
-from atomlite.demo.data import (MMLU_DESCRIPTION, TRAIN_SEED, chat_episode, gsm8k_doc, gsm8k_text, mmlu_doc,
-                                mmlu_text, training_episode)
 from atomlite.demo.tokenizer import SPECIALS, build_char_tokenizer
+from tools.demo_training.data import (MMLU_DESCRIPTION, TRAIN_SEED, chat_episode, gsm8k_doc, gsm8k_text, mmlu_doc,
+                                      mmlu_text, training_episode)
 
 CONFIG = dict(vocab_size=128, hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,

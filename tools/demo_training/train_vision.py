@@ -3,8 +3,8 @@ bidirectional attention over each image's tokens in the sliding layers), trained
 Gemma4ForConditionalGeneration on synthetic pictures (vision_data.py: the colour and the count of shapes), starting
 from the demo's committed text weights.
 
-    python -m atomlite.demo.train_vision --device cuda --steps 6000 --max-seconds 250
-    python -m atomlite.demo.train_vision --device cpu --steps 3 --batch-size 4 --out /tmp/demo-vision   # a quick check
+    python -m tools.demo_training.train_vision --device cuda --steps 6000 --max-seconds 250
+    python -m tools.demo_training.train_vision --device cpu --steps 3 --batch-size 4 --out /tmp/vision  # a quick check
 
 The text model trains too, at --text-lr (a tenth of the tower's rate), with a batch of the text recipe's data
 (train.py, 30% chats) in every step beside the pictures, so its arithmetic stays. --no-train-text freezes it (only
@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from atomlite.accuracy.vqa_pictures import TRAIN_SEED, Picture, picture, question
 from atomlite.demo import DEMO_DIR
 from atomlite.demo.tokenizer import MEDIA_TOKENS, build_char_tokenizer
-from atomlite.demo.train import (CONFIG, char_ids, encode, learning_rate, print_probe, probe, probe_set, report,
-                                 round_weights, training_batch, training_options)
-from atomlite.demo.train import save as save_model
-from atomlite.demo.vision_data import TRAIN_SEED, Picture, picture, question
+from tools.demo_training.train import (CONFIG, char_ids, encode, learning_rate, print_probe, probe, probe_set, report,
+                                       round_weights, training_batch, training_options)
+from tools.demo_training.train import save as save_model
 
 MAX_SOFT_TOKENS = 70
 # Longest side at any max_soft_tokens a request may ask for (1120 x the 3 x 3 pooling), in patches

@@ -1,0 +1,1 @@
+"""One module per `atomlite` command; atomlite.cli wires them into the parser."""

@@ -1,0 +1,110 @@
+"""Dynamic and static FP8 activation quantization (portable Triton): x rows -> e4m3 rows and their float32 scales,
+in one pass per row before the GEMM, so the GEMM's K loop streams fp8 tiles into the tensor cores untouched.
+
+Rounding to e4m3 is done in fp32 on the bits (round half to even on the e4m3fn grid, then an exact cast): the
+same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. On an e4m3fnuz GPU (gfx942) the
+same bits are half the value, so the quantized x is halved before the cast and its scale doubled: the products are
+those of the checkpoint's e4m3fn.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from atomlite.model_ops.triton.common import run_kernel
+
+MODES = {"static": 1, "token": 2, "group": 3}
+E4M3_MAX = 448.0
+FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
+ROW_BLOCK = 1024  # K elements a program reads per step (per token and static)
+
+
+@triton.jit
+def round_e4m3(v):
+    """v (fp32, |v| <= 448) rounded half-to-even onto the e4m3fn grid, as fp32."""
+    a = tl.abs(v)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
+    # below 2^-6 the grid is 2^-9 apart; adding 1.5 * 2^23 rounds to an integer half to even
+    sub = ((a * 512.0 + 12582912.0) - 12582912.0) * (1.0 / 512.0)
+    r = tl.where(a >= 0.015625, normal, sub)
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
+    q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
+    if FNUZ:
+        q = q * 0.5
+    return q.to(FP8)
+
+
+@triton.jit
+def _amax_scale(x):
+    """amax / 448 of a 1-D fp32 x, eps where it is zero. Divisions round to nearest (tl.div_rn) as torch's do: a GPU's
+    default fp32 division may be a unit off, which moves a value across an e4m3 step."""
+    scale = tl.div_rn(tl.max(tl.abs(x), axis=0), 448.0)
+    return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
+
+
+@triton.jit
+def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
+                         stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
+                         WHOLE: tl.constexpr):
+    """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
+    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. WHOLE: the row
+    fits in one BLOCK: per token, it is read once."""
+    row = tl.program_id(0)
+    x_row = x_ptr + (row // rows_per_source) * stride_x
+    q_row = q_ptr + row * stride_q
+    s_row = s_ptr + row * stride_s
+    cols = tl.arange(0, BLOCK)
+    factor = 2.0 if FNUZ else 1.0  # fnuz holds half the value: the scale doubles
+    if MODE == 3:
+        for k in range(0, K, BLOCK):
+            kk = k + cols
+            x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            scale = _amax_scale(x)
+            tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+            tl.store(s_row + k // BLOCK, scale * factor)
+    elif WHOLE and MODE == 2:
+        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
+        scale = _amax_scale(x)
+        tl.store(q_row + cols, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=cols < K)
+        tl.store(s_row, scale * factor)
+    else:
+        if MODE == 1:
+            scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
+        else:
+            amax = tl.zeros((BLOCK,), tl.float32)
+            for k in range(0, K, BLOCK):
+                kk = k + cols
+                amax = tl.maximum(amax, tl.abs(tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)))
+            scale = _amax_scale(amax)
+        for k in range(0, K, BLOCK):
+            kk = k + cols
+            x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+            tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        tl.store(s_row, scale * factor)
+
+
+def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, group_size: int = 128,
+                  static_scale: torch.Tensor | None = None, rows_per_source: int = 1
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [S, K] -> (q [S * rows_per_source, K] fp8_dtype, scales float32 [rows, G]): G = 1 per token or static,
+    ceil(K / group_size) per group. static_scale: one scale [1], or one per output row [rows] (MoE experts'
+    own input scales). The scales already carry fnuz's factor 2."""
+    rows, k = x.shape[0] * rows_per_source, x.shape[1]
+    groups = triton.cdiv(k, group_size) if activation == "group" else 1
+    q = torch.empty(rows, k, dtype=fp8_dtype, device=x.device)
+    scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
+    if rows == 0:
+        return q, scales
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    static = static_scale if static_scale is not None else scales
+    stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
+    block = group_size if activation == "group" else min(ROW_BLOCK, triton.next_power_of_2(k))
+    run_kernel(quantize_rows_kernel, (rows,), x, q, scales, static, k, rows_per_source, x.stride(0), q.stride(0),
+               scales.stride(0), stride_static, MODE=MODES[activation], FNUZ=fp8_dtype == torch.float8_e4m3fnuz,
+               BLOCK=block, WHOLE=block >= k, num_warps=4)
+    return q, scales
