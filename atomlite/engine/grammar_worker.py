@@ -38,6 +38,10 @@ class CompileDropped(Exception):
     pass
 
 
+class _Died(Exception):
+    pass
+
+
 def _serve(conn: Connection, parent_pid: int, niceness: int, threads: int) -> None:
     """The worker: (skip_special_tokens, TokenizerInfo JSON or None once sent, kind, text, field) in, ("ok",
     compiled JSON) or ("error", message) out, until the engine's end of the socket closes."""
@@ -107,21 +111,35 @@ class GrammarWorker:
                 deadline: float, dropped: Callable[[], bool]) -> str:
         """The compiled grammar's JSON; a ValueError naming field if the spec makes no grammar, CompileTimeout past
         deadline (time.monotonic()), CompileDropped once dropped() says the request is gone; either kills the
-        process."""
+        process. A process found dead (killed while idle, say) is replaced once."""
+        for attempt in range(2):
+            try:
+                return self._compile_once(skip_special_tokens, tokenizer_info, kind, text, field, deadline, dropped)
+            except _Died:
+                if attempt:
+                    raise ValueError(f"{field} could not be compiled: the grammar process died (out of memory?)") \
+                        from None
+
+    def _compile_once(self, skip_special_tokens: bool, tokenizer_info, kind: str, text: str, field: str,
+                      deadline: float, dropped: Callable[[], bool]) -> str:
         self.start()
         info_json = None if skip_special_tokens in self._infos_sent else tokenizer_info.serialize_json()
-        self._conn.send((skip_special_tokens, info_json, kind, text, field))
-        self._infos_sent.add(skip_special_tokens)
-        while not self._conn.poll(POLL_S):
-            gone, late, alive = dropped(), time.monotonic() > deadline, self._process.poll() is None
-            if gone or late or not alive:
-                self.stop()
-                if gone:
-                    raise CompileDropped()
-                if late:
-                    raise CompileTimeout()
-                raise ValueError(f"{field} could not be compiled: the grammar process died (out of memory?)")
-        status, value = self._conn.recv()
+        try:
+            self._conn.send((skip_special_tokens, info_json, kind, text, field))
+            self._infos_sent.add(skip_special_tokens)
+            while not self._conn.poll(POLL_S):
+                gone, late, alive = dropped(), time.monotonic() > deadline, self._process.poll() is None
+                if gone or late or not alive:
+                    self.stop()
+                    if gone:
+                        raise CompileDropped()
+                    if late:
+                        raise CompileTimeout()
+                    raise _Died()
+            status, value = self._conn.recv()
+        except (EOFError, OSError):
+            self.stop()
+            raise _Died() from None
         if _rss_mb(self._process.pid) > MAX_WORKER_RSS_MB:
             self.stop()
         if status == "error":

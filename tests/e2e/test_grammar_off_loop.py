@@ -125,3 +125,12 @@ def test_over_http_a_grammar_past_its_limit_is_a_400_naming_the_field_while_a_st
         lines = stream_done["lines"]
         assert lines[-1] == "data: [DONE]" and '"finish_reason": "length"' in lines[-2]
         assert not any('"error"' in line for line in lines)
+
+
+def test_a_grammar_process_that_died_is_replaced_by_the_next_compile(llm):
+    engine = llm.engine
+    spec = StructuredOutputsParams(regex="[a-c]{2}")
+    llm.generate("Hi", SamplingParams(max_tokens=2, structured_outputs=StructuredOutputsParams(regex="[x-z]{2}")))
+    grammar_process(engine).kill()  # out of memory, say, between two compiles
+    out = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=4, structured_outputs=spec))
+    assert len(out[0].outputs[0].text) == 2 and set(out[0].outputs[0].text) <= set("abc")
