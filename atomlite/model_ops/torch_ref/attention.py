@@ -12,6 +12,7 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.kv_spec import UNIT_SCALES
 from atomlite.model_ops.torch_ref.rope import apply_rope
+from atomlite.model_ops.kernels import declare
 
 
 def _mask(q_pos: torch.Tensor, key_ends: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -109,3 +110,7 @@ def _checked_key_ends(key_ends: torch.Tensor, q_pos: torch.Tensor, num_k: int) -
         raise ValueError(f"key_ends {key_ends.tolist()} must lie in [position + 1, {num_k}] for queries at "
                          f"positions {q_pos.tolist()}: a query sees at least itself and only keys in the cache")
     return key_ends
+
+
+declare("attention", "torch", paged_attention,
+        graph_unsafe="loops over the sequences, whose lengths it reads back to the host (.tolist())")
