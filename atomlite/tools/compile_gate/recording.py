@@ -13,6 +13,7 @@ gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 a
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.model_ops.triton.mxfp4 import family as mxfp4_family
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 META = torch.device("meta")
@@ -117,6 +119,26 @@ def _tower_graphs(recorder: _Recorder, model, config: EngineConfig) -> None:
             graphs._forward(bucket, (bucket * graphs.pool,) + (0,) * MAX_IMAGES)
 
 
+@contextlib.contextmanager
+def _scales_as_checkpoints_have_them():
+    """MXFP4 weights learn at load what their e8m0 scales allow (ScaleFacts), reading them: a config has no weights,
+    so the gate records with the scales real checkpoints have, within the fast expansion's range and the lookup
+    kernel's."""
+    with (mock.patch.object(mxfp4_family, "needs_wide_scales", lambda scale: False),
+          mock.patch.object(mxfp4_family, "scale_bytes_fit", lambda weight, scale: True)):
+        yield
+
+
+def _loaded(model, platform: Platform):
+    """The model as loading leaves it: each layer's one-time re-layout (loader.finish_loading's), for platform (FP8
+    weights in gfx942's e4m3fnuz, MXFP4 K padded)."""
+    with torch.no_grad(), recording(platform), _scales_as_checkpoints_have_them():
+        for module in model.modules():
+            if hasattr(module, "process_after_loading"):
+                module.process_after_loading()
+    return model
+
+
 def _kv_dtypes(config: EngineConfig, platform: Platform) -> list[torch.dtype]:
     dtypes = [config.kv_dtype(platform)] + ([platform.fp8_dtype] if platform.has_fp8 else [])
     return list(dict.fromkeys(dtypes))
@@ -175,7 +197,7 @@ def record_model(path: Path, platform: Platform) -> Launches:
     """(workload, launch) of every Triton launch the model at path makes at the gate's steps on platform."""
     config = EngineConfig(model=str(path), device="cpu")
     recorder = _Recorder(platform, path.name)
-    model = construct_model(config, META, platform)
+    model = _loaded(construct_model(config, META, platform), platform)
     _model_steps(recorder, model, config, platform)
     if getattr(model, "vision_spec", None) is not None:
         _tower_graphs(recorder, model, config)
@@ -183,7 +205,7 @@ def record_model(path: Path, platform: Platform) -> Launches:
         if _custom_all_reduce(platform, size):
             tp = _RecordingParallel(0, size, peers=_MetaPeerMemory(size, platform))
             with distributed.use(tp):
-                sharded = construct_model(config, META, platform)
+                sharded = _loaded(construct_model(config, META, platform), platform)
             recorder.label = f"{path.name} rank 0 of {size}"
             _model_steps(recorder, sharded, config, platform, eager=False)
     return recorder.launches
