@@ -3,16 +3,16 @@ weights converted at load to the platform's e4m3 (fnuz on gfx942, scales doubled
 fp8 GEMMs."""
 import torch
 
-from atomlite.model_ops.triton.common import platform_of
+from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.triton.common import is_power_of_two, platform_of
+from atomlite.model_ops.triton.fp8 import tuning
 from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
 from atomlite.model_ops.triton.fp8.moe import expert_blocks, fp8_moe_gemm
 from atomlite.model_ops.triton.fp8.tuning import moe_block_m
+from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
-from atomlite.model_ops.kernels import declare
-from atomlite.model_ops.triton.common import is_power_of_two
-from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 
 
 class TritonFP8Linear:
@@ -74,6 +74,6 @@ def _refuses(platform, shape: dict) -> str | None:
 
 
 # fp8 GEMM with the checkpoint's activation quantization fused in
-declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses)
+declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning)
 # the same as a grouped GEMM over expert-sorted blocks: capture-safe
-declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses)
+declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning)
