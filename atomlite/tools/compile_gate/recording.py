@@ -27,6 +27,7 @@ from atomlite.engine.kv_cache import KVCacheManager
 from atomlite.engine.llm_engine import construct_model
 from atomlite.engine.model_runner import ModelRunner
 from atomlite.engine.step_inputs import StepInputs
+from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
 from atomlite.model_ops.platform import Platform
@@ -202,13 +203,21 @@ def record_model(path: Path, platform: Platform) -> Launches:
     if getattr(model, "vision_spec", None) is not None:
         _tower_graphs(recorder, model, config)
     for size in TENSOR_PARALLEL_SIZES:
-        if _custom_all_reduce(platform, size):
-            tp = _RecordingParallel(0, size, peers=_MetaPeerMemory(size, platform))
-            with distributed.use(tp):
-                sharded = _loaded(construct_model(config, META, platform), platform)
+        sharded = _rank_zero_of(size, config, platform) if _custom_all_reduce(platform, size) else None
+        if sharded is not None:
             recorder.label = f"{path.name} rank 0 of {size}"
             _model_steps(recorder, sharded, config, platform, eager=False)
     return recorder.launches
+
+
+def _rank_zero_of(size: int, config: EngineConfig, platform: Platform):
+    """Rank 0's shards of the model under `size` ranks; None where the engine runs the model on one GPU alone."""
+    tp = _RecordingParallel(0, size, peers=_MetaPeerMemory(size, platform))
+    try:
+        with distributed.use(tp):
+            return _loaded(construct_model(config, META, platform), platform)
+    except ConfigError:  # e.g. FP8 checkpoints, which the engine refuses to shard
+        return None
 
 
 def record(platform: Platform, models: list[Path] | None = None) -> Launches:
