@@ -51,6 +51,7 @@ def test_gemma3_on_triton_gives_transformers_tokens(checkpoints):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
     attention = llm.engine.model.attention_layers()[0]
-    assert attention._attend is triton_ops.OPS["attention"] and attention.prepare_qkv is triton_ops.OPS["qk_norm_rope"]
+    assert attention._attend is kernels.kernel("triton", "attention").fn
+    assert attention.prepare_qkv is kernels.kernel("triton", "qk_norm_rope").fn
     for prompt, out in zip(prompts, llm.generate(prompts, greedy(6))):
         assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 6)

@@ -70,7 +70,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
     host: the same lengths on the host, when the caller has them; derived: what a backend's step_metadata built from
     this step's batch for this KV group (GroupBatch.derived). The reference needs neither: it reads the lengths
-    back from the device (so a CUDA/HIP graph cannot capture it; see GRAPH_UNSAFE).
+    back from the device (so a CUDA/HIP graph cannot capture it; its declaration says so, graph_unsafe).
     kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
     key_ends: [T] int, each query's exclusive end of visible keys (ForwardContext.key_ends); None: position + 1.
     """
