@@ -84,10 +84,10 @@ def compile_report(platform_text: str | None, model: str | None) -> list[str]:
     if not platform_text:
         raise ValueError("--compile needs --platform gfx942, gfx950 or sm_XY")
     gpu_target(parse_platform(platform_text))  # a platform without an architecture fails here, in one line
-    results = run_gate([platform_text], [model] if model else [])
-    lines = [f"Triton kernels compiled for {platform_text} ({len(results)} specializations; {LEGEND}):"]
-    lines += format_table(results)
-    broken = failures(results)
+    run = run_gate([platform_text], [model] if model else [])
+    lines = [f"Triton kernels compiled for {platform_text} ({len(run.results)} specializations; {LEGEND}):"]
+    lines += format_table(run.results)
+    broken = failures(run)
     if broken:
         lines += [f"{len(broken)} failed to compile:"] + broken
     return lines

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from atomlite.model_ops.aiter.functions import ALL_PATHS  # noqa: E402
+from atomlite.model_ops.aiter.functions import all_paths  # noqa: E402
 
 OUT = ROOT / "atomlite/model_ops/aiter/signatures.json"
 PYPI_VERSION = "0.1.7.post2.dev18"
@@ -128,7 +128,7 @@ class Tree:
 
 def pin(tree: Tree, source: str) -> dict:
     functions = {}
-    for path in sorted(ALL_PATHS):
+    for path in sorted(all_paths()):
         hit = tree.find(path)
         if hit:
             functions[path] = {"file": hit[0], **describe(hit[1])}
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
         label = args.label[i] if i < len(args.label) else root.name
         versions[label] = pin(Tree.from_dir(root), f"source tree {label}")
     for version, pinned in versions.items():
-        missing = sorted(set(ALL_PATHS) - set(pinned["functions"]))
+        missing = sorted(set(all_paths()) - set(pinned["functions"]))
         note = f", not found: {missing}" if missing else ""
         print(f"{version}: {len(pinned['functions'])} functions pinned{note}")
     document = {"generated_by": "tools/aiter_signatures.py", "versions": versions}

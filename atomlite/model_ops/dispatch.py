@@ -1,49 +1,24 @@
-"""The one table that decides which backend runs each op: aiter | triton | torch, and why.
+"""The one place that decides which backend runs each op: aiter | triton | torch, and why.
 
 Layers ask `choose(op, **shape)` once, at construction, and keep the function they get: the forward path never
-branches on device. The `use` block they are built in names the platform and keeps what was chosen. Each backend
-package exposes OPS (name -> function; for mxfp4_linear and mxfp4_moe_experts a family object that also prepares
-the weights at load) and limits(op, platform, shape), which returns None when it can serve the shape or a reason why
-not; GRAPH_UNSAFE (name -> why) for the functions a CUDA/HIP graph cannot capture (they sync with the host);
-DECLINED (name -> why) for ops it deliberately leaves to the next backend; and CAPABILITIES (name -> what its kernel
-can do beyond the op's plain contract, names from CAPABILITIES below), which model_ops.fusion reads to link one
-layer's kernel to the next.
+branches on device. The `use` block they are built in names the platform and keeps what was chosen. What each
+backend's kernel for an op serves, refuses, can do (CAPABILITIES, which model_ops.fusion reads to link one layer's
+kernel to the next) and whether a graph can capture it, the kernel declares beside its code (model_ops.kernels);
+this module reads those declarations and keeps no table of its own but the order of the backends.
 """
 import contextlib
-import importlib
 import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from atomlite.model_ops import kernels
+from atomlite.model_ops.kernels import CAPABILITIES
 from atomlite.model_ops.platform import Platform
 
 logger = logging.getLogger("atomlite.dispatch")
 
 BACKEND_PREFERENCES = ("auto", "triton", "torch")
-_BACKEND_MODULES = {"aiter": "atomlite.model_ops.aiter", "triton": "atomlite.model_ops.triton",
-                    "torch": "atomlite.model_ops.torch_ref"}
-
-# What a kernel may take or give in place of a plain tensor (the forms are model_ops.carriers'), for
-# model_ops.fusion; the writes_ forms of a pair, of gated input and of rank partials are done by layers
-# (RMSNorm.joined, GeluTanhAndMul, sharding.ReducesOutput), no kernel declares them.
-CAPABILITIES = {
-    "reads_partial_sums": "takes a split-K GEMM's PartialSums for a tensor input and adds them as it reads them",
-    "reads_normed_pair": "takes a NormedPair (two branches' output norms) for its input and joins them as it reads",
-    "reads_quantized_rows": "takes its input as QuantizedRows that the kernel before it wrote (input_quantization)",
-    "reads_gated_input": "takes a GatedInput and computes gelu_tanh(gate) * up as it quantizes its input",
-    "reads_rank_partials": "takes RankPartials (a NormedPair's sides too) and sums them over the tensor-parallel ranks "
-                           "through peer memory as it reads them",
-    "writes_partial_sums": "returns its split-K slices unsummed (PartialSums) when called with summed=False",
-    "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
-    "writes_normed_pair": "leaves two branches' output norms unjoined (NormedPair)",
-    "writes_gated_input": "leaves [gate | up] for the GEMM after it to activate (GatedInput)",
-    "writes_rank_partials": "leaves a row-parallel product's share unsummed over the ranks (RankPartials)",
-    "graphs_multi_query": "replays from a graph steps of several queries per sequence (speculative decoding's "
-                          "verify steps) without the host's lengths",
-    "graphs_packed_sequences": "replays from a graph packs whose sequence bounds change from step to step (a vision "
-                               "tower's images), reading them on the device alone",
-}
 
 
 class NoKernel(RuntimeError):
@@ -114,10 +89,6 @@ def use(platform: Platform, prefer: str = "auto", choices: KernelChoices | None 
         _active.reset(token)
 
 
-def _backend(name: str):
-    return importlib.import_module(_BACKEND_MODULES[name])
-
-
 def _candidates(platform: Platform, prefer: str) -> list[tuple[str, str]]:
     """Backends to try in order, each with the reason it is considered."""
     if prefer == "torch":
@@ -142,18 +113,13 @@ def choose(op: str, platform: Platform | None = None, prefer: str | None = None,
     prefer = prefer or active.prefer
     skipped = []
     for name, why in _candidates(platform, prefer):
-        backend = _backend(name)
-        fn = backend.OPS.get(op)
-        if fn is None:
-            skipped.append(f"{name}: {getattr(backend, 'DECLINED', {}).get(op) or f'no {op} kernel'}")
-            continue
-        refusal = backend.limits(op, platform, shape)
+        refusal = kernels.refusal(name, op, platform, shape)
         if refusal is not None:
             skipped.append(f"{name}: {refusal}")
             continue
-        unsafe = getattr(backend, "GRAPH_UNSAFE", {}).get(op)
-        capabilities = frozenset(getattr(backend, "CAPABILITIES", {}).get(op, ()))
-        choice = KernelChoice(op, name, "; ".join([why] + skipped), fn, unsafe, capabilities)
+        kernel = kernels.kernel(name, op)
+        choice = KernelChoice(op, name, "; ".join([why] + skipped), kernel.fn, kernel.graph_unsafe,
+                              kernel.capabilities)
         if recorder is not None:
             recorder.record(_choice_key(op, shape), choice)
         return choice

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from atomlite import LLM
-from atomlite.model_ops import triton as triton_ops
+from atomlite.model_ops import kernels
 from helpers import greedy, random_prompt
 
 
@@ -17,10 +17,10 @@ def test_triton_backend_gives_torch_backend_tokens(checkpoints, variant):
             LLM(str(path), dtype="float32", device=device, kernel_backend="torch").generate(prompts, greedy(6))]
     llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
     attention = llm.engine.model.attention_layers()[0]
-    assert attention._attend is triton_ops.OPS["attention"]
+    assert attention._attend is kernels.kernel("triton", "attention").fn
     experts = [layer.experts for layer in llm.engine.model.model.layers if layer.moe]
     assert bool(experts) == (variant == "moe")
-    assert all(e._fn is triton_ops.OPS["moe_experts"] and e.graph_safe for e in experts)
+    assert all(e._fn is kernels.kernel("triton", "moe_experts").fn and e.graph_safe for e in experts)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(6))] == want
 
 
@@ -51,6 +51,7 @@ def test_gemma3_on_triton_gives_transformers_tokens(checkpoints):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16)
     attention = llm.engine.model.attention_layers()[0]
-    assert attention._attend is triton_ops.OPS["attention"] and attention.prepare_qkv is triton_ops.OPS["qk_norm_rope"]
+    assert attention._attend is kernels.kernel("triton", "attention").fn
+    assert attention.prepare_qkv is kernels.kernel("triton", "qk_norm_rope").fn
     for prompt, out in zip(prompts, llm.generate(prompts, greedy(6))):
         assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 6)

@@ -1,7 +1,9 @@
-"""The compile gate's FP8 launches alone (tests/kernels/test_fp8_gemm.py compiles them for gfx942 and gfx950)."""
-from atomlite.tools.compile_gate.workloads import EXAMPLE_CONFIGS, gemma4_launches
+"""The compile gate's FP8 launches alone: the FP8 configs' recorded launches of the fp8 kernels
+(tests/kernels/test_fp8_gemm.py compiles them for gfx942 and gfx950)."""
+from atomlite.tools.compile_gate.recording import example_configs, record
 
 
 def launches(platform):
-    models = [EXAMPLE_CONFIGS / "gemma-4-31B-it", EXAMPLE_CONFIGS / "gemma-4-26B-A4B-it"]
-    return [(workload, launch) for workload, launch in gemma4_launches(platform, models) if " fp8_" in workload]
+    models = [path for path in example_configs() if "fp8" in path.name]
+    return [(workload, launch) for workload, launch in record(platform, models)
+            if launch.kernel.fn.__module__.startswith("atomlite.model_ops.triton.fp8.")]

@@ -275,7 +275,7 @@ def test_every_adapter_call_matches_the_pinned_aiter_signature(recorded):
     functions, calls, _ = recorded
     assert contract_problems(calls, functions) == []
     called = {path for path, _, _ in calls}
-    assert called == {p for paths in F.REQUIRED.values() for p in paths}
+    assert called == F.required()
 
 
 def test_adapters_compute_what_aiter_documents(recorded):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from atomlite import LLM
 from atomlite.cli import main
-from atomlite.model_ops import aiter as backend, dispatch
+from atomlite.model_ops import dispatch, kernels
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.platform import Platform, parse_platform
 
@@ -108,7 +108,7 @@ def test_moe_experts_run_on_triton_because_aiter_fused_moe_has_no_tanh_gelu(plat
     choice = dispatch.choose(op, platform, "auto", experts=128, dtype=torch.bfloat16)
     assert choice.backend == "triton" and choice.fn.__module__.startswith("atomlite.model_ops.triton")
     assert NO_TANH_GELU_MOE in choice.reason and "gelu_tanh" in choice.reason
-    assert "gelu_tanh" in backend.limits(op, platform, dict(experts=128, dtype=torch.bfloat16))
+    assert "gelu_tanh" in kernels.refusal("aiter", op, platform, dict(experts=128, dtype=torch.bfloat16))
 
 
 def test_plan_kernels_for_the_moe_model_on_gfx950_aiter_says_why_moe_is_not_on_aiter():
@@ -121,11 +121,11 @@ def test_plan_kernels_for_the_moe_model_on_gfx950_aiter_says_why_moe_is_not_on_a
 
 
 def test_limits_refuse_unsupported_shapes_and_archs():
-    assert "divisible by 8" in backend.limits("attention", GFX950, dict(head_dim=100))
-    assert "divisible by 8" in backend.limits("encoder_attention", GFX950, dict(head_dim=100))
-    assert "gfx942/gfx950" in backend.limits("rms_norm", Platform("rocm", "gfx90a", True), dict(dim=64))
-    assert "weight-only" in backend.limits("mxfp4_linear", GFX950, dict(n=32, dynamic_input=False))
-    assert "divisible by 16" in backend.limits("mxfp4_linear", GFX950, dict(n=40))
+    assert "divisible by 8" in kernels.refusal("aiter", "attention", GFX950, dict(head_dim=100))
+    assert "divisible by 8" in kernels.refusal("aiter", "encoder_attention", GFX950, dict(head_dim=100))
+    assert "gfx942/gfx950" in kernels.refusal("aiter", "rms_norm", Platform("rocm", "gfx90a", True), dict(dim=64))
+    assert "weight-only" in kernels.refusal("aiter", "mxfp4_linear", GFX950, dict(n=32, dynamic_input=False))
+    assert "divisible by 16" in kernels.refusal("aiter", "mxfp4_linear", GFX950, dict(n=40))
 
 
 def test_hand_made_platform_availability_comes_from_the_pinned_signatures(monkeypatch):
@@ -133,7 +133,7 @@ def test_hand_made_platform_availability_comes_from_the_pinned_signatures(monkey
     trimmed = {v: {**p, "functions": {k: f for k, f in p["functions"].items() if k != "rmsnorm2d_fwd"}}
                for v, p in pinned.items()}
     monkeypatch.setattr(detect, "pinned", lambda: trimmed)
-    assert backend.limits("rms_norm", GFX950, dict(dim=64)) == "this AITER has no rmsnorm2d_fwd"
+    assert kernels.refusal("aiter", "rms_norm", GFX950, dict(dim=64)) == "this AITER has no rmsnorm2d_fwd"
     choice = dispatch.choose("rms_norm", GFX950, "auto", dim=64)
     assert choice.backend == "triton" and "aiter: this AITER has no rmsnorm2d_fwd" in choice.reason
 

@@ -145,14 +145,16 @@ def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m):
 
 @pytest.mark.slow
 def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
-    """The fp8_linear and fp8_moe_experts launches the Gemma 4 configs make, for every activation semantics, with
-    gfx942's e4m3fnuz weights and gfx950's e4m3fn (the full gate: tests/kernels/test_compile_gate.py)."""
+    """The fp8_linear and fp8_moe_experts launches the FP8 configs of examples/configs make (dynamic per token,
+    dynamic per group of 128, static per tensor), with gfx942's e4m3fnuz weights and gfx950's e4m3fn (the full gate:
+    tests/kernels/test_compile_gate.py)."""
     from pathlib import Path
 
     from atomlite.tools.compile_gate import failures, run_gate
     source = Path(__file__).with_name("compile_gate_fp8.py")
-    results = run_gate(["gfx942", "gfx950"], launches=f"{source}:launches")
-    assert not failures(results), "\n\n".join(failures(results))
+    run = run_gate(["gfx942", "gfx950"], launches=f"{source}:launches")
+    results = run.results
+    assert not failures(run), "\n\n".join(failures(run))
     assert {r.kernel for r in results} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
     assert all(not (r.stats or {}).get("spills") for r in results)
 

@@ -7,7 +7,7 @@ import pytest
 
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import construct_model
-from atomlite.model_ops import aiter, dispatch, torch_ref, triton
+from atomlite.model_ops import dispatch, kernels
 from atomlite.model_ops.platform import Platform
 from quark_configs import quark_config
 from tiny_models import text_config
@@ -15,11 +15,20 @@ from tiny_models import text_config
 SM90, GFX950 = Platform("cuda", "sm_90"), Platform("rocm", "gfx950", has_aiter=True)
 
 
-@pytest.mark.parametrize("backend", [aiter, triton, torch_ref], ids=["aiter", "triton", "torch"])
-def test_every_declared_capability_is_a_known_name_of_an_op_the_backend_has(backend):
-    for op, capabilities in backend.CAPABILITIES.items():
-        assert op in backend.OPS
-        assert set(capabilities) <= set(dispatch.CAPABILITIES), op
+@pytest.mark.parametrize("backend", ["aiter", "triton", "torch"])
+def test_every_declared_capability_is_a_known_name(backend):
+    for op, kernel in kernels.kernels_of(backend).items():
+        assert set(kernel.capabilities) <= set(dispatch.CAPABILITIES), op
+
+
+def test_a_kernel_declaring_an_unknown_capability_or_op_is_refused_at_declaration():
+    with pytest.raises(ValueError, match="not kernel capabilities"):
+        kernels.declare("rms_norm", "triton", object(), capabilities={"reads_everything"})
+    with pytest.raises(ValueError, match="not an op; declare it in model_ops/ops.py"):
+        kernels.declare("rms_norm_twice", "triton", object())
+    assert kernels.kernel("triton", "rms_norm") is not None  # the backend's own declarations are in
+    with pytest.raises(ValueError, match="two rms_norm kernels"):
+        kernels.declare("rms_norm", "triton", object(), module="elsewhere")
 
 
 def test_a_choice_says_what_its_kernel_can_and_refuses_unknown_capabilities():

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from atomlite.model_ops import dispatch
-from atomlite.model_ops import triton as tri
+from atomlite.model_ops import dispatch, kernels
 from atomlite.model_ops.moe import Experts
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
@@ -159,6 +158,6 @@ def test_experts_layer_is_graph_safe_on_the_fused_kernel_only(platform, backend,
 
 def test_fused_moe_refuses_what_it_cannot_run():
     cuda = Platform("cuda", "sm_90")
-    assert tri.limits("moe_experts", cuda, dict(experts=128, dtype=torch.bfloat16)) is None
-    assert "1024 experts" in tri.limits("moe_experts", cuda, dict(experts=1024))
-    assert "float64" in tri.limits("moe_experts", cuda, dict(experts=8, dtype=torch.float64))
+    assert kernels.refusal("triton", "moe_experts", cuda, dict(experts=128, dtype=torch.bfloat16)) is None
+    assert "1024 experts" in kernels.refusal("triton", "moe_experts", cuda, dict(experts=1024))
+    assert "float64" in kernels.refusal("triton", "moe_experts", cuda, dict(experts=8, dtype=torch.float64))

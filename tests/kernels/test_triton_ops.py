@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from atomlite.model_ops import torch_ref
+from atomlite.model_ops import kernels, torch_ref
 from atomlite.model_ops import triton as tri
 from atomlite.model_ops.carriers import NormedPair, summed as summed_up
 from atomlite.model_ops.platform import Platform
@@ -91,9 +91,9 @@ def test_empty_inputs_give_empty_outputs():
     ("axial_qkv_norm_rope", dict(head_dim=70), True),
 ])
 def test_limits_refuse_shapes_the_kernels_cannot_do(op, shape, refused):
-    reason = tri.limits(op, Platform("cuda", "sm_90"), shape)
+    reason = kernels.refusal("triton", op, Platform("cuda", "sm_90"), shape)
     assert (reason is not None) == refused
-    assert op in tri.OPS
+    assert kernels.kernel("triton", op) is not None
 
 
 def assert_prepared(out, ref_fp32):

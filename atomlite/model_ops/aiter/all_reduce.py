@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from atomlite.distributed.parallel import CustomAllReduceUnavailable, TensorParallel, in_graph_steps
 from atomlite.model_ops.aiter import detect, functions as F
+from atomlite.model_ops.kernels import declare
 
 BUFFER_BYTES = 16 << 20  # CustomAllreduce's max_size: its staging buffers
 MAX_BYTES = BUFFER_BYTES // 2  # newer AITERs take at most half of max_size where they may run two stages
@@ -71,3 +72,15 @@ class AiterAllReduce:
             self.closed = True
             self.comm.close()
             dist.destroy_process_group(self.cpu_group)
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if shape.get("world") not in SUPPORTED_WORLD_SIZES:
+        return (f"CustomAllreduce runs on {'/'.join(map(str, SUPPORTED_WORLD_SIZES))} ranks, not "
+                f"{shape.get('world')}")
+    return None
+
+
+# a tensor-parallel group's small all-reduces (a communicator factory)
+declare("custom_all_reduce", "aiter", AiterAllReduce, refuses=_refuses, probe=unavailable,
+        requires=(F.CUSTOM_ALL_REDUCE, *F.CUSTOM_ALL_REDUCE_METHODS))

@@ -19,6 +19,7 @@ from atomlite.model_ops.aiter import detect, functions as F, gather
 from atomlite.model_ops.aiter.gather import GatherPlan
 from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.kv_spec import UNIT_SCALES, cache_scales
+from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.platform import Platform
 
 logger = logging.getLogger("atomlite.aiter")
@@ -148,3 +149,27 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     k_scale, v_scale = (scale_tensor(s, k.device) for s in cache_scales(k_cache, kv_scales))
     detect.call(F.WRITE_KV_NHD, key=k.contiguous(), value=v.contiguous(), key_cache=k_cache, value_cache=v_cache,
                 slot_mapping=slot_mapping, kv_cache_dtype=cache_dtype_name(k_cache), k_scale=k_scale, v_scale=v_scale)
+
+
+CK_MAX_HEAD_DIM = 256
+
+
+def ck_head_dim_refusal(head_dim: int | None) -> str | None:
+    """Which head dims CK's flash attention takes (prefill, and the encoder's)."""
+    if head_dim is None:
+        return None
+    if head_dim > CK_MAX_HEAD_DIM:
+        return f"CK flash attention stops at head_dim {CK_MAX_HEAD_DIM} (got {head_dim})"
+    if head_dim % 8:
+        return f"CK flash attention needs head_dim divisible by 8 (got {head_dim})"
+    return None
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if shape.get("k_from_v"):
+        return "AITER's attention reads a K cache; keys derived from V run on Triton"
+    return ck_head_dim_refusal(shape.get("head_dim"))
+
+
+declare("attention", "aiter", paged_attention, refuses=_refuses, requires=(F.FLASH_VARLEN, F.PAGED_DECODE))
+declare("write_kv", "aiter", write_kv, requires=(F.WRITE_KV_NHD,))

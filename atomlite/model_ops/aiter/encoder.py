@@ -17,7 +17,8 @@ import torch
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.aiter import detect, functions as F
-from atomlite.model_ops.aiter.attention import HALF_DTYPES, flash_window
+from atomlite.model_ops.aiter.attention import HALF_DTYPES, ck_head_dim_refusal, flash_window
+from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.platform import Platform
 
@@ -41,3 +42,13 @@ def _other_dtype(head_dim: int, gqa: int) -> Callable:
     platform = detect.local_platform() or Platform()
     return dispatch.choose("encoder_attention", platform, "triton", head_dim=head_dim, gqa=gqa,
                            dtype=torch.float32).fn
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if shape.get("dtype", torch.bfloat16) not in HALF_DTYPES:
+        return f"CK's flash attention forward takes bfloat16 or float16, not {shape['dtype']}"
+    return ck_head_dim_refusal(shape.get("head_dim"))
+
+
+# flash_attn_varlen_func, not causal (CK's group-mode fmha forward)
+declare("encoder_attention", "aiter", encoder_attention, refuses=_refuses, requires=(F.FLASH_VARLEN,))

@@ -1,5 +1,6 @@
 """The AITER functions each atomlite op calls, by the path atomlite resolves: `name` is `aiter.name`,
-`a.b.name` is `aiter.a.b.name`. tools/aiter_signatures.py pins exactly these; the contract test checks every call."""
+`a.b.name` is `aiter.a.b.name`. Each AITER kernel's declaration `requires` the ones it calls; tools/aiter_signatures.py
+pins exactly these; the contract test checks every call."""
 
 FLASH_VARLEN = "flash_attn_varlen_func"
 PAGED_DECODE = "paged_attention_v1"
@@ -15,19 +16,17 @@ CUSTOM_ALL_REDUCE_METHODS = tuple(f"{CUSTOM_ALL_REDUCE}.{m}" for m in ("capture"
 # A module flag, not a function: False when AITER's all-reduce library failed to load (model_ops/aiter/all_reduce.py).
 CUSTOM_ALL_REDUCE_LOADED = "dist.device_communicators.custom_all_reduce.custom_ar"
 
-# Functions an op needs before dispatch may pick AITER for it.
-REQUIRED = {
-    "attention": (FLASH_VARLEN, PAGED_DECODE),
-    "encoder_attention": (FLASH_VARLEN,),
-    "write_kv": (WRITE_KV_NHD,),
-    "rms_norm": (RMS_NORM,),
-    "gelu_tanh_and_mul": (GELU_TANH_AND_MUL,),
-    "mxfp4_linear": (GEMM_A4W4, MXFP4_QUANT),
-    "custom_all_reduce": (CUSTOM_ALL_REDUCE, *CUSTOM_ALL_REDUCE_METHODS),
-}
-
 # Not called: atomlite re-implements these layouts in torch (mxfp4.py); pinned so that a change of the reference's
 # signature shows up when the file is regenerated.
 LAYOUT_REFERENCES = ("ops.shuffle.shuffle_weight", "utility.fp4_utils.e8m0_shuffle")
 
-ALL_PATHS = tuple(sorted({p for paths in REQUIRED.values() for p in paths} | set(LAYOUT_REFERENCES)))
+
+def required() -> set[str]:
+    """Every function an AITER kernel requires (its declaration's `requires`)."""
+    from atomlite.model_ops import kernels
+    return {path for kernel in kernels.kernels_of("aiter").values() for path in kernel.requires}
+
+
+def all_paths() -> tuple[str, ...]:
+    """What tools/aiter_signatures.py pins: the required functions and the layout references."""
+    return tuple(sorted(required() | set(LAYOUT_REFERENCES)))

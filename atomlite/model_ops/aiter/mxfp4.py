@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as nnf
 
 from atomlite.model_ops.aiter import detect, functions as F
+from atomlite.model_ops.kernels import declare
 from atomlite.quant.mxfp4 import E8M0_BIAS as UNIT_SCALE, pad_k
 
 K_ALIGN = 256
@@ -102,3 +103,16 @@ class AiterMXFP4Linear:
 
 
 MXFP4_LINEAR = AiterMXFP4Linear()
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if platform.arch not in detect.FP4_ARCHS:
+        return f"MXFP4 GEMM needs gfx950 ({platform.arch} has no FP4 compute; gemm_a4w4 raises there)"
+    if not shape.get("dynamic_input", True):
+        return "gemm_a4w4 quantizes activations too; weight-only MXFP4 is left to Triton"
+    if shape.get("n", 0) % N_ALIGN:
+        return f"gemm_a4w4's weight shuffle needs out_features divisible by {N_ALIGN} (got {shape['n']})"
+    return None
+
+
+declare("mxfp4_linear", "aiter", MXFP4_LINEAR, refuses=_refuses, requires=(F.GEMM_A4W4, F.MXFP4_QUANT))

@@ -12,6 +12,7 @@ import torch
 
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops.aiter import detect, functions as F
+from atomlite.model_ops.kernels import declare
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -40,3 +41,7 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
     detect.call(F.GELU_TANH_AND_MUL, out=out, input=x.contiguous())
     return out
+
+
+declare("rms_norm", "aiter", rms_norm, requires=(F.RMS_NORM,))
+declare("gelu_tanh_and_mul", "aiter", gelu_tanh_and_mul, requires=(F.GELU_TANH_AND_MUL,))

@@ -12,6 +12,7 @@ from atomlite.model_ops.context import HostBatch
 from atomlite.model_ops.k_from_v import KFromV
 from atomlite.model_ops.kv_spec import UNIT_SCALES
 from atomlite.model_ops.torch_ref.rope import apply_rope
+from atomlite.model_ops.kernels import declare
 
 
 def _mask(q_pos: torch.Tensor, key_ends: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -69,7 +70,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     With k_from_v there is no K cache (k_cache is ignored): keys are rebuilt from the values.
     host: the same lengths on the host, when the caller has them; derived: what a backend's step_metadata built from
     this step's batch for this KV group (GroupBatch.derived). The reference needs neither: it reads the lengths
-    back from the device (so a CUDA/HIP graph cannot capture it; see GRAPH_UNSAFE).
+    back from the device (so a CUDA/HIP graph cannot capture it; its declaration says so, graph_unsafe).
     kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
     key_ends: [T] int, each query's exclusive end of visible keys (ForwardContext.key_ends); None: position + 1.
     """
@@ -109,3 +110,7 @@ def _checked_key_ends(key_ends: torch.Tensor, q_pos: torch.Tensor, num_k: int) -
         raise ValueError(f"key_ends {key_ends.tolist()} must lie in [position + 1, {num_k}] for queries at "
                          f"positions {q_pos.tolist()}: a query sees at least itself and only keys in the cache")
     return key_ends
+
+
+declare("attention", "torch", paged_attention,
+        graph_unsafe="loops over the sequences, whose lengths it reads back to the host (.tolist())")

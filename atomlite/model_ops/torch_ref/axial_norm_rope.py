@@ -1,6 +1,7 @@
 import torch
 
 from atomlite.model_ops.torch_ref.norm import rms_norm
+from atomlite.model_ops.kernels import declare
 
 
 def rotate_by_axes(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -22,3 +23,6 @@ def axial_qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: tor
     q = rotate_by_axes(rms_norm(q, q_weight, eps), cos, sin)
     k = rotate_by_axes(rms_norm(k, k_weight, eps), cos, sin)
     return torch.cat([q, k, rms_norm(v, None, eps)], dim=1)
+
+
+declare("axial_qkv_norm_rope", "torch", axial_qkv_norm_rope)

@@ -2,6 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from atomlite.model_ops.packed import PackedSequences
+from atomlite.model_ops.kernels import declare
 
 
 def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: PackedSequences,
@@ -15,3 +16,6 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed:
         attended = F.scaled_dot_product_attention(*heads_first, scale=scale, enable_gqa=grouped)
         out[rows] = attended.transpose(0, 1)
     return out
+
+
+declare("encoder_attention", "torch", encoder_attention)

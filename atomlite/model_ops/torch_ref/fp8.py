@@ -2,7 +2,8 @@
 dequantizing reference: the checkpoint's semantics (quant.fp8) in float32; nothing is prepared at load."""
 import torch
 
-from atomlite.model_ops.torch_ref.moe import route_to_experts
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.torch_ref.moe import LOOP_REASON, route_to_experts
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -35,3 +36,7 @@ class ReferenceFP8Experts:
 
 FP8_LINEAR = ReferenceFP8Linear()
 FP8_EXPERTS = ReferenceFP8Experts()
+
+
+declare("fp8_linear", "torch", FP8_LINEAR)
+declare("fp8_moe_experts", "torch", FP8_EXPERTS, graph_unsafe=LOOP_REASON)

@@ -1,6 +1,7 @@
 import torch
 
 from atomlite.model_ops.kv_spec import UNIT_SCALES
+from atomlite.model_ops.kernels import declare
 
 
 def to_cache_dtype(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
@@ -24,3 +25,7 @@ def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | No
     if k_cache is not None:
         k_cache[blocks, offsets] = to_cache_dtype(k[keep], k_cache.dtype, kv_scales[0])
     v_cache[blocks, offsets] = to_cache_dtype(v[keep], v_cache.dtype, kv_scales[1])
+
+
+MASKED_WRITE = "stores K/V at the slots a boolean mask selects, whose count the host reads back"
+declare("write_kv", "torch", write_kv, graph_unsafe=MASKED_WRITE)

@@ -2,6 +2,7 @@ import torch
 import torch.nn.functional as F
 
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
+from atomlite.model_ops.kernels import declare
 
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
@@ -39,3 +40,7 @@ def route_to_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torc
         y = project(F.gelu(gate, approximate="tanh") * up, "down_proj", expert)
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
     return out
+
+
+LOOP_REASON = "experts run as a per-expert loop that syncs with the host"
+declare("moe_experts", "torch", moe_experts, graph_unsafe=LOOP_REASON)

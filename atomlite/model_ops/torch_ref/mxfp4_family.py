@@ -2,7 +2,8 @@
 dequantizing reference: the weights stay as the checkpoint stores them; nothing is prepared at load."""
 import torch
 
-from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.torch_ref.moe import LOOP_REASON, mxfp4_moe_experts
 from atomlite.model_ops.torch_ref.mxfp4 import mxfp4_gemm
 
 
@@ -29,3 +30,8 @@ class ReferenceMXFP4Experts:
 
 MXFP4_LINEAR = ReferenceMXFP4Linear()
 MXFP4_EXPERTS = ReferenceMXFP4Experts()
+
+
+declare("mxfp4_linear", "torch", MXFP4_LINEAR,
+        graph_unsafe="copies its FP4 value table from the host at every call")
+declare("mxfp4_moe_experts", "torch", MXFP4_EXPERTS, graph_unsafe=LOOP_REASON)

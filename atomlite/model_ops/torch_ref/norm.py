@@ -1,6 +1,7 @@
 import torch
 
 from atomlite.model_ops.carriers import NormedPair, PartialSums, summed as added_up
+from atomlite.model_ops.kernels import declare
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -35,3 +36,8 @@ def rms_norm_pair_sum(a: torch.Tensor | PartialSums, b: torch.Tensor | PartialSu
     value."""
     b = added_up(b)
     return (rms_norm(added_up(a), weight_a, eps) + rms_norm(b, weight_b, eps)).to(b.dtype)
+
+
+declare("rms_norm", "torch", rms_norm)
+# Adds a projection's split-K slices and joins two branches as it reads them, as the Triton kernel does.
+declare("rms_norm_residual", "torch", rms_norm_residual, capabilities={"reads_partial_sums", "reads_normed_pair"})

@@ -1,8 +1,9 @@
 import torch
 
 from atomlite.model_ops.carriers import summed
+from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.kv_spec import UNIT_SCALES
-from atomlite.model_ops.torch_ref.kv_write import write_kv
+from atomlite.model_ops.torch_ref.kv_write import MASKED_WRITE, write_kv
 from atomlite.model_ops.torch_ref.norm import rms_norm
 from atomlite.model_ops.torch_ref.rope import apply_rope
 
@@ -26,3 +27,6 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         return q, k, v
     write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
     return q, None, None
+
+
+declare("qk_norm_rope", "torch", qk_norm_rope, capabilities={"reads_partial_sums"}, graph_unsafe=MASKED_WRITE)

@@ -1,4 +1,5 @@
 import torch
+from atomlite.model_ops.kernels import declare
 
 
 def router_topk(scores: torch.Tensor, expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -14,3 +15,7 @@ def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
            top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, H] and the router's weight [E, H] -> router_topk of the logits x W^T (rounded to x's dtype)."""
     return router_topk(torch.nn.functional.linear(x, weight), expert_scale, top_k)
+
+
+declare("router_topk", "torch", router_topk)
+declare("router", "torch", router)

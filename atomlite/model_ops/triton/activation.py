@@ -4,6 +4,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.kernels import declare
 
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
@@ -40,3 +41,6 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     run_kernel(_gelu_tanh_and_mul_kernel, grid, rows, out, inner, rows.stride(0), inner, BLOCK=block,
                                     num_warps=4 if block <= 1024 else 8)
     return out
+
+
+declare("gelu_tanh_and_mul", "triton", gelu_tanh_and_mul)

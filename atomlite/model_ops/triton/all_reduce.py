@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.peer_memory import PeerMemory
 
 BLOCK = 2048
 MAX_PROGRAMS = 512  # signal slots per rank (model_ops.peer_memory.MAX_SIGNALS)
@@ -91,3 +93,16 @@ def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int,
     run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, buffers, signals, epochs, n, slot_elems,
                RANK=rank, WORLD=world, BLOCK=BLOCK, num_warps=8)
     return x
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if platform.kind == "rocm":
+        return ("not verified on ROCm, where IPC memory is coarse-grained (AITER's custom all-reduce is the way "
+                "there)")
+    return None
+
+
+# tensor parallelism's decode all-reduce over peer memory, and the group's peer memory it runs on (which the
+# residual update reading RankPartials uses too)
+declare("one_shot_all_reduce", "triton", one_shot_all_reduce, refuses=_refuses)
+declare("custom_all_reduce", "triton", PeerMemory.for_group, refuses=_refuses, module=__name__)

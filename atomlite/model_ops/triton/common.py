@@ -36,6 +36,10 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def dot_precision(dtype: torch.dtype) -> str | None:
     # fp32 inputs would otherwise go through tf32 on the tensor cores; fp32 is the exactness path, keep it exact.
     return "ieee" if dtype == torch.float32 else None

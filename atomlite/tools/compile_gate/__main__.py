@@ -1,5 +1,6 @@
 """python -m atomlite.tools.compile_gate --platform gfx950 [--model DIR ...] [--launches file.py:function]:
-compiles every specialization for the platform and prints the results as JSON (runner.py starts this)."""
+records what the models launch on the platform (recording.py), compiles every specialization recorded, and prints
+both as JSON (runner.py starts this)."""
 import argparse
 import dataclasses
 import importlib
@@ -10,13 +11,13 @@ from pathlib import Path
 
 from atomlite.model_ops.platform import parse_platform
 from atomlite.tools.compile_gate.build import compile_one
+from atomlite.tools.compile_gate.recording import record
 from atomlite.tools.compile_gate.specialize import gpu_target, unique
-from atomlite.tools.compile_gate.workloads import gemma4_launches
 
 
 def _launches(platform, models: list[str], source: str | None):
     if source is None:
-        return gemma4_launches(platform, models or None)
+        return record(platform, [Path(model) for model in models] or None)
     module, _, function = source.rpartition(":")
     if module.endswith(".py"):  # a file: Triton reads a kernel's source from its file
         spec = importlib.util.spec_from_file_location(Path(module).stem, module)
@@ -37,8 +38,11 @@ def main(argv: list[str]) -> None:
     platform = parse_platform(args.platform)
     target = gpu_target(platform)
     specs = unique(_launches(platform, args.model, args.launches), target)
+    recorded = [dict(platform=args.platform, key=spec.key, kernel=spec.describe(), workload=spec.workload)
+                for spec, _ in specs]
     results = [compile_one(args.platform, spec, options, target) for spec, options in specs]
-    json.dump([dataclasses.asdict(result) for result in results], sys.stdout, default=str)
+    json.dump(dict(recorded=recorded, results=[dataclasses.asdict(result) for result in results]), sys.stdout,
+              default=str)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ class KernelResult:
     stats: dict | None  # KernelStats.as_dict(), None when the compile failed
     error: str | None  # the compiler's message
     seconds: float
+    key: str = ""  # the specialization's (Specialization.key)
 
     def describe(self) -> str:
         values = ", ".join(f"{k}={v}" for k, v in self.constexprs.items())
@@ -65,4 +66,4 @@ def compile_one(platform: str, spec: Specialization, options: dict, target: GPUT
             native.seek(0)
             error = "\n".join(filter(None, [native.read().strip()[-2000:], _last_lines(e)]))
     return KernelResult(platform, spec.kernel, spec.constexprs, spec.options, spec.workload, stats, error,
-                        time.perf_counter() - start)
+                        time.perf_counter() - start, spec.key)

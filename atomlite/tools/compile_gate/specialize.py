@@ -4,6 +4,7 @@ instead of the local driver's."""
 import json
 from dataclasses import dataclass
 
+import torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import create_function_from_signature
@@ -58,10 +59,24 @@ def specialize(workload: str, launch: KernelLaunch, target: GPUTarget) -> tuple[
     return Specialization(_kernel_name(kernel), readable, set_options, workload, source, key), options.__dict__
 
 
+def _fingerprint(value):
+    """What Triton's binder reads of a launch argument: a tensor's dtype, alignment and storage size (AMD's buffer ops
+    ask whether it is within 2 GiB), a scalar's value; launches with equal fingerprints specialize alike."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), value.data_ptr() % 16, value.untyped_storage().size())
+    if isinstance(value, (tuple, list)):
+        return tuple(map(_fingerprint, value))
+    return (type(value).__name__, repr(value))
+
+
 def unique(launches: list[tuple[str, KernelLaunch]], target: GPUTarget) -> list[tuple[Specialization, dict]]:
     """One entry per distinct specialization, in first-launch order."""
-    seen = {}
+    seen, fingerprints = {}, set()
     for workload, launch in launches:
+        fingerprint = (id(launch.kernel), _fingerprint(launch.args), _fingerprint(sorted(launch.kwargs.items())))
+        if fingerprint in fingerprints:
+            continue
+        fingerprints.add(fingerprint)
         spec, options = specialize(workload, launch, target)
         seen.setdefault(spec.key, (spec, options))
     return list(seen.values())

@@ -12,6 +12,8 @@ import triton.language as tl
 
 from atomlite.model_ops.triton.attention.tuning import AXIAL_TOKENS_PER_PROGRAM, AXIAL_WARPS
 from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.attention import tuning
 
 
 @triton.jit
@@ -68,3 +70,17 @@ def axial_qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: tor
                out.stride(0), eps, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                DIM_P=triton.next_power_of_2(head_dim), TOKENS=AXIAL_TOKENS_PER_PROGRAM, num_warps=AXIAL_WARPS)
     return out
+
+
+MAX_HEAD_DIM = 256  # one program holds a row of a head, padded to a power of two
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    head_dim = shape.get("head_dim")
+    if head_dim is not None and (head_dim % 4 or head_dim > MAX_HEAD_DIM):
+        return f"head_dim {head_dim} is not a multiple of 4 up to {MAX_HEAD_DIM}"
+    return None
+
+
+# a vision tower's q/k/v norms and 2-D RoPE in one launch
+declare("axial_qkv_norm_rope", "triton", axial_qkv_norm_rope, refuses=_refuses, tuning=tuning)

@@ -15,8 +15,11 @@ import triton.language as tl
 
 from atomlite.model_ops.packed import PackedSequences
 from atomlite.model_ops.triton.attention.paged import LOG2E, _find_sequence
-from atomlite.model_ops.triton.attention.tuning import ENCODER_SPLIT_HEADS, ENCODER_TILES, AttnConfig
+from atomlite.model_ops.triton.attention.tuning import ENCODER_MAX_HEAD_DIM, ENCODER_SPLIT_HEADS, ENCODER_TILES, AttnConfig
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.attention import tuning
+from atomlite.model_ops.triton.attention.paged import MAX_GQA_GROUP
 
 
 @triton.jit
@@ -186,3 +189,23 @@ def encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed:
                HEAD_MAIN=main, HEAD_TAIL=tail, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
                num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    head_dim = shape.get("head_dim")
+    if head_dim is not None and head_dim > ENCODER_MAX_HEAD_DIM:
+        return f"head_dim {head_dim} exceeds the encoder kernel's {ENCODER_MAX_HEAD_DIM} (its tiles stop there)"
+    if shape.get("gqa", 1) > MAX_GQA_GROUP:
+        return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+    if shape.get("dtype", torch.bfloat16) not in DTYPES:
+        return f"encoder_attention takes bfloat16, float16 or float32, not {shape['dtype']}"
+    return None
+
+
+# a vision tower's packed images, bidirectional; one launch, no sync; a grid by the pack's rows and bound count,
+# the bounds read on the device
+declare("encoder_attention", "triton", encoder_attention, refuses=_refuses, tuning=tuning,
+        capabilities={"graphs_packed_sequences"})

@@ -6,6 +6,8 @@ import triton.language as tl
 from atomlite.model_ops.kv_spec import UNIT_SCALES
 from atomlite.model_ops.triton.attention.tuning import KV_WRITE_SMALL_ROW, KV_WRITE_WARPS, KV_WRITE_WARPS_LARGE_ROW
 from atomlite.model_ops.triton.common import cache_max, run_kernel
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.attention import tuning
 
 
 @triton.jit
@@ -57,3 +59,6 @@ def write_kv(k: torch.Tensor | None, v: torch.Tensor, k_cache: torch.Tensor | No
         v_cache.stride(2), BLOCK_SIZE=v_cache.shape[1], BLOCK_H=block_h, BLOCK_D=block_d, STORE_K=store_k,
         CACHE_MAX=cache_max(v_cache),
         num_warps=KV_WRITE_WARPS if block_h * block_d <= KV_WRITE_SMALL_ROW else KV_WRITE_WARPS_LARGE_ROW)
+
+
+declare("write_kv", "triton", write_kv, tuning=tuning)

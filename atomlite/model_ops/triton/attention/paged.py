@@ -30,9 +30,11 @@ from atomlite.model_ops.triton.attention.tuning import (BUILD_KEYS_BLOCK, BUILD_
                                                         PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
                                                         ROCM_DECODE_WIDE, ROCM_PREFILL_HEAVY, SHORT_WALK,
                                                         SHORT_WALK_STAGES, WIDE_HEAD_DIM, AttnConfig)
-from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting, pdl_launch,
-                                              platform_of, run_kernel)
+from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting,
+                                              is_power_of_two, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.carriers import InputQuantization, QuantizedRows
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.attention import tuning
 
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
@@ -516,3 +518,24 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
 
 
 paged_attention.step_metadata = step_metadata
+
+
+MAX_HEAD_DIM = 512
+MAX_GQA_GROUP = 64
+MIN_K_FROM_V_HEAD_DIM = 32  # the rotated columns of each half are read as tiles of at least 16
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    head_dim = shape.get("head_dim")
+    if head_dim is not None and not (is_power_of_two(head_dim) and 16 <= head_dim <= MAX_HEAD_DIM):
+        return f"head_dim {head_dim} is not a power of two in [16, {MAX_HEAD_DIM}]"
+    if shape.get("gqa", 1) > MAX_GQA_GROUP:
+        return f"{shape['gqa']} query heads per KV head exceed {MAX_GQA_GROUP}"
+    if shape.get("k_from_v") and head_dim is not None and head_dim < MIN_K_FROM_V_HEAD_DIM:
+        return f"keys derived from V need head_dim >= {MIN_K_FROM_V_HEAD_DIM} (got {head_dim})"
+    return None
+
+
+# writes_quantized_rows from its split-KV merge; graphs_multi_query: the batch is found on the device
+declare("attention", "triton", paged_attention, refuses=_refuses, tuning=tuning,
+        capabilities={"writes_quantized_rows", "graphs_multi_query"})

@@ -15,6 +15,8 @@ from atomlite.model_ops.triton.attention.tuning import (MANY_TOKENS, MANY_TOKENS
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
                                               pdl_launch, run_kernel)
 from atomlite.model_ops.triton.norm.residual import load_row
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.attention import tuning
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -163,3 +165,11 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                    PDL=pdl, **({} if v_norm else {"NORM_V": False}),  # the default keeps recorded launches' keys
                    num_warps=warps * (MANY_TOKENS_WARP_FACTOR if block_t > 1 else 1), **pdl_launch(pdl))
     return q_out, k_out, v_out
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    head_dim = shape.get("head_dim")
+    return f"head_dim {head_dim} is odd" if head_dim is not None and head_dim % 2 else None
+
+
+declare("qk_norm_rope", "triton", qk_norm_rope, refuses=_refuses, tuning=tuning, capabilities={"reads_partial_sums"})

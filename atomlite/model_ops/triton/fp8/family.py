@@ -3,11 +3,14 @@ weights converted at load to the platform's e4m3 (fnuz on gfx942, scales doubled
 fp8 GEMMs."""
 import torch
 
-from atomlite.model_ops.triton.common import platform_of
+from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.triton.common import is_power_of_two, platform_of
+from atomlite.model_ops.triton.fp8 import tuning
 from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
 from atomlite.model_ops.triton.fp8.moe import expert_blocks, fp8_moe_gemm
 from atomlite.model_ops.triton.fp8.tuning import moe_block_m
+from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -52,3 +55,25 @@ class TritonFP8Experts:
 
 
 FP8_EXPERTS = TritonFP8Experts()
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if shape.get("experts", 0) > MAX_EXPERTS:
+        return f"{shape['experts']} experts exceed {MAX_EXPERTS}"
+    if not platform.has_fp8:
+        return f"{platform.arch} has no fp8 tensor cores"
+    block_k, group = shape.get("block_k", 0), shape.get("group_size", 128)
+    if shape.get("activation") == "group":
+        if not is_power_of_two(group) or group < 16:
+            return f"activation group {group} is not a power of two >= 16 (one K step per group)"
+        if block_k and block_k % group:
+            return f"activation group {group} does not divide the weight's {block_k}-wide scale blocks"
+    elif block_k and (block_k < 16 or not is_power_of_two(block_k)):
+        return f"weight scale blocks of {block_k} along K are not a power of two >= 16"
+    return None
+
+
+# fp8 GEMM with the checkpoint's activation quantization fused in
+declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning)
+# the same as a grouped GEMM over expert-sorted blocks: capture-safe
+declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning)

@@ -12,6 +12,8 @@ from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, inte
                                               run_kernel)
 from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, SUM_BLOCK, SUM_WARPS,
                                                    SkinnyConfig)
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.gemm import tuning
 
 
 def config_for(k: int) -> SkinnyConfig:
@@ -126,3 +128,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.
     if fits(x, weight, config):
         return skinny_gemm(x, weight, config, summed=summed)
     return F.linear(x, weight)
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if platform.kind == "rocm":
+        return "the skinny decode GEMM is measured against cuBLAS only, not yet against hipBLASLt"
+    return None
+
+
+# the skinny split-K kernel for decode-sized batches, torch's GEMM beyond
+declare("linear", "triton", linear, refuses=_refuses, tuning=tuning, capabilities={"writes_partial_sums"})

@@ -26,6 +26,9 @@ from atomlite.model_ops.triton.moe.tuning import (DECODE, DECODE_MAX_ROWS_PER_EX
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile
 from atomlite.model_ops.triton.mxfp4.quant import quantize_dequantize
 from atomlite.quant import mxfp4
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.moe import tuning
+from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 
 
 def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False) -> MoeConfig:
@@ -241,3 +244,20 @@ def mxfp4_moe_experts(x: torch.Tensor, gate_up: torch.Tensor, gate_up_scale: tor
     if quantize_x:
         x = quantize_dequantize(x)
     return fused_experts(x, gate_up, down, topk_weights, topk_ids, quantize_inner=quantize_x, summed=summed)
+
+
+def refuses_experts(op: str, dtypes: tuple[torch.dtype, ...]):
+    """The fused experts' refusal: more experts than the routing holds, or a dtype it does not take."""
+    def refuses(platform, shape: dict) -> str | None:
+        if shape.get("experts", 0) > MAX_EXPERTS:
+            return f"{shape['experts']} experts exceed the fused MoE routing's {MAX_EXPERTS}"
+        if shape.get("dtype", torch.bfloat16) not in dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+            return f"{op} takes {names}, not {shape['dtype']}"
+        return None
+    return refuses
+
+
+# routing, gate_up, down and the sum over a token's experts: capture-safe; each slot's term as partial sums
+declare("moe_experts", "triton", moe_experts, tuning=tuning, capabilities={"writes_partial_sums"},
+        refuses=refuses_experts("moe_experts", (torch.bfloat16, torch.float16, torch.float32)))

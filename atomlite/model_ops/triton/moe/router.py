@@ -11,6 +11,9 @@ from atomlite.model_ops.triton.gemm import skinny as skinny_gemm
 from atomlite.model_ops.triton.gemm.skinny import linear, split_k_tile
 from atomlite.model_ops.triton.moe.tuning import ROUTER_MAX_ROWS as MAX_ROWS  # bench/router.py lifts it
 from atomlite.model_ops.triton.moe.tuning import ROUTER_MAX_SPLITS, ROUTER_TOPK_WARPS, ROUTER_WARPS
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.moe import tuning
+from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 
 BLOCK_N, BLOCK_K = skinny_gemm.DEFAULT_CONFIG.block_n, skinny_gemm.DEFAULT_CONFIG.block_k  # its tiles: split_k_tile
 
@@ -130,3 +133,13 @@ def router(x: torch.Tensor, weight: torch.Tensor, expert_scale: torch.Tensor,
                BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, UPCAST=interpreting(), PDL=pdl, num_warps=ROUTER_WARPS,
                **pdl_launch(pdl))
     return weights, ids
+
+
+def _refuses(platform, shape: dict) -> str | None:
+    if shape.get("experts", 0) > MAX_EXPERTS:
+        return f"{shape['experts']} experts exceed the router kernel's {MAX_EXPERTS} (one program holds a row)"
+    return None
+
+
+declare("router_topk", "triton", router_topk, refuses=_refuses, tuning=tuning)
+declare("router", "triton", router, refuses=_refuses, tuning=tuning)  # the logits GEMM and router_topk in one launch

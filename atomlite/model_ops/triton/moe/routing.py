@@ -13,6 +13,8 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import run_kernel
 from atomlite.model_ops.triton.moe.tuning import ONE_PROGRAM_MAX_PAIRS, PAIR_CHUNK, ROUTING_WARPS, TILE_CHUNK
 
+MAX_EXPERTS = 512  # the routing holds a one-hot [64, experts] per step
+
 
 @dataclass(frozen=True)
 class ExpertTiles:

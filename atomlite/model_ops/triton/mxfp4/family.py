@@ -11,6 +11,10 @@ from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantized_fp8_gemm
 from atomlite.model_ops.triton.mxfp4.gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
                                                   pad_to_k_align)
 from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.moe import tuning as moe_tuning
+from atomlite.model_ops.triton.moe.gemm import refuses_experts
+from atomlite.model_ops.triton.mxfp4 import tuning
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,3 +95,11 @@ class TritonMXFP4Experts:
 
 MXFP4_LINEAR = TritonMXFP4Linear()
 MXFP4_EXPERTS = TritonMXFP4Experts()
+
+
+# mxfp4_gemm with the weights padded at load
+declare("mxfp4_linear", "triton", MXFP4_LINEAR, tuning=tuning,
+        capabilities={"writes_partial_sums", "reads_quantized_rows", "reads_gated_input"})
+# the moe_experts kernels on packed FP4 weights, which expand to bf16 (fp32 for fp32)
+declare("mxfp4_moe_experts", "triton", MXFP4_EXPERTS, tuning=moe_tuning, capabilities={"writes_partial_sums"},
+        refuses=refuses_experts("mxfp4_moe_experts", (torch.bfloat16, torch.float32)))

@@ -18,6 +18,9 @@ from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dep
                                               run_kernel)
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
 from atomlite.model_ops.triton.norm.tuning import MAX_WARPS, RESIDUAL_VALUES_PER_WARP
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.norm import tuning
+from atomlite.model_ops.triton.norm.rms_norm import refuses_dim
 
 
 @triton.jit
@@ -183,3 +186,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None
+
+
+declare("rms_norm_residual", "triton", rms_norm_residual, refuses=refuses_dim, tuning=tuning,
+        capabilities={"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows", "reads_rank_partials"})

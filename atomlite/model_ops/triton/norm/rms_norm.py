@@ -10,6 +10,8 @@ import triton.language as tl
 from atomlite.model_ops.triton.common import interpreting, run_kernel
 from atomlite.model_ops.triton.norm.tuning import (INTERPRETER_MAX_ROWS, INTERPRETER_PROGRAM_VALUES, MAX_WARPS,
                                                    RMS_MAX_ROWS, RMS_PROGRAM_VALUES, RMS_VALUES_PER_WARP)
+from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.triton.norm import tuning
 
 MAX_DIM = 65536
 
@@ -60,3 +62,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         HAS_WEIGHT=weight is not None, BLOCK_ROWS=block_rows, BLOCK_D=block_d,
         num_warps=min(MAX_WARPS, max(1, block_rows * block_d // RMS_VALUES_PER_WARP)))
     return out
+
+
+def refuses_dim(platform, shape: dict) -> str | None:
+    return f"dim {shape['dim']} exceeds {MAX_DIM}" if shape.get("dim", 0) > MAX_DIM else None
+
+
+declare("rms_norm", "triton", rms_norm, refuses=refuses_dim, tuning=tuning)

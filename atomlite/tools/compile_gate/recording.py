@@ -1,0 +1,225 @@
+"""What the real models launch, recorded: each config of examples/configs is built on the meta device as the engine
+builds it (its kernels chosen by dispatch for the target platform, its layers linked by fusion), its KV cache laid
+out by the engine's KVCacheManager and bound by its ModelRunner, and its own forward run at the engine's default
+steps while the Triton launchers record their launches instead of making them (model_ops.triton.common.recording).
+Nothing here restates a model: the steps come from EngineConfig's defaults, the shapes from the model.
+
+The steps: a first prefill chunk of --max-num-batched-tokens and four prompts' later chunks; eager decode of one
+sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every decode graph's bucket (replayed as a
+capture runs it); each of those with the KV cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
+with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends. Where dispatch
+gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks.
+"""
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import torch
+
+from atomlite import distributed
+from atomlite.config import EngineConfig
+from atomlite.distributed import TensorParallel
+from atomlite.distributed.parallel import graph_steps
+from atomlite.engine.decode_graphs import graph_batch_sizes
+from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.llm_engine import construct_model
+from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.step_inputs import StepInputs
+from atomlite.errors import ConfigError
+from atomlite.model_ops import dispatch
+from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
+from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.triton.common import KernelLaunch, recording
+from atomlite.model_ops.triton.mxfp4 import family as mxfp4_family
+
+EXAMPLE_CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
+META = torch.device("meta")
+NUM_PAGES = 4096
+TENSOR_PARALLEL_SIZES = (2, 8)
+
+# The sm_90 block-scaled path multiplies by cuBLAS (torch's scaled_mm), which has no meta kernel: the gate needs
+# only the Triton launches around it, so on meta the GEMM just hands back its output.
+_META_GEMMS = torch.library.Library("aten", "IMPL", "Meta")
+_META_GEMMS.impl("_scaled_mm_v2.out", lambda *args, out, **kwargs: out)
+
+Launches = list[tuple[str, KernelLaunch]]
+
+
+def example_configs() -> list[Path]:
+    """Every config of examples/configs."""
+    return sorted(path.parent for path in EXAMPLE_CONFIGS.glob("*/config.json"))
+
+
+@dataclass(frozen=True)
+class Step:
+    """An eager step: num_seqs sequences, each computing `new` tokens and holding `context` keys after it."""
+    name: str
+    num_seqs: int
+    new: int
+    context: int
+
+
+def eager_steps(config: EngineConfig) -> list[Step]:
+    tokens, longest = config.max_num_batched_tokens, config.max_model_len
+    return [Step("prefill", 1, tokens, tokens), Step("prefill-chunks", 4, tokens // 4, tokens),
+            Step("decode-1", 1, 1, longest), Step(f"decode-{config.max_num_seqs}", config.max_num_seqs, 1, longest // 2)]
+
+
+def graph_batch(config: EngineConfig) -> int:
+    """The largest decode batch the engine replays from a graph (engine.rank's graph_batch on a GPU)."""
+    return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
+
+
+def step_inputs(kv: KVCacheManager, num_seqs: int, new: int, context: int, image: bool = False) -> StepInputs:
+    """A step's host inputs as StepInputBuilder builds them; with image, the whole chunk is one image's soft tokens
+    (each row's key end the chunk's end, ForwardContext.key_ends)."""
+    positions = np.concatenate([np.arange(context - new, context) for _ in range(num_seqs)]).astype(np.int64)
+    blocks = -(-context // kv.block_size)
+    tables = [np.zeros((num_seqs, blocks), dtype=np.int32) for _ in kv.groups]
+    slots = [np.zeros(num_seqs * new, dtype=np.int64) for _ in kv.groups]
+    key_ends = np.full(num_seqs * new, context, dtype=np.int32) if image else None
+    return StepInputs(np.zeros(num_seqs * new, dtype=np.int64), positions, [i * new for i in range(num_seqs + 1)],
+                      [context] * num_seqs, slots, tables, key_ends)
+
+
+class _Recorder:
+    def __init__(self, platform: Platform, label: str):
+        self.platform, self.label, self.launches = platform, label, []
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        with torch.inference_mode(), recording(self.platform) as launches:
+            yield
+        self.launches += [(f"{self.label} {name}", launch) for launch in launches]
+
+
+def _eager(recorder: _Recorder, model, runner: ModelRunner, kv: KVCacheManager, step: Step, image: bool = False):
+    inputs = step_inputs(kv, step.num_seqs, step.new, step.context, image)
+    with recorder.step(step.name + (" with an image" if image else "")):
+        ids, ctx = runner.inputs.context(inputs)
+        hidden = model(ids, ctx)
+        last_rows = torch.tensor(inputs.query_starts[1:], device=META) - 1
+        model.compute_logits(hidden[last_rows])
+
+
+def _graphs(recorder: _Recorder, runner: ModelRunner, kv: KVCacheManager, config: EngineConfig) -> None:
+    graphs = runner.use_decode_graphs(graph_batch(config), config.max_model_len, capture=False)
+    for bucket in graph_batch_sizes(graph_batch(config)):
+        with recorder.step(f"decode graph {bucket}"), graph_steps():  # the forwards a capture runs
+            graphs.run(step_inputs(kv, bucket, 1, config.max_model_len // 2))
+
+
+def _tower_graphs(recorder: _Recorder, model, config: EngineConfig) -> None:
+    """Each tower graph's bucket, as its capture runs it (one packed sequence of the bucket's patches)."""
+    from atomlite.models.gemma4_vision_graphs import MAX_IMAGES
+    graphs = model.use_image_graphs(config.max_num_encoder_input_tokens, capture=False)
+    for bucket in graphs.sizes:
+        with recorder.step(f"tower graph {bucket}"):
+            graphs._forward(bucket, (bucket * graphs.pool,) + (0,) * MAX_IMAGES)
+
+
+@contextlib.contextmanager
+def _scales_as_checkpoints_have_them():
+    """MXFP4 weights learn at load what their e8m0 scales allow (ScaleFacts), reading them: a config has no weights,
+    so the gate records with the scales real checkpoints have, within the fast expansion's range and the lookup
+    kernel's."""
+    with (mock.patch.object(mxfp4_family, "needs_wide_scales", lambda scale: False),
+          mock.patch.object(mxfp4_family, "scale_bytes_fit", lambda weight, scale: True)):
+        yield
+
+
+def _loaded(model, platform: Platform):
+    """The model as loading leaves it: each layer's one-time re-layout (loader.finish_loading's), for platform (FP8
+    weights in gfx942's e4m3fnuz, MXFP4 K padded)."""
+    with torch.no_grad(), recording(platform), _scales_as_checkpoints_have_them():
+        for module in model.modules():
+            if hasattr(module, "process_after_loading"):
+                module.process_after_loading()
+    return model
+
+
+def _kv_dtypes(config: EngineConfig, platform: Platform) -> list[torch.dtype]:
+    dtypes = [config.kv_dtype(platform)] + ([platform.fp8_dtype] if platform.has_fp8 else [])
+    return list(dict.fromkeys(dtypes))
+
+
+def _model_steps(recorder: _Recorder, model, config: EngineConfig, platform: Platform, eager: bool = True) -> None:
+    images = getattr(model, "vision_spec", None) is not None
+    for dtype in _kv_dtypes(config, platform):
+        kv = KVCacheManager(model.kv_specs(dtype), NUM_PAGES, config.block_size, META)
+        runner = ModelRunner(model, kv, META)
+        kv_label = f"kv {str(dtype).removeprefix('torch.')}"
+        recorder.label, base = f"{recorder.label} {kv_label}", recorder.label
+        for step in eager_steps(config) if eager else ():
+            _eager(recorder, model, runner, kv, step)
+            if images and step.new > 1:
+                _eager(recorder, model, runner, kv, step, image=True)
+        _graphs(recorder, runner, kv, config)
+        recorder.label = base
+
+
+class _MetaPeerMemory(PeerMemory):
+    """Rank 0's peer memory as PeerMemory.for_group lays it out, on the meta device (no group to exchange with)."""
+
+    def __init__(self, size: int, platform: Platform):
+        self.rank, self.size = 0, size
+        self.kernel = dispatch.choose("one_shot_all_reduce", platform, world=size).fn
+        int64 = dict(dtype=torch.int64, device=META)
+        self.plain, self.rows = (PeerChannel(torch.empty(size, **int64), torch.empty(size, **int64),
+                                             torch.empty(MAX_SIGNALS, **int64), 0, size) for _ in range(2))
+
+
+@dataclass(frozen=True)
+class _RecordingParallel(TensorParallel):
+    """Rank 0 of `size`: the custom all-reduce runs (recorded); what the collective library would do returns the
+    shape it would return, and launches no Triton kernel."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return self.peers.all_reduce(x) if self.peers is not None and self.peers.serves(x) else x
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x] * self.size, dim=-1)
+
+
+def _custom_all_reduce(platform: Platform, size: int) -> bool:
+    try:
+        dispatch.choose("custom_all_reduce", platform, world=size)
+    except dispatch.NoKernel:
+        return False
+    return True
+
+
+def record_model(path: Path, platform: Platform) -> Launches:
+    """(workload, launch) of every Triton launch the model at path makes at the gate's steps on platform."""
+    config = EngineConfig(model=str(path), device="cpu")
+    recorder = _Recorder(platform, path.name)
+    model = _loaded(construct_model(config, META, platform), platform)
+    _model_steps(recorder, model, config, platform)
+    if getattr(model, "vision_spec", None) is not None:
+        _tower_graphs(recorder, model, config)
+    for size in TENSOR_PARALLEL_SIZES:
+        sharded = _rank_zero_of(size, config, platform) if _custom_all_reduce(platform, size) else None
+        if sharded is not None:
+            recorder.label = f"{path.name} rank 0 of {size}"
+            _model_steps(recorder, sharded, config, platform, eager=False)
+    return recorder.launches
+
+
+def _rank_zero_of(size: int, config: EngineConfig, platform: Platform):
+    """Rank 0's shards of the model under `size` ranks; None where the engine runs the model on one GPU alone."""
+    tp = _RecordingParallel(0, size, peers=_MetaPeerMemory(size, platform))
+    try:
+        with distributed.use(tp):
+            return _loaded(construct_model(config, META, platform), platform)
+    except ConfigError:  # e.g. FP8 checkpoints, which the engine refuses to shard
+        return None
+
+
+def record(platform: Platform, models: list[Path] | None = None) -> Launches:
+    """(workload, launch) for every model (default: every config of examples/configs)."""
+    return [launch for path in models or example_configs() for launch in record_model(Path(path), platform)]

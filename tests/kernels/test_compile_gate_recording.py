@@ -1,0 +1,57 @@
+"""What the compile gate records is what the real models launch: each config built on the meta device as the engine
+builds it and run at the engine's default steps (atomlite/tools/compile_gate/recording.py). The launches are
+recorded here, in this process; compiling them is tests/kernels/test_compile_gate.py's."""
+from collections import defaultdict
+
+import pytest
+
+from atomlite.model_ops.platform import parse_platform
+from atomlite.tools.compile_gate.recording import EXAMPLE_CONFIGS, example_configs, record
+
+VISION = EXAMPLE_CONFIGS / "gemma-4-31B-it-vision"
+
+
+def by_kernel(launches) -> dict[str, list]:
+    found = defaultdict(list)
+    for workload, launch in launches:
+        found[launch.kernel.fn.__name__].append((workload, launch))
+    return found
+
+
+def test_every_example_config_is_recorded():
+    names = {path.name for path in example_configs()}
+    assert {"gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it", "gemma-4-31B-it-vision",
+            "gemma-4-31B-it-mxfp4", "gemma-4-26B-A4B-it-mxfp4", "gemma-4-26B-A4B-it-fp8-block"} <= names
+
+
+@pytest.fixture(scope="module")
+def vision_on_gfx950():
+    return by_kernel(record(parse_platform("gfx950"), [VISION]))
+
+
+def test_a_model_with_a_vision_tower_records_its_encoder_attention_at_every_tower_graph(vision_on_gfx950):
+    encoder = vision_on_gfx950["_encoder_attention_kernel"]
+    buckets = {workload.removeprefix("gemma-4-31B-it-vision tower graph ") for workload, _ in encoder}
+    assert "64" in buckets and len(buckets) > 2
+    assert {(launch.kwargs["HEAD_DIM"], launch.grid[1]) for _, launch in encoder} == {(72, 16)}
+
+
+def test_only_prefills_with_an_image_carry_key_ends(vision_on_gfx950):
+    spans = [workload for workload, launch in vision_on_gfx950["_attention_kernel"] if launch.kwargs["HAS_KEY_ENDS"]]
+    assert spans and all("prefill" in workload and "with an image" in workload for workload in spans)
+
+
+def test_decode_graphs_and_the_fp8_cache_are_recorded(vision_on_gfx950):
+    workloads = {workload for workload, _ in vision_on_gfx950["_attention_kernel"]}
+    for kv in ("kv bfloat16", "kv float8_e4m3fn"):
+        assert {f"gemma-4-31B-it-vision {kv} decode graph {b}" for b in (1, 8, 64)} <= workloads
+
+
+@pytest.mark.parametrize("platform,ranks", [("sm_90", {2, 8}), ("gfx950", set())])
+def test_tensor_parallel_all_reduce_is_recorded_where_dispatch_gives_the_platform_one(platform, ranks):
+    """On NVIDIA the decode graphs of rank 0 of 2 and of 8 sum through the one-shot kernel and the residual update
+    reads the ranks' shares; dispatch gives ROCm no Triton all-reduce (AITER's, or the collective library)."""
+    kernels = by_kernel(record(parse_platform(platform), [EXAMPLE_CONFIGS / "gemma-4-E2B-it"]))
+    assert {launch.kwargs["WORLD"] for _, launch in kernels["_one_shot_all_reduce_kernel"]} == ranks
+    reading = {launch.kwargs["WORLD"] for _, launch in kernels["_norm_residual_kernel"]} - {1}
+    assert reading == ranks
