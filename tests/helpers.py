@@ -3,6 +3,7 @@ import torch
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 from atomlite import LLM, SamplingParams
+from atomlite.quant import fp8
 
 
 def random_prompt(length: int, seed: int, vocab: int = 96) -> list[int]:
@@ -54,3 +55,20 @@ def admit_optimistically(llm):
     for _ in range(share.recent.maxlen):
         share.record(0.0)
     return llm
+
+
+def assert_gemm_close(got, x, q, scale, spec, input_scale, out_dtype=torch.float32):
+    """got against the reference within the summation's rounding: each element off by at most a fraction of the sum
+    of its products' magnitudes (fp32 sums in the interpreter: 1e-5; a GPU's fp8 MMAs accumulate with about 14 bits
+    of mantissa, as Hopper's do: 2^-9), plus the output's rounding. A wrong scale on one block of K, or a tile
+    left out, moves an element by a whole block's share of that sum."""
+    x, q, scale = x.float().cpu(), q.cpu(), scale.cpu()
+    input_scale = None if input_scale is None else input_scale.cpu()
+    want = fp8.gemm(x, q, scale, spec, input_scale)
+    magnitude = fp8.quantize_dequantize_input(x, spec, input_scale).abs() @ fp8.dequantize_weight(
+        q, scale, spec.block[1]).abs().T
+    sums = 1e-5 if got.device.type == "cpu" else 2 ** -9
+    rounding = 0.0 if out_dtype == torch.float32 else torch.finfo(out_dtype).eps
+    bound = sums * magnitude + rounding * want.abs() + 1e-30
+    excess = ((got.float().cpu() - want).abs() / bound).max().item()
+    assert excess <= 1.0, f"off by {excess:.2f}x the rounding bound"

@@ -8,6 +8,7 @@ import triton.language as tl
 from atomlite.model_ops.triton.fp8.quant import round_e4m3
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
+from helpers import assert_gemm_close
 
 # one device: the interpreter on CPU, compiled on a GPU (where Triton cannot take CPU tensors)
 DEVICES = [pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else ["cpu"]
@@ -42,23 +43,6 @@ def _x(m: int, k: int, device: str, seed: int = 1) -> torch.Tensor:
     x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 2, m)[:, None]
     x[0] = 0.0  # an all-zero token: scale eps, zeros out
     return x.to(device)
-
-
-def assert_gemm_close(got, x, q, scale, spec, input_scale, out_dtype=torch.float32):
-    """got against the reference within the summation's rounding: each element off by at most a fraction of the sum
-    of its products' magnitudes (fp32 sums in the interpreter: 1e-5; a GPU's fp8 MMAs accumulate with about 14 bits
-    of mantissa, as Hopper's do: 2^-9), plus the output's rounding. A wrong scale on one block of K, or a tile
-    left out, moves an element by a whole block's share of that sum."""
-    x, q, scale = x.float().cpu(), q.cpu(), scale.cpu()
-    input_scale = None if input_scale is None else input_scale.cpu()
-    want = fp8.gemm(x, q, scale, spec, input_scale)
-    magnitude = fp8.quantize_dequantize_input(x, spec, input_scale).abs() @ fp8.dequantize_weight(
-        q, scale, spec.block[1]).abs().T
-    sums = 1e-5 if got.device.type == "cpu" else 2 ** -9
-    rounding = 0.0 if out_dtype == torch.float32 else torch.finfo(out_dtype).eps
-    bound = sums * magnitude + rounding * want.abs() + 1e-30
-    excess = ((got.float().cpu() - want).abs() / bound).max().item()
-    assert excess <= 1.0, f"off by {excess:.2f}x the rounding bound"
 
 
 @pytest.mark.parametrize("device", DEVICES)
