@@ -100,12 +100,14 @@ def test_json_with_a_charset_is_json(server):
 
 
 def test_the_api_key_takes_any_scheme_case_and_guards_metrics(llm):
+    # timeout: a completion on a busy 2-core machine can outlast httpx's 5 s default
     with running(make_app(llm.engine, NAME, api_key="s3cret")) as base:
         for scheme in ("Bearer", "bearer", "BEARER"):
-            assert httpx.post(f"{base}/v1/completions", json=OK,
+            assert httpx.post(f"{base}/v1/completions", json=OK, timeout=60,
                               headers={"Authorization": f"{scheme} s3cret"}).status_code == 200
         for header in ("Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret", ""):
-            assert httpx.post(f"{base}/v1/completions", json=OK, headers={"Authorization": header}).status_code == 401
+            assert httpx.post(f"{base}/v1/completions", json=OK, headers={"Authorization": header},
+                              timeout=60).status_code == 401
         assert httpx.get(f"{base}/metrics").status_code == 401
         assert httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert httpx.get(f"{base}/health").status_code == 200
