@@ -324,11 +324,16 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main():
+def run(parse_args, train) -> None:
+    """A training script's main: the clock starts before the arguments are read (--max-seconds counts from here)."""
     start = time.monotonic()
     args = parse_args()
     torch.set_num_threads(args.threads)
     train(args, start)
+
+
+def main():
+    run(parse_args, train)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from atomlite.demo import DEMO_ASSISTANT_DIR, DEMO_DIR
 from atomlite.demo.tokenizer import build_char_tokenizer
 from tools.demo_training.train import (TrainStep, batch_loader, char_ids, encode, learning_rate, load_weights,
-                                       optimizer, probe_set, round_weights, training_options)
+                                       optimizer, probe_set, round_weights, run, training_options)
 
 ASSISTANT_SIZE = dict(hidden_size=128, intermediate_size=512, num_attention_heads=4,
                       layer_types=["sliding_attention", "full_attention"])
@@ -323,10 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main():
-    start = time.monotonic()
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    train(args, start)
+    run(parse_args, train)
 
 
 if __name__ == "__main__":

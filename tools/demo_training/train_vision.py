@@ -27,7 +27,7 @@ from atomlite.accuracy.vqa_pictures import TRAIN_SEED, Picture, picture, questio
 from atomlite.demo import DEMO_DIR
 from atomlite.demo.tokenizer import MEDIA_TOKENS, build_char_tokenizer
 from tools.demo_training.train import (CONFIG, char_ids, encode, learning_rate, print_probe, probe, probe_set, report,
-                                       round_weights, training_batch, training_options)
+                                       round_weights, run, training_batch, training_options)
 from tools.demo_training.train import save as save_model
 
 MAX_SOFT_TOKENS = 70
@@ -267,10 +267,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main():
-    start = time.monotonic()
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    train(args, start)
+    run(parse_args, train)
 
 
 if __name__ == "__main__":

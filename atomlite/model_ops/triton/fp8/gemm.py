@@ -16,17 +16,10 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
-from atomlite.model_ops.triton.fp8.quant import _quantize, quantize_rows
+from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
-
-
-@triton.jit
-def _amax_scale_rows(x):
-    """amax / 448 of each row of fp32 x [rows, K], eps where it is zero (rounded as quant._amax_scale)."""
-    scale = tl.div_rn(tl.max(tl.abs(x), axis=1), 448.0)
-    return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
 
 
 @triton.jit
@@ -48,7 +41,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOC
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if GROUP_QUANT:
-            group_scale = _amax_scale_rows(x.to(tl.float32))
+            group_scale = _amax_scale(x.to(tl.float32), 1)
             x = _quantize(x.to(tl.float32), group_scale[:, None], FNUZ, w_rows.dtype.element_ty)
         if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
             x = x.to(tl.float32)

@@ -39,10 +39,10 @@ def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
 
 
 @triton.jit
-def _amax_scale(x):
-    """amax / 448 of a 1-D fp32 x, eps where it is zero. Divisions round to nearest (tl.div_rn) as torch's do: a GPU's
-    default fp32 division may be a unit off, which moves a value across an e4m3 step."""
-    scale = tl.div_rn(tl.max(tl.abs(x), axis=0), 448.0)
+def _amax_scale(x, AXIS: tl.constexpr = 0):
+    """amax / 448 of fp32 x along AXIS, eps where it is zero. Divisions round to nearest (tl.div_rn) as torch's do: a
+    GPU's default fp32 division may be a unit off, which moves a value across an e4m3 step."""
+    scale = tl.div_rn(tl.max(tl.abs(x), axis=AXIS), 448.0)
     return tl.where(scale == 0.0, 1.1920928955078125e-07, scale)
 
 
