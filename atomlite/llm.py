@@ -9,7 +9,7 @@ from atomlite.chat_text import ContentGuard
 from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import OutputProcessor
-from atomlite.engine.structured import check_structured_outputs
+from atomlite.engine.sampling.structured import check_structured_outputs
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.multimodal.offline import OfflineMultiModal
 from atomlite.outputs import RequestOutput

@@ -2,7 +2,7 @@
 from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
-from atomlite.engine.kv_planner import KVPlan, plan_kv_cache
+from atomlite.engine.kv.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices

@@ -100,7 +100,7 @@ def profile_decode(engine, batch: int, input_len: int, steps: int, timeline_kern
     lines = [f"decode batch {batch}: step wall median {statistics.median(walls) * 1e3:.2f} ms"]
     graphs = engine.runner.graphs
     if graphs is not None and graphs.graphs and engine.config.tensor_parallel_size == 1:
-        from atomlite.engine.decode_graphs import bucket_for
+        from atomlite.engine.runner.decode_graphs import bucket_for
         bucket = bucket_for(batch, graphs.sizes)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         times = []

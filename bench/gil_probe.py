@@ -12,7 +12,7 @@ from PIL import Image
 from atomlite.benchmarks.images import ImageLoad, image_chats
 from atomlite.multimodal.chat_media import load_media, media_parts
 from atomlite.multimodal.items import image_item
-from atomlite.engine.core import pickled_frames
+from atomlite.engine.ipc.core import pickled_frames
 from atomlite.multimodal.media import MediaPolicy, _b64decode
 from atomlite.multimodal.patches import PatchSpec
 

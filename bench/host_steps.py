@@ -28,7 +28,7 @@ import torch
 from atomlite import SamplingParams
 from atomlite.config import EngineConfig
 from atomlite.demo import demo_model_dir
-from atomlite.engine.async_engine import AsyncEngine
+from atomlite.engine.ipc.async_engine import AsyncEngine
 from atomlite.engine.llm_engine import LLMEngine
 
 

@@ -18,8 +18,8 @@ import torch
 
 from atomlite import SamplingParams
 from atomlite.config import EngineConfig
-from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_planner import budget_for, plan_kv_cache
+from atomlite.engine.kv.kv_cache import KVCacheManager
+from atomlite.engine.kv.kv_planner import budget_for, plan_kv_cache
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.platform import Platform

@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from atomlite import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from atomlite.benchmarks.offline import random_prompts  # noqa: E402
-from atomlite.engine.structured import StructuredOutputs  # noqa: E402
+from atomlite.engine.sampling.structured import StructuredOutputs  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                           "tags": {"type": "array", "items": {"type": "string"}}},

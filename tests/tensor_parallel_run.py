@@ -6,8 +6,8 @@ import torch
 
 from atomlite import SamplingParams, distributed
 from atomlite.config import load_model_spec
-from atomlite.engine.kv_cache import KVCacheManager, group_specs
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.kv.kv_cache import KVCacheManager, group_specs
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
 from atomlite.loader import load_weights
 from atomlite.model_ops import dispatch

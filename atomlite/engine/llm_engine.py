@@ -8,23 +8,23 @@ import torch
 
 from atomlite.config import EngineConfig
 from atomlite.distributed.parallel import SINGLE
-from atomlite.engine.encoder_cache import EncoderCache, encoder_cache_bytes
-from atomlite.engine.image_budget import ImageScheduling
-from atomlite.engine.image_embeds import ImageEmbedder
-from atomlite.engine.launched import LaunchedStep, VerifiedStep
-from atomlite.engine.logits_controls import TokenHistory
-from atomlite.engine.rank import EngineRank, construct_model
-from atomlite.engine.sampler import sample_ids, token_logprobs
+from atomlite.engine.images.encoder_cache import EncoderCache, encoder_cache_bytes
+from atomlite.engine.images.image_budget import ImageScheduling
+from atomlite.engine.images.image_embeds import ImageEmbedder
+from atomlite.engine.runner.launched import LaunchedStep, VerifiedStep
+from atomlite.engine.sampling.logits_controls import TokenHistory
+from atomlite.engine.runner.rank import EngineRank, construct_model
+from atomlite.engine.sampling.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
-from atomlite.engine.seq_images import SeqImage, placed_images
+from atomlite.engine.images.seq_images import SeqImage, placed_images
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
 from atomlite.engine.spec.verify import VerifyRows, verify
-from atomlite.engine.structured import StructuredOutputs
+from atomlite.engine.sampling.structured import StructuredOutputs
 from atomlite.cpu_threads import engine_threads, use_threads
 from atomlite.engine.updates import EngineStats, SeqUpdate
-from atomlite.engine.warmup import warm_up
+from atomlite.engine.runner.warmup import warm_up
 from atomlite.model_ops.platform import detect_platform
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.sampling_params import SamplingParams
@@ -115,12 +115,12 @@ class LLMEngine:
 
     @staticmethod
     def _start_workers(config: EngineConfig):
-        """Ranks 1..N-1 under tensor parallelism (engine.workers); None on one. A size the model's shapes cannot be
+        """Ranks 1..N-1 under tensor parallelism (engine/runner/workers.py); None on one. A size the model's shapes cannot be
         split by fails here, before any process starts (its error names the config key)."""
         if config.tensor_parallel_size == 1:
             return None
         from atomlite import distributed
-        from atomlite.engine.workers import Workers
+        from atomlite.engine.runner.workers import Workers
         with distributed.use(distributed.TensorParallel(0, config.tensor_parallel_size)):
             construct_model(config, "meta", detect_platform(config.torch_device))
         return Workers(config)

@@ -19,8 +19,8 @@ import time
 from collections import deque
 
 from atomlite.config import SCHEDULING_POLICIES
-from atomlite.engine.image_budget import ImageScheduling, StepImageBudget
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.images.image_budget import ImageScheduling, StepImageBudget
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence, Status
 
 

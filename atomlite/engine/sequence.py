@@ -3,7 +3,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from atomlite.engine.block_table import BlockTable
+from atomlite.engine.kv.block_table import BlockTable
 from atomlite.sampling_params import SamplingParams
 
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from atomlite.engine.client import AsyncEngine, Delta, EngineStopped, QueueFull, check_structured_outputs
+from atomlite.engine.ipc.client import AsyncEngine, Delta, EngineStopped, QueueFull, check_structured_outputs
 from atomlite.sampling_params import SamplingParams, StructuredOutputsParams
 from atomlite.chat_text import OPEN
 from atomlite.server.chat import ChatOptions, ChatTemplate, OutputParsers

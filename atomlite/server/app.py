@@ -6,7 +6,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 
 from atomlite.config import EngineConfig
-from atomlite.engine.client import AsyncEngine, preload_structured_outputs
+from atomlite.engine.ipc.client import AsyncEngine, preload_structured_outputs
 from atomlite.server.api import Server
 from atomlite.server.auth import api_key_matches
 from atomlite.server.chat import ChatOptions

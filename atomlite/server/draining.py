@@ -9,7 +9,7 @@ import time
 
 import uvicorn
 
-from atomlite.engine.client import AsyncEngine, EngineStopped
+from atomlite.engine.ipc.client import AsyncEngine, EngineStopped
 
 logger = logging.getLogger("atomlite.server")
 FLUSH_S = 0.5  # for the error events of the requests ended at the timeout to reach their clients

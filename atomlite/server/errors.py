@@ -6,7 +6,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from atomlite.engine.client import EngineStopped, QueueFull
+from atomlite.engine.ipc.client import EngineStopped, QueueFull
 from atomlite.server.protocol import MAX_STOP
 
 logger = logging.getLogger("atomlite.server")

@@ -2,7 +2,7 @@
 import time
 from dataclasses import dataclass, field
 
-from atomlite.engine.client import Delta, logprobs_with_texts, token_text
+from atomlite.engine.ipc.client import Delta, logprobs_with_texts, token_text
 from atomlite.outputs import with_ranks
 from atomlite.server.chat import OutputParsers
 

@@ -150,7 +150,7 @@ def test_decode_roofline_reads_the_published_parameter_counts(name, active, ever
 def test_decode_roofline_kv_bytes_are_what_each_layer_reads_from_the_allocated_cache(name):
     """Per layer, the bytes of one token in the cache views the engine allocates (V alone on 31B's k_eq_v layers,
     the target's cache for E2B's KV-sharing layers), times the keys its attention sees (its window, if any)."""
-    from atomlite.engine.kv_cache import KVCacheManager
+    from atomlite.engine.kv.kv_cache import KVCacheManager
     model = meta_model(EngineConfig(model=f"{EXAMPLES}/{name}", dtype="bfloat16"), Platform())
     specs = model.kv_specs(torch.bfloat16)
     kv = KVCacheManager(specs, 2, 16, torch.device("meta"))

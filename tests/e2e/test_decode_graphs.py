@@ -6,7 +6,7 @@ filling are checked without a GPU; the `gpu` tests capture real graphs and compa
 import pytest
 
 from atomlite import LLM
-from atomlite.engine.decode_graphs import bucket_for, graph_batch_sizes
+from atomlite.engine.runner.decode_graphs import bucket_for, graph_batch_sizes
 from helpers import admit_optimistically, greedy, random_prompt
 
 # batch sizes that pad: 3 -> 4, 5 -> 8, 17 -> 24

@@ -4,7 +4,7 @@ to transformers' tokens; two tensor-parallel ranks (gloo) place the same soft to
 import pytest
 
 from atomlite import LLM
-from atomlite.engine.seq_images import SeqImage, block_image_marks, placed_images
+from atomlite.engine.images.seq_images import SeqImage, block_image_marks, placed_images
 from image_prompts import (assert_matches, engine_greedy, greedy, image_prompt, items_of, transformers_greedy,
                            vision_checkpoint)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from atomlite import LLM
-from atomlite.engine import rank as engine_rank
+from atomlite.engine.runner import rank as engine_rank
 from atomlite.model_ops.norm import RMSNorm
 from helpers import atomlite_prompt_logprobs, greedy, random_prompt
 

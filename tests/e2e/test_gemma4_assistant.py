@@ -12,9 +12,9 @@ import torch
 import tiny_models
 from atomlite import LLM, SamplingParams
 from atomlite.config import load_model_spec
-from atomlite.engine.block_pool import NULL_BLOCK
+from atomlite.engine.kv.block_pool import NULL_BLOCK
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder
+from atomlite.engine.runner.step_inputs import StepInputBuilder
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch

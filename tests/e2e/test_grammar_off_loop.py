@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from atomlite import LLM, SamplingParams, StructuredOutputsParams
-from atomlite.engine import structured
-from atomlite.engine.grammar_worker import GRAMMAR_NICENESS
+from atomlite.engine.sampling import structured
+from atomlite.engine.sampling.grammar_worker import GRAMMAR_NICENESS
 from atomlite.server.app import make_app
 from server_utils import running
 

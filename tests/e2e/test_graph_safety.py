@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from atomlite import LLM
-from atomlite.engine.decode_graphs import graphs_off_reason
+from atomlite.engine.runner.decode_graphs import graphs_off_reason
 from helpers import greedy, hf_greedy, hf_logprobs, random_prompt
 
 GLOBAL_HEAD_DIM = 48  # not a power of two: the Triton attention refuses it, the torch reference serves it

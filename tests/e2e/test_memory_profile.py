@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from atomlite import LLM, SamplingParams
-from atomlite.engine.memory_profile import GiB, MemoryProfile
+from atomlite.engine.kv.memory_profile import GiB, MemoryProfile
 
 
 def test_kv_cache_gets_what_the_utilization_leaves():
@@ -39,7 +39,7 @@ def test_31b_at_default_utilization_serves_a_full_prefill_beside_a_full_decode_b
 
 
 def test_the_largest_step_images_are_1120_token_images_filling_the_encoder_budget():
-    from atomlite.engine.image_embeds import largest_step_images
+    from atomlite.engine.images.image_embeds import largest_step_images
     from atomlite.models.gemma4_vision import patch_layout
     pixels, positions = largest_step_images({"patch_size": 16, "pooling_kernel_size": 3}, 4096, 2500)
     assert len(pixels) == 2 and pixels[0].shape == (10080, 768)

@@ -2,7 +2,7 @@
 recomputed over and over; the tokens stay those of a cache that holds everything."""
 from atomlite import LLM, SamplingParams
 from atomlite.benchmarks.offline import throughput_batch
-from atomlite.engine import kv_planner
+from atomlite.engine.kv import kv_planner
 from helpers import random_prompt
 
 PROMPT_LEN, MAX_TOKENS, BLOCK = 20, 24, 4

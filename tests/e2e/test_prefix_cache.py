@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from atomlite import LLM
-from atomlite.engine.kv_cache import KVCacheManager, sha256_block_key
+from atomlite.engine.kv.kv_cache import KVCacheManager, sha256_block_key
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import SamplingParams

@@ -9,8 +9,8 @@ import torch
 from atomlite import LLM, SamplingParams
 from atomlite.demo import demo_model_dir
 from atomlite.engine import llm_engine
-from atomlite.engine.logits_controls import TokenHistory, apply_logits_controls
-from atomlite.engine.sampler import filtered_probs, sample_ids
+from atomlite.engine.sampling.logits_controls import TokenHistory, apply_logits_controls
+from atomlite.engine.sampling.sampler import filtered_probs, sample_ids
 from atomlite.engine.sequence import Sequence
 from atomlite.server.app import make_app
 from atomlite.tokenizer import load_tokenizer
@@ -250,7 +250,7 @@ def test_a_token_in_flight_counts_as_the_last_output_token(params, in_flight_tok
 
 
 def test_a_batch_without_controls_never_runs_the_controls_code(monkeypatch):
-    from atomlite.engine import sampler
+    from atomlite.engine.sampling import sampler
 
     def fail(*args):
         raise AssertionError("controls applied to a batch without any")

@@ -202,7 +202,7 @@ def test_admission_counts_sequences_admitted_a_moment_ago(model_dir):
     did when sequences were queued only once their stream was first read: 12 requests, max 2 waiting, no 503)."""
     import asyncio
 
-    from atomlite.engine.async_engine import AsyncEngine, QueueFull
+    from atomlite.engine.ipc.async_engine import AsyncEngine, QueueFull
     from atomlite.sampling_params import SamplingParams
     llm = LLM(str(model_dir), dtype="float32", device="cpu", max_model_len=256, max_num_seqs=1)
     engine = AsyncEngine.over(llm.engine, max_waiting=2)
@@ -301,7 +301,7 @@ def test_stream_whose_client_left_before_the_headers_aborts_its_sequences(model_
 
     from starlette.requests import ClientDisconnect
 
-    from atomlite.engine.async_engine import AsyncEngine
+    from atomlite.engine.ipc.async_engine import AsyncEngine
     from atomlite.sampling_params import SamplingParams
     from atomlite.server.api import EventStream
     from atomlite.server.metrics import ServerMetrics

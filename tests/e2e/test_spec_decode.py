@@ -210,7 +210,7 @@ def test_draft_rounds_from_static_buffers_give_the_eager_drafts(checkpoints, ran
 def test_verify_graphs_need_an_attention_kernel_that_finds_the_batch_on_the_device(checkpoints):
     """Triton's attention replays verify steps from graphs; one that needs the host's lengths for several queries
     per sequence (AITER's, which gathers keys per step; the reference here) leaves verify steps eager, and says so."""
-    from atomlite.engine.decode_graphs import verify_graphs_off_reason
+    from atomlite.engine.runner.decode_graphs import verify_graphs_off_reason
     path, _ = checkpoints.get("dense")
     # Triton runs CPU tensors only under the interpreter (set where no GPU is): elsewhere, on the GPU
     on_gpu = dict(device="cuda", enforce_eager=True, kv_cache_memory=64 * 2**20) if torch.cuda.is_available() else {}

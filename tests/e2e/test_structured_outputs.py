@@ -15,8 +15,8 @@ import xgrammar as xgr
 
 from atomlite import LLM, SamplingParams, StructuredOutputsParams
 from atomlite.demo import demo_model_dir
-from atomlite.engine.sampler import sample_ids
-from atomlite.engine.token_mask import apply_token_bitmask, unpack_bitmask
+from atomlite.engine.sampling.sampler import sample_ids
+from atomlite.engine.sampling.token_mask import apply_token_bitmask, unpack_bitmask
 from atomlite.server.app import make_app
 from server_utils import metric, running
 

@@ -16,7 +16,7 @@ import tiny_models
 from atomlite import LLM, SamplingParams
 from atomlite.config import EngineConfig, load_model_spec
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder
+from atomlite.engine.runner.step_inputs import StepInputBuilder
 from atomlite.errors import ConfigError
 from atomlite.loader import resolve
 from atomlite.model_ops.linear_builder import LinearBuilder

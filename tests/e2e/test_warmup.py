@@ -1,7 +1,7 @@
 """The startup warm-up runs mixed steps at every token count a step can have (the kernels' row-count variants)
 and gives every block back."""
 from atomlite import LLM
-from atomlite.engine.warmup import warm_up, warmup_token_counts
+from atomlite.engine.runner.warmup import warm_up, warmup_token_counts
 
 
 def test_token_counts_straddle_each_power_of_two_up_to_the_budget():

@@ -148,9 +148,9 @@ class _FakePeers:
 
 def test_the_runner_captures_decode_and_verify_graphs_inside_the_groups_block_and_closes_it_last(checkpoints,
                                                                                               monkeypatch):
-    from atomlite.engine.decode_graphs import DecodeGraphs
-    from atomlite.engine.kv_cache import KVCacheManager, group_specs
-    from atomlite.engine.model_runner import ModelRunner
+    from atomlite.engine.runner.decode_graphs import DecodeGraphs
+    from atomlite.engine.kv.kv_cache import KVCacheManager, group_specs
+    from atomlite.engine.runner.model_runner import ModelRunner
     peers = _FakePeers()
     monkeypatch.setattr(DecodeGraphs, "capture_all", lambda graphs: peers.captured_inside.append(peers.inside))
     model = build(checkpoints.get("dense")[0], distributed.TensorParallel())

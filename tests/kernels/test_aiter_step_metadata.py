@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.model_ops.kv_spec import KVSpec
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.aiter import detect, functions as F, gather

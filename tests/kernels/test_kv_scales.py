@@ -5,7 +5,7 @@ these scales: test_kv_fp8.py). A 16-bit cache ignores scales."""
 import pytest
 import torch
 
-from atomlite.engine.kv_scales import apply_kv_scales
+from atomlite.engine.kv.kv_scales import apply_kv_scales
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import torch_ref
 from atomlite.model_ops import triton as tri

@@ -3,7 +3,7 @@ the pickle on the API's event loop) and arrive equal and writable."""
 import torch
 import zmq
 
-from atomlite.engine.core import pickled_frames, unpickled_frames
+from atomlite.engine.ipc.core import pickled_frames, unpickled_frames
 from atomlite.multimodal.inputs import ImageItem, MultiModalPrompt
 
 

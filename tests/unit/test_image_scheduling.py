@@ -3,9 +3,9 @@ budget shared by the images it must encode (each once), a cached image free."""
 import torch
 
 from atomlite import SamplingParams
-from atomlite.engine.encoder_cache import EncoderCache
-from atomlite.engine.image_budget import StepImageBudget
-from atomlite.engine.seq_images import SeqImage, outside_images
+from atomlite.engine.images.encoder_cache import EncoderCache
+from atomlite.engine.images.image_budget import StepImageBudget
+from atomlite.engine.images.seq_images import SeqImage, outside_images
 from atomlite.engine.sequence import Sequence
 
 

@@ -13,7 +13,7 @@ MODEL_OPS = ROOT / "model_ops"
 DISPATCH = MODEL_OPS / "dispatch.py"
 KERNEL_PACKAGES = ("atomlite.model_ops.triton", "atomlite.model_ops.aiter", "atomlite.model_ops.torch_ref")
 # The atomlite.engine modules the server imports today; the public engine interface is meant to be all of them.
-SERVER_MAY_IMPORT = {"atomlite.engine.client"}
+SERVER_MAY_IMPORT = {"atomlite.engine.ipc.client"}
 
 
 def module_name(path: Path) -> str:

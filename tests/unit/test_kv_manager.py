@@ -4,8 +4,8 @@ by hand the way the engine drives it."""
 import pytest
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK, BlockPool, PagePool
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv.block_pool import NULL_BLOCK, BlockPool, PagePool
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.sampling_params import SamplingParams

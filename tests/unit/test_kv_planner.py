@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from atomlite.engine.kv_planner import budget_for, plan_kv_cache
-from atomlite.engine.memory_profile import MemoryProfile
+from atomlite.engine.kv.kv_planner import budget_for, plan_kv_cache
+from atomlite.engine.kv.memory_profile import MemoryProfile
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
 

@@ -30,7 +30,7 @@ def test_config_engine_and_benchmarks_name_no_model_family():
 
 
 def test_reading_config_imports_no_model_until_a_checkpoint_is_read(tmp_path):
-    code = ("import sys, atomlite.config, atomlite.engine.rank; "
+    code = ("import sys, atomlite.config, atomlite.engine.runner.rank; "
             "print(sorted(m for m in sys.modules if m.startswith('atomlite.models.gemma')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

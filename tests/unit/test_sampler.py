@@ -3,7 +3,7 @@ the batch, and copies the chosen ids to the host once."""
 import pytest
 import torch
 
-from atomlite.engine.sampler import filtered_probs, sample_ids
+from atomlite.engine.sampling.sampler import filtered_probs, sample_ids
 from atomlite.sampling_params import SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])

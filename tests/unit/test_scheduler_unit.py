@@ -5,7 +5,7 @@ is done."""
 import pytest
 import torch
 
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.model_ops.kv_spec import KVSpec

@@ -3,12 +3,12 @@ to its bucket, and each KV group's attention metadata is built once per step, ne
 import pytest
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK
-from atomlite.engine.decode_graphs import StaticDecodeInputs
-from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.kv.block_pool import NULL_BLOCK
+from atomlite.engine.runner.decode_graphs import StaticDecodeInputs
+from atomlite.engine.kv.kv_cache import KVCacheManager
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder
+from atomlite.engine.runner.step_inputs import StepInputBuilder
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops.triton.attention import paged as triton_attention
 from atomlite.sampling_params import SamplingParams

@@ -3,9 +3,9 @@ draft context (each sequence's newest token at its position, the target's keys b
 buffers, the target's hidden states into one more, and every step's guess feeds the next inside the graph."""
 import torch
 
-from atomlite.engine.decode_graphs import DecodeGraphs
+from atomlite.engine.runner.decode_graphs import DecodeGraphs
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder
+from atomlite.engine.runner.step_inputs import StepInputBuilder
 
 
 class DraftGraphs(DecodeGraphs):

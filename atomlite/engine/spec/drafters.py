@@ -10,7 +10,7 @@ import torch
 from atomlite.engine.sequence import Sequence
 from atomlite.engine.spec.draft_graphs import DraftGraphs
 from atomlite.engine.spec.ngram import propose_ngram
-from atomlite.engine.step_inputs import StepInputBuilder, step_metadata_by_group
+from atomlite.engine.runner.step_inputs import StepInputBuilder, step_metadata_by_group
 
 
 class NgramDrafter:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from atomlite.engine.logits_controls import TokenHistory, apply_logits_controls
-from atomlite.engine.sampler import _race_noise, _settings, filtered_probs
+from atomlite.engine.sampling.logits_controls import TokenHistory, apply_logits_controls
+from atomlite.engine.sampling.sampler import _race_noise, _settings, filtered_probs
 from atomlite.engine.sequence import Sequence
 
 NO_DRAFT = -1  # the bonus row: nothing to decide, a token to sample

@@ -22,11 +22,11 @@ from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.parallel import graph_steps
-from atomlite.engine.decode_graphs import graph_batch_sizes
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.runner.decode_graphs import graph_batch_sizes
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.llm_engine import construct_model
-from atomlite.engine.model_runner import ModelRunner
-from atomlite.engine.step_inputs import StepInputs
+from atomlite.engine.runner.model_runner import ModelRunner
+from atomlite.engine.runner.step_inputs import StepInputs
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
@@ -68,7 +68,7 @@ def eager_steps(config: EngineConfig) -> list[Step]:
 
 
 def graph_batch(config: EngineConfig) -> int:
-    """The largest decode batch the engine replays from a graph (engine.rank's graph_batch on a GPU)."""
+    """The largest decode batch the engine replays from a graph (engine/runner/rank.py's graph_batch on a GPU)."""
     return min(config.max_graph_batch or config.max_num_seqs, config.max_num_seqs, config.max_num_batched_tokens)
 
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK, BlockPool, PagePool
-from atomlite.engine.block_table import BlockTable
-from atomlite.engine.kv_layout import page_layout
+from atomlite.engine.kv.block_pool import NULL_BLOCK, BlockPool, PagePool
+from atomlite.engine.kv.block_table import BlockTable
+from atomlite.engine.kv.kv_layout import page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.seq_images import block_image_marks, outside_images
+from atomlite.engine.images.seq_images import block_image_marks, outside_images
 
 
 def sha256_block_key(parent_key: bytes, token_ids: TokenIds[int]) -> bytes:

@@ -7,11 +7,11 @@ import torch
 
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.parallel import SINGLE
-from atomlite.engine.decode_graphs import DecodeGraphs
-from atomlite.engine.image_embeds import ImageEmbedder, SoftTokenRows
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.runner.decode_graphs import DecodeGraphs
+from atomlite.engine.images.image_embeds import ImageEmbedder, SoftTokenRows
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder, StepInputs, step_metadata_by_group
+from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs, step_metadata_by_group
 from atomlite.model_ops.multimodal import MultiModalEmbeds
 
 DECODE, VERIFY = 0, 1  # which graphs replay a step (RunnerStep.graphs)
@@ -63,7 +63,7 @@ class RunnerStep:
 class ModelRunner:
     def __init__(self, model, kv: KVCacheManager, device: torch.device, tp: TensorParallel = SINGLE):
         self.model, self.kv, self.device, self.tp = model, kv, device, tp
-        self.followers = None  # rank 0 of several: where each step goes to the other ranks (engine.workers)
+        self.followers = None  # rank 0 of several: where each step goes to the other ranks (engine/runner/workers.py)
         for layer, attn in enumerate(model.attention_layers()):
             attn.bind_cache(*kv.cache_for_layer(layer))
         # a model whose layers let an image's soft tokens see each other both ways says so

@@ -26,7 +26,7 @@ POLL_S = 0.05  # how often a wait checks its limit and whether the request is st
 START_TIMEOUT_S = 120.0  # the process's imports (xgrammar brings torch) on a loaded machine
 MAX_WORKER_RSS_MB = 1024  # a process grown past this (large grammars compiled) is replaced by the next compile
 WORKER_MAIN = ("import sys; from multiprocessing.connection import Connection; "
-               "from atomlite.engine.grammar_worker import _serve; "
+               "from atomlite.engine.sampling.grammar_worker import _serve; "
                "_serve(Connection(int(sys.argv[1])), *map(int, sys.argv[2:]))")
 
 
@@ -48,7 +48,7 @@ def _serve(conn: Connection, parent_pid: int, niceness: int, threads: int) -> No
     die_with_parent(parent_pid)
     import xgrammar as xgr
 
-    from atomlite.engine.structured import compile_spec
+    from atomlite.engine.sampling.structured import compile_spec
     # after the imports (at a lower priority they took 40 s on the loaded 2-core machine, and nothing else waits on
     # them), before the compiler's threads start: Linux threads take their creator's niceness
     os.nice(niceness)

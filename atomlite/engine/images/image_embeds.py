@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from atomlite.engine.encoder_cache import MAX_SOFT_TOKENS, EncoderCache
+from atomlite.engine.images.encoder_cache import MAX_SOFT_TOKENS, EncoderCache
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.seq_images import SeqImage, images_in
+from atomlite.engine.images.seq_images import SeqImage, images_in
 
 
 @dataclass

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from atomlite.engine.grammar_worker import CompileDropped, CompileTimeout, GrammarWorker
-from atomlite.engine.schema_shape import check_schema_shape
-from atomlite.engine.token_mask import unpack_bitmask
+from atomlite.engine.sampling.grammar_worker import CompileDropped, CompileTimeout, GrammarWorker
+from atomlite.engine.sampling.schema_shape import check_schema_shape
+from atomlite.engine.sampling.token_mask import unpack_bitmask
 
 from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import StructuredOutputsParams

@@ -9,8 +9,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.kv.kv_cache import KVCacheManager
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import SamplingParams
 

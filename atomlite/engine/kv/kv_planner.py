@@ -3,8 +3,8 @@ import math
 from dataclasses import dataclass
 
 from atomlite.errors import ConfigError
-from atomlite.engine.kv_cache import group_specs
-from atomlite.engine.kv_layout import GroupLayout, PageLayout, page_layout
+from atomlite.engine.kv.kv_cache import group_specs
+from atomlite.engine.kv.kv_layout import GroupLayout, PageLayout, page_layout
 from atomlite.model_ops.kv_spec import KVSpec
 
 SHORTER_LENGTHS = (8192, 2048, 512)  # request lengths the startup report counts besides max_model_len

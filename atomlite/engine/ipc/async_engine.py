@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from atomlite.engine.core import core_process_main, pickled_frames, serve_engine
+from atomlite.engine.ipc.core import core_process_main, pickled_frames, serve_engine
 from atomlite.engine.llm_engine import check_prompt
 from atomlite.engine.output_processor import Delta, OutputProcessor, is_last
 from atomlite.engine.updates import EngineStats, SeqUpdate
@@ -147,7 +147,7 @@ class CoreProcess:
 
 
 class AsyncEngine:
-    """The engine as the API server drives it (see atomlite.engine.client). Model facts: tokenizer, max_model_len,
+    """The engine as the API server drives it (see atomlite.engine.ipc.client). Model facts: tokenizer, max_model_len,
     vocab_size. Lifecycle: start, started, is_running, drain, fail_open, shutdown, dead, on_death, startup_report,
     core_pid. Requests: validate_prompt, decode, admit, then generate (a Generation of Deltas). Counters: num_open,
     num_waiting, num_running; `metrics` is the ServerMetrics it records into, or None."""

@@ -16,9 +16,9 @@ import torch
 from tqdm import tqdm
 
 from atomlite.distributed.parallel import graph_steps
-from atomlite.engine.block_pool import NULL_BLOCK
+from atomlite.engine.kv.block_pool import NULL_BLOCK
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.step_inputs import StepInputBuilder, StepInputs
+from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.dispatch import KernelChoices
 

@@ -156,7 +156,7 @@ def core_process_main(config, commands_addr: str, outputs_addr: str, parent_pid:
     exit_with_parent(parent_pid, lambda: os.path.basename(ipc_dir).startswith("atomlite-") and shutil.rmtree(
         ipc_dir, ignore_errors=True))
     from atomlite.engine.llm_engine import LLMEngine
-    from atomlite.engine.structured import preload as preload_structured_outputs
+    from atomlite.engine.sampling.structured import preload as preload_structured_outputs
     from atomlite.errors import ConfigError
     from atomlite.heap import freeze_startup_heap
     context = zmq.Context()

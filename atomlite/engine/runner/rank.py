@@ -1,6 +1,6 @@
 """What each tensor-parallel rank holds, built alike on every rank: its shard of the model, a KV cache of the same
 blocks as every other rank's, the runner and its decode graphs. A single-GPU engine is rank 0 of 1. Rank 0's
-LLMEngine schedules and samples; the other ranks' runners follow its steps (engine.workers)."""
+LLMEngine schedules and samples; the other ranks' runners follow its steps (engine/runner/workers.py)."""
 import logging
 import functools
 
@@ -10,14 +10,14 @@ from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
 from atomlite.model_ops.peer_memory import with_custom_all_reduce
-from atomlite.engine.decode_graphs import graphs_off_reason, verify_graphs_off_reason
-from atomlite.engine.encoder_cache import encoder_cache_bytes
-from atomlite.engine.image_embeds import largest_step_images
-from atomlite.engine.kv_cache import KVCacheManager
-from atomlite.engine.kv_planner import KVPlan, budget_for, plan_kv_cache
-from atomlite.engine.kv_scales import apply_kv_scales
-from atomlite.engine.memory_profile import MemoryProfile, profile_memory
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.runner.decode_graphs import graphs_off_reason, verify_graphs_off_reason
+from atomlite.engine.images.encoder_cache import encoder_cache_bytes
+from atomlite.engine.images.image_embeds import largest_step_images
+from atomlite.engine.kv.kv_cache import KVCacheManager
+from atomlite.engine.kv.kv_planner import KVPlan, budget_for, plan_kv_cache
+from atomlite.engine.kv.kv_scales import apply_kv_scales
+from atomlite.engine.kv.memory_profile import MemoryProfile, profile_memory
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.spec.drafters import build_drafter
 from atomlite.errors import ConfigError
 from atomlite.hub import fetch_weights

@@ -5,7 +5,7 @@ by this step) share an encoder budget of soft tokens per step (vLLM's max_num_en
 from collections.abc import Callable
 
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.seq_images import images_in
+from atomlite.engine.images.seq_images import images_in
 
 
 class StepImageBudget:

@@ -137,7 +137,7 @@ class Workers:
 
 
 def _spawn(config, rank: int, size: int, port: int, address: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "atomlite.engine.workers"], stdin=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "atomlite.engine.runner.workers"], stdin=subprocess.PIPE)
     process.stdin.write(pickle.dumps((config, rank, size, port, address, os.getpid(),
                                       logging.getLogger().level)))
     process.stdin.close()
@@ -166,7 +166,7 @@ def worker_main() -> None:
     device = config.torch_device
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # the ranks share the cores
-    from atomlite.engine.rank import EngineRank
+    from atomlite.engine.runner.rank import EngineRank
     from atomlite.errors import ConfigError
     from atomlite.heap import freeze_startup_heap
     context = zmq.Context()

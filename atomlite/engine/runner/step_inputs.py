@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from atomlite.engine.block_pool import NULL_BLOCK
-from atomlite.engine.kv_cache import KVCacheManager
+from atomlite.engine.kv.block_pool import NULL_BLOCK
+from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.seq_images import images_in
+from atomlite.engine.images.seq_images import images_in
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch, StepMetadata
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from atomlite.engine.kv_layout import page_layout
-from atomlite.engine.kv_cache import KVCacheManager, group_specs
-from atomlite.engine.model_runner import ModelRunner
+from atomlite.engine.kv.kv_layout import page_layout
+from atomlite.engine.kv.kv_cache import KVCacheManager, group_specs
+from atomlite.engine.runner.model_runner import ModelRunner
 from atomlite.engine.sequence import Sequence
 from atomlite.sampling_params import SamplingParams
 

@@ -12,8 +12,8 @@ sampled rows choose; a batch without them runs none of that code. So does a stru
 """
 import torch
 
-from atomlite.engine.logits_controls import NEG_INF, TokenHistory, apply_logits_controls, on_device
-from atomlite.engine.token_mask import apply_token_bitmask
+from atomlite.engine.sampling.logits_controls import NEG_INF, TokenHistory, apply_logits_controls, on_device
+from atomlite.engine.sampling.token_mask import apply_token_bitmask
 from atomlite.sampling_params import SamplingParams
 
 
