@@ -16,6 +16,8 @@ from server_utils import running, wait_for_idle
 NAME = "tiny"
 OK = {"model": NAME, "prompt": "Hi", "max_tokens": 2}
 CHAT = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+# A body parsed on the event loop held /health for 0.45 s and more; a busy 2-core machine answers in up to ~0.15 s.
+HEALTH_BOUND_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,7 @@ def test_a_5mb_body_is_a_413_at_once_while_health_stays_fast(server):
     took = time.perf_counter() - start
     poller.join()
     assert resp.status_code == 413 and "--max-request-size" in resp.json()["error"]["message"], resp.text
-    assert took < 1.0 and max(health) < 0.1, (took, max(health))
+    assert took < 1.0 and max(health) < HEALTH_BOUND_S, (took, max(health))
 
 
 def test_a_large_body_under_the_limit_is_parsed_while_health_stays_fast(server):
@@ -148,7 +150,7 @@ def test_a_large_body_under_the_limit_is_parsed_while_health_stays_fast(server):
     poller.join()
     assert resp.status_code == 400 and "tokens" in resp.json()["error"]["message"], resp.text
     # How many probes fit depends on how fast this machine parses; each one that ran overlapped the request.
-    assert health and max(health) < 0.1, health
+    assert health and max(health) < HEALTH_BOUND_S, health
 
 
 def test_a_chunked_body_past_the_limit_is_a_413(server):
