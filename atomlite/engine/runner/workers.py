@@ -7,8 +7,9 @@ collectives joining the ranks. Rank 0 alone schedules, samples and talks to the 
 
 A worker stops when told (close), when rank 0's process is gone, or never by a signal: Ctrl-C and SIGTERM are rank
 0's to handle, which then stops every rank. Told to stop, a worker releases its graphs, leaves the group and exits;
-rank 0, whose process holds the group's store, leaves last. A worker that dies would leave rank 0 waiting in a collective for ever,
-so rank 0 exits too, saying which rank died (while starting, only if it has not failed on its own by then).
+rank 0, whose process holds the group's store, leaves last. A worker that dies would leave rank 0 waiting in a
+collective for ever, so rank 0 exits too, saying which rank died and how (while starting, only if it has not failed
+on its own by then).
 """
 import logging
 import os
