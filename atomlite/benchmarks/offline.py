@@ -6,8 +6,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from atomlite.benchmarks.roofline import (Probes, RoutedExperts, bound, decode_step_bytes, packed_prefill_seconds,
-                                          prefill_flops, prefill_step_bytes)
+from atomlite.benchmarks.roofline import (Probes, RoutedExperts, decode_step_bytes, packed_prefill_seconds,
+                                          prefill_roofline)
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.sampling_params import SamplingParams
@@ -84,16 +84,10 @@ def ttft_row(engine: LLMEngine, probes: Probes, input_len: int, repeats: int, se
         reads.append(routed.reads())
         routed.clear()
     mean_reads = {m: statistics.fmean(r[m] for r in reads) for m in routed.layers}
-    nbytes = prefill_step_bytes(engine.model, engine.kv_specs, input_len, engine.config.max_num_batched_tokens,
-                                mean_reads)
-    flops = prefill_flops(engine.model, input_len)
-    seconds, binding = bound(flops, nbytes["total"], probes)
-    experts = " (experts as routed)" if routed.layers else ""
-    result = row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), seconds,
-                 f"the larger of {flops / 1e12:.2f} TFLOP at the probed GEMM rate and {nbytes['weights'] / 1e9:.2f} "
-                 f"GB weights{experts} + {nbytes['kv'] / 1e9:.3f} GB KV at the probed copy bandwidth: {binding}")
-    result |= {"flops": flops, "bytes": nbytes["total"], "bound_by": binding,
-               "experts_read_per_layer": [mean_reads[m] for m in routed.layers]}
+    seconds, what, figures = prefill_roofline(engine.model, engine.kv_specs, probes, input_len,
+                                              engine.config.max_num_batched_tokens, mean_reads)
+    result = row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), seconds, what)
+    result |= figures | {"experts_read_per_layer": [mean_reads[m] for m in routed.layers]}
     return result
 
 

@@ -224,3 +224,17 @@ def packed_prefill_seconds(model, specs: list[KVSpec], probes: Probes, num_promp
         nbytes = weight_bytes_read(model, tokens) + logits_bytes(model) + prefill_kv_bytes(specs, tokens)
         seconds += bound(tokens * per_token_flops, nbytes, probes)[0]
     return seconds
+
+
+def prefill_roofline(model, specs: list[KVSpec], probes: Probes, prompt_len: int, budget: int,
+                     experts_read: dict | None = None) -> tuple[float, str, dict]:
+    """One prompt's prefill at the larger of its FLOPs and its bytes (prefill_step_bytes): seconds, the words that
+    say so, and the figures for a JSON row."""
+    nbytes = prefill_step_bytes(model, specs, prompt_len, budget, experts_read)
+    flops = prefill_flops(model, prompt_len)
+    seconds, binding = bound(flops, nbytes["total"], probes)
+    experts = "" if not routed_layers(model) else (" (experts as routed)" if experts_read is not None else
+                                                    " (experts by uniform routing)")
+    what = (f"the larger of {flops / 1e12:.2f} TFLOP at the probed GEMM rate and {nbytes['weights'] / 1e9:.2f} GB "
+            f"weights{experts} + {nbytes['kv'] / 1e9:.3f} GB KV at the probed copy bandwidth: {binding}")
+    return seconds, what, {"flops": flops, "bytes": nbytes["total"], "bound_by": binding}

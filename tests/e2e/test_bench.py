@@ -311,8 +311,8 @@ def test_prefill_bytes_are_the_models_parameters_with_the_experts_it_read(checkp
 
 
 def test_ttft_counts_the_experts_the_routing_chose(checkpoints):
-    """A 2-token prompt's prefill in a tiny MoE model (4 experts, 2 per token): zeroing the experts no layer was counted as reading leaves its
-    logprobs as they were; zeroing one it read changes them."""
+    """A 2-token prompt's prefill in a tiny MoE model (4 experts, 2 per token): zeroing the experts no layer was
+    counted as reading leaves its logprobs as they were; zeroing one it read changes them."""
     from atomlite import SamplingParams
     from atomlite.benchmarks.roofline import RoutedExperts
     llm = LLM(str(checkpoints.get("moe")[0]), dtype="float32", device="cpu")
