@@ -112,7 +112,7 @@ def test_a_two_rank_bench_that_ends_normally_prints_no_traceback(cases):
 
 
 @pytest.mark.gpu
-def test_a_two_gpu_bench_that_ends_normally_prints_no_traceback(cases):
+def test_a_bench_on_two_gpus_that_ends_normally_prints_no_traceback(cases):
     """nccl: the workers' monitor threads poll rank 0's TCPStore until they leave the group."""
     import torch
     if torch.cuda.device_count() < 2:
