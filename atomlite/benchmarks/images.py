@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from atomlite.benchmarks.offline import row, time_to_first_token, tpot_rows, warm_up
-from atomlite.benchmarks.roofline import Probes, median_seconds, prefill_flops
+from atomlite.benchmarks.roofline import Probes, median_seconds, prefill_roofline
 from atomlite.config import VisionSpec
 from atomlite.multimodal.inputs import ImageItem, MultiModalPrompt, placeholder_runs
 from atomlite.multimodal.items import image_item
@@ -136,10 +136,10 @@ def image_ttft_rows(engine, probes: Probes, load: ImageLoad, text_len: int, repe
     if encoded != repeats * load.per_prompt:
         raise RuntimeError(f"the tower encoded {encoded} images over {repeats} prompts of {load.per_prompt}: the "
                            f"timed TTFTs did not each run it")
-    flops = prefill_flops(engine.model, total)
+    roofline, what, _ = prefill_roofline(engine.model, engine.kv_specs, probes, total,
+                                         engine.config.max_num_batched_tokens)
     text_ttft = statistics.median(text_ttfts)
-    text_row = row(f"TTFT, text-only {total}-token prompt", text_ttft, flops / probes.gemm_flops_per_s,
-                   f"{flops / 1e12:.2f} TFLOP at the probed GEMM rate")
+    text_row = row(f"TTFT, text-only {total}-token prompt", text_ttft, roofline, what)
     image_row = row(f"TTFT, {load.per_prompt} image(s) + {text_len} text tokens", statistics.median(image_ttfts),
                     text_ttft, f"baseline: the text-only prompt of {total} tokens above, same run")
     image_row["note"] = (f"{total} tokens ({warm.items[0].num_soft_tokens} soft tokens an image); fresh images "

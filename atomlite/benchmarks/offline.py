@@ -6,7 +6,8 @@ import time
 import torch
 from tqdm import tqdm
 
-from atomlite.benchmarks.roofline import Probes, decode_step_bytes, prefill_flops
+from atomlite.benchmarks.roofline import (Probes, RoutedExperts, decode_step_bytes, packed_prefill_seconds,
+                                          prefill_roofline)
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.sampling_params import SamplingParams
@@ -74,11 +75,20 @@ def warm_up(engine: LLMEngine, batch_size: int, input_len: int, seed: int) -> No
 
 
 def ttft_row(engine: LLMEngine, probes: Probes, input_len: int, repeats: int, seed: int) -> dict:
-    ttfts = [time_to_first_token(engine, p) for p in tqdm(random_prompts(engine, repeats, input_len, seed + 2),
-                                                           desc="TTFT", leave=False)]
-    flops = prefill_flops(engine.model, input_len)
-    return row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), flops / probes.gemm_flops_per_s,
-               f"{flops / 1e12:.2f} TFLOP at the probed GEMM rate")
+    """The median TTFT against the larger of the prompt's FLOPs and its bytes: the weights its prefill reads, the
+    routed experts counted from each timed prompt's own routing (their mean), and its KV."""
+    routed, ttfts, reads = RoutedExperts(engine.model), [], []
+    for prompt in tqdm(random_prompts(engine, repeats, input_len, seed + 2), desc="TTFT", leave=False):
+        with routed.counting():
+            ttfts.append(time_to_first_token(engine, prompt))
+        reads.append(routed.reads())
+        routed.clear()
+    mean_reads = {m: statistics.fmean(r[m] for r in reads) for m in routed.layers}
+    seconds, what, figures = prefill_roofline(engine.model, engine.kv_specs, probes, input_len,
+                                              engine.config.max_num_batched_tokens, mean_reads)
+    result = row(f"TTFT, {input_len}-token prompt", statistics.median(ttfts), seconds, what)
+    result |= figures | {"experts_read_per_layer": [mean_reads[m] for m in routed.layers]}
+    return result
 
 
 def tpot_rows(engine: LLMEngine, probes: Probes, input_len: int, output_len: int, batch_size: int,
@@ -124,11 +134,12 @@ def run_throughput(engine: LLMEngine, probes: Probes, num_prompts: int, input_le
     batch = throughput_batch(engine, num_prompts, input_len + output_len)
     waves = -(-num_prompts // batch)
     step_bytes = decode_step_bytes(model, specs, batch, input_len + output_len // 2)["total"]
-    roofline = (num_prompts * prefill_flops(model, input_len) / probes.gemm_flops_per_s
+    budget = engine.config.max_num_batched_tokens
+    roofline = (packed_prefill_seconds(model, specs, probes, num_prompts, input_len, budget)
                 + waves * (output_len - 1) * step_bytes / probes.copy_bytes_per_s)
     result = row(f"{num_prompts} requests, {input_len} in / {output_len} out", seconds, roofline,
-                 f"prefill FLOPs at the GEMM rate + {waves} wave(s) of {output_len - 1} decode steps at batch "
-                 f"{batch} (the sequences the KV cache and --max-num-seqs hold)")
+                 f"prefill steps of {budget} tokens, each the larger of its FLOPs and its bytes + {waves} wave(s) of "
+                 f"{output_len - 1} decode steps at batch {batch} (the sequences the KV cache and --max-num-seqs hold)")
     result["output_tok_per_s"] = tokens / seconds
     result["roofline_tok_per_s"] = tokens / roofline
     result["preemptions"] = engine.scheduler.num_preemptions - preemptions_before

@@ -243,6 +243,15 @@ class LLMEngine:
         overlap_decode, a decode step of the same sequences is launched before this step's tokens are read (its
         input ids stay on the device), so the GPU runs it while the host does this step's work; the next call
         returns its tokens."""
+        try:
+            return self._step()
+        except Exception as e:  # a collective fails when a peer died: say which rank and how, not "connection reset"
+            died = self.workers.death() if self.workers is not None else None
+            if died is None:
+                raise
+            raise RuntimeError(f"{died}: the ranks left cannot go on") from e
+
+    def _step(self) -> list[SeqUpdate]:
         self.iteration_tokens, self.step_prefilled = [], False
         failed = self._take_compiled()
         launched, self._ahead = self._ahead or self._run_scheduled(), None

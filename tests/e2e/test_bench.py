@@ -268,3 +268,68 @@ def test_vision_tower_flops_count_every_gemm_and_the_attention_over_an_images_pa
     attention = 27 * 4 * patches ** 2 * 16 * 72
     expected = 2 * patches * per_patch + attention + 2 * 256 * projector.in_features * projector.out_features
     assert vision_tower_flops(cfg, 5376, patches) == expected
+
+
+def test_expected_experts_match_a_count_of_random_routings():
+    """E * (1 - (1 - k/E)^T) against the distinct experts of 2000 drawn routings: each of T tokens picks k of 26B-A4B's
+    128 experts at random."""
+    from atomlite.benchmarks.roofline import expected_experts, routed_layers
+    model = meta_model(EngineConfig(model=f"{EXAMPLES}/gemma-4-26B-A4B-it", dtype="bfloat16"), Platform())
+    layer = routed_layers(model)[0]
+    g = torch.Generator().manual_seed(0)
+    for tokens in (1, 8, 64, 512):
+        picks = torch.rand(2000, tokens, layer.num_experts, generator=g).topk(layer.top_k, dim=-1).indices
+        hit = torch.zeros(2000, layer.num_experts).scatter_(1, picks.flatten(1), 1.0)
+        assert expected_experts(layer, tokens) == pytest.approx(hit.sum(1).mean().item(), rel=0.01)
+
+
+def test_prefill_bytes_are_the_models_parameters_with_the_experts_it_read(checkpoints):
+    """Counted from the parameters by name on meta: every weight but the embedding tables once per chunk, each MoE
+    layer's experts by the share it read, the tied lm_head once; and each layer's K/V rows in the cache the engine
+    allocates, written once by the layers that own them and read once by every layer."""
+    from atomlite.benchmarks.roofline import prefill_step_bytes, routed_layers
+    from atomlite.engine.kv.kv_cache import KVCacheManager
+    path, _ = checkpoints.get("moe")
+    model = meta_model(EngineConfig(model=str(path), dtype="bfloat16"), Platform())
+    layers = routed_layers(model)
+    reads = {m: 1 + i for i, m in enumerate(layers)}  # any count the routing may give
+    nbytes = lambda p: p.numel() * p.element_size()  # noqa: E731
+    named = dict(model.named_parameters())
+    experts = [n for n in named if ".experts." in n]
+    dense = sum(nbytes(p) for n, p in named.items() if "embed" not in n and n not in experts)
+    routed = sum(nbytes(named[n]) * reads[model.get_submodule(n.rsplit(".", 1)[0])] / 4  # the config's 4 experts
+                 for n in experts)
+    table = nbytes(named["model.embed_tokens.weight"])
+    specs = model.kv_specs(torch.bfloat16)
+    kv = KVCacheManager(specs, 2, 16, torch.device("meta"))
+    token_kv = [sum(nbytes(t[0, 0]) for t in kv.cache_for_layer(i)[:2] if t is not None) for i in range(len(specs))]
+    owned = [s.kind != "shared" for s in specs]
+    for prompt_len, budget, chunks in ((40, 2048, 1), (40, 16, 3)):
+        got = prefill_step_bytes(model, specs, prompt_len, budget, reads)
+        assert got["weights"] == pytest.approx(chunks * dense + routed + table)
+        assert got["kv"] == sum(prompt_len * b * (1 + own) for b, own in zip(token_kv, owned))
+
+
+def test_ttft_counts_the_experts_the_routing_chose(checkpoints):
+    """A 2-token prompt's prefill in a tiny MoE model (4 experts, 2 per token): zeroing the experts no layer was
+    counted as reading leaves its logprobs as they were; zeroing one it read changes them."""
+    from atomlite import SamplingParams
+    from atomlite.benchmarks.roofline import RoutedExperts
+    llm = LLM(str(checkpoints.get("moe")[0]), dtype="float32", device="cpu")
+    params = SamplingParams(max_tokens=1, logprobs=5, temperature=0)
+    prompt = random_prompt(2, seed=4)
+    routed = RoutedExperts(llm.engine.model)
+    with routed.counting():
+        before = llm.generate([prompt], params)[0].outputs[0].logprobs
+    reads = routed.reads()
+    assert any(len(routed.touched(layer)) < layer.num_experts for layer in routed.layers)
+    for layer in routed.layers:
+        touched = routed.touched(layer)
+        assert reads[layer] == len(touched) and layer.top_k <= len(touched) <= layer.num_experts
+        for expert in set(range(layer.num_experts)) - touched:
+            layer.gate_up_proj.data[expert].zero_()
+            layer.down_proj.data[expert].zero_()
+    assert llm.generate([prompt], params)[0].outputs[0].logprobs == before
+    layer = routed.layers[0]
+    layer.down_proj.data[min(routed.touched(layer))].zero_()
+    assert llm.generate([prompt], params)[0].outputs[0].logprobs != before

@@ -71,12 +71,53 @@ def test_verify_steps_of_ngram_drafts_run_on_both_ranks(cases):
                 generate(cases["dense"]))
 
 
-def test_close_stops_the_other_ranks(cases):
+def test_close_stops_the_other_ranks_before_rank_0_leaves_the_group(cases, monkeypatch):
+    """Rank 0's process holds the group's TCPStore: a worker still in the group when it goes prints c10d
+    tracebacks (nccl polls the store), so every worker has exited when rank 0 leaves."""
+    from atomlite.engine.runner import workers as workers_module
     llm = LLM(str(cases["dense"]), **ENGINE_ARGS, tensor_parallel_size=2)
     workers = [psutil.Process(pid) for pid in llm.engine.workers.pids]
     assert "tensor parallel: 2 ranks (gloo)" in "\n".join(llm.engine.describe())
+    alive_at_leave = []
+    leave = workers_module.leave_group
+    monkeypatch.setattr(workers_module, "leave_group",
+                        lambda: (alive_at_leave.append([_alive(w) for w in workers]), leave()))
     llm.engine.close()
-    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    assert alive_at_leave == [[False]]
+    assert not any(_alive(w) for w in workers)
+
+
+BENCH_FLAGS = ["--input-len", "12", "--output-len", "3", "--batch-size", "2", "--repeats", "1",
+               "--max-model-len", "128", "--tensor-parallel-size", "2"]
+C10D_NOISE = ("Traceback", "recvValue", "TCPStore", "Connection was likely closed")
+
+
+def assert_quiet(stderr: str) -> None:
+    noise = [line for line in stderr.splitlines() if any(word in line for word in C10D_NOISE)]
+    assert not noise, stderr
+
+
+def _bench_latency_stderr(path, *flags) -> str:
+    run = subprocess.run([sys.executable, "-m", "atomlite.cli", "bench", "latency", "--model", str(path),
+                          "--load-format", "dummy", *BENCH_FLAGS, *flags],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "TPOT, batch 2" in run.stdout
+    return run.stderr
+
+
+def test_a_two_rank_bench_that_ends_normally_prints_no_traceback(cases):
+    """The engine is closed by its finalizer at interpreter exit here: the workers still leave first."""
+    assert_quiet(_bench_latency_stderr(cases["moe"], "--device", "cpu", "--dtype", "float32"))
+
+
+@pytest.mark.gpu
+def test_a_bench_on_two_gpus_that_ends_normally_prints_no_traceback(cases):
+    """nccl: the workers' monitor threads poll rank 0's TCPStore until they leave the group."""
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    assert_quiet(_bench_latency_stderr(cases["moe"], "--device", "cuda", "--dtype", "bfloat16"))
 
 
 def test_a_size_the_heads_cannot_be_split_by_fails_before_any_rank_starts(cases):
@@ -115,7 +156,9 @@ def test_serve_with_two_ranks_answers_and_stops_every_rank_on_sigterm(random_mod
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not [p.pid for p in ranks if _alive(p)], (tmp_path / "server.log").read_text()
+        log = (tmp_path / "server.log").read_text()
+        assert not [p.pid for p in ranks if _alive(p)], log
+        assert_quiet(log)
     finally:
         proc.kill()
 
@@ -161,11 +204,12 @@ def _start_ranks(path) -> tuple[subprocess.Popen, psutil.Process]:
     return proc, psutil.Process(int(proc.stdout.readline()))
 
 
-def test_a_worker_that_dies_stops_rank_0_instead_of_leaving_it_waiting(cases):
+def test_a_worker_that_dies_stops_rank_0_instead_of_leaving_it_waiting_and_says_how_it_died(cases):
     proc, worker = _start_ranks(cases["dense"])
     try:
         worker.kill()
         assert proc.wait(60) != 0
+        assert "tensor-parallel rank 1 was killed by SIGKILL" in proc.stderr.read()
     finally:
         proc.kill()
 

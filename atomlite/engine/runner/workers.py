@@ -6,8 +6,10 @@ every step's inputs (a RunnerStep, over a ZeroMQ socket), and it runs the same f
 collectives joining the ranks. Rank 0 alone schedules, samples and talks to the API server.
 
 A worker stops when told (close), when rank 0's process is gone, or never by a signal: Ctrl-C and SIGTERM are rank
-0's to handle, which then stops every rank. A worker that dies would leave rank 0 waiting in a collective for ever,
-so rank 0 exits too, saying which rank died (while starting, only if it has not failed on its own by then).
+0's to handle, which then stops every rank. Told to stop, a worker releases its graphs, leaves the group and exits;
+rank 0, whose process holds the group's store, leaves last. A worker that dies would leave rank 0 waiting in a
+collective for ever, so rank 0 exits too, saying which rank died and how (while starting, only if it has not failed
+on its own by then).
 """
 import logging
 import os
@@ -89,7 +91,11 @@ class Workers:
             socket.send(data, copy=False)
 
     def close(self) -> None:
-        """Stops every worker (killing those that do not stop in time) and leaves the group."""
+        """Stops every worker (killing those that do not stop in time) and leaves the group. Once every rank is
+        built, rank 0 leaves last: its process holds the group's TCPStore, and a worker whose store vanished
+        before it left the group prints c10d tracebacks (nccl's monitor threads poll the store). A rank 0 that
+        fails while starting leaves first instead: a worker may be waiting in a startup collective, which only
+        ends once rank 0 has left."""
         if self._closing:
             return
         self._closing = True
@@ -98,16 +104,33 @@ class Workers:
                 socket.send(pickle.dumps(None), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass  # a worker still starting reads nothing: it is killed below
+        if not self.started:
+            leave_group()
+        self._wait_for_workers()
         leave_group()
+        for socket in self._sockets:
+            socket.close(0)
+        self._context.term()
+
+    def _wait_for_workers(self) -> None:
         for process in self._processes:
             try:
                 process.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        for socket in self._sockets:
-            socket.close(0)
-        self._context.term()
+
+    def death(self, wait_s: float = 1.0) -> str | None:
+        """How a worker that exited ended ("tensor-parallel rank 1 was killed by SIGKILL"), or None if every
+        worker still lives after wait_s: a collective that failed for a dead peer may fail before its exit is seen."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, process in enumerate(self._processes, start=1):
+                if process.poll() is not None:
+                    return f"tensor-parallel rank {rank} {exit_cause(process.returncode)}"
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_MS / 10000)
 
     @property
     def pids(self) -> list[int]:
@@ -131,9 +154,21 @@ class Workers:
                 threading.Event().wait(POLL_MS / 1000)
             if self._closing:
                 return
-        logger.error("tensor-parallel rank %d exited (exit code %d; its log above says why): the ranks left cannot go "
-                     "on, so this process exits too", rank, code)
+        logger.error("tensor-parallel rank %d %s: the ranks left cannot go on, so this process exits too", rank,
+                     exit_cause(code))
         os._exit(1)
+
+
+def exit_cause(code: int) -> str:
+    """How a worker ended, from its Popen return code (minus a signal's number where a signal ended it)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}" + (" (the kernel's out-of-memory killer sends it too)"
+                                          if -code == signal.SIGKILL else "")
+    return f"exited with code {code} (its log above says why)"
 
 
 def _spawn(config, rank: int, size: int, port: int, address: str) -> subprocess.Popen:
