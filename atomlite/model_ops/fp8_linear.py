@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -61,6 +62,7 @@ class FP8Linear(nn.Module):
                                       group_size=spec.group_size)
         self._family = self.kernel.fn
         self.prepared = None
+        self.returns_partial_sums = False
 
     def _set_loaders(self) -> None:
         merged = len(self.shard_sizes) > 1
@@ -92,16 +94,19 @@ class FP8Linear(nn.Module):
         self.weight.data, self.weight_scale.data, self.prepared = self._family.prepare_weights(
             self.weight.data, self.weight_scale.data, self.spec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | PartialSums:
+        """Linked to a consumer that reads them (model_ops.fusion), a split-K GEMM's output may be PartialSums."""
         rows = x.reshape(-1, self.in_features)
-        y = self._family.matmul(rows, self.weight, self.weight_scale, self.input_scale, self.prepared, self.spec)
+        summed = not self.returns_partial_sums or x.dim() != 2
+        y = self._family.matmul(rows, self.weight, self.weight_scale, self.input_scale, self.prepared, self.spec,
+                                summed)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def can(self, capability: str) -> bool:
         return self.kernel.can(capability)
 
     def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
-        pass
+        self.returns_partial_sums = "partial_sums" in forms
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self.spec.describe()}, "

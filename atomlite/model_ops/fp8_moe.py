@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.fp8_linear import DUMMY_INPUT_SCALE, DUMMY_WEIGHT_SCALE, load_fp8_weight, scale_rows
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
@@ -79,10 +80,13 @@ class FP8Experts(nn.Module):
     def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
         self.returns_partial_sums = "partial_sums" in forms
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor | PartialSums:
+        """Linked to a consumer that reads them (model_ops.fusion), the output may be PartialSums, one per slot."""
         weights = {name: (getattr(self, name), getattr(self, f"{name}_scale"),
                           getattr(self, f"{name}_input_scale", None)) for name in self._shapes}
-        return self._family.experts(x, weights, topk_weights, topk_ids, self.prepared, self.spec)
+        return self._family.experts(x, weights, topk_weights, topk_ids, self.prepared, self.spec,
+                                    summed=not self.returns_partial_sums)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_experts}, intermediate={self.intermediate}, {self.spec.describe()}, "

@@ -56,6 +56,22 @@ def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
     assert_gemm_close(got, x, q, scale, spec, input_scale)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group")])
+def test_unsummed_split_k_slices_add_up_to_the_summed_output(device, strategy, activation):
+    """summed=False (a consumer that adds split-K slices as it reads them, model_ops.fusion): decode rows come back
+    as PartialSums whose fp32 sum, rounded once, is the summed GEMM's output to the last bit of bf16 (the summing
+    kernel adds the slices in a tree, a norm in slice order)."""
+    from atomlite.model_ops.carriers import PartialSums, summed as add_up
+    from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+    spec, q, scale, input_scale = _layer(strategy, activation, 64, 2048, device)
+    x = _x(2, 2048, device).to(torch.bfloat16)
+    args = (x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
+    summed, parts = fp8_gemm(*args), fp8_gemm(*args, summed=False)
+    assert isinstance(parts, PartialSums) and parts.parts.shape[0] > 1 and parts.dtype == torch.bfloat16
+    torch.testing.assert_close(add_up(parts), summed, rtol=2 ** -7, atol=0)
+
+
 @triton.jit
 def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

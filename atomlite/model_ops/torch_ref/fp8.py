@@ -14,7 +14,8 @@ class ReferenceFP8Linear:
         return weight, scale, None
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-               prepared: None, spec: FP8Spec) -> torch.Tensor:
+               prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor:
+        """summed=False lets a kernel return its split-K slices unsummed; the reference always sums."""
         return fp8.gemm(x, weight, scale, spec, input_scale)
 
 
@@ -24,9 +25,11 @@ class ReferenceFP8Experts:
         return gate_up, gate_up_scale, down, down_scale, None
 
     def experts(self, x: torch.Tensor, weights: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-                topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: None, spec: FP8Spec) -> torch.Tensor:
+                topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: None, spec: FP8Spec,
+                summed: bool = True) -> torch.Tensor:
         """weights: "gate_up_proj" / "down_proj" -> (weight [E, N, K], scale [E, N, G], input_scale [E] or None),
-        each expert with its own input scale."""
+        each expert with its own input scale. summed=False lets a kernel return the slots unsummed; the reference
+        always sums."""
         def project(rows: torch.Tensor, name: str, expert: int) -> torch.Tensor:
             weight, scale, input_scale = weights[name]
             own = None if input_scale is None else input_scale[expert]

@@ -4,12 +4,11 @@ fp8 GEMMs."""
 import torch
 
 from atomlite.model_ops.kernels import declare
-from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import is_power_of_two, platform_of
 from atomlite.model_ops.triton.fp8 import tuning
 from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
-from atomlite.model_ops.triton.fp8.moe import expert_blocks, fp8_moe_gemm
-from atomlite.model_ops.triton.fp8.tuning import moe_block_m
+from atomlite.model_ops.triton.fp8.moe import fp8_experts
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
@@ -22,16 +21,16 @@ class TritonFP8Linear:
         return weight.contiguous(), scale.float().contiguous(), None
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-               prepared: None, spec: FP8Spec) -> torch.Tensor:
-        return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k)
+               prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
+        return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k, summed)
 
 
 FP8_LINEAR = TritonFP8Linear()
 
 
 class TritonFP8Experts:
-    """The experts as two grouped GEMMs (gate_up, then down on gelu_tanh(gate) * up) and the weighted sum over each
-    token's slots."""
+    """The experts as two grouped GEMMs (gate_up, then down on gelu_tanh(gate) * up, weighted per pair) and the
+    sum over each token's slots (moe.fp8_experts)."""
 
     def prepare_weights(self, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                         down_scale: torch.Tensor, spec: FP8Spec):
@@ -40,18 +39,9 @@ class TritonFP8Experts:
         return gate_up, gate_up_scale, down, down_scale, None
 
     def experts(self, x: torch.Tensor, weights: dict, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                prepared: None, spec: FP8Spec) -> torch.Tensor:
-        tokens, top_k = topk_ids.shape
-        gate_up, gate_up_scale, gate_up_input = weights["gate_up_proj"]
-        down, down_scale, down_input = weights["down_proj"]
-        block_m = moe_block_m(tokens * top_k)
-        rows, block_expert = expert_blocks(topk_ids, gate_up.shape[0], block_m)
-        common = dict(rows=rows, block_expert=block_expert, pair_experts=topk_ids.flatten(),
-                      out_rows=tokens * top_k, activation=spec.activation,
-                      group_size=spec.group_size, scale_block_k=spec.block_k, block_m=block_m)
-        h = fp8_moe_gemm(x, gate_up, gate_up_scale, gate_up_input, rows_per_source=top_k, **common)
-        y = fp8_moe_gemm(gelu_tanh_and_mul(h), down, down_scale, down_input, rows_per_source=1, **common)
-        return (y.view(tokens, top_k, -1).float() * topk_weights[..., None].float()).sum(dim=1).to(x.dtype)
+                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
+        return fp8_experts(x, weights["gate_up_proj"], weights["down_proj"], topk_weights, topk_ids,
+                           spec.activation, spec.group_size, spec.block_k, summed=summed)
 
 
 FP8_EXPERTS = TritonFP8Experts()
@@ -74,6 +64,7 @@ def _refuses(platform, shape: dict) -> str | None:
 
 
 # fp8 GEMM with the checkpoint's activation quantization fused in
-declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning)
-# the same as a grouped GEMM over expert-sorted blocks: capture-safe
-declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning)
+declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning, capabilities={"writes_partial_sums"})
+# the same as a grouped GEMM over expert-sorted blocks (a few pairs: one per block): capture-safe
+declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning,
+        capabilities={"writes_partial_sums"})

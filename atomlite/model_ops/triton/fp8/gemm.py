@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
 from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, FP8TileConfig, tile_config
@@ -108,10 +109,12 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
 
 
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
-              scale_k: int, out_dtype: torch.dtype, group_quant: bool = False) -> torch.Tensor:
+              scale_k: int, out_dtype: torch.dtype, group_quant: bool = False,
+              summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
     scale_k: K per scale column where G or G' > 1. group_quant: x (16/32-bit) is quantized inside the GEMM in
-    scale_k-wide groups."""
+    scale_k-wide groups. summed=False: split-K slices are returned unsummed (PartialSums) for a consumer that adds
+    them as it reads them."""
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
@@ -139,6 +142,8 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                GROUP_QUANT=group_quant, FNUZ=weight.dtype == torch.float8_e4m3fnuz,
                num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1 and not summed:
+        return PartialSums(target, out_dtype)
     if splits > 1:
         run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, SUM_BLOCK)), target, y, m, n, splits, target.stride(0),
                    y.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
@@ -146,16 +151,17 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
 
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-             activation: str | None, group_size: int = 128, scale_block_k: int = 0) -> torch.Tensor:
+             activation: str | None, group_size: int = 128, scale_block_k: int = 0,
+             summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
     except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower)."""
     if activation is None:
-        return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype)
+        return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype, summed=summed)
     scale_k = group_size if activation == "group" else scale_block_k
     if activation == "group" and scale.shape[1] > 1:
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
     if activation == "group" and x.shape[0] <= DECODE_ROWS:
-        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True)
+        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True, summed=summed)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
-    return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype)
+    return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype, summed=summed)

@@ -2,29 +2,44 @@
 and laid out in blocks of BLOCK_M rows, each block one expert's (padding rows -1), so no count goes to the host
 and a graph can capture the step. Activations are quantized before the GEMM (quant.quantize_rows: dynamic scales
 once per token; a static scale per pair, each expert's own); each projection is then one launch over (blocks,
-N tiles) on gathered fp8 rows and the block's expert's e4m3 weights (gemm.scaled_tile's K loop)."""
+N tiles) on gathered fp8 rows and the block's expert's e4m3 weights (gemm.scaled_tile's K loop).
+
+A few pairs (decode at small batch) skip the sort: block b is pair b alone, its expert read from topk_ids. Experts
+rarely repeat there, so grouping saves no weight reads; the sort cost a dozen launches per layer. down_proj weights
+each pair's row by its routing weight as it stores it (fp32), and moe.common.sum_slots adds a token's rows (or
+hands them on unsummed, PartialSums)."""
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
+from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.common import interpreting, run_kernel
 from atomlite.model_ops.triton.fp8.gemm import scale_tile, scaled_tile
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import moe_tile_config
+from atomlite.model_ops.triton.fp8.tuning import PAIR_BLOCKS_MAX_PAIRS, moe_block_m, moe_tile_config
+from atomlite.model_ops.triton.moe.common import sum_slots
 
 
 @triton.jit
-def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_expert_ptr, N, K, num_experts,
-                        rows_per_source, stride_xm, stride_xsm, stride_we, stride_wn, stride_wse, stride_wsn,
-                        stride_ym, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr, W_BLOCKS: tl.constexpr,
-                        SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_expert_ptr, pair_weights_ptr, N, K,
+                        num_experts, rows_per_source, stride_xm, stride_xsm, stride_we, stride_wn, stride_wse,
+                        stride_wsn, stride_ym, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
+                        W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr,
+                        PAIR_BLOCKS: tl.constexpr, ROUTED: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Row r of block b is pair rows[b * BLOCK_M + r] (-1: padding); it reads x row pair // rows_per_source and
-    writes y row pair."""
+    writes y row pair. PAIR_BLOCKS: block b is pair b alone (row 0; the others padding) and block_expert is
+    topk_ids. ROUTED: y row pair is multiplied by pair_weights[pair]."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_b)
     if expert < num_experts:
-        pairs = tl.load(rows_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
+        if PAIR_BLOCKS:
+            pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_b, -1)
+        else:
+            pairs = tl.load(rows_ptr + pid_b * BLOCK_M + tl.arange(0, BLOCK_M))
         m_ok = pairs >= 0
         src = tl.where(m_ok, pairs, 0) // rows_per_source
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -34,6 +49,8 @@ def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_exp
         acc = scaled_tile(x_ptr + src * stride_xm, xs_rows, w_ptr + expert * stride_we + rn * stride_wn, ws_rows,
                           m_ok, n_ok, 0, K, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
+        if ROUTED:
+            acc = acc * tl.load(pair_weights_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)[None, :]
         out = y_ptr + tl.where(m_ok, pairs, 0)[None, :] * stride_ym + rn[:, None]  # the tile is transposed
         tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -77,28 +94,61 @@ def quantize_pairs(x: torch.Tensor, pair_experts: torch.Tensor, rows_per_source:
 
 
 def fp8_moe_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-                 rows: torch.Tensor, block_expert: torch.Tensor, pair_experts: torch.Tensor, out_rows: int,
-                 rows_per_source: int, activation: str | None, group_size: int, scale_block_k: int,
-                 block_m: int) -> torch.Tensor:
-    """y [out_rows, N]: y[pair] = q(x[pair // rows_per_source]) W_e^T for the expert e of pair's block;
-    pair_experts [out_rows]: each pair's expert (for static input scales)."""
+                 layout: "PairLayout", rows_per_source: int, activation: str | None, group_size: int,
+                 scale_block_k: int, pair_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """y [pairs, N]: y[pair] = q(x[pair // rows_per_source]) W_e^T for pair's expert e, in x's dtype; with
+    pair_weights [pairs], times pair's weight, in fp32."""
     num_experts, n, k = weight.shape
-    y = torch.empty(out_rows, n, dtype=x.dtype, device=x.device)  # every pair's row is written
-    if out_rows == 0:
+    out_rows = layout.pair_experts.numel()
+    y = torch.empty(out_rows, n, dtype=x.dtype if pair_weights is None else torch.float32, device=x.device)
+    if out_rows == 0:  # every pair's row is written
         return y
-    a, a_scale, rows_per_source = quantize_pairs(x, pair_experts, rows_per_source, input_scale, activation,
+    a, a_scale, rows_per_source = quantize_pairs(x, layout.pair_experts, rows_per_source, input_scale, activation,
                                                  weight.dtype, group_size)
     fp32_dot = interpreting() or a.dtype == torch.float32
-    config = moe_tile_config(block_m, x.device, fp32_dot)
+    config = moe_tile_config(layout.block_m, x.device, fp32_dot)
     x_blocks = a_scale is not None and a_scale.shape[1] > 1
     w_blocks = scale.shape[-1] > 1
     scale_k = group_size if x_blocks else scale_block_k
     a_scale_arg = a_scale if a_scale is not None else scale
-    grid = (block_expert.numel(), triton.cdiv(n, config.block_n))
-    run_kernel(fp8_moe_gemm_kernel, grid, a, a_scale_arg, weight, scale, y, rows, block_expert, n, k, num_experts,
-               rows_per_source, a.stride(0), a_scale_arg.stride(0), weight.stride(0), weight.stride(1),
-               scale.stride(0), scale.stride(1), y.stride(0), X_SCALED=a_scale is not None, X_BLOCKS=x_blocks,
-               W_BLOCKS=w_blocks, SCALE_K=scale_k or k, FP32_DOT=fp32_dot, BLOCK_M=block_m,
-               BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-               num_stages=config.num_stages)
+    grid = (layout.block_expert.numel(), triton.cdiv(n, config.block_n))
+    run_kernel(fp8_moe_gemm_kernel, grid, a, a_scale_arg, weight, scale, y, layout.rows, layout.block_expert,
+               pair_weights if pair_weights is not None else scale, n, k, num_experts, rows_per_source, a.stride(0),
+               a_scale_arg.stride(0), weight.stride(0), weight.stride(1), scale.stride(0), scale.stride(1),
+               y.stride(0), X_SCALED=a_scale is not None, X_BLOCKS=x_blocks, W_BLOCKS=w_blocks,
+               SCALE_K=scale_k or k, FP32_DOT=fp32_dot, PAIR_BLOCKS=layout.rows is None,
+               ROUTED=pair_weights is not None, BLOCK_M=layout.block_m, BLOCK_N=config.block_n,
+               BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
     return y
+
+
+@dataclass(frozen=True)
+class PairLayout:
+    """How the grouped GEMM's blocks hold the (token, slot) pairs: sorted by expert (rows, block_expert from
+    expert_blocks), or one pair per block (rows None, block_expert = topk_ids flattened)."""
+    rows: torch.Tensor | None
+    block_expert: torch.Tensor
+    pair_experts: torch.Tensor  # each pair's expert (static input scales are the expert's own)
+    block_m: int
+
+    @classmethod
+    def of(cls, topk_ids: torch.Tensor, num_experts: int) -> "PairLayout":
+        pairs = topk_ids.flatten()
+        if pairs.numel() <= PAIR_BLOCKS_MAX_PAIRS:
+            return cls(None, pairs, pairs, moe_block_m(pairs.numel()))
+        block_m = moe_block_m(pairs.numel())
+        return cls(*expert_blocks(topk_ids, num_experts, block_m), pairs, block_m)
+
+
+def fp8_experts(x: torch.Tensor, gate_up: tuple, down: tuple, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                activation: str | None, group_size: int, scale_block_k: int,
+                summed: bool = True) -> torch.Tensor | PartialSums:
+    """The experts: gate_up, gelu_tanh(gate) * up, down weighted by each pair's routing weight, and the slots'
+    sum per token (summed=False: unsummed, PartialSums). gate_up / down: (weight, scale, input_scale or None)."""
+    tokens, top_k = topk_ids.shape
+    layout = PairLayout.of(topk_ids, gate_up[0].shape[0])
+    common = dict(activation=activation, group_size=group_size, scale_block_k=scale_block_k)
+    h = fp8_moe_gemm(x, *gate_up, layout, rows_per_source=top_k, **common)
+    pair_out = fp8_moe_gemm(gelu_tanh_and_mul(h), *down, layout, rows_per_source=1,
+                            pair_weights=topk_weights.flatten(), **common)
+    return sum_slots(pair_out, tokens, top_k, x.dtype, summed=summed)

@@ -36,6 +36,11 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool) -> FP8TileConfig:
     return config
 
 
+# Up to this many (token, slot) pairs the experts take one pair per block, unsorted (moe.PairLayout). Set from the
+# MoE bf16 path's measured crossover (moe/tuning.GEMV_MAX_PAIRS), not yet timed for fp8.
+PAIR_BLOCKS_MAX_PAIRS = 32
+
+
 def moe_block_m(pairs: int) -> int:
     """Rows per expert block of the grouped GEMM: decode's few pairs per expert waste less in small blocks."""
     return 16 if pairs <= 256 else 64
