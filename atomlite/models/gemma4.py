@@ -194,6 +194,37 @@ class Gemma4ForCausalLM(nn.Module):
         return self.vision.encode(pixel_values, position_ids)
 
     @property
+    def encoder_placeholders(self) -> dict[str, int]:
+        """The modalities its towers take, each with the placeholder token its soft tokens stand in for."""
+        placeholders = {}
+        if self.vision is not None:
+            placeholders.update(image=self.spec.vision.image_token_id, video=self.spec.vision.video_token_id)
+        if self.audio is not None:
+            placeholders["audio"] = self.spec.audio.audio_token_id
+        return placeholders
+
+    @property
+    def bidirectional_modalities(self) -> tuple[str, ...]:
+        """The items whose soft tokens see each other both ways (transformers' mm_token_type_ids 1 and 2: images and
+        video frames, under use_bidirectional_attention "vision"); a clip's attend causally."""
+        return ("image", "video") if self.image_spans_bidirectional else ()
+
+    def embed_items(self, modalities: Sequence[str], inputs: Sequence[tuple]) -> list[torch.Tensor]:
+        """Soft tokens of several items, in order: each item's tower_inputs (multimodal.inputs) by its modality;
+        each tower runs once."""
+        out: list[torch.Tensor | None] = [None] * len(inputs)
+        clips = [i for i, modality in enumerate(modalities) if modality == "audio"]
+        frames = [i for i, modality in enumerate(modalities) if modality != "audio"]
+        if clips:
+            for i, soft_tokens in zip(clips, self.embed_audio([inputs[i][0] for i in clips])):
+                out[i] = soft_tokens
+        if frames:
+            encoded = self.embed_images([inputs[i][0] for i in frames], [inputs[i][1] for i in frames])
+            for i, soft_tokens in zip(frames, encoded):
+                out[i] = soft_tokens
+        return out
+
+    @property
     def audio_spec(self) -> AudioSpec | None:
         """What placing audio clips in a prompt needs (token ids, PLE's pad id); None without an audio tower."""
         return self.spec.audio
