@@ -10,7 +10,7 @@ from atomlite.multimodal.audio import waveform
 from atomlite.multimodal.chat_media import check_media_limits, count_modalities, load_media, media_parts
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.multimodal.media import MediaPolicy
-from atomlite.multimodal.processor import MultiModalProcessor
+from atomlite.multimodal.processor import MultiModalProcessor, towers_of
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs"}
 
@@ -80,10 +80,10 @@ class OfflineMultiModal:
 
     def _check_towers(self, counts: dict[str, int], where: str) -> None:
         """Items of a modality the model has no tower for are refused, naming the model."""
-        lacking = [m for m, n in counts.items() if n and m not in self.processor.modalities]
+        lacking = [m for m, n in counts.items() if n and m not in towers_of(self.config.model_spec.path)]
         if lacking:
             tower = "audio" if lacking[0] == "audio" else "vision"
-            raise ValueError(f"{where}{lacking[0]}: the model {self.config.model} has no {tower} tower (its "
+            raise ValueError(f"{where}{lacking[0]}: the model {self.config.model_spec.path.name} has no {tower} tower (its "
                              f"config.json has no {tower}_config)")
 
     def chat(self, messages: list[dict], tools: list[dict] | None, chat_template: str | None,
@@ -93,10 +93,10 @@ class OfflineMultiModal:
         parts = media_parts(messages)
         if not parts:
             return None
-        processor = self.processor
         counts = count_modalities(parts)
         check_media_limits(counts, self.config.limit_mm_per_prompt)
         self._check_towers(counts, "messages: ")
+        processor = self.processor
         template = chat_template or getattr(self.tokenizer, "chat_template", None)
         if not template:
             raise ValueError("the model's tokenizer has no chat template: pass chat_template")

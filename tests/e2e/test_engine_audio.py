@@ -151,7 +151,7 @@ def test_bad_clips_are_refused_naming_the_field(checkpoints, audio, needle):
 def test_audio_for_a_model_without_an_audio_tower_is_refused_naming_it(checkpoints):
     path, _ = checkpoints.get("ple", vision="clipped", char_tokenizer=True)
     llm = LLM(str(path), **ENGINE)
-    with pytest.raises(ValueError, match=f"multi_modal_data.audio: the model {path} has no audio tower"):
+    with pytest.raises(ValueError, match=f"multi_modal_data.audio: the model {path.name} has no audio tower"):
         llm.generate({"prompt_token_ids": prompt_ids(["audio"]), "multi_modal_data": {"audio": clip(0.5)}},
                      greedy(1))
 
