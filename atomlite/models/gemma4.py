@@ -291,6 +291,8 @@ class Gemma4ForCausalLM(nn.Module):
         """Checkpoint tensors this model never reads: towers, the tied lm_head, K/V of KV-sharing layers."""
         if name.startswith(self.skipped_prefixes) or name == "lm_head.weight":
             return True
+        if name.startswith(("vision.projector.embedding.", "audio.projector.embedding.")):
+            return True  # Gemma 3n's token table of the projector, left in some Gemma 4 checkpoints: never read
         parts = name.split(".")
         if len(parts) > 4 and parts[1] == "layers" and parts[3] == "self_attn":
             shares = int(parts[2]) in self.model.share_targets

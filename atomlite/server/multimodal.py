@@ -32,10 +32,10 @@ class MultiModalInputs:
             self.modalities -= {"audio"}
         if self.modalities:
             self.processor = MultiModalProcessor.from_model_dir(path, tokenizer, config.mm_processor_kwargs)
-        self._pool = concurrent.futures.ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="atomlite-media")
+        self.pool = concurrent.futures.ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="atomlite-media")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def check_kwargs(self, kwargs: dict | None) -> None:
         try:
@@ -71,7 +71,7 @@ class MultiModalInputs:
         """A rendered chat with its media fetched, decoded and processed, off the event loop."""
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._pool, self._process, text, parts, mm_processor_kwargs)
+            return await loop.run_in_executor(self.pool, self._process, text, parts, mm_processor_kwargs)
         except MediaError as e:
             raise APIError(400, str(e), "messages") from None
         except ValueError as e:  # placeholders the template did not write, an image too thin to fit, ...
