@@ -25,11 +25,7 @@ class MultiModalInputs:
         self.policy = MediaPolicy(config.allowed_local_media_path, tuple(config.allowed_media_domains))
         path = config.model_spec.path
         self.processor = None
-        self.modalities = towers_of(path) if tokenizer is not None else set()
-        if config.model_spec.vision is None:  # a limit of 0 turned the tower off
-            self.modalities -= {"image", "video"}
-        if config.model_spec.audio is None:
-            self.modalities -= {"audio"}
+        self.modalities = towers_of(path) if tokenizer is not None else set()  # a limit of 0 refuses the rest
         if self.modalities:
             self.processor = MultiModalProcessor.from_model_dir(path, tokenizer, config.mm_processor_kwargs)
         self.pool = concurrent.futures.ThreadPoolExecutor(MEDIA_THREADS, thread_name_prefix="atomlite-media")
