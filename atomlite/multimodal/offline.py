@@ -83,8 +83,9 @@ class OfflineMultiModal:
         lacking = [m for m, n in counts.items() if n and m not in towers_of(self.config.model_spec.path)]
         if lacking:
             tower = "audio" if lacking[0] == "audio" else "vision"
-            raise ValueError(f"{where}{lacking[0]}: the model {self.config.model_spec.path.name} has no {tower} tower (its "
-                             f"config.json has no {tower}_config)")
+            name = self.config.model_spec.path.name
+            raise ValueError(f"{where}{lacking[0]}: the model {name} has no {tower} tower (its config.json has no "
+                             f"{tower}_config)")
 
     def chat(self, messages: list[dict], tools: list[dict] | None, chat_template: str | None,
              template_kwargs: dict | None, add_generation_prompt: bool, guard=None) -> MultiModalPrompt | None:

@@ -138,8 +138,8 @@ class MultiModalProcessor:
         path = Path(path)
         config = _read(path / "config.json")
         if not towers_of(path):
-            raise ValueError(f"the model {path.name} has no vision or audio tower (its config.json has neither a "
-                             f"vision_config nor an audio_config): it takes text only")
+            raise ValueError(f"the model {path.name} has no vision tower and no audio tower (its config.json has "
+                             f"neither a vision_config nor an audio_config): it takes text only")
         image_spec, video_spec = _patch_specs(path, config)
         audio = None
         if config.get("audio_config"):
