@@ -2,7 +2,8 @@
 the server."""
 import json
 
-TEMPLATE_PARTS = {"text": "text", "image_url": "image", "video_url": "video"}
+TEMPLATE_PARTS = {"text": "text", "image_url": "image", "video_url": "video", "input_audio": "audio",
+                  "audio_url": "audio"}
 
 
 def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, chat_template: str | None = None,
@@ -47,12 +48,12 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 
 def template_content(i: int, parts: list[dict]) -> str | list[dict]:
-    """Text parts joined into one string; with images or videos, the parts as transformers' templates read them:
-    {"type": "text", "text"}, {"type": "image"}, {"type": "video"}."""
+    """Text parts joined into one string; with media, the parts as transformers' templates read them:
+    {"type": "text", "text"}, {"type": "image"}, {"type": "video"}, {"type": "audio"}."""
     kinds = [part.get("type") for part in parts]
     unknown = [f"messages[{i}].content[{j}]" for j, kind in enumerate(kinds) if kind not in TEMPLATE_PARTS]
     if unknown:
-        raise ValueError(f"{unknown[0]}: a content part is text, image_url or video_url")
+        raise ValueError(f"{unknown[0]}: a content part is text, image_url, video_url, input_audio or audio_url")
     if all(kind == "text" for kind in kinds):
         return "".join(part["text"] for part in parts)
     return [{"type": "text", "text": part["text"]} if kind == "text" else {"type": TEMPLATE_PARTS[kind]}

@@ -36,15 +36,27 @@ class VisionSpec:
 
 
 @dataclass(frozen=True)
+class AudioSpec:
+    """A checkpoint's audio tower (`hf`: its raw audio_config) and what placing a clip in a prompt needs: the token
+    its soft tokens stand in for, those that open and close it (boa, eoa), and the pad id PLE models read there."""
+    hf: dict
+    audio_token_id: int
+    boa_token_id: int
+    eoa_token_id: int
+    pad_token_id: int
+
+
+@dataclass(frozen=True)
 class ModelLayout:
     """What a model family reads from a checkpoint's config.json (its class's parse_config): the text model's config
     (`hf`, completed with the family's defaults), each layer's attention, the RoPE parameters of each layer kind,
-    whether the checkpoint is multimodal, and its vision tower where the family runs one."""
+    whether the checkpoint is multimodal, and its vision and audio towers where the family runs them."""
     hf: dict
     layers: list[LayerAttention]
     rope: dict[str, dict]
     multimodal: bool = False
     vision: VisionSpec | None = None
+    audio: AudioSpec | None = None
 
 
 def text_config(raw: dict) -> dict:
@@ -70,6 +82,7 @@ class ModelSpec:
     repo_id: str | None = None
     vision: VisionSpec | None = None  # a multimodal checkpoint's vision tower
     rope: dict[str, dict] = field(default_factory=dict)  # layer kind -> RoPE parameters (rope_type, rope_theta, ...)
+    audio: AudioSpec | None = None  # a multimodal checkpoint's audio tower
 
     @property
     def max_position_embeddings(self) -> int:
@@ -132,7 +145,7 @@ def load_model_spec(model: str | Path) -> ModelSpec:
     except KeyError as e:
         raise ConfigError(f"{path / 'config.json'} lacks {e.args[0]!r}") from None
     return ModelSpec(path, arch, layout.hf, layout.layers, checkpoint_dtype(raw, layout.hf), layout.multimodal,
-                     repo_id, layout.vision, layout.rope)
+                     repo_id, layout.vision, layout.rope, layout.audio)
 
 
 SUPPORTED_QUANTIZATION = ("quark", "compressed-tensors")
@@ -243,9 +256,12 @@ class EngineConfig:
             self.allowed_media_domains = options.parse_allowed_media_domains(self.allowed_media_domains)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        if self.model_spec.vision is not None and not any(self.limit_mm_per_prompt.values()):
-            # vLLM's text-only mode of a multimodal checkpoint: no tower is built, loaded or profiled
+        # vLLM's text-only mode of a multimodal checkpoint: a tower no prompt may use is not built, loaded or profiled
+        limits = self.limit_mm_per_prompt
+        if self.model_spec.vision is not None and not (limits["image"] or limits["video"]):
             self.model_spec = replace(self.model_spec, vision=None)
+        if self.model_spec.audio is not None and not limits["audio"]:
+            self.model_spec = replace(self.model_spec, audio=None)
 
     def _check(self):
         limit = self.model_spec.max_position_embeddings

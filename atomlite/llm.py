@@ -42,7 +42,8 @@ class LLM:
                  use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in the order given. A prompt is text, token ids, or vLLM's dict:
         {"prompt": text} or {"prompt_token_ids": ids}, with "multi_modal_data": {"image": an image or a list,
-        "video": frames, or a list of videos} and "mm_processor_kwargs". priority: one per prompt, with
+        "video": frames, or a list of videos, "audio": (samples, sample_rate) or a list of them} and
+        "mm_processor_kwargs". priority: one per prompt, with
         scheduling_policy="priority" (lower runs first)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

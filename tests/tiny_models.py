@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4Config, Gemma4ForCausalLM,
-                          Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig)
+from transformers import (Gemma4AssistantConfig, Gemma4AssistantForCausalLM, Gemma4AudioConfig, Gemma4Config,
+                          Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig, Gemma4VisionConfig)
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
@@ -30,6 +30,16 @@ VISION = {
                          num_key_value_heads=2, head_dim=24, standardize=True),
     "clipped": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
                     num_key_value_heads=2, head_dim=16, use_clipped_linears=True),
+}
+# The E2B/E4B audio tower scaled down: its attention window (chunk 12, 12 frames back) and the 128 mel bins kept (the
+# first convolution's channels equal the bins, as transformers sizes input_proj_linear by them); "wide_window" sees
+# frames ahead too, with a chunk shorter than the window.
+AUDIO = {
+    "real_window": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 4],
+                        output_proj_dims=24, conv_kernel_size=5),
+    "wide_window": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, subsampling_conv_channels=[128, 4],
+                        output_proj_dims=24, conv_kernel_size=3, attention_chunk_size=4, attention_context_left=6,
+                        attention_context_right=3),
 }
 # Special tokens inside the tiny vocabulary (random_prompt draws from 3..95: prompts for these models avoid 89..95)
 MULTIMODAL_TOKENS = dict(image_token_id=90, video_token_id=91, boi_token_id=92, eoi_token_id=93, audio_token_id=94,
@@ -72,26 +82,62 @@ def text_config(variant: str, **overrides) -> Gemma4TextConfig:
     return Gemma4TextConfig(**{**BASE, **VARIANTS[variant], **overrides})
 
 
-def multimodal_config(text: Gemma4TextConfig, vision: str | None) -> Gemma4Config:
-    if vision is None:
+def multimodal_config(text: Gemma4TextConfig, vision: str | None, audio: str | None = None,
+                      tokens: dict = MULTIMODAL_TOKENS) -> Gemma4Config:
+    if vision is None and audio is None:
         return Gemma4Config(text_config=text.to_dict())
-    return Gemma4Config(text_config=text.to_dict(), vision_config=Gemma4VisionConfig(**VISION[vision]).to_dict(),
-                        **MULTIMODAL_TOKENS)
+    towers = {}
+    if vision is not None:
+        towers["vision_config"] = Gemma4VisionConfig(**VISION[vision]).to_dict()
+    if audio is not None:
+        towers["audio_config"] = Gemma4AudioConfig(**AUDIO[audio]).to_dict()
+    return Gemma4Config(text_config=text.to_dict(), **towers, **tokens)
+
+
+# The demo's character tokenizer's media tokens (ids 101..107 of its 128), for a tiny model that takes text and
+# chats (char_tokenizer=True); its chat template renders audio parts as Gemma 4's does, one <|audio|> each.
+CHAR_TOKENS = dict(boi_token_id=101, image_token_id=102, eoi_token_id=103, video_token_id=104, audio_token_id=105,
+                   boa_token_id=106, eoa_token_index=107)
+
+
+def save_char_tokenizer_with_audio(out: Path) -> None:
+    from atomlite.demo.tokenizer import build_char_tokenizer
+    tokenizer = build_char_tokenizer()
+    video_part = "{% elif part['type'] == 'video' %}<|video|>"
+    assert video_part in tokenizer.chat_template
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        video_part, video_part + "{% elif part['type'] == 'audio' %}<|audio|>")
+    tokenizer.save_pretrained(out)
+
+
+def _rarely_chosen(model: torch.nn.Module, token_ids: list[int]) -> None:
+    """Shrinks the (tied) embedding rows of token_ids, so that greedy decoding never picks them: transformers reads a
+    media token in the ids as a placeholder, atomlite as the token it is, and the two would part there."""
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token_ids] *= 0.01
 
 
 def build(variant: str, out: Path, seed: int = 0, multimodal: bool = False, per_layer_form: bool = True,
-          vision: str | None = None, **overrides):
+          vision: str | None = None, audio: str | None = None, char_tokenizer: bool = False, **overrides):
     """Save a tiny checkpoint to out and return the float32 transformers model (eval mode). vision: a tower shape of
-    VISION (a Gemma4ForConditionalGeneration with that vision tower)."""
+    VISION, audio: one of AUDIO (a Gemma4ForConditionalGeneration with those towers); char_tokenizer: the demo's
+    tokenizer saved with it (a 128-token vocabulary, CHAR_TOKENS)."""
+    if char_tokenizer:
+        overrides = {"vocab_size": 128, "vocab_size_per_layer_input": 128, **overrides}
     cfg = text_config(variant, **overrides)
     torch.manual_seed(seed)
-    if multimodal or vision:
-        model = Gemma4ForConditionalGeneration(multimodal_config(cfg, vision))
+    if multimodal or vision or audio:
+        tokens = CHAR_TOKENS if char_tokenizer else MULTIMODAL_TOKENS
+        model = Gemma4ForConditionalGeneration(multimodal_config(cfg, vision, audio, tokens))
     else:
         model = Gemma4ForCausalLM(cfg)
     randomize(model, seed)
+    if char_tokenizer:
+        _rarely_chosen(model, list(CHAR_TOKENS.values()))
     model = model.float().eval()
     model.save_pretrained(out)
+    if char_tokenizer:
+        save_char_tokenizer_with_audio(out)
     if not per_layer_form:
         _write_hub_form(out, variant, overrides)
     return model

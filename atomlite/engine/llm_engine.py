@@ -16,7 +16,7 @@ from atomlite.engine.sampling.logits_controls import TokenHistory
 from atomlite.engine.runner.rank import EngineRank, construct_model
 from atomlite.engine.sampling.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
-from atomlite.engine.images.seq_images import SeqImage, placed_images
+from atomlite.engine.images.seq_images import SeqItem, placed_images
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
@@ -104,10 +104,10 @@ class LLMEngine:
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
 
     def _image_scheduling(self) -> ImageScheduling:
-        """A model with a vision tower: rank 0's runner encodes each step's images through the encoder cache,
-        which the scheduler reads to count the step's encoder budget."""
+        """A model with an encoder (a vision or audio tower): rank 0's runner encodes each step's items through the
+        encoder cache, which the scheduler reads to count the step's encoder budget."""
         budget = self.config.max_num_encoder_input_tokens
-        if getattr(self.model, "vision_spec", None) is None:
+        if not getattr(self.model, "encoder_placeholders", None):
             return ImageScheduling(budget)
         cache = EncoderCache(encoder_cache_bytes(self.config))
         self.runner.images = ImageEmbedder(self.model, cache, self.device)
@@ -204,17 +204,23 @@ class LLMEngine:
             self.scheduler.add(seq)
         return seq
 
-    def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqImage]:
-        vision = getattr(self.model, "vision_spec", None)
-        if multimodal.items and vision is None:
-            raise ValueError(f"the model {self.config.model} has no vision tower: it takes text only")
+    def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqItem]:
+        """The prompt's encoder items (images, video frames, audio clips), each checked against the model's
+        towers: the model declares the placeholder token of each modality it takes."""
+        placeholders = getattr(self.model, "encoder_placeholders", None) or {}
+        for item in multimodal.items:
+            if item.modality not in placeholders:
+                tower = "audio" if item.modality == "audio" else "vision"
+                takes = ", ".join(sorted(placeholders)) or "text only"
+                raise ValueError(f"the model {self.config.model} has no {tower} tower: it takes {takes}")
         if token_ids != multimodal.prompt_token_ids:
             raise ValueError("the prompt's token ids differ from its multimodal prompt's prompt_token_ids")
         if not multimodal.items:
             return []
         config = self.config
-        return placed_images(multimodal, {vision.image_token_id, vision.video_token_id},
-                             config.max_num_batched_tokens, config.max_num_encoder_input_tokens)
+        return placed_images(multimodal, placeholders, config.max_num_batched_tokens,
+                             config.max_num_encoder_input_tokens,
+                             tuple(getattr(self.model, "bidirectional_modalities", ())))
 
     def abort(self, request_id: str) -> None:
         seq = self.requests.get(request_id)

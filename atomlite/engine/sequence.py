@@ -39,7 +39,7 @@ class Sequence:
     num_sent_tokens: int = 0  # output tokens already handed out in an update
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
-    images: list = field(default_factory=list)  # seq_images.SeqImage, in prompt order: its images and video frames
+    images: list = field(default_factory=list)  # seq_images.SeqItem, in prompt order: its images and video frames
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

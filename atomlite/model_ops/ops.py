@@ -6,6 +6,8 @@ OPS = {
     "attention": "paged attention over the KV cache, prefill and decode (torch_ref.attention.paged_attention)",
     "encoder_attention": "bidirectional attention within each of several packed sequences, no KV cache (a vision "
                          "tower's images; torch_ref.encoder_attention)",
+    "local_attention": "attention of each frame to a window of frames around it within its own sequence, relative-"
+                       "position keys added, logits soft-capped (an audio conformer's; torch_ref.local_attention)",
     "axial_qkv_norm_rope": "a vision tower's q/k/v per-head norms and 2-D RoPE (torch_ref.axial_norm_rope)",
     "write_kv": "stores a step's K/V at their cache slots (torch_ref.kv_write)",
     "linear": "y = x W^T in the model's dtype (torch_ref.linear)",

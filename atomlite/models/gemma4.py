@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from atomlite import distributed
-from atomlite.config import ModelSpec, VisionSpec
+from atomlite.config import AudioSpec, ModelSpec, VisionSpec
 from atomlite.errors import ConfigError
 from atomlite.model_ops.kv_spec import KVSpec
 from atomlite.model_ops import dispatch
@@ -26,9 +26,12 @@ from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding, inv_freq_from_params
 from atomlite.models import gemma4_config
 from atomlite.models.gemma4_layers import Gemma4DecoderLayer, decoder_dataflow
+from atomlite.models import gemma4_audio
+from atomlite.models.gemma4_audio import Gemma4AudioTower
 from atomlite.models.gemma4_vision import PROJECTOR_PREFIX, TOWER_PREFIX, Gemma4VisionTower
 
 VISION_PREFIXES = (f"{TOWER_PREFIX}.", f"{PROJECTOR_PREFIX}.")
+AUDIO_PREFIXES = (f"{gemma4_audio.TOWER_PREFIX}.", f"{gemma4_audio.PROJECTOR_PREFIX}.")
 
 
 def kv_share_targets(layer_kinds: list[str], num_shared: int) -> dict[int, int]:
@@ -145,10 +148,11 @@ class Gemma4ForCausalLM(nn.Module):
     _stacked_suffix = {"weight": "", "weight_scale": "_scale", "input_scale": "_input_scale"}
     # Quark's fp8 KV cache scales: one per layer for K and for V (quant.quark.KVCacheQuant)
     kv_scale_tensor = re.compile(r"model\.layers\.(\d+)\.self_attn\.(k|v)_proj\.output_scale$")
-    # tensors of towers this model has not: the vision tower's where config.json has no vision_config
+    # tensors of towers this model has not: the vision (audio) tower's where config.json has no vision (audio)_config
     skipped_prefixes = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.",
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
-    checkpoint_aliases = ((f"{TOWER_PREFIX}.", "vision."), (f"{PROJECTOR_PREFIX}.", "vision.projector."))
+    checkpoint_aliases = ((f"{TOWER_PREFIX}.", "vision."), (f"{PROJECTOR_PREFIX}.", "vision.projector."),
+                          (AUDIO_PREFIXES[0], "audio."), (AUDIO_PREFIXES[1], "audio.projector."))
 
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()
@@ -162,6 +166,10 @@ class Gemma4ForCausalLM(nn.Module):
         if spec.vision is not None:  # replicated: every tensor-parallel rank builds and runs the whole tower
             self.vision = Gemma4VisionTower(spec.vision.hf, spec.hf["hidden_size"], LinearBuilder(spec.hf))
             self.skipped_prefixes = tuple(p for p in self.skipped_prefixes if p not in VISION_PREFIXES)
+        self.audio = None
+        if spec.audio is not None:  # replicated, as the vision tower
+            self.audio = Gemma4AudioTower(spec.audio.hf, spec.hf["hidden_size"], LinearBuilder(spec.hf))
+            self.skipped_prefixes = tuple(p for p in self.skipped_prefixes if p not in AUDIO_PREFIXES)
 
     @property
     def image_spans_bidirectional(self) -> bool:
@@ -184,6 +192,49 @@ class Gemma4ForCausalLM(nn.Module):
             raise ConfigError(f"{self.spec.path} has no vision tower (its config.json has no vision_config): it "
                               f"takes text only")
         return self.vision.encode(pixel_values, position_ids)
+
+    @property
+    def encoder_placeholders(self) -> dict[str, int]:
+        """The modalities its towers take, each with the placeholder token its soft tokens stand in for."""
+        placeholders = {}
+        if self.vision is not None:
+            placeholders.update(image=self.spec.vision.image_token_id, video=self.spec.vision.video_token_id)
+        if self.audio is not None:
+            placeholders["audio"] = self.spec.audio.audio_token_id
+        return placeholders
+
+    @property
+    def bidirectional_modalities(self) -> tuple[str, ...]:
+        """The items whose soft tokens see each other both ways (transformers' mm_token_type_ids 1 and 2: images and
+        video frames, under use_bidirectional_attention "vision"); a clip's attend causally."""
+        return ("image", "video") if self.image_spans_bidirectional else ()
+
+    def embed_items(self, modalities: Sequence[str], inputs: Sequence[tuple]) -> list[torch.Tensor]:
+        """Soft tokens of several items, in order: each item's tower_inputs (multimodal.inputs) by its modality;
+        each tower runs once."""
+        out: list[torch.Tensor | None] = [None] * len(inputs)
+        clips = [i for i, modality in enumerate(modalities) if modality == "audio"]
+        frames = [i for i, modality in enumerate(modalities) if modality != "audio"]
+        if clips:
+            for i, soft_tokens in zip(clips, self.embed_audio([inputs[i][0] for i in clips])):
+                out[i] = soft_tokens
+        if frames:
+            encoded = self.embed_images([inputs[i][0] for i in frames], [inputs[i][1] for i in frames])
+            for i, soft_tokens in zip(frames, encoded):
+                out[i] = soft_tokens
+        return out
+
+    @property
+    def audio_spec(self) -> AudioSpec | None:
+        """What placing audio clips in a prompt needs (token ids, PLE's pad id); None without an audio tower."""
+        return self.spec.audio
+
+    def embed_audio(self, features: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each clip's soft tokens [soft tokens, hidden], from the Gemma 4 audio feature extractor's log-mel
+        features cut to the clip's frames ([frames, 128] each)."""
+        if self.audio is None:
+            raise ConfigError(f"{self.spec.path} has no audio tower (its config.json has no audio_config)")
+        return self.audio.encode(features)
 
     def use_image_graphs(self, max_soft_tokens: int, capture: bool = True):
         """embed_images of up to max_soft_tokens soft tokens a call from graphs at bucketed patch counts (see
@@ -240,6 +291,8 @@ class Gemma4ForCausalLM(nn.Module):
         """Checkpoint tensors this model never reads: towers, the tied lm_head, K/V of KV-sharing layers."""
         if name.startswith(self.skipped_prefixes) or name == "lm_head.weight":
             return True
+        if name.startswith(("vision.projector.embedding.", "audio.projector.embedding.")):
+            return True  # Gemma 3n's token table of the projector, left in some Gemma 4 checkpoints: never read
         parts = name.split(".")
         if len(parts) > 4 and parts[1] == "layers" and parts[3] == "self_attn":
             shares = int(parts[2]) in self.model.share_targets

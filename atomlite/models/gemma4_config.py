@@ -1,11 +1,13 @@
 """What Gemma 4 reads from a checkpoint's config.json: each layer's attention (sliding or full, head dims, KV heads,
-k_eq_v), RoPE per layer kind, and the vision tower with the special tokens that place images in a prompt."""
-from atomlite.config import LayerAttention, ModelLayout, VisionSpec, text_config
+k_eq_v), RoPE per layer kind, and the vision and audio towers with the special tokens that place images and clips in
+a prompt."""
+from atomlite.config import AudioSpec, LayerAttention, ModelLayout, VisionSpec, text_config
 
 MULTIMODAL_MODEL_TYPES = {"gemma4"}
 # Gemma 4's special token ids, where a multimodal config.json leaves them out (transformers' Gemma4Config defaults)
 DEFAULT_MULTIMODAL_TOKENS = {"image_token_id": 258_880, "video_token_id": 258_884, "boi_token_id": 255_999,
                              "eoi_token_id": 258_882}
+DEFAULT_AUDIO_TOKENS = {"audio_token_id": 258_881, "boa_token_id": 256_000, "eoa_token_index": 258_883}
 # Gemma 4's RoPE per layer kind when the config's rope_parameters leave it out
 DEFAULT_ROPE = {"sliding": {"rope_type": "default", "rope_theta": 10_000.0},
                 "full": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
@@ -50,6 +52,16 @@ def vision_spec(raw: dict, text: dict) -> VisionSpec | None:
                       pad_token_id=0 if pad is None else pad)
 
 
+def audio_spec(raw: dict, text: dict) -> AudioSpec | None:
+    """The audio part of a multimodal config.json (E2B/E4B); None where it has no audio_config."""
+    if not raw.get("audio_config"):
+        return None
+    tokens = {key: raw.get(key, default) for key, default in DEFAULT_AUDIO_TOKENS.items()}
+    pad = text.get("pad_token_id")
+    return AudioSpec(dict(raw["audio_config"]), tokens["audio_token_id"], tokens["boa_token_id"],
+                     tokens["eoa_token_index"], 0 if pad is None else pad)
+
+
 def layout(text: dict) -> ModelLayout:
     """A Gemma 4 text config alone (the assistant's decoder, or a text checkpoint)."""
     return ModelLayout(text, layer_attention(text), rope_by_kind(text))
@@ -61,4 +73,4 @@ def parse_config(raw: dict) -> ModelLayout:
     text = text_config(raw) if multimodal else raw
     text_only = layout(text)
     return ModelLayout(text, text_only.layers, text_only.rope, multimodal,
-                       vision_spec(raw, text) if multimodal else None)
+                       vision_spec(raw, text) if multimodal else None, audio_spec(raw, text) if multimodal else None)

@@ -31,7 +31,8 @@ class MediaPolicy:
 
 
 def fetch_media(url: str, kind: str, policy: MediaPolicy, where: str) -> bytes:
-    """The bytes of an image or video URL (kind "image" | "video"), or a MediaError saying why not."""
+    """The bytes of an image, video or audio URL (kind "image" | "video" | "audio"), or a MediaError saying why
+    not."""
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme == "data":
         return _data_url(url, kind, policy, where)
@@ -49,7 +50,7 @@ def _data_url(url: str, kind: str, policy: MediaPolicy, where: str) -> bytes:
     if not comma or "base64" not in params:
         raise MediaError(where, f"a data: URL must be data:{kind}/...;base64,<data>")
     if not media_type.lower().startswith(f"{kind}/"):
-        raise MediaError(where, f"a data: URL of type {media_type or 'none'!r} is not an {kind} ({kind}/*)")
+        raise MediaError(where, f"a data: URL of type {media_type or 'none'!r} is not {kind} ({kind}/*)")
     if len(payload) * 3 // 4 > policy.max_bytes:
         raise MediaError(where, f"the {kind} is over {policy.max_bytes} bytes")
     try:
@@ -148,6 +149,11 @@ def decode_image(data: bytes, policy: MediaPolicy, where: str):
 
 def load_image(url: str, policy: MediaPolicy, where: str):
     return decode_image(fetch_media(url, "image", policy, where), policy, where)
+
+
+def load_audio(url: str, policy: MediaPolicy, where: str):
+    from atomlite.multimodal.audio import decode_audio
+    return decode_audio(fetch_media(url, "audio", policy, where), where)
 
 
 def load_video(url: str, policy: MediaPolicy, where: str):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from atomlite.multimodal.patches import SUPPORTED_SOFT_TOKENS
 
-MODALITIES = ("image", "video")
+MODALITIES = ("image", "video", "audio")
 DEFAULT_LIMIT = 999  # vLLM's default per modality
 PROCESSOR_KWARGS = ("max_soft_tokens",)
 

@@ -129,8 +129,26 @@ class VideoURLPart(BaseModel):
     video_url: VideoURL
 
 
-ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart, Field(discriminator="type")]
-UNSUPPORTED_PARTS = ("input_audio", "file")  # refused by name rather than ignored
+class InputAudio(BaseModel):
+    data: NonEmptyStr  # base64 of the file's bytes
+    format: NonEmptyStr  # "wav", "mp3", ...: checked where the clip is decoded (multimodal.chat_media)
+
+
+class InputAudioPart(BaseModel):
+    """OpenAI's audio part."""
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURLPart(BaseModel):
+    """vLLM's audio part."""
+    type: Literal["audio_url"]
+    audio_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImageURLPart | VideoURLPart | InputAudioPart | AudioURLPart,
+                        Field(discriminator="type")]
+UNSUPPORTED_PARTS = ("file",)  # refused by name rather than ignored
 ToolName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
 
 
@@ -166,8 +184,8 @@ class ChatMessage(BaseModel):
     def _known_parts(cls, content):
         for part in content if isinstance(content, list) else ():
             if isinstance(part, dict) and part.get("type") in UNSUPPORTED_PARTS:
-                raise ValueError(f"{part['type']} content is not supported: atomlite reads text, image_url and "
-                                 f"video_url parts")
+                raise ValueError(f"{part['type']} content is not supported: atomlite reads text, image_url, "
+                                 f"video_url, input_audio and audio_url parts")
         return content
 
     @model_validator(mode="after")

@@ -1,5 +1,5 @@
 """Endpoints: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, /tokenize, /detokenize,
-/tokenizer_info."""
+/tokenizer_info; /v1/audio/transcriptions (server/transcription.py)."""
 import contextlib
 import time
 import uuid
@@ -14,6 +14,7 @@ from atomlite.server.errors import APIError
 from atomlite.server.chat import OutputParsers
 from atomlite.server.formatting import chat_finish_reason, merged_delta, usage
 from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from atomlite.server.transcription import add_transcription_route
 
 CLIENT_CLOSED = 499
 
@@ -99,6 +100,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         return fmt.chat(request_id, choices, top, req.return_token_ids, parsers, req)
+
+    add_transcription_route(app, server, auth)
 
     @app.get("/tokenizer_info", dependencies=[auth])
     async def tokenizer_info():

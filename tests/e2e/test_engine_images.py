@@ -144,7 +144,7 @@ def test_images_for_a_model_without_a_tower_are_refused_naming_it(checkpoints):
 @pytest.mark.parametrize("change,needle", [
     ("length", r"placeholder_ranges\[0\] has 10 tokens; items\[0\] has"),
     ("missing", "1 items but 0 placeholder_ranges"),
-    ("tokens", "covers tokens that are not image or video placeholders"),
+    ("tokens", "covers tokens that are not image placeholders"),
 ])
 def test_a_multimodal_prompt_that_does_not_add_up_is_an_error_naming_the_field(checkpoints, change, needle):
     engine, _ = engine_for(checkpoints, "dense", "clipped", False)

@@ -4,7 +4,7 @@ to transformers' tokens; two tensor-parallel ranks (gloo) place the same soft to
 import pytest
 
 from atomlite import LLM
-from atomlite.engine.images.seq_images import SeqImage, block_image_marks, placed_images
+from atomlite.engine.images.seq_images import SeqItem, block_image_marks, placed_images
 from image_prompts import (assert_matches, engine_greedy, greedy, image_prompt, items_of, transformers_greedy,
                            vision_checkpoint)
 
@@ -50,8 +50,8 @@ def test_a_prefix_hit_never_ends_inside_an_image(checkpoints):
 
 def test_image_blocks_are_keyed_by_the_image_and_where_they_start_in_it():
     image = items_of(["tall"], seed=1)
-    placed = placed_images(image_prompt(image), {90, 91}, 2048, 2048)
-    other = [SeqImage(p.offset, p.length, b"x" * 32, p.pixel_values, p.position_ids) for p in placed]
+    placed = placed_images(image_prompt(image), {"image": 90, "video": 91}, 2048, 2048)
+    other = [SeqItem(p.offset, p.length, b"x" * 32, p.modality, p.tower_inputs) for p in placed]
     offset = placed[0].offset
     assert block_image_marks(placed, 0, 4) == b""  # text blocks: keys as without images
     assert block_image_marks(placed, 4, 4) != block_image_marks(placed, 8, 4) != b""

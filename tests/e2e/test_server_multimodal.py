@@ -114,7 +114,9 @@ def test_a_video_url_is_decoded_and_reaches_the_engine(client):
     ([image_part("data:text/plain;base64,aGk=")], "messages[0].content[0].image_url: a data: URL of type"),
     # a placeholder typed in the text stays text (chat content is text): one image, which this model cannot take
     ([{"type": "text", "text": "two <|image|> placeholders"}, image_part(png_url(8, 8))], "has no vision tower"),
-    ([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}], "input_audio content is not supported"),
+    ([{"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}],
+     "messages[0].content[0].input_audio: the model vision takes no audio"),
+    ([{"type": "file", "file": {"file_id": "f"}}], "file content is not supported"),
 ])
 def test_what_cannot_be_read_is_a_400_naming_the_part_or_the_limit(client, content, needle):
     with pytest.raises(openai.BadRequestError) as e:

@@ -5,7 +5,7 @@ import torch
 from atomlite import SamplingParams
 from atomlite.engine.images.encoder_cache import EncoderCache
 from atomlite.engine.images.image_budget import StepImageBudget
-from atomlite.engine.images.seq_images import SeqImage, outside_images
+from atomlite.engine.images.seq_images import SeqItem, outside_images
 from atomlite.engine.sequence import Sequence
 
 
@@ -24,11 +24,11 @@ def test_the_encoder_cache_evicts_the_least_recently_used_to_stay_within_its_byt
     assert b"d" not in cache and cache.num_bytes == 64
 
 
-def image(offset: int, length: int, key: bytes = b"x") -> SeqImage:
-    return SeqImage(offset, length, key, torch.zeros(1), torch.zeros(1))
+def image(offset: int, length: int, key: bytes = b"x") -> SeqItem:
+    return SeqItem(offset, length, key, "image", (torch.zeros(1), torch.zeros(1)))
 
 
-def seq_with(images: list[SeqImage], length: int = 100, computed: int = 0) -> Sequence:
+def seq_with(images: list[SeqItem], length: int = 100, computed: int = 0) -> Sequence:
     seq = Sequence(list(range(length)), SamplingParams(), images=images)
     seq.num_computed_tokens = computed
     return seq

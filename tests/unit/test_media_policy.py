@@ -87,7 +87,7 @@ def test_a_data_url_image_is_read_by_default():
 
 
 @pytest.mark.parametrize("url,reason", [
-    ("data:text/plain;base64,aGk=", "is not an image"),
+    ("data:text/plain;base64,aGk=", "is not image"),
     ("data:image/png,rawtext", "data:image/...;base64"),
     ("data:image/png;base64,@@@", "not valid base64"),
     (data_url(b"not an image at all"), "not a decodable image"),

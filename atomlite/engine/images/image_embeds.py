@@ -1,7 +1,7 @@
-"""A step's soft tokens: for each image whose placeholders the step's chunk covers, its soft tokens from the
-encoder cache, or from the vision tower (the step's uncached images in one embed_images call), placed at the step's
-token rows (MultiModalEmbeds). Rank 0 alone encodes; under tensor parallelism the other ranks receive the rows
-(model_runner)."""
+"""A step's soft tokens: for each encoder item (image, video frame, audio clip) whose placeholders the step's chunk
+covers, its soft tokens from the encoder cache, or from the model's towers (the step's uncached items in one
+embed_items call), placed at the step's token rows (MultiModalEmbeds). Rank 0 alone encodes; under tensor
+parallelism the other ranks receive the rows (model_runner)."""
 import math
 from dataclasses import dataclass
 
@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from atomlite.engine.images.encoder_cache import MAX_SOFT_TOKENS, EncoderCache
+from atomlite.multimodal.audio import MAX_SOFT_TOKENS as MAX_AUDIO_SOFT_TOKENS, dummy_features
 from atomlite.engine.sequence import Sequence
-from atomlite.engine.images.seq_images import SeqImage, images_in
+from atomlite.engine.images.seq_images import SeqItem, images_in
 
 
 @dataclass
@@ -25,7 +26,7 @@ class SoftTokenRows:
 @dataclass
 class _Placement:
     row: int  # the step row of the first soft token placed
-    image: SeqImage
+    image: SeqItem
     first: int  # the image's soft tokens first..last-1 go there
     last: int
 
@@ -58,7 +59,7 @@ class ImageEmbedder:
         rows = np.concatenate([np.arange(p.row, p.row + p.last - p.first) for p in placed])
         return rows, torch.cat([soft_tokens[p.image.content_hash][p.first:p.last] for p in placed])
 
-    def _soft_tokens(self, images: list[SeqImage]) -> dict[bytes, torch.Tensor]:
+    def _soft_tokens(self, images: list[SeqItem]) -> dict[bytes, torch.Tensor]:
         found, missing = {}, {}
         for image in images:
             key = image.content_hash
@@ -69,8 +70,8 @@ class ImageEmbedder:
                 else:
                     missing[key] = image
         if missing:
-            encoded = self.model.embed_images([i.pixel_values for i in missing.values()],
-                                              [i.position_ids for i in missing.values()])
+            encoded = self.model.embed_items([i.modality for i in missing.values()],
+                                             [i.tower_inputs for i in missing.values()])
             self.num_encoded += len(missing)
             for key, soft_tokens in zip(missing, encoded):
                 found[key] = soft_tokens.clone()  # its own storage: the cache counts its bytes alone
@@ -87,6 +88,13 @@ def dummy_images(num_soft_tokens: int, patch_size: int, pool: int) -> tuple[torc
     positions = torch.stack([xs.flatten(), ys.flatten()], dim=1)
     pixels = torch.rand(len(positions), 3 * patch_size ** 2, generator=torch.Generator().manual_seed(0))
     return pixels, positions
+
+
+def largest_step_audio(max_num_batched_tokens: int, max_num_encoder_input_tokens: int) -> list[torch.Tensor]:
+    """The log-mel features of the most the audio tower may encode in one step: 30 s clips (750 soft tokens), or
+    the longest the limits allow, as many as the encoder budget takes."""
+    largest = min(MAX_AUDIO_SOFT_TOKENS, max_num_batched_tokens, max_num_encoder_input_tokens)
+    return [dummy_features(largest)] * max(1, max_num_encoder_input_tokens // largest)
 
 
 def largest_step_images(vision_hf: dict, max_num_batched_tokens: int, max_num_encoder_input_tokens: int) \

@@ -78,13 +78,17 @@ def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, i
 
 def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
                    decode_batch: int, block_size: int, step_images: tuple[list, list] | None = None,
-                   encoder_cache: int = 0, encoder_graphs: bool = False) -> MemoryProfile:
+                   encoder_cache: int = 0, encoder_graphs: bool = False,
+                   step_audio: list | None = None) -> MemoryProfile:
     """Runs the two profiling forwards on a temporary cache (freed before returning); step_images: the pixels and
-    position ids of the most the vision tower encodes in one step, whose peak counts where it is the larger;
-    encoder_graphs: the tower will replay graphs, whose pool holds about that peak for good (the eager fallback,
-    a step of more images than a graph takes, may still need the peak itself)."""
+    position ids of the most the vision tower encodes in one step, step_audio: the log-mel features of the most the
+    audio tower encodes in one step, whose peaks count where they are the larger; encoder_graphs: the vision tower
+    will replay graphs, whose pool holds about its peak for good (the eager fallback, a step of more images than a
+    graph takes, may still need the peak itself)."""
     weights = torch.cuda.memory_allocated(device)
-    tower_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
+    vision_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
+    audio_peak = _peak_of(lambda: model.embed_audio(step_audio), device) if step_audio else 0
+    tower_peak = max(vision_peak, audio_peak)
     kv = _temporary_cache(specs, prefill_tokens, decode_batch, block_size, device)
     runner = ModelRunner(model, kv, device)
     prefill = _sequences(kv, [prefill_tokens])
@@ -97,6 +101,6 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
-    tower_graphs = int(tower_peak * GRAPH_SLACK) if encoder_graphs else 0
+    tower_graphs = int(vision_peak * GRAPH_SLACK) if encoder_graphs else 0
     return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache,
                          tower_peak, tower_graphs)

@@ -12,7 +12,7 @@ from atomlite.distributed import TensorParallel
 from atomlite.model_ops.peer_memory import with_custom_all_reduce
 from atomlite.engine.runner.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.images.encoder_cache import encoder_cache_bytes
-from atomlite.engine.images.image_embeds import largest_step_images
+from atomlite.engine.images.image_embeds import largest_step_audio, largest_step_images
 from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.kv.kv_planner import KVPlan, budget_for, plan_kv_cache
 from atomlite.engine.kv.kv_scales import apply_kv_scales
@@ -114,7 +114,8 @@ class EngineRank:
             self.memory = profile_memory(self.model, specs, self.device, config.gpu_memory_utilization,
                                          min(config.max_num_batched_tokens, config.max_model_len),
                                          self._graph_tokens(), config.block_size, *self._image_profile(),
-                                         encoder_graphs=self.image_graphs_off() is None)
+                                         encoder_graphs=self.image_graphs_off() is None,
+                                         step_audio=self._audio_profile())
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -131,13 +132,21 @@ class EngineRank:
             self.graph_note += f"; {image_note}"
 
     def _image_profile(self) -> tuple[tuple[list, list] | None, int]:
-        """For a model with a vision tower: the largest step's images, and the encoder cache's bytes."""
+        """For a model with a tower: the largest step's images (None without a vision tower), and the encoder
+        cache's bytes."""
+        config = self.config
+        cache = encoder_cache_bytes(config) if getattr(self.model, "encoder_placeholders", None) else 0
         vision = getattr(self.model, "vision_spec", None)
         if vision is None:
-            return None, 0
-        config = self.config
+            return None, cache
         images = largest_step_images(vision.hf, config.max_num_batched_tokens, config.max_num_encoder_input_tokens)
-        return images, encoder_cache_bytes(config)
+        return images, cache
+
+    def _audio_profile(self) -> list | None:
+        """For a model with an audio tower: the largest step's clips."""
+        if getattr(self.model, "audio_spec", None) is None:
+            return None
+        return largest_step_audio(self.config.max_num_batched_tokens, self.config.max_num_encoder_input_tokens)
 
     def _plan_from_profile(self, specs) -> KVPlan:
         """The KV plan of the memory profile's budget: the smallest rank's, so that every rank holds the same

@@ -82,14 +82,16 @@ class StepInputBuilder:
 
     @staticmethod
     def _key_ends(batch: list[tuple[Sequence, int]], positions: np.ndarray, starts: list[int]) -> np.ndarray | None:
-        """Each row's exclusive key end: an image's soft tokens see to the image's end, other rows causal; None
-        when the step holds no soft token (its attention is plainly causal)."""
+        """Each row's exclusive key end: the soft tokens of an item that spans both ways (an image) see to its end,
+        other rows causal; None when the step holds no such soft token (its attention is plainly causal)."""
         key_ends = None
         for (seq, num_new), row in zip(batch, starts):
             if not seq.images:
                 continue
             first = seq.num_computed_tokens
             for image in images_in(seq.images, first, first + num_new):
+                if not image.bidirectional:
+                    continue
                 if key_ends is None:
                     key_ends = (positions + 1).astype(np.int32)
                 lo, hi = max(image.offset, first) - first, min(image.end, first + num_new) - first
