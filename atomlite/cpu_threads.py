@@ -2,8 +2,8 @@
 made the engine 15-60x slower on a 2-core machine that another process kept busy (LLM.generate of 32 tokens:
 4.6-5.8 s against 0.19 s with one thread), and starved the API process beside the engine core. The engine takes
 the cores this process may use but one (left to the API process, tokenizing and whatever else runs); the API
-process and its parsing process take one each. --cpu-threads, else OMP_NUM_THREADS, overrides the engine's
-(vLLM's precedent is VLLM_CPU_OMP_THREADS_BIND)."""
+process and its parsing process take one each (torch's threads and the tokenizers' Rust pool alike). --cpu-threads,
+else OMP_NUM_THREADS, overrides the engine's (vLLM's precedent is VLLM_CPU_OMP_THREADS_BIND)."""
 import os
 
 
@@ -33,3 +33,11 @@ def use_threads(threads: int) -> None:
     import torch
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def use_one_thread() -> None:
+    """For the API process and its helpers: torch's threads and the tokenizers' batch encoding on one thread each
+    (TOKENIZERS_PARALLELISM, unless set: its Rust pool takes every core, the engine core's too, while 20,000
+    bad_words are tokenized)."""
+    use_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

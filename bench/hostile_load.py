@@ -11,8 +11,9 @@ the schema was checked), and reads the RSS again.
 
 Prints one JSON summary: /health p50/p99/max, inter-token gap p99/max and how many over 250 ms, the same while no
 hostile request was in flight (the machine's own baseline: on a shared machine other processes set it), whether
-every stream completed, each hostile request's status and time and the worst gap and /health while it ran, and the
-RSS before/after of the API process and the engine core."""
+every stream completed, the CPU the API process and the engine core used per streamed token meanwhile (what a
+shared machine's other load changes least), each hostile request's status and time and the worst gap and /health
+while it ran, and the RSS before/after of the API process and the engine core."""
 import argparse
 import asyncio
 import json
@@ -79,6 +80,12 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process has used (user + system, all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -177,8 +184,9 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
         tasks = [asyncio.create_task(stream_loop(client, model, stop, gaps, results)) for _ in range(STREAMS)]
         poller = asyncio.create_task(poll_health(client, stop, health))
         await asyncio.sleep(3)  # the streams under way
-        windows = []
+        windows, tokens_before, cpu_before = [], len(gaps), (cpu_s(api_pid), cpu_s(core_pid), time.perf_counter())
         rows = await send_hostile(client, requests, windows)
+        tokens, cpu_after = len(gaps) - tokens_before, (cpu_s(api_pid), cpu_s(core_pid), time.perf_counter())
         stop.set()
         await asyncio.gather(*tasks, poller)
         await asyncio.sleep(2)
@@ -204,12 +212,24 @@ async def measure(base: str, model: str, api_pid: int, core_pid: int, schemas: i
                   "health_p99_ms": 1e3 * percentile(quiet_health, 0.99),
                   "health_max_ms": 1e3 * max(quiet_health, default=float("nan"))},
         "streams": {"finished": len(results), "complete": sum(results)},
+        "cpu": cpu_use(cpu_before, cpu_after, tokens),
         "hostile": rows,
         "rss_at_start": rss_start,
         "rejected_schemas": {"count": schemas, "statuses": sorted(set(statuses)), "rss_before": rss_before,
                              "rss_after": rss_after,
                              "delta_mb": {k: round(rss_after[k] - rss_before[k], 1) for k in rss_before}},
     }
+
+
+def cpu_use(before: tuple, after: tuple, tokens: int) -> dict:
+    """While the hostile requests were sent: the cores the API process and the engine core used, and their CPU per
+    streamed token, which other processes on a shared machine do not change (their latencies they do)."""
+    (api_0, core_0, wall_0), (api_1, core_1, wall_1) = before, after
+    wall = wall_1 - wall_0
+    return {"s": round(wall, 1), "tokens_per_s": round(tokens / wall, 1),
+            "api_cores": round((api_1 - api_0) / wall, 3), "core_cores": round((core_1 - core_0) / wall, 3),
+            "api_ms_per_token": round(1e3 * (api_1 - api_0) / max(tokens, 1), 3),
+            "core_ms_per_token": round(1e3 * (core_1 - core_0) / max(tokens, 1), 3)}
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     except ImportError as e:
         fail(f"the server needs its extra: pip install 'atomlite[serve]' ({e.name} is missing)")
     from atomlite.config import EngineConfig, parse_memory_size
-    from atomlite.cpu_threads import use_threads
+    from atomlite.cpu_threads import use_one_thread
     from atomlite.heap import freeze_startup_heap
     if max_waiting < 1:
         fail("--max-waiting must be at least 1")
@@ -99,7 +99,7 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
         signal.signal(sig, lambda *_: sys.exit(1 if engine.dead else 0))
     click.echo("\n".join(engine.startup_report + startup_notes(engine.config, chat, click.get_current_context())))
     click.echo(f"engine core: process {engine.core_pid}; the API process: 1 CPU thread")
-    use_threads(1)  # the engine's threads are the core's; here they would only compete with it
+    use_one_thread()  # the engine's threads are the core's; here they would only compete with it
     freeze_startup_heap()
     sock.listen(server.config.backlog)  # connections from here on wait for uvicorn to accept them
     click.echo(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1)")

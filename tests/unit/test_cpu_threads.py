@@ -39,3 +39,34 @@ def test_a_result_far_over_its_roofline_says_what_to_check():
     absurd = format_table([row("decode", 0.159, 0.001, "weights")])
     assert not any(line.startswith("warning") for line in sane)
     assert absurd[-1].startswith("warning: 159x the roofline") and "--cpu-threads" in absurd[-1]
+
+
+def test_the_body_parsing_process_takes_one_thread_at_a_lower_priority(monkeypatch):
+    """It parses large bodies beside the engine core: torch and the tokenizers' pool on one thread, and the core
+    first when both want a core."""
+    from atomlite.server.body_parsing import PARSER_NICENESS, BodyParser
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    parser = BodyParser()
+    parser.start()
+    try:
+        parser.wait_ready()
+        (pid,) = parser.pool._processes
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + PARSER_NICENESS)
+        assert parser.pool.submit(os.getenv, "TOKENIZERS_PARALLELISM").result() == "false"
+        assert parser.pool.submit(torch.get_num_threads).result() == 1
+    finally:
+        parser.stop()
+
+
+def test_one_thread_leaves_a_chosen_tokenizers_parallelism_alone(monkeypatch):
+    from atomlite.cpu_threads import use_one_thread
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("TOKENIZERS_PARALLELISM", "true")
+        use_one_thread()
+        assert torch.get_num_threads() == 1 and os.environ["TOKENIZERS_PARALLELISM"] == "true"
+        monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+        use_one_thread()
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    finally:
+        torch.set_num_threads(before)

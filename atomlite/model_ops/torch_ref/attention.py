@@ -4,6 +4,9 @@ Query i of a sequence with Lq queries and Lk keys sits at position Lk - Lq + i, 
 tokens (a prefix hit or a later prefill chunk) still sees every earlier key. With key_ends, a query sees the keys
 before its own key end instead of those up to its position (image blocks that attend both ways); the window still
 counts back from its position.
+
+Sequences with the same number of queries attend as one batch (a decode step's all together): their cached keys are
+gathered and padded to the longest, and the padding is masked out like any key a query may not see.
 """
 import torch
 import torch.nn.functional as F
@@ -15,35 +18,21 @@ from atomlite.model_ops.torch_ref.rope import apply_rope
 from atomlite.model_ops.kernels import declare
 
 
-def _mask(q_pos: torch.Tensor, key_ends: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """[Lq, Lk]: key k is visible to query q iff k < key_end[q] and, with a window W, k > q - W."""
-    visible = k_pos[None, :] < key_ends[:, None]
-    if window is not None:
-        visible &= k_pos[None, :] > q_pos[:, None] - window
-    return visible
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
-            return_lse: bool, q_pos: torch.Tensor, key_ends: torch.Tensor,
-            k_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q [Lq, Hq, D] at positions q_pos [Lq], k/v [Lk, Hkv, D] -> out [Lq, Hq, D], lse [Lq, Hq].
-    k_offset: keys dropped before k[0]."""
-    num_heads = q.shape[1]
-    k_pos = torch.arange(k_offset, k_offset + k.shape[0], device=q.device)
-    visible = _mask(q_pos, key_ends, k_pos, window)
-    group = num_heads // k.shape[1]
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            visible: torch.Tensor, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], visible [B, Lq, Lk] -> out [B, Lq, Hq, D], lse [B, Lq, Hq]."""
+    group = q.shape[2] // k.shape[2]
     if not return_lse:
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-            attn_mask=visible, scale=scale, enable_gqa=group > 1)
-        return out[0].transpose(0, 1), None
-    kf = k.float().repeat_interleave(group, dim=1)
-    vf = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), kf) * scale
-    scores = scores.masked_fill(~visible, float("-inf"))
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=visible[:, None], scale=scale, enable_gqa=group > 1)
+        return out.transpose(1, 2), None
+    kf = k.float().repeat_interleave(group, dim=2)
+    vf = v.float().repeat_interleave(group, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("hqk,khd->qhd", torch.exp(scores - lse[..., None]), vf)
-    return out.to(q.dtype), lse.transpose(0, 1).contiguous()
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.exp(scores - lse[..., None]), vf)
+    return out.to(q.dtype), lse.transpose(1, 2)
 
 
 def keys_from_values(v: torch.Tensor, positions: torch.Tensor, k_from_v: KFromV,
@@ -74,43 +63,66 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     kv_scales: (K, V) scales of an fp8 cache, which holds K / k_scale and V / v_scale (write_kv's).
     key_ends: [T] int, each query's exclusive end of visible keys (ForwardContext.key_ends); None: position + 1.
     """
-    k_scale, v_scale = kv_scales
-    block_size = v_cache.shape[1]
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if return_lse else None
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    for b, num_k in enumerate(lens):
-        q_b = q[starts[b]:starts[b + 1]]
-        if q_b.shape[0] == 0:
-            continue
-        q_pos = torch.arange(num_k - q_b.shape[0], num_k, device=q.device)
-        ends = q_pos + 1 if key_ends is None else _checked_key_ends(key_ends[starts[b]:starts[b + 1]], q_pos, num_k)
-        first_needed = 0 if window is None else max(0, num_k - q_b.shape[0] - window + 1)
-        first_block = first_needed // block_size
-        blocks = block_table[b, first_block:(num_k + block_size - 1) // block_size].long()
-        k_offset = first_block * block_size
-        v_b = _widen(v_cache[blocks].flatten(0, 1)[:num_k - k_offset], v_scale)
-        if k_from_v is None:  # an fp8 cache computes in q's dtype
-            k_b = _widen(k_cache[blocks].flatten(0, 1)[:num_k - k_offset], k_scale).to(q.dtype)
-        else:
-            k_b = keys_from_values(v_b, torch.arange(k_offset, num_k, device=q.device), k_from_v, q.dtype)
-        v_b = v_b.to(q.dtype)
-        o, l = _attend(q_b, k_b, v_b, scale, window, return_lse, q_pos, ends, k_offset)
-        out[starts[b]:starts[b + 1]] = o
+    for num_q, seqs in _by_query_count(query_start_loc.tolist()).items():
+        seqs = torch.tensor(seqs, device=q.device)
+        rows = query_start_loc[seqs].long()[:, None] + torch.arange(num_q, device=q.device)  # [B, Lq]
+        num_k = seq_lens[seqs].long()
+        q_pos = num_k[:, None] - num_q + torch.arange(num_q, device=q.device)
+        ends = q_pos + 1 if key_ends is None else _checked_key_ends(key_ends[rows], q_pos, num_k)
+        k, v, k_pos = _cached_keys(k_cache, v_cache, block_table[seqs], num_k, num_q, window, kv_scales, k_from_v,
+                                   q.dtype)
+        visible = k_pos[:, None, :] < ends[:, :, None]
+        if window is not None:
+            visible &= k_pos[:, None, :] > q_pos[:, :, None] - window
+        o, l = _attend(q[rows], k, v, scale, visible, return_lse)
+        out[rows] = o
         if return_lse:
-            lse[starts[b]:starts[b + 1]] = l
+            lse[rows] = l
     return (out, lse) if return_lse else out
 
 
-def _checked_key_ends(key_ends: torch.Tensor, q_pos: torch.Tensor, num_k: int) -> torch.Tensor:
-    """One sequence's key ends, which must lie in [position + 1, seq_len]: a query sees at least its own key and
-    no key the cache does not hold yet."""
+def _by_query_count(starts: list[int]) -> dict[int, list[int]]:
+    """The sequences (their indices) by how many queries each has this step; those with none are left out."""
+    groups = {}
+    for b, (start, end) in enumerate(zip(starts, starts[1:])):
+        if end > start:
+            groups.setdefault(end - start, []).append(b)
+    return groups
+
+
+def _cached_keys(k_cache: torch.Tensor | None, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 num_k: torch.Tensor, num_q: int, window: int | None, kv_scales: tuple[float, float],
+                 k_from_v: KFromV | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's keys and values in dtype from the first one its queries may see, padded to the longest by
+    repeating its last (finite, and masked out by position) -> k, v [B, Lk, Hkv, D] and each key's position [B, Lk]
+    (padding lies at or past num_k). block_table [B, max_blocks], num_k [B]: the sequences' rows and key counts."""
+    k_scale, v_scale = kv_scales
+    block_size = v_cache.shape[1]
+    first = torch.zeros_like(num_k) if window is None else (num_k - num_q - window + 1).clamp(min=0)
+    k_pos = first[:, None] + torch.arange(int((num_k - first).max()), device=num_k.device)
+    read = torch.minimum(k_pos, num_k[:, None] - 1)
+    blocks, offsets = block_table.gather(1, read // block_size).long(), read % block_size
+    v = _widen(v_cache[blocks, offsets], v_scale)
+    if k_from_v is None:  # an fp8 cache computes in q's dtype
+        k = _widen(k_cache[blocks, offsets], k_scale).to(dtype)
+    else:
+        k = keys_from_values(v.flatten(0, 1), read.flatten(), k_from_v, dtype).view_as(v)
+    return k, v.to(dtype), k_pos
+
+
+def _checked_key_ends(key_ends: torch.Tensor, q_pos: torch.Tensor, num_k: torch.Tensor) -> torch.Tensor:
+    """The sequences' key ends [B, Lq], which must lie in [position + 1, seq_len]: a query sees at least its own key
+    and no key the cache does not hold yet."""
     key_ends = key_ends.to(device=q_pos.device, dtype=torch.int64)
-    if bool(((key_ends <= q_pos) | (key_ends > num_k)).any()):
-        raise ValueError(f"key_ends {key_ends.tolist()} must lie in [position + 1, {num_k}] for queries at "
-                         f"positions {q_pos.tolist()}: a query sees at least itself and only keys in the cache")
+    wrong = (key_ends <= q_pos) | (key_ends > num_k[:, None])
+    if bool(wrong.any()):
+        b = int(wrong.any(dim=1).nonzero()[0])
+        raise ValueError(f"key_ends {key_ends[b].tolist()} must lie in [position + 1, {int(num_k[b])}] for queries "
+                         f"at positions {q_pos[b].tolist()}: a query sees at least itself and only keys in the cache")
     return key_ends
 
 
 declare("attention", "torch", paged_attention,
-        graph_unsafe="loops over the sequences, whose lengths it reads back to the host (.tolist())")
+        graph_unsafe="groups the sequences by their query counts, which it reads back to the host (.tolist())")
