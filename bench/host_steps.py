@@ -81,20 +81,21 @@ def long_context_demo_model(root: Path, max_positions: int) -> Path:
     return path
 
 
-def instrument(engine: AsyncEngine, stub: bool) -> list[dict]:
+def instrument(engine: LLMEngine, stub: bool) -> list[dict]:
     steps: list[dict] = []
-    step = engine._step
+    step = engine.step
 
     def timed_step():
-        steps.append({"step": 0.0, "execute": 0.0, "forward": 0.0, "running": engine.num_running})
+        steps.append({"step": 0.0, "execute": 0.0, "forward": 0.0, "running": len(engine.scheduler.running)})
         start = time.perf_counter()
-        step()
+        updates = step()
         steps[-1]["step"] = time.perf_counter() - start
+        return updates
 
-    engine._step = timed_step
-    runner = engine.engine.runner
+    engine.step = timed_step
+    runner = engine.runner
     runner.execute = Stopwatch(steps, "execute", runner.execute)
-    hidden_size = engine.engine.config.model_spec.hf["hidden_size"]
+    hidden_size = engine.config.model_spec.hf["hidden_size"]
     runner.model = StubModel(runner.model, steps, hidden_size) if stub else TimedModel(runner.model, steps)
     return steps
 
@@ -113,8 +114,9 @@ async def stream_all(engine: AsyncEngine, batch: int, tokens: int) -> list[str]:
 def measure(path: Path, batch: int, tokens: int, stub: bool) -> tuple[list[dict], list[str]]:
     config = EngineConfig(model=str(path), dtype="float32", device="cpu", max_model_len=tokens + 64,
                           max_num_seqs=batch, enable_prefix_caching=False, kv_cache_memory=2**30)
-    engine = AsyncEngine.over(LLMEngine(config))
-    steps = instrument(engine.core.engine, stub)
+    llm_engine = LLMEngine(config)
+    steps = instrument(llm_engine, stub)
+    engine = AsyncEngine.over(llm_engine)
     engine.start()
     try:
         texts = asyncio.run(stream_all(engine, batch, tokens))
