@@ -10,7 +10,7 @@ A model class declares what is its own, and the engine reads only that:
 - weight names: each parameter's weight_loader, `packed_weights`, `checkpoint_aliases`, `skipped_prefixes`,
   `ignored_weight(name)`;
 - `mtp_assistant` (optional): the module of its MTP drafter (load_assistant_spec, check_compatible,
-  build_assistant)."""
+  build_assistant; construct_assistant, its modules without weights, for the compile gate's meta-device build)."""
 import importlib
 
 from atomlite.errors import ConfigError

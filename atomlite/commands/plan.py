@@ -17,7 +17,7 @@ from atomlite.errors import ConfigError
 @click.option("--kernels", is_flag=True, help="List the kernel each op gets (aiter | triton | torch) and why.")
 @click.option("--compile", "compile_kernels", is_flag=True,
               help="With --platform gfx942|gfx950|sm_XY: compile every Triton kernel specialization launched there "
-                   "for --model (default: the Gemma 4 configs of examples/configs), no GPU needed, and print "
+                   "for --model (default: every config of examples/configs), no GPU needed, and print "
                    "registers, spills, LDS / shared memory and occupancy.")
 def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
     """Print KV groups, bytes per token, weight bytes and how many sequences fit, from config.json alone."""

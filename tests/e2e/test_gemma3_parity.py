@@ -2,7 +2,7 @@
 weight randomized (norms too): prompt logprobs and greedy tokens on configs of several shapes (linear RoPE scaling
 and soft-capping, head_dim != hidden / heads with one KV head and its own layer_types, a hub-form config.json), and
 a Gemma3ForConditionalGeneration checkpoint's text model; and the engine paths a model must not change: chunked
-prefill, prefix-cache hits, decode from static buffers."""
+prefill, prefix-cache hits, decode from static buffers, and on a GPU decode replayed from captured graphs."""
 import pytest
 import torch
 
@@ -79,3 +79,27 @@ def test_decode_from_static_buffers_gives_transformers_tokens(checkpoints):
     assert calls, "no decode step ran from the static buffers"
     for i, (prompt, out) in enumerate(zip(prompts, outputs)):
         assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 8 + 3 * i)
+
+
+@pytest.mark.gpu
+def test_graph_replay_on_the_gpu_gives_the_eager_tokens_and_logprobs(checkpoints):
+    """Decode graphs captured on the GPU (sliding and global layers, linear RoPE scaling, soft-capping) over a batch
+    that shrinks as sequences finish and after a prefix-cache hit: the tokens and logprobs eager decode gives."""
+    path, _ = checkpoints.gemma3("gemma3_linear_softcap")
+    args = dict(dtype="float32", device="cuda", kv_cache_memory=256 * 2**20, block_size=8)
+    prefix = random_prompt(24, seed=7)
+    prompts = [prefix + random_prompt(n, seed=30 + n) for n in (3, 11, 17)]
+    params = [greedy(8 + 3 * i) for i in range(3)]
+    eager = LLM(str(path), enforce_eager=True, **args)
+    eager.generate([prefix + [5]], greedy(1))
+    expected = eager.generate(prompts, params)
+    llm = LLM(str(path), **args)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.graphs, llm.engine.graph_note
+    replays, run = [], graphs.run
+    graphs.run = lambda inputs, ids=None: (replays.append(inputs.num_seqs), run(inputs, ids))[1]
+    llm.generate([prefix + [5]], greedy(1))
+    outputs = llm.generate(prompts, params)
+    assert replays and all(out.num_cached_tokens >= 16 for out in outputs)
+    for got, want in zip(outputs, expected):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids

@@ -1,7 +1,7 @@
 """Tensor parallelism through the engine on CPU: LLM(tensor_parallel_size=2) starts its second rank itself (gloo), and
 gives the single-process engine's greedy tokens and logprobs (float32, 1e-4) for batched prompts through chunked
-prefill and decode: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4; and with
-n-gram speculative decoding (verify steps). `atomlite serve --tensor-parallel-size 2` answers the OpenAI client
+prefill and decode: dense, MoE, per-layer inputs with KV sharing, KV heads fewer than the ranks, MXFP4, Gemma 3;
+and with n-gram speculative decoding (verify steps). `atomlite serve --tensor-parallel-size 2` answers the OpenAI client
 and stops every rank on SIGTERM; a rank that dies takes the others down with it, none is left waiting."""
 import signal
 import subprocess
@@ -28,7 +28,8 @@ def cases(checkpoints, tmp_path_factory) -> dict:
     return {"dense": checkpoints.get("dense")[0], "moe": checkpoints.get("moe")[0],
             "ple": checkpoints.get("ple")[0],
             "one_kv_head": checkpoints.get("dense", num_key_value_heads=1)[0],
-            "mxfp4": mxfp4_copy(wide, tmp_path_factory.mktemp("tp-engine") / "mxfp4")}
+            "mxfp4": mxfp4_copy(wide, tmp_path_factory.mktemp("tp-engine") / "mxfp4"),
+            "gemma3": checkpoints.gemma3("gemma3_linear_softcap")[0]}
 
 
 def generate(path, params=PARAMS, **args) -> list:
@@ -48,7 +49,7 @@ def assert_same(sharded: list, single: list) -> None:
                 assert abs(got_step[token] - logprob) <= 1e-4
 
 
-@pytest.mark.parametrize("case", ["dense", "moe", "ple", "one_kv_head", "mxfp4"])
+@pytest.mark.parametrize("case", ["dense", "moe", "ple", "one_kv_head", "mxfp4", "gemma3"])
 def test_two_ranks_give_the_single_engine_tokens_and_logprobs(cases, case):
     assert_same(generate(cases[case], tensor_parallel_size=2), generate(cases[case]))
 
@@ -171,7 +172,7 @@ def _alive(process: psutil.Process) -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["dense", "moe"])
+@pytest.mark.parametrize("case", ["dense", "moe", "gemma3"])
 def test_two_gpus_replaying_graphs_give_the_single_gpu_tokens(cases, case):
     """nccl, decode graphs that capture the all-reduces, and overlapped decode (rank 0 broadcasts the ids it sampled
     on its GPU to the step launched ahead)."""

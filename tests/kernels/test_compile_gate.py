@@ -13,7 +13,9 @@ ROCM = ["gfx942", "gfx950"]
 # ops on the cache; a gate with a small pool did not see them): (platform, HEAD_DIM, BLOCK_Q, HAS_KEY_ENDS) -> the
 # VGPRs spilled. Tiles to retune on the GPU, where the change can be timed; any other spill fails.
 KNOWN_SPILLS = {("gfx950", 256, 32, True): 1,  # the sliding layers' prefill with an image's key ends
-                ("gfx942", 256, 8, False): 2}  # the sliding layers' eager decode of 64 sequences
+                ("gfx942", 256, 8, False): 2,  # the sliding layers' eager decode of 64 sequences
+                ("gfx942", 128, 64, False): 82,  # Gemma 3 27B's prefill (BLOCK_M 128, 8 warps, 3 stages)
+                ("gfx950", 128, 64, False): 31}  # the same tile
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +38,18 @@ def test_the_gate_compiles_exactly_what_the_models_launch(rocm_gate):
     for platform in ROCM:  # the configs' kernel families: bf16, MoE, MXFP4, FP8 and the vision tower
         families = {r["kernel"].partition(".")[0] for r in rocm_gate.recorded if r["platform"] == platform}
         assert families == {"attention", "norm", "activation", "gemm", "moe", "mxfp4", "fp8"}
+
+
+def test_the_gate_compiles_what_e4b_the_assistants_and_gemma3_add(rocm_gate):
+    """Specializations first launched (in examples/configs' order) by Gemma 4 E4B (its GQA group of 4), by
+    speculative decoding with an assistant (its draft rounds and the 26B-A4B target's verify steps) and by Gemma 3
+    27B (head_dim 128) are among those the gate compiles."""
+    for platform in ROCM:
+        first = {r.workload for r in rocm_gate.results if r.platform == platform}
+        assert any(w.startswith("gemma-4-E4B-it kv") for w in first)
+        assert any(w.startswith("gemma-4-E4B-it-assistant") and " draft" in w for w in first)
+        assert any(w.startswith("gemma-4-26B-A4B-it-assistant") and " verify" in w for w in first)
+        assert any(w.startswith("gemma-3-27b-it") for w in first)
 
 
 def test_the_gate_fails_when_a_recorded_specialization_is_not_compiled(rocm_gate):

@@ -20,8 +20,24 @@ def by_kernel(launches) -> dict[str, list]:
 
 def test_every_example_config_is_recorded():
     names = {path.name for path in example_configs()}
-    assert {"gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it", "gemma-4-31B-it-vision",
-            "gemma-4-31B-it-mxfp4", "gemma-4-26B-A4B-it-mxfp4", "gemma-4-26B-A4B-it-fp8-block"} <= names
+    assert {"gemma-4-31B-it", "gemma-4-26B-A4B-it", "gemma-4-E2B-it", "gemma-4-E4B-it", "gemma-4-31B-it-vision",
+            "gemma-4-31B-it-mxfp4", "gemma-4-26B-A4B-it-mxfp4", "gemma-4-26B-A4B-it-fp8-block",
+            "gemma-4-31B-it-assistant", "gemma-4-26B-A4B-it-assistant", "gemma-4-E4B-it-assistant",
+            "gemma-3-27b-it"} <= names
+
+
+@pytest.mark.parametrize("name,heads", [("gemma-4-31B-it-assistant", 32), ("gemma-4-E4B-it-assistant", 4)])
+def test_an_assistant_records_the_targets_verify_steps_and_its_draft_rounds(name, heads):
+    """Beside its target (the folder without -assistant): the target's steps of 1 + NUM_DRAFTS queries a sequence,
+    eager and from every verify graph, and the assistant's rounds of NUM_DRAFTS steps, eager and from every draft
+    graph, whose attention reads the target's caches (sliding 256 and global 512 heads) with the assistant's own
+    query heads."""
+    launches = record(parse_platform("gfx950"), [EXAMPLE_CONFIGS / name])
+    steps = {workload.removeprefix(f"{name} kv bfloat16 ").rstrip("0123456789") for workload, _ in launches}
+    assert {"verify-", "verify graph ", "draft-", "draft graph "} <= steps
+    draft_attention = {(launch.kwargs["HEAD_DIM"], launch.kwargs["GROUP"] * launch.grid[1]) for workload, launch
+                       in by_kernel(launches)["_attention_kernel"] if " draft" in workload}
+    assert draft_attention == {(256, heads), (512, heads)}  # query heads = GROUP x the target's KV heads (grid)
 
 
 @pytest.fixture(scope="module")

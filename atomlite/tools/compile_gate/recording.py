@@ -9,6 +9,10 @@ sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every de
 capture runs it); each of those with the KV cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
 with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends. Where dispatch
 gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks.
+
+An assistant checkpoint (an MTP drafter, a folder named as its target's with -assistant, as on the hub) is recorded
+as the engine runs it beside its target with NUM_DRAFTS drafts a step: the target's verify steps (eager and every
+verify graph's bucket) and the assistant's draft rounds (eager and every draft graph's bucket), per KV cache dtype.
 """
 import contextlib
 from dataclasses import dataclass
@@ -22,10 +26,12 @@ from atomlite import distributed
 from atomlite.config import EngineConfig
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.parallel import graph_steps
-from atomlite.engine.runner.decode_graphs import graph_batch_sizes
+from atomlite.engine.runner.decode_graphs import graph_batch_sizes, verify_graphs_off_reason
 from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.llm_engine import construct_model
 from atomlite.engine.runner.model_runner import ModelRunner
+from atomlite.engine.runner.rank import assistant_spec_for
+from atomlite.engine.spec.drafters import AssistantDrafter
 from atomlite.engine.runner.step_inputs import StepInputs
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
@@ -33,11 +39,14 @@ from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4 import family as mxfp4_family
+from atomlite.registry import mtp_assistant
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[3] / "examples" / "configs"
 META = torch.device("meta")
 NUM_PAGES = 4096
 TENSOR_PARALLEL_SIZES = (2, 8)
+ASSISTANT_SUFFIX = "-assistant"  # the hub's names: google/gemma-4-31B-it-assistant drafts for google/gemma-4-31B-it
+NUM_DRAFTS = 4  # num_speculative_tokens of README's and docs/SPECULATIVE.md's examples
 
 # The sm_90 block-scaled path multiplies by cuBLAS (torch's scaled_mm), which has no meta kernel: the gate needs
 # only the Triton launches around it, so on meta the GEMM just hands back its output.
@@ -95,13 +104,15 @@ class _Recorder:
         self.launches += [(f"{self.label} {name}", launch) for launch in launches]
 
 
-def _eager(recorder: _Recorder, model, runner: ModelRunner, kv: KVCacheManager, step: Step, image: bool = False):
+def _eager(recorder: _Recorder, model, runner: ModelRunner, kv: KVCacheManager, step: Step, image: bool = False,
+           every_row: bool = False):
+    """One eager step; logits of each sequence's last row, or of every row (a verify step's)."""
     inputs = step_inputs(kv, step.num_seqs, step.new, step.context, image)
     with recorder.step(step.name + (" with an image" if image else "")):
         ids, ctx = runner.inputs.context(inputs)
         hidden = model(ids, ctx)
         last_rows = torch.tensor(inputs.query_starts[1:], device=META) - 1
-        model.compute_logits(hidden[last_rows])
+        model.compute_logits(hidden if every_row else hidden[last_rows])
 
 
 def _graphs(recorder: _Recorder, runner: ModelRunner, kv: KVCacheManager, config: EngineConfig) -> None:
@@ -220,6 +231,75 @@ def _rank_zero_of(size: int, config: EngineConfig, platform: Platform):
         return None
 
 
+def draft_inputs(kv: KVCacheManager, num_seqs: int, context: int) -> StepInputs:
+    """A draft step's host inputs as StepInputBuilder.build_draft builds them: one query per sequence at its newest
+    token's position (context - 1), seeing the target's keys before it, writing none."""
+    inputs = step_inputs(kv, num_seqs, 1, context - 1)
+    no_slots = np.full(num_seqs, -1, dtype=np.int64)
+    return StepInputs(inputs.ids, inputs.positions + 1, inputs.query_starts, inputs.seq_lens,
+                      [no_slots] * len(kv.groups), inputs.tables)
+
+
+def _verify_steps(recorder: _Recorder, model, runner: ModelRunner, kv: KVCacheManager, config: EngineConfig):
+    """The target's steps that verify NUM_DRAFTS drafts a sequence: eager, and every verify graph's bucket where
+    the attention kernels can replay them (engine/runner/rank.py's _set_up_decode_graphs)."""
+    queries, longest = NUM_DRAFTS + 1, config.max_model_len
+    for step in (Step("verify-1", 1, queries, longest),
+                 Step(f"verify-{config.max_num_seqs}", config.max_num_seqs, queries, longest // 2)):
+        _eager(recorder, model, runner, kv, step, every_row=True)
+    batch = min(graph_batch(config), config.max_num_batched_tokens // queries)
+    if verify_graphs_off_reason(model) is not None or not batch:
+        return
+    graphs = runner.use_verify_graphs(NUM_DRAFTS, batch, longest, capture=False)
+    for bucket in graphs.sizes:
+        with recorder.step(f"verify graph {bucket}"), graph_steps():
+            graphs.run(step_inputs(kv, bucket, queries, longest // 2))
+
+
+def _draft_rounds(recorder: _Recorder, drafter: AssistantDrafter, kv: KVCacheManager, config: EngineConfig):
+    """The assistant's rounds of NUM_DRAFTS steps: eager (AssistantDrafter.propose's loop), and every draft graph's
+    bucket."""
+    assistant, longest = drafter.assistant, config.max_model_len
+    width, dtype = assistant.spec.backbone_hidden_size, assistant.model.norm.weight.dtype
+    for num_seqs, context in ((1, longest), (config.max_num_seqs, longest // 2)):
+        with recorder.step(f"draft-{num_seqs}"):
+            ids, ctx = drafter.inputs.context(draft_inputs(kv, num_seqs, context))
+            hidden = torch.empty(num_seqs, width, dtype=dtype, device=META)
+            for _ in range(NUM_DRAFTS):
+                normed, hidden = assistant(ids, hidden, ctx)
+                ids = torch.argmax(assistant.compute_logits(normed), dim=-1)
+    graphs = drafter.use_graphs(graph_batch(config), longest, NUM_DRAFTS, capture=False)
+    for bucket in graphs.sizes:
+        with recorder.step(f"draft graph {bucket}"), graph_steps():
+            graphs.inputs.fill(draft_inputs(kv, bucket, longest // 2), bucket)
+            graphs._forward(bucket)
+
+
+def record_assistant(path: Path, platform: Platform) -> Launches:
+    """(workload, launch) of every Triton launch speculative decoding with the assistant at path makes beside its
+    target (the folder of the same name without -assistant): the target's verify steps and the draft rounds."""
+    target = path.with_name(path.name.removesuffix(ASSISTANT_SUFFIX))
+    config = EngineConfig(model=str(target), device="cpu", speculative_config=dict(
+        method="mtp", model=str(path), num_speculative_tokens=NUM_DRAFTS))
+    spec = assistant_spec_for(config)
+    model = _loaded(construct_model(config, META, platform), platform)
+    with dispatch.use(platform, config.kernel_backend):
+        assistant = mtp_assistant(config.model_spec.architecture).construct_assistant(
+            spec, model, META, config.torch_dtype, config.max_model_len)
+    _loaded(assistant, platform)
+    recorder = _Recorder(platform, path.name)
+    for dtype in _kv_dtypes(config, platform):
+        kv = KVCacheManager(model.kv_specs(dtype), NUM_PAGES, config.block_size, META)
+        runner = ModelRunner(model, kv, META)
+        runner.keep_hidden = True
+        recorder.label = f"{path.name} kv {str(dtype).removeprefix('torch.')}"
+        _verify_steps(recorder, model, runner, kv, config)
+        _draft_rounds(recorder, AssistantDrafter(assistant, kv, META), kv, config)
+    return recorder.launches
+
+
 def record(platform: Platform, models: list[Path] | None = None) -> Launches:
     """(workload, launch) for every model (default: every config of examples/configs)."""
-    return [launch for path in models or example_configs() for launch in record_model(Path(path), platform)]
+    paths = [Path(path) for path in models or example_configs()]
+    return [launch for path in paths for launch in
+            (record_assistant if path.name.endswith(ASSISTANT_SUFFIX) else record_model)(path, platform)]
