@@ -86,6 +86,7 @@ class LinearBuilder:
             layer = RowParallelLinear(columns.size, out_features, tp=self.tp)
             read_narrowed(layer.weight, 1, columns)
             layer.input_shard = columns  # what an adapter's A keeps
+            layer.output_shards = [Shard(0, out_features, out_features)]
             return layer
         from atomlite.model_ops.mxfp4_linear import RowParallelMXFP4Linear
         scale_columns = columns.in_blocks(spec.block_size, f"{name} input (MXFP4 scale blocks)")
