@@ -19,6 +19,10 @@ PEFT_PREFIX = "base_model.model."
 WEIGHTS = ("lora_A.weight", "lora_B.weight")
 
 
+class AdapterNotFound(ValueError):
+    """The adapter's folder or one of its files is missing."""
+
+
 @dataclass
 class LoRAAdapter:
     """An adapter ready to load into a slot: checkpoint module name -> (A [r, in], B [out, r] times its scaling),
@@ -33,13 +37,13 @@ def _files(request: LoRARequest) -> tuple[Path, Path]:
     folder = Path(request.lora_path).expanduser()
     config, weights = folder / "adapter_config.json", folder / "adapter_model.safetensors"
     if not folder.is_dir():
-        raise FileNotFoundError(f"LoRA {request.lora_name!r}: no such folder {folder}")
+        raise AdapterNotFound(f"LoRA {request.lora_name!r}: no such folder {folder}")
     if not config.is_file():
-        raise FileNotFoundError(f"LoRA {request.lora_name!r}: {folder} has no adapter_config.json")
+        raise AdapterNotFound(f"LoRA {request.lora_name!r}: {folder} has no adapter_config.json")
     if not weights.is_file():
         other = " (adapter_model.bin is not read: save with safe_serialization=True)" if (
             folder / "adapter_model.bin").exists() else ""
-        raise FileNotFoundError(f"LoRA {request.lora_name!r}: {folder} has no adapter_model.safetensors{other}")
+        raise AdapterNotFound(f"LoRA {request.lora_name!r}: {folder} has no adapter_model.safetensors{other}")
     return config, weights
 
 
@@ -110,7 +114,7 @@ def _checked(request: LoRARequest, module: str, a: torch.Tensor, b: torch.Tensor
 
 def read_adapter(request: LoRARequest, targets: dict[str, Target], max_rank: int, alias=lambda name: name
                  ) -> LoRAAdapter:
-    """The adapter of request checked against targets (lora.targets); ValueError (FileNotFoundError for a missing
+    """The adapter of request checked against targets (lora.targets); ValueError (AdapterNotFound for a missing
     file) naming what is wrong. alias: the model's checkpoint prefix renames (loader's)."""
     config_path, weights_path = _files(request)
     config = _read_config(request, config_path)
