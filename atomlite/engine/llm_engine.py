@@ -301,7 +301,8 @@ class LLMEngine:
                            [(spec.kind, used, total) for spec, used, total in self.kv.usage()],
                            scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits,
                            self.iteration_tokens, spec=self.spec_stats.snapshot() if self.drafter else None,
-                           forward_passes=dict(self.runner.forward_passes))
+                           forward_passes=dict(self.runner.forward_passes),
+                           lora=self.loras.usage(scheduler) if self.loras is not None else None)
 
     def _run_scheduled(self) -> LaunchedStep | None:
         """The scheduler's next batch, launched; None when no sequence samples from it."""

@@ -65,10 +65,8 @@ class LoRAManager:
                 self.owners[i] = None
         self.slots.forget(request)
 
-    def adapters_in(self, seqs: list[Sequence]) -> dict[str, int]:
-        """Running sequences per adapter name (the per-adapter metric)."""
-        counts: dict[str, int] = {}
-        for seq in seqs:
-            if seq.lora is not None:
-                counts[seq.lora.lora_name] = counts.get(seq.lora.lora_name, 0) + 1
-        return counts
+    def usage(self, scheduler) -> tuple[int, list[str], list[str]]:
+        """(slots, adapters of the running sequences, of the waiting ones): vLLM's lora_requests_info."""
+        def names(seqs) -> list[str]:
+            return sorted({seq.lora.lora_name for seq in seqs if seq.lora is not None})
+        return len(self.owners), names(scheduler.running), names(scheduler.waiting)
