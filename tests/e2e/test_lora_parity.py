@@ -109,3 +109,15 @@ def test_two_tensor_parallel_ranks_give_peft_tokens(served):
         llm.engine.close()
     for prompt, name, out in zip(PROMPTS, ADAPTER_OF, outputs):
         assert out.outputs[0].token_ids == reference(peft_model, name, lambda m: hf_greedy(m, prompt, 6)), name
+
+
+def test_speculative_decoding_keeps_each_adapters_tokens(served):
+    """The drafter proposes without adapters; verify steps run the target with each row's adapter, so the greedy
+    tokens stay PEFT's."""
+    path, loras, peft_model = served
+    llm = lora_llm(path, speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    prompts = [random_prompt(n, seed=n) for n in (1, 5, 9, 23, 40)]  # outputs that repeat: the n-gram lookup drafts
+    outputs = llm.generate(prompts, greedy(30), lora_request=requests_of(loras, ADAPTER_OF))
+    for prompt, name, out in zip(prompts, ADAPTER_OF, outputs):
+        assert out.outputs[0].token_ids == reference(peft_model, name, lambda m: hf_greedy(m, prompt, 30)), name
+    assert llm.engine.spec_stats.snapshot().num_drafts > 0
