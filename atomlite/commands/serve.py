@@ -78,9 +78,9 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     try:
         load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)
+        sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
         config = EngineConfig(model=model, **engine_args(kw))
         loras = served_adapters(config, names, lora_modules)  # before loading: a bad adapter costs no model load
-        sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
         engine = engine_client(config, max_waiting)
         engine.start()  # the engine core process builds the model; its errors come back here
     except (ConfigError, ValueError) as e:
@@ -120,8 +120,10 @@ def served_adapters(config, names: list[str], lora_modules: tuple[str, ...]):
         if lora_modules:
             fail("--lora-modules needs --enable-lora")
         return None
+    from atomlite.engine.runner.rank import construct_model
     from atomlite.lora.served import ServedAdapters, parse_lora_modules
-    loras = ServedAdapters(config, names)
+    from atomlite.model_ops.platform import Platform
+    loras = ServedAdapters(construct_model(config, "meta", Platform()), config.max_lora_rank, names)
     for lora_name, path in parse_lora_modules(list(lora_modules)):
         loras.add(lora_name, path)
     return loras

@@ -2,10 +2,10 @@
 
 The scheduler admits a sequence only while the running ones use at most --max-loras adapters, so the adapters of a
 batch always find slots: a slot whose adapter no running sequence uses is free to take (least recently used
-first). Loads go to every rank with the step (RunnerStep.lora_loads)."""
+first). Loads go to every rank with the step (RunnerStep.lora_loads). Sequences are the engine's (engine.sequence),
+named here only in hints: the engine imports this package, not the other way round."""
 import hashlib
 
-from atomlite.engine.sequence import Sequence
 from atomlite.lora.request import LoRARequest
 from atomlite.lora.slots import AdapterSlots
 
@@ -21,13 +21,13 @@ class LoRAManager:
         self.last_used = [0] * len(self.owners)
         self._clock = 0
 
-    def prepare(self, seq: Sequence, request: LoRARequest) -> None:
+    def prepare(self, seq: "Sequence", request: LoRARequest) -> None:
         """Checks the adapter (ValueError naming what is wrong) and gives seq its prefix-cache identity."""
         adapter = self.slots.read(request)
         seq.lora = request
         seq.lora_key = hashlib.sha256(adapter.key).digest()
 
-    def assign(self, batch: list[tuple[Sequence, int]], running: list[Sequence]) -> list[tuple[int, LoRARequest]]:
+    def assign(self, batch: list[tuple["Sequence", int]], running: list["Sequence"]) -> list[tuple[int, LoRARequest]]:
         """Sets each sequence's lora_slot; returns the (slot, adapter) loads the step must make first."""
         loads = []
         in_use = {identity(seq.lora) for seq in running if seq.lora is not None}
@@ -56,7 +56,7 @@ class LoRAManager:
                                "--max-loras adapters)")
         return min(candidates, key=lambda i: (self.owners[i] is not None, self.last_used[i]))
 
-    def evict(self, request: LoRARequest, running: list[Sequence]) -> None:
+    def evict(self, request: LoRARequest, running: list["Sequence"]) -> None:
         """An unloaded adapter: its slot is free unless a running sequence still uses it (those finish on it), and
         it is read from disk again if added again."""
         in_use = {identity(seq.lora) for seq in running if seq.lora is not None}

@@ -7,7 +7,6 @@ import json
 
 import torch
 
-from atomlite.config import EngineConfig
 from atomlite.loader import _alias
 from atomlite.lora.peft import AdapterNotFound, read_adapter
 from atomlite.lora.request import LoRARequest
@@ -38,14 +37,13 @@ def parse_lora_modules(values: list[str]) -> list[tuple[str, str]]:
 
 
 class ServedAdapters:
-    def __init__(self, config: EngineConfig, base_names: list[str]):
-        from atomlite.engine.runner.rank import construct_model
-        cpu = Platform()
-        model = construct_model(config, "meta", cpu)
-        with dispatch.use(cpu), torch.device("meta"):
-            self.targets = attach_slots(model, 1, config.max_lora_rank, RowSlots(1, "meta"))
+    """model: the model as built on the meta device (for its projections' shapes)."""
+
+    def __init__(self, model, max_lora_rank: int, base_names: list[str]):
+        with dispatch.use(Platform()), torch.device("meta"):
+            self.targets = attach_slots(model, 1, max_lora_rank, RowSlots(1, "meta"))
         self.alias = lambda name: _alias(model, name)
-        self.max_rank, self.base_names = config.max_lora_rank, list(base_names)
+        self.max_rank, self.base_names = max_lora_rank, list(base_names)
         self.by_name: dict[str, LoRARequest] = {}
         self._ids = itertools.count(1)
 
