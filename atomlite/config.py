@@ -277,7 +277,7 @@ class EngineConfig:
             raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]")
         self._check_tensor_parallel()
         if self.enable_lora:
-            self.lora_config  # its checks
+            self.lora_config  # noqa: B018 (LoRAConfig checks the settings as it is made)
         if self.max_graph_batch is not None and self.max_graph_batch < 1:
             raise ConfigError(f"--max-graph-batch {self.max_graph_batch} must be at least 1 (or use --enforce-eager)")
 

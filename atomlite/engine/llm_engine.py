@@ -200,8 +200,10 @@ class LLMEngine:
         images = self._images_of(token_ids, multimodal) if multimodal is not None else []
         seq = Sequence(token_ids, params, request_id, priority, images=images)
         if lora_request is not None:
-            self.check_lora(lora_request)
-            self.loras.prepare(seq, lora_request)
+            if self.loras is None:
+                raise ValueError(f"LoRA {lora_request.lora_name!r} was requested but LoRA is not enabled (start "
+                                 f"with enable_lora=True, --enable-lora)")
+            self.loras.prepare(seq, lora_request)  # reads and checks the adapter
         # a grammar not compiled yet compiles on its own thread: the sequence waits for it, the batch runs on
         waits = params.structured_outputs is not None and not self.structured.start(seq)
         if params.prompt_logprobs is not None:
@@ -212,19 +214,6 @@ class LLMEngine:
         if not waits:
             self.scheduler.add(seq)
         return seq
-
-    def check_lora(self, request: LoRARequest) -> None:
-        """The adapter read and checked against the model (ValueError naming what is wrong)."""
-        if self.loras is None:
-            raise ValueError(f"LoRA {request.lora_name!r} was requested but LoRA is not enabled (start with "
-                             f"enable_lora=True, --enable-lora)")
-        self.loras.slots.read(request)
-
-    def remove_lora(self, request: LoRARequest) -> None:
-        """An adapter no request will use any more (the server's unload): its slot and host copy are freed; running
-        sequences finish on it."""
-        if self.loras is not None:
-            self.loras.evict(request, self.scheduler.running)
 
     def _images_of(self, token_ids: list[int], multimodal: MultiModalPrompt) -> list[SeqImage]:
         vision = getattr(self.model, "vision_spec", None)

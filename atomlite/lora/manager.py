@@ -4,8 +4,6 @@ The scheduler admits a sequence only while the running ones use at most --max-lo
 batch always find slots: a slot whose adapter no running sequence uses is free to take (least recently used
 first). Loads go to every rank with the step (RunnerStep.lora_loads). Sequences are the engine's (engine.sequence),
 named here only in hints: the engine imports this package, not the other way round."""
-import hashlib
-
 from atomlite.lora.request import LoRARequest
 from atomlite.lora.slots import AdapterSlots
 
@@ -23,9 +21,7 @@ class LoRAManager:
 
     def prepare(self, seq: "Sequence", request: LoRARequest) -> None:
         """Checks the adapter (ValueError naming what is wrong) and gives seq its prefix-cache identity."""
-        adapter = self.slots.read(request)
-        seq.lora = request
-        seq.lora_key = hashlib.sha256(adapter.key).digest()
+        seq.lora, seq.lora_key = request, self.slots.read(request).key
 
     def assign(self, batch: list[tuple["Sequence", int]], running: list["Sequence"]) -> list[tuple[int, LoRARequest]]:
         """Sets each sequence's lora_slot; returns the (slot, adapter) loads the step must make first."""
@@ -55,15 +51,6 @@ class LoRAManager:
             raise RuntimeError("every LoRA slot holds an adapter of a running sequence (the scheduler admits at most "
                                "--max-loras adapters)")
         return min(candidates, key=lambda i: (self.owners[i] is not None, self.last_used[i]))
-
-    def evict(self, request: LoRARequest, running: list["Sequence"]) -> None:
-        """An unloaded adapter: its slot is free unless a running sequence still uses it (those finish on it), and
-        it is read from disk again if added again."""
-        in_use = {identity(seq.lora) for seq in running if seq.lora is not None}
-        for i, owner in enumerate(self.owners):
-            if owner is not None and identity(owner) == identity(request) and identity(owner) not in in_use:
-                self.owners[i] = None
-        self.slots.forget(request)
 
     def usage(self, scheduler) -> tuple[int, list[str], list[str]]:
         """(slots, adapters of the running sequences, of the waiting ones): vLLM's lora_requests_info."""

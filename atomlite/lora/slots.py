@@ -39,9 +39,6 @@ class AdapterSlots:
         self._host.move_to_end(key)
         return adapter
 
-    def forget(self, request: LoRARequest) -> None:
-        self._host.pop((request.lora_int_id, request.lora_path), None)
-
     def load(self, slot: int, request: LoRARequest) -> None:
         write_slot(self.model, self.targets, slot, self.read(request).weights)
 

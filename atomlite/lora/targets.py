@@ -27,13 +27,11 @@ class Target:
 
 
 def _served_names(model: nn.Module, path: str, slices: int) -> list[str]:
-    """The checkpoint module names the projection at path serves, one per slice."""
-    for fragment, (fused, _) in getattr(model, "packed_weights", {}).items():
-        if path.endswith(f".{fused}"):
-            names = {shard: path[:-len(fused)] + fragment for fragment, (f, shard) in model.packed_weights.items()
-                     if f == fused}
-            return [names[i] for i in range(slices)]
-    return [path]
+    """The checkpoint module names the projection at path serves, one per slice (packed_weights: checkpoint
+    fragment -> (fused fragment, slice))."""
+    by_slice = {shard: path[:-len(fused)] + part for part, (fused, shard) in getattr(model, "packed_weights", {}).items()
+                if path.endswith(f".{fused}")}
+    return [by_slice[i] for i in range(slices)] if by_slice else [path]
 
 
 def find_targets(model: nn.Module) -> dict[str, tuple[str, nn.Module]]:
