@@ -1,8 +1,8 @@
 """LoRA adapters against PEFT's own model, float32, on tiny random dense and MoE Gemma 4 checkpoints: two adapters of
 different rank and alpha (one rsLoRA, one on fewer projections) and base rows in one batch give PEFT's greedy tokens
 and its logprobs within 1e-3; also from the decode graphs' static buffers, through slot eviction (one slot, three
-adapters' worth of requests), and over two tensor-parallel ranks. The prefix cache never shares a block between
-adapters, or between an adapter and the base model."""
+adapters' worth of requests), over two tensor-parallel ranks, with n-gram speculative decoding, and on the Triton
+kernels. The prefix cache never shares a block between adapters, or between an adapter and the base model."""
 import pytest
 import torch
 
@@ -121,3 +121,18 @@ def test_speculative_decoding_keeps_each_adapters_tokens(served):
     for prompt, name, out in zip(prompts, ADAPTER_OF, outputs):
         assert out.outputs[0].token_ids == reference(peft_model, name, lambda m: hf_greedy(m, prompt, 30)), name
     assert llm.engine.spec_stats.snapshot().num_drafts > 0
+
+
+def test_the_triton_kernels_in_the_model_give_peft_tokens(served):
+    """The model on the Triton backend (the interpreter on CPU): its LoRA layers run the Triton shrink and expand."""
+    from atomlite.model_ops import kernels
+    path, loras, peft_model = served
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    llm = LLM(str(path), dtype="float32", device=device, kernel_backend="triton", max_num_batched_tokens=16,
+              enable_lora=True, max_loras=2, max_lora_rank=8)
+    lora = llm.engine.model.model.layers[0].self_attn.qkv_proj.lora
+    assert lora._expand is kernels.kernel("triton", "lora_expand").fn
+    prompts, names = PROMPTS[:3], ADAPTER_OF[:3]
+    outputs = llm.generate(prompts, greedy(4), lora_request=requests_of(loras, names))
+    for prompt, name, out in zip(prompts, names, outputs):
+        assert out.outputs[0].token_ids == reference(peft_model, name, lambda m: hf_greedy(m, prompt, 4)), name
