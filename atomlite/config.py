@@ -226,6 +226,11 @@ class EngineConfig:
     generation_config: str = "auto"
     override_generation_config: dict | str | None = None
     cpu_threads: int | None = None  # torch's CPU threads in the engine; None: usable cores but one (cpu_threads.py)
+    # vLLM's LoRA settings (atomlite.lora): adapters served beside the base model, batched together
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
@@ -287,6 +292,8 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"--gpu-memory-utilization {self.gpu_memory_utilization} must be in (0, 1]")
         self._check_tensor_parallel()
+        if self.enable_lora:
+            self.lora_config  # noqa: B018 (LoRAConfig checks the settings as it is made)
         if self.max_graph_batch is not None and self.max_graph_batch < 1:
             raise ConfigError(f"--max-graph-batch {self.max_graph_batch} must be at least 1 (or use --enforce-eager)")
 
@@ -311,6 +318,11 @@ class EngineConfig:
         if priority != 0 and self.scheduling_policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled (start with "
                              f"--scheduling-policy priority)")
+
+    @property
+    def lora_config(self):
+        from atomlite.lora.config import LoRAConfig
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
     @property
     def tokenizer_path(self) -> Path:

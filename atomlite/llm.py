@@ -10,6 +10,7 @@ from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.engine.output_processor import OutputProcessor
 from atomlite.engine.sampling.structured import check_structured_outputs
+from atomlite.lora.request import LoRARequest
 from atomlite.multimodal.inputs import MultiModalPrompt
 from atomlite.multimodal.offline import OfflineMultiModal
 from atomlite.outputs import RequestOutput
@@ -24,7 +25,8 @@ class LLM:
         kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0,
         load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9,
         limit_mm_per_prompt=None ({"image": 2}), mm_processor_kwargs=None ({"max_soft_tokens": 560}),
-        allowed_local_media_path=None, allowed_media_domains=None)
+        allowed_local_media_path=None, allowed_media_domains=None,
+        enable_lora=False, max_loras=1, max_lora_rank=16, max_cpu_loras=None)
     """
 
     def __init__(self, model: str, **engine_args):
@@ -39,20 +41,23 @@ class LLM:
 
     def generate(self, prompts: str | dict | list[str] | list[int] | list[list[int]] | list[dict],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False, priority: list[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = False, priority: list[int] | None = None,
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in the order given. A prompt is text, token ids, or vLLM's dict:
         {"prompt": text} or {"prompt_token_ids": ids}, with "multi_modal_data": {"image": an image or a list,
         "video": frames, or a list of videos, "audio": (samples, sample_rate) or a list of them} and
-        "mm_processor_kwargs". priority: one per prompt, with
-        scheduling_policy="priority" (lower runs first)."""
+        "mm_processor_kwargs". priority: one per prompt, with scheduling_policy="priority" (lower runs first).
+        lora_request: the LoRA adapter every prompt runs with, or one per prompt (None: the base model), with
+        enable_lora=True."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         inputs = [self._multimodal.prompt_dict(p) if isinstance(p, dict) else (p, None) for p in prompts]
-        return self._generate(inputs, sampling_params, use_tqdm, priority)
+        return self._generate(inputs, sampling_params, use_tqdm, priority, lora_request)
 
     def _generate(self, inputs: list[tuple[str | list[int], MultiModalPrompt | None]],
                   sampling_params: SamplingParams | list[SamplingParams] | None,
-                  use_tqdm: bool, priority: list[int] | None = None) -> list[RequestOutput]:
+                  use_tqdm: bool, priority: list[int] | None = None,
+                  lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         prompts = [prompt for prompt, _ in inputs]
         params = sampling_params or self.get_default_sampling_params()
         params = params if isinstance(params, list) else [params] * len(prompts)
@@ -61,13 +66,16 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else priority
         if len(priority) != len(prompts):
             raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
         processor, states = OutputProcessor(self.tokenizer), []
         try:
-            for (prompt, multimodal), p, rank in zip(inputs, params, priority):
+            for (prompt, multimodal), p, rank, lora in zip(inputs, params, priority, loras):
                 request_id = f"offline-{next(self._ids)}"
                 for j, child in enumerate(_children(p)):
                     seq = self._add_request(f"{request_id}-{j}" if p.n > 1 else request_id, prompt, multimodal, child,
-                                            rank)
+                                            rank, lora)
                     states.append(processor.add(seq.request_id, seq.prompt_token_ids, child))
             with tqdm(total=len(states), desc="Generating", disable=not use_tqdm) as bar:
                 while self.engine.has_unfinished():
@@ -129,13 +137,14 @@ class LLM:
         return self._guard
 
     def _add_request(self, request_id: str, prompt: str | list[int], multimodal: MultiModalPrompt | None,
-                     params: SamplingParams, priority: int = 0):
+                     params: SamplingParams, priority: int = 0, lora: LoRARequest | None = None):
         """The one place a prompt is handed to the engine."""
         if params.structured_outputs is not None:
             check_structured_outputs(params.structured_outputs)  # a bad spec raises here, not in a later step
         if multimodal is not None:
-            return self.engine.add_request(request_id, multimodal.prompt_token_ids, params, priority, multimodal)
-        return self.engine.add_request(request_id, prompt, params, priority)
+            return self.engine.add_request(request_id, multimodal.prompt_token_ids, params, priority, multimodal,
+                                           lora_request=lora)
+        return self.engine.add_request(request_id, prompt, params, priority, lora_request=lora)
 
     def _step(self, processor: OutputProcessor) -> int:
         """One engine step, its updates into their requests; returns how many finished."""

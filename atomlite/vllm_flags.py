@@ -1,7 +1,7 @@
 """`atomlite serve` under vLLM's spelling: the flags vLLM users type by habit. Those atomlite honours are ordinary
 options (cli.py, SERVE_OPTIONS below); those whose meaning here is nothing are taken and named at startup
 (NO_EFFECT); those atomlite cannot honour are refused with a line saying why (REFUSED), never taken silently.
-`--served-model-name` takes several names after one flag, as vLLM's does."""
+`--served-model-name` and `--lora-modules` take several values after one flag, as vLLM's do."""
 import json
 import sys
 
@@ -9,10 +9,6 @@ import click
 
 # flag -> why atomlite cannot do what it asks
 REFUSED = {
-    "--lora-modules": "atomlite does not serve LoRA adapters: merge the adapter into the checkpoint and serve that",
-    "--enable-lora": "atomlite does not serve LoRA adapters: merge the adapter into the checkpoint and serve that",
-    "--max-loras": "atomlite does not serve LoRA adapters",
-    "--max-lora-rank": "atomlite does not serve LoRA adapters",
     "--pipeline-parallel-size": "atomlite has no pipeline parallelism: use --tensor-parallel-size within a host, or "
                                 "run atomlite inside vLLM for pipeline parallelism across hosts "
                                 "(docs/SERVING.md, 'Across hosts')",
@@ -64,7 +60,7 @@ def _split(arg: str) -> tuple[str, str | None]:
 def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
     """(the arguments click parses, a line for each flag taken with no effect). Refused flags exit here;
     `--served-model-name a b` becomes one `--served-model-name` per name (a later one replaces an earlier one, as
-    in vLLM)."""
+    in vLLM); `--lora-modules a=PATH b=PATH` one `--lora-modules` per adapter (every one kept)."""
     out, notes, names, rest, i = [], [], [], [], 0
     while i < len(args):
         flag, value = _split(args[i])
@@ -89,6 +85,14 @@ def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
                 names.append(args[i])
             if not names:
                 refuse("--served-model-name needs a name")
+        elif flag == "--lora-modules":
+            values = [value] if value is not None else []
+            while value is None and i + 1 < len(args) and not args[i + 1].startswith("-"):  # vLLM's nargs="+"
+                i += 1
+                values.append(args[i])
+            if not values:
+                refuse("--lora-modules needs name=path (one or several)")
+            out += [x for v in values for x in ("--lora-modules", v)]
         else:
             out.append(args[i])
         i += 1
@@ -143,6 +147,16 @@ SERVE_OPTIONS = [
     click.option("--allowed-headers", default=None, callback=_json_list,
                  help='CORS headers as JSON (default with --allowed-origins: \'["*"]\').'),
     click.option("--allow-credentials", is_flag=True, help="CORS: allow credentials (cookies, Authorization)."),
+    click.option("--enable-lora", is_flag=True, help="Serve LoRA adapters (PEFT's) beside the base model: a request's "
+                                                     "model names the adapter (docs/LORA.md)."),
+    click.option("--lora-modules", multiple=True,
+                 help="Adapters served from the start: name=PATH, one or several after the flag (or vLLM's JSON "
+                      "'{\"name\": ..., \"path\": ...}'); needs --enable-lora."),
+    click.option("--max-loras", type=int, default=1, show_default=True,
+                 help="Adapters one batch may hold (slots on the device)."),
+    click.option("--max-lora-rank", type=int, default=16, show_default=True, help="The largest adapter rank served."),
+    click.option("--max-cpu-loras", type=int, default=None,
+                 help="Adapters kept read in host memory (default: --max-loras)."),
 ]
 
 

@@ -160,6 +160,9 @@ stage() {
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
+        lora-31b) python bench/lora_tpot.py --model examples/configs/gemma-4-31B-it ;;  # 4 rank-16 adapters in 16
+        lora-26b) python bench/lora_tpot.py --model examples/configs/gemma-4-26B-A4B-it --targets attention ;;
+        tests-lora) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_lora_kernels.py tests/e2e/test_lora_parity.py ;;
         spec-31b) speculative gemma-4-31B-it ;;
         spec-26b) speculative gemma-4-26B-A4B-it ;;
         verify-31b) python bench/verify_step.py --model examples/configs/gemma-4-31B-it ;;

@@ -98,7 +98,8 @@ def engine_args(kw: dict) -> dict:
             "kv_cache_dtype", "speculative_config", "tensor_parallel_size", "disable_custom_all_reduce",
             "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
             "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory", "enable_prefix_caching",
-            "seed", "tokenizer", "quantization", "generation_config", "override_generation_config", "cpu_threads")
+            "seed", "tokenizer", "quantization", "generation_config", "override_generation_config", "cpu_threads",
+            "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_overlap_decode" in kw:
         args["overlap_decode"] = not kw["no_overlap_decode"]

@@ -73,17 +73,19 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     cors = cors_settings(*(kw.pop(k) for k in ("allowed_origins", "allowed_methods", "allowed_headers",
                                                 "allow_credentials")))
     chat_options = ChatOptions(chat_template, tool_call_parser, reasoning_parser, kw.pop("trust_request_chat_template"))
+    names = list(served_model_name) or [default_served_name(kw["model"], model)]
+    name, lora_modules = names[0], kw.pop("lora_modules")
     try:
         load_chat_template(chat_template)
         body_limit = parse_memory_size(max_request_size)
         sock = bound_socket(host, port)  # before loading: a taken port must not cost a model load first
-        engine = engine_client(EngineConfig(model=model, **engine_args(kw)), max_waiting)
+        config = EngineConfig(model=model, **engine_args(kw))
+        loras = served_adapters(config, names, lora_modules)  # before loading: a bad adapter costs no model load
+        engine = engine_client(config, max_waiting)
         engine.start()  # the engine core process builds the model; its errors come back here
     except (ConfigError, ValueError) as e:
         fail(str(e))
-    names = list(served_model_name) or [default_served_name(kw["model"], model)]
-    name = names[0]
-    app = build_app(engine, names, api_key, body_limit, chat_options, cors)
+    app = build_app(engine, names, api_key, body_limit, chat_options, cors, loras)
     chat = app.state.server.chat_template
     if enable_auto_tool_choice and (chat is None or chat.tool_call_parser is None):
         engine.shutdown()
@@ -110,6 +112,21 @@ def serve(host, port, served_model_name, api_key, max_waiting, shutdown_timeout,
     if not server.started:
         fail("the server failed to start (see the log above)")
     click.echo("server stopped")
+
+
+def served_adapters(config, names: list[str], lora_modules: tuple[str, ...]):
+    """The adapters --lora-modules names, each checked against the model; None without --enable-lora."""
+    if not config.enable_lora:
+        if lora_modules:
+            fail("--lora-modules needs --enable-lora")
+        return None
+    from atomlite.engine.runner.rank import construct_model
+    from atomlite.lora.served import ServedAdapters, parse_lora_modules
+    from atomlite.model_ops.platform import Platform
+    loras = ServedAdapters(construct_model(config, "meta", Platform()), config.max_lora_rank, names)
+    for lora_name, path in parse_lora_modules(list(lora_modules)):
+        loras.add(lora_name, path)
+    return loras
 
 
 def default_served_name(model_option: str | None, model: str) -> str:

@@ -17,6 +17,8 @@ from atomlite.engine.runner.rank import EngineRank, construct_model
 from atomlite.engine.sampling.sampler import sample_ids, token_logprobs
 from atomlite.engine.scheduler import Scheduler
 from atomlite.engine.images.seq_images import SeqItem, placed_images
+from atomlite.lora.manager import LoRAManager
+from atomlite.lora.request import LoRARequest
 from atomlite.engine.sequence import Sequence, Status
 from atomlite.engine.spec.drafters import drafting_allowed
 from atomlite.engine.spec.stats import SpecStats
@@ -88,8 +90,10 @@ class LLMEngine:
         self.set_drafter(rank.drafter, rank.num_speculative_tokens)
         self.warmup_note = (warm_up(self.runner, self.kv, config.max_num_batched_tokens, config.max_model_len - 1,
                                     self.device) if self.device.type == "cuda" else "")
+        self.loras = LoRAManager(rank.loras) if rank.loras is not None else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len,
-                                   config.scheduling_policy, self._image_scheduling())
+                                   config.scheduling_policy, self._image_scheduling(),
+                                   config.max_loras if self.loras else None)
         self.tokenizer = load_tokenizer(config.tokenizer_path)
         self.eos_token_ids = set(config.model_spec.eos_token_ids) | set(config.generation_defaults.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -181,9 +185,11 @@ class LLMEngine:
         check_prompt(token_ids, self.vocab_size, self.config.max_model_len)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    priority: int = 0, multimodal: MultiModalPrompt | None = None) -> Sequence:
+                    priority: int = 0, multimodal: MultiModalPrompt | None = None,
+                    lora_request: LoRARequest | None = None) -> Sequence:
         """priority: with --scheduling-policy priority, lower values run first (ties by arrival). multimodal: the
-        prompt's images and video frames (the input side's MultiModalPrompt; prompt is then its token ids)."""
+        prompt's images and video frames (the input side's MultiModalPrompt; prompt is then its token ids).
+        lora_request: the LoRA adapter it runs with (enable_lora); None: the base model."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.config.check_priority(priority)
@@ -193,6 +199,11 @@ class LLMEngine:
         self.validate_prompt(token_ids)
         images = self._images_of(token_ids, multimodal) if multimodal is not None else []
         seq = Sequence(token_ids, params, request_id, priority, images=images)
+        if lora_request is not None:
+            if self.loras is None:
+                raise ValueError(f"LoRA {lora_request.lora_name!r} was requested but LoRA is not enabled (start "
+                                 f"with enable_lora=True, --enable-lora)")
+            self.loras.prepare(seq, lora_request)  # reads and checks the adapter
         # a grammar not compiled yet compiles on its own thread: the sequence waits for it, the batch runs on
         waits = params.structured_outputs is not None and not self.structured.start(seq)
         if params.prompt_logprobs is not None:
@@ -294,7 +305,8 @@ class LLMEngine:
                            [(spec.kind, used, total) for spec, used, total in self.kv.usage()],
                            scheduler.num_preemptions, scheduler.prefix_cache_queries, scheduler.prefix_cache_hits,
                            self.iteration_tokens, spec=self.spec_stats.snapshot() if self.drafter else None,
-                           forward_passes=dict(self.runner.forward_passes))
+                           forward_passes=dict(self.runner.forward_passes),
+                           lora=self.loras.usage(scheduler) if self.loras is not None else None)
 
     def _run_scheduled(self) -> LaunchedStep | None:
         """The scheduler's next batch, launched; None when no sequence samples from it."""
@@ -302,6 +314,8 @@ class LLMEngine:
         if not batch:
             return None
         self.step_prefilled = any(num_new > 1 or seq.num_uncomputed > 1 for seq, num_new in batch)
+        if self.loras is not None:
+            self.runner.lora_loads += self.loras.assign(batch, self.scheduler.running)
         logits, rows = self.runner.execute(batch)
         sample_seqs = [seq for seq, _ in rows.sample]
         bitmask = self._grammar_bitmask(sample_seqs)  # built on the host while the GPU runs the forward just launched

@@ -40,7 +40,7 @@ class OutputShare:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-                 policy: str = "fcfs", images: ImageScheduling | None = None):
+                 policy: str = "fcfs", images: ImageScheduling | None = None, max_loras: int | None = None):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy {policy!r} is not one of {', '.join(SCHEDULING_POLICIES)}")
         self.policy = policy
@@ -49,6 +49,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.images = images or ImageScheduling(max_num_batched_tokens)
+        self.max_loras = max_loras  # distinct LoRA adapters the running sequences may use (None: LoRA off)
         self.output_share = OutputShare()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -209,6 +210,9 @@ class Scheduler:
         reserved = self._reserved(share)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if not self._adapter_fits(seq):  # it waits for a running sequence's adapter slot to be given up
+                self._refused = (seq, self.room_changes)
+                return
             if seq.params.prompt_logprobs is None:
                 self.kv.apply_prefix_hit(seq)
             num_new = images.fit(seq, min(seq.num_uncomputed, budget))
@@ -233,6 +237,12 @@ class Scheduler:
             images.take(seq, num_new)
             scheduled.append((seq, num_new))
             budget -= num_new
+
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        if seq.lora is None:
+            return True
+        adapters = {(s.lora.lora_int_id, s.lora.lora_path) for s in self.running if s.lora is not None}
+        return (seq.lora.lora_int_id, seq.lora.lora_path) in adapters or len(adapters) < self.max_loras
 
     def _admitted(self, seq: Sequence) -> None:
         if self.kv.enable_prefix_caching and seq.params.prompt_logprobs is None:

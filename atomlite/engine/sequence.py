@@ -40,6 +40,9 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     images: list = field(default_factory=list)  # seq_images.SeqItem, in prompt order: its images and video frames
+    lora: object = None  # its LoRARequest (atomlite.lora), None: the base model
+    lora_key: bytes = b""  # what names its adapter's weights in prefix-cache keys (b"": the base model)
+    lora_slot: int = -1  # the device slot its adapter is in for the step being built
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -36,3 +36,4 @@ class EngineStats:
     spec: object = None  # the drafts' acceptance counters (spec.stats.SpecStats), with speculative decoding
     num_added: int = 0  # requests the engine has taken in, so a client can count the ones still on their way
     forward_passes: dict[str, int] = field(default_factory=dict)  # since start, by path: "graph", "eager"
+    lora: tuple | None = None  # with LoRA: (max_loras, running adapter names, waiting adapter names)

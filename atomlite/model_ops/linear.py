@@ -28,9 +28,13 @@ class Linear(nn.Module):
         self.weight.weight_loader = copy_weight
         self.kernel = dispatch.choose("linear", n=out_features, k=in_features)
         self.returns_partial_sums = False
+        self.lora = None  # its LoRASlots (model_ops.lora) when the engine serves adapters
 
     def forward(self, x: torch.Tensor) -> "torch.Tensor | PartialSums":
-        return self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums)
+        y = self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums)
+        if self.lora is not None:
+            self.lora.add_to(y, x)
+        return y
 
     def can(self, capability: str) -> bool:
         return self.kernel.can(capability)

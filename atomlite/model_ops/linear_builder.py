@@ -74,6 +74,7 @@ class LinearBuilder:
         if rows is not None and not rows.whole:
             for param in _packed(layer):
                 read_narrowed(param, 0, rows)
+        layer.output_shards = [rows or Shard(0, out_features, out_features)]  # what an adapter's B keeps
         return layer
 
     def row_parallel(self, name: str, columns: Shard, out_features: int):
@@ -84,6 +85,8 @@ class LinearBuilder:
         if spec is None:
             layer = RowParallelLinear(columns.size, out_features, tp=self.tp)
             read_narrowed(layer.weight, 1, columns)
+            layer.input_shard = columns  # what an adapter's A keeps
+            layer.output_shards = [Shard(0, out_features, out_features)]
             return layer
         from atomlite.model_ops.mxfp4_linear import RowParallelMXFP4Linear
         scale_columns = columns.in_blocks(spec.block_size, f"{name} input (MXFP4 scale blocks)")
@@ -101,6 +104,7 @@ class LinearBuilder:
         if rows is not None and not all(r.whole for r in rows):
             for param in _packed(layer):
                 read_narrowed(param, 0, rows)
+        layer.output_shards = rows or [Shard(0, n, n) for n in out_features]
         return layer
 
     def _merged(self, name: str, in_features: int, out_features: list[int], parts: list[str] | None):

@@ -23,6 +23,9 @@ OPS = {
     "mxfp4_moe_experts": "the routed experts on MXFP4 weights (a family object: torch_ref.mxfp4_family)",
     "fp8_linear": "a linear on FP8 weights with the checkpoint's activation quantization (torch_ref.fp8)",
     "fp8_moe_experts": "the routed experts on FP8 weights (torch_ref.fp8)",
+    "lora_shrink": "each row's LoRA A: x @ A[slot]^T per row, its slot chosen per row, 0 where none "
+                   "(torch_ref.lora)",
+    "lora_expand": "each row's LoRA B added into a projection's output, per fused slice (torch_ref.lora)",
     "one_shot_all_reduce": "tensor parallelism's decode all-reduce over peer memory (no reference: the collective "
                            "library sums)",
     "custom_all_reduce": "a tensor-parallel group's communicator for small all-reduces (a factory)",

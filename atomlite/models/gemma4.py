@@ -153,6 +153,10 @@ class Gemma4ForCausalLM(nn.Module):
                         "vision_tower.", "audio_tower.", "multi_modal_projector.")
     checkpoint_aliases = ((f"{TOWER_PREFIX}.", "vision."), (f"{PROJECTOR_PREFIX}.", "vision.projector."),
                           (AUDIO_PREFIXES[0], "audio."), (AUDIO_PREFIXES[1], "audio.projector."))
+    # the projections LoRA adapters may change (checkpoint names), in the decoder layers (atomlite.lora.targets);
+    # the MoE experts' adapters (PEFT's target_parameters) are refused
+    lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora_prefix = "model.layers."
 
     def __init__(self, spec: ModelSpec, max_positions: int):
         super().__init__()

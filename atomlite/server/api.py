@@ -32,8 +32,9 @@ class Server:
     """Request handling that does not depend on FastAPI: prompts -> engine streams -> OpenAI bodies."""
 
     def __init__(self, engine: AsyncEngine, model_name: str | list[str], api_key: str | None,
-                 chat_options: ChatOptions = ChatOptions()):
+                 chat_options: ChatOptions = ChatOptions(), loras=None):
         self.model_names = [model_name] if isinstance(model_name, str) else list(model_name)
+        self.loras = loras  # the adapters served by name (atomlite.lora.served.ServedAdapters), with --enable-lora
         self.engine, self.model_name, self.api_key = engine, self.model_names[0], api_key
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
@@ -52,10 +53,14 @@ class Server:
         self.multimodal.close()
 
     # -- checks ---------------------------------------------------------------------------------------------
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.model_names:
-            served = ", ".join(f"`{n}`" for n in self.model_names)
-            raise APIError(404, f"The model `{name}` does not exist; this server serves {served}", "model")
+    def check_model(self, name: str | None):
+        """The LoRARequest of the adapter a request's model names; None for the base model."""
+        if name is None or name in self.model_names:
+            return None
+        if self.loras is not None and name in self.loras.by_name:
+            return self.loras.by_name[name]
+        served = ", ".join(f"`{n}`" for n in self.model_names + list(self.loras.by_name if self.loras else ()))
+        raise APIError(404, f"The model `{name}` does not exist; this server serves {served}", "model")
 
     def need_tokenizer(self, what: str):
         if self.tokenizer is None:
@@ -182,7 +187,7 @@ class Server:
 
     # -- streams ---------------------------------------------------------------------------------------------
     def streams(self, prompts: list[tuple[list[int], str | None]], n: int, make_params,
-                multimodal: MultiModalPrompt | None = None, priority: int = 0) -> tuple[list, list]:
+                multimodal: MultiModalPrompt | None = None, priority: int = 0, lora=None) -> tuple[list, list]:
         """Admits and queues every sequence of a request at once (or none); the caller must close the returned
         generations (merge() and EventStream do). multimodal: the one prompt's images and video frames."""
         try:
@@ -201,13 +206,13 @@ class Server:
             for j in range(n):
                 index = p * n + j
                 choices.append(Choice(index, p, ids, text))
-                gens.append(self._generate(f"{base}-{index}", ids, params[j], multimodal, priority))
+                gens.append(self._generate(f"{base}-{index}", ids, params[j], multimodal, priority, lora))
         return choices, gens
 
     def _generate(self, request_id: str, ids: list[int], params: SamplingParams,
-                  multimodal: MultiModalPrompt | None, priority: int = 0):
-        """The one place a prompt is handed to the engine."""
-        return self.engine.generate(request_id, ids, params, priority, multimodal)
+                  multimodal: MultiModalPrompt | None, priority: int = 0, lora=None):
+        """The one place a prompt is handed to the engine (lora: the adapter's LoRARequest, None for the base)."""
+        return self.engine.generate(request_id, ids, params, priority, multimodal, lora)
 
 
 def max_chars_per_token(tokenizer) -> int:

@@ -14,6 +14,7 @@ from atomlite.server.body_limit import DEFAULT_MAX_REQUEST_SIZE, BodyLimit
 from atomlite.server.body_parsing import BodyParser
 from atomlite.server.errors import APIError, install_error_handlers
 from atomlite.server.metrics import ServerMetrics
+from atomlite.server.lora_routes import add_lora_routes
 from atomlite.server.routes import add_routes
 
 
@@ -33,10 +34,11 @@ def make_app(engine, model_name: str, api_key: str | None = None, max_waiting: i
 
 def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | None = None,
               max_request_size: int = DEFAULT_MAX_REQUEST_SIZE, chat_options: ChatOptions = ChatOptions(),
-              cors: dict | None = None) -> FastAPI:
+              cors: dict | None = None, loras=None) -> FastAPI:
     """The app over an engine client, started with the app unless already started. model_name: the served name, or
-    several (the first is the one responses carry); cors: CORSMiddleware's settings, None for no CORS."""
-    server = Server(engine, model_name, api_key, chat_options)
+    several (the first is the one responses carry); cors: CORSMiddleware's settings, None for no CORS; loras: the
+    LoRA adapters served by name (atomlite.lora.served.ServedAdapters), with --enable-lora."""
+    server = Server(engine, model_name, api_key, chat_options, loras)
     bodies = BodyParser()
 
     @contextlib.asynccontextmanager
@@ -60,6 +62,7 @@ def build_app(engine: AsyncEngine, model_name: str | list[str], api_key: str | N
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
 
     add_routes(app, server, Depends(authorized), engine.metrics, bodies.dependency)
+    add_lora_routes(app, server, Depends(authorized))
     app.add_middleware(BodyLimit, max_bytes=max_request_size)
     if cors is not None:  # outermost: a browser's preflight is answered before the API key is asked for
         app.add_middleware(CORSMiddleware, **cors)

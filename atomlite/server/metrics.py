@@ -1,5 +1,7 @@
 """Prometheus metrics for /metrics, on a registry of the app's own (several apps in one process stay apart). Names
 follow vLLM's (`vllm:` becomes `atomlite:`) where vLLM has the same series."""
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -45,6 +47,9 @@ class ServerMetrics:
                                          registry=r)
         self.spec_accepted = Counter("atomlite:spec_decode_num_accepted_tokens", "Draft tokens accepted",
                                      registry=r)
+        self.lora_info = Gauge("atomlite:lora_requests_info", "LoRA adapters of the running and waiting requests "
+                               "(comma-separated names; the value is when it was set)",
+                               ["max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
         self.spec_accepted_per_pos = Counter("atomlite:spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by position in the draft", ["position"],
                                              registry=r)
@@ -66,6 +71,11 @@ class ServerMetrics:
             self.iteration_tokens.observe(tokens)
         if stats.spec is not None:
             self._update_spec(stats.spec, getattr(previous, "spec", None))
+        if stats.lora is not None:
+            slots, running, waiting = stats.lora
+            self.lora_info.clear()
+            self.lora_info.labels(max_lora=str(slots), running_lora_adapters=",".join(running),
+                                  waiting_lora_adapters=",".join(waiting)).set(time.time())
 
     def _update_spec(self, spec, previous) -> None:
         for counter, name in ((self.spec_drafts, "num_drafts"), (self.spec_draft_tokens, "num_draft_tokens"),

@@ -38,18 +38,21 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "atomlite",
                 "max_model_len": server.max_model_len}
 
+    def adapter_card(name: str) -> dict:  # vLLM's: a LoRA adapter names its base model as its parent
+        return {**model_card(name), "root": server.loras.by_name[name].lora_path, "parent": server.model_name}
+
     @app.get("/v1/models", dependencies=[auth])
     async def models():
-        return {"object": "list", "data": [model_card(name) for name in server.model_names]}
+        adapters = [adapter_card(name) for name in server.loras.by_name] if server.loras is not None else []
+        return {"object": "list", "data": [model_card(name) for name in server.model_names] + adapters}
 
     @app.get("/v1/models/{model_id:path}", dependencies=[auth])
     async def model(model_id: str):
-        server.check_model(model_id)
-        return model_card(model_id)
+        return model_card(model_id) if server.check_model(model_id) is None else adapter_card(model_id)
 
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
-        server.check_model(req.model)
+        lora = server.check_model(req.model)
         want_logprobs = req.logprobs is not None
         max_tokens = server.default_max_tokens(req.max_tokens, 16)
 
@@ -64,7 +67,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             return prompts, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
 
         prompts, params = await server.off_loop(prepare)
-        choices, gens = server.streams(prompts, req.n, params.__getitem__, priority=req.priority)
+        choices, gens = server.streams(prompts, req.n, params.__getitem__, priority=req.priority, lora=lora)
         request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             events = completion_events(server, request_id, choices, gens, req, want_logprobs)
@@ -77,7 +80,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
 
     @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=documented_body(ChatCompletionRequest))
     async def chat(request: Request, req: ChatCompletionRequest = Depends(body(ChatCompletionRequest))):
-        server.check_model(req.model)
+        lora = server.check_model(req.model)
         ids, multimodal = await server.chat_prompt(req)
         max_tokens = server.default_max_tokens(req.max_completion_tokens or req.max_tokens,
                                                max(1, server.max_model_len - len(ids)))
@@ -91,7 +94,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
             return parsers, [server.sampling_params(req, max_tokens, j, **extra) for j in range(req.n)]
 
         parsers, params = await server.off_loop(prepare)
-        choices, gens = server.streams([(ids, None)], req.n, params.__getitem__, multimodal, req.priority)
+        choices, gens = server.streams([(ids, None)], req.n, params.__getitem__, multimodal, req.priority, lora)
         request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
             return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)

@@ -174,7 +174,7 @@ def test_cors_answers_the_allowed_origin_only(server):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--lora-modules", "a=/tmp/a"], "--lora-modules: atomlite does not serve LoRA adapters"),
+    (["--lora-modules", "a=/tmp/a"], "--lora-modules needs --enable-lora"),
     (["--pipeline-parallel-size", "2"], "no pipeline parallelism"),
     (["--quantization", "fp8"], "is not quantized, and atomlite does not quantize at load time"),
     (["--tokenizer-mode", "mistral"], "--tokenizer-mode mistral: atomlite takes only auto or hf"),

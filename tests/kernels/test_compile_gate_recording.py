@@ -71,3 +71,14 @@ def test_tensor_parallel_all_reduce_is_recorded_where_dispatch_gives_the_platfor
     assert {launch.kwargs["WORLD"] for _, launch in kernels["_one_shot_all_reduce_kernel"]} == ranks
     reading = {launch.kwargs["WORLD"] for _, launch in kernels["_norm_residual_kernel"]} - {1}
     assert reading == ranks
+
+
+def test_unquantized_models_record_the_lora_kernels_and_quantized_ones_none():
+    """--enable-lora attaches adapter slots to unquantized projections: their shrink and expand launch in prefill
+    and every decode graph; MXFP4 projections take no adapters."""
+    launches = by_kernel(record(parse_platform("gfx942"), [EXAMPLE_CONFIGS / "gemma-4-31B-it",
+                                                           EXAMPLE_CONFIGS / "gemma-4-31B-it-mxfp4"]))
+    for kernel in ("_shrink_kernel", "_expand_kernel"):
+        workloads = {workload for workload, _ in launches[kernel]}
+        assert "gemma-4-31B-it lora prefill" in workloads and "gemma-4-31B-it lora decode graph 1" in workloads
+        assert not any("mxfp4" in workload for workload in workloads)

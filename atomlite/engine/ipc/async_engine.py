@@ -282,11 +282,12 @@ class AsyncEngine:
             raise QueueFull(f"the waiting queue is full ({self.max_waiting} requests); retry later")
 
     def generate(self, request_id: str, token_ids: list[int], params: SamplingParams,
-                 priority: int = 0, multimodal=None) -> Generation:
+                 priority: int = 0, multimodal=None, lora=None) -> Generation:
         """Call admit() first. Sends the sequence now, so that the next admit() counts it (a burst of requests
         cannot all pass admission before any is queued), and returns its deltas until it finishes; closing the
         Generation early (aclose) aborts it. multimodal: the prompt's images and video frames (a MultiModalPrompt
-        whose prompt_token_ids are token_ids), sent to the core with the command."""
+        whose prompt_token_ids are token_ids), sent to the core with the command. lora: the LoRARequest it runs
+        with (None: the base model)."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._streams_lock:  # registered before a dying core's _fail_all, or refused after it
             if not self.is_running:  # its deltas would never come: fail now rather than hang
@@ -294,7 +295,7 @@ class AsyncEngine:
             self._streams[request_id] = stream
             self._output.add(request_id, token_ids, params)
         self._num_added += 1
-        self._send(("add", request_id, token_ids, params, priority, multimodal))
+        self._send(("add", request_id, token_ids, params, priority, multimodal, lora))
         if self.metrics:
             self.metrics.prompt_tokens.inc(len(token_ids))
         return Generation(self, request_id, stream)

@@ -93,11 +93,13 @@ class EngineCore:
                 self._stopping = True
                 return True
 
-    def _add(self, request_id: str, token_ids: list[int], params, priority: int = 0, multimodal=None) -> None:
-        """multimodal: the prompt's MultiModalPrompt (its pixel tensors pickled with the command), or None."""
+    def _add(self, request_id: str, token_ids: list[int], params, priority: int = 0, multimodal=None,
+             lora=None) -> None:
+        """multimodal: the prompt's MultiModalPrompt (its pixel tensors pickled with the command), or None; lora: its
+        LoRARequest, or None."""
         self.num_added += 1
         try:
-            self.engine.add_request(request_id, token_ids, params, priority, multimodal)
+            self.engine.add_request(request_id, token_ids, params, priority, multimodal, lora_request=lora)
         except ValueError as e:
             self._send(("step", [SeqUpdate(request_id, [], error=str(e), invalid=True)], None))
         except Exception as e:  # a bug, not user input: this request fails, the engine keeps serving

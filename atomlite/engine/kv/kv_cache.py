@@ -8,7 +8,8 @@ own nothing and read their target's cache.
 Prefix caching keys each full block by SHA-256 over its parent block's key and its token ids, so a key names the
 whole prefix up to that block; a block that holds an image's soft tokens also covers the image's content hash and
 where the block starts within it (seq_images.block_image_marks), so the same placeholders with another image never
-hit. A sequence's keys are computed once, as its blocks fill (Sequence.block_keys). A hit
+hit; a sequence with a LoRA adapter chains its first block from a root of its adapter's (the hash of the adapter's
+weights), so no block is shared between adapters or with the base model. A sequence's keys are computed once, as its blocks fill (Sequence.block_keys). A hit
 is also checked against the block's own tokens and parent key as stored in the pool, so that a weaker block_key
 (tests swap in a colliding one) can cost cache hits but never correctness.
 """
@@ -176,12 +177,15 @@ class KVCacheManager:
     def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
         return tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
 
-    def _parent_key(self, keys: list[bytes], i: int) -> bytes:
-        return keys[i - 1] if i else self.root_key
+    def _parent_key(self, seq: Sequence, keys: list[bytes], i: int) -> bytes:
+        if i:
+            return keys[i - 1]
+        # a LoRA adapter changes every layer's K/V: its sequences' blocks chain from a root of their own
+        return hashlib.sha256(self.root_key + seq.lora_key).digest() if seq.lora_key else self.root_key
 
     def _chained(self, seq: Sequence, keys: list[bytes], i: int) -> bytes:
         """The parent's key, and after it, for a block under an image, what names the image there."""
-        parent = self._parent_key(keys, i)
+        parent = self._parent_key(seq, keys, i)
         if seq.images:
             return parent + block_image_marks(seq.images, i * self.block_size, self.block_size)
         return parent

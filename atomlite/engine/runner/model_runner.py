@@ -53,11 +53,12 @@ class RunnerStep:
     """One forward pass as every rank runs it: its inputs, and either the graphs that replay it (DECODE, VERIFY;
     inputs.ids None: the input ids are on rank 0's device, sampled by the step before) or, eager, the rows whose
     logits it computes, and which of its rows are image soft tokens (their values follow by a broadcast from rank 0,
-    the one rank that encodes)."""
+    the one rank that encodes); and the LoRA adapters each rank loads into its slots first ((slot, LoRARequest))."""
     inputs: StepInputs
     graphs: int | None = None
     indices: list[int] = field(default_factory=list)
     soft_tokens: SoftTokenRows | None = None
+    lora_loads: list = field(default_factory=list)
 
 
 class ModelRunner:
@@ -76,6 +77,8 @@ class ModelRunner:
         self.hidden: torch.Tensor | None = None  # [rows, hidden] of the last step, aligned with its logits' rows
         # forward passes since start by how they ran: "graph" (replayed from a captured graph) or "eager"
         self.forward_passes = {"graph": 0, "eager": 0}
+        self.lora = None  # this rank's AdapterSlots (atomlite.lora) when the engine serves adapters
+        self.lora_loads: list = []  # (slot, LoRARequest) the next step loads on every rank
 
     def use_decode_graphs(self, max_batch: int, max_model_len: int, capture: bool = True) -> DecodeGraphs:
         """Decode-only steps of up to max_batch sequences run from static buffers (graphs when capture)."""
@@ -113,7 +116,7 @@ class ModelRunner:
         """-> fp32 logits [len(seqs), vocab] of a decode step whose input ids (one per sequence, on the device) the
         step before sampled and the host has not read: each sequence's token at position num_computed_tokens."""
         inputs = self.inputs.build([(seq, 1) for seq in seqs], ids_known=False)
-        return self._replay(RunnerStep(inputs, DECODE), ids)
+        return self._replay(RunnerStep(inputs, DECODE, lora_loads=self._take_lora_loads()), ids)
 
     @torch.inference_mode()
     def execute(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, StepRows]:
@@ -122,13 +125,13 @@ class ModelRunner:
         soft_tokens = self.images.step_soft_tokens(batch) if self.images is not None else None
         which = next((i for i, g in enumerate((self.graphs, self.verify_graphs))
                       if g is not None and g.supports(batch)), None) if soft_tokens is None else None
-        inputs = self.inputs.build(batch)
+        inputs, loads = self.inputs.build(batch), self._take_lora_loads()
         if which is not None:
-            return self._replay(RunnerStep(inputs, which)), rows
+            return self._replay(RunnerStep(inputs, which, lora_loads=loads)), rows
         if soft_tokens is None:
-            return self._eager(RunnerStep(inputs, indices=rows.indices)), rows
+            return self._eager(RunnerStep(inputs, indices=rows.indices, lora_loads=loads)), rows
         positions, values = soft_tokens
-        step = RunnerStep(inputs, indices=rows.indices,
+        step = RunnerStep(inputs, indices=rows.indices, lora_loads=loads,
                           soft_tokens=SoftTokenRows(positions, values.shape[1], values.dtype))
         return self._eager(step, values), rows
 
@@ -144,6 +147,7 @@ class ModelRunner:
 
     def _replay(self, step: RunnerStep, ids: torch.Tensor | None = None) -> torch.Tensor:
         self._send(step)
+        self._set_adapters(step)
         if step.inputs.ids is not None:
             ids = None
         elif self.tp.size > 1:
@@ -156,6 +160,7 @@ class ModelRunner:
 
     def _eager(self, step: RunnerStep, soft_token_values: torch.Tensor | None = None) -> torch.Tensor:
         self._send(step)
+        self._set_adapters(step)
         self.forward_passes["eager"] += 1
         ids, ctx = self.inputs.context(step.inputs)
         if step.soft_tokens is None:
@@ -174,6 +179,19 @@ class ModelRunner:
             values = torch.empty(len(rows.positions), rows.width, dtype=rows.dtype, device=self.device)
         values = self.tp.broadcast(values.contiguous())
         return MultiModalEmbeds(torch.from_numpy(rows.positions).to(self.device), values)
+
+    def _take_lora_loads(self) -> list:
+        loads, self.lora_loads = self.lora_loads, []
+        return loads
+
+    def _set_adapters(self, step: RunnerStep) -> None:
+        """The step's adapter loads into this rank's slots, then each row's slot (a graph reads it from the same
+        buffer)."""
+        if self.lora is None:
+            return
+        for slot, request in step.lora_loads:
+            self.lora.load(slot, request)
+        self.lora.fill_rows(step.inputs.lora_slots)
 
     def _send(self, step: RunnerStep) -> None:
         if self.followers is not None:

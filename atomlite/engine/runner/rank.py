@@ -105,6 +105,7 @@ class EngineRank:
         assistant_spec = assistant_spec_for(config)
         with distributed.use(tp):
             self.model = build_model(config, self.kernels)
+        self.loras = self._attach_adapter_slots() if config.enable_lora else None
         self.assistant = build_assistant_for(config, assistant_spec, self.model, self.kernels)
         cache_dtype = config.kv_dtype(detect_platform(self.device))
         self.kv_specs = specs = self.model.kv_specs(cache_dtype)
@@ -122,6 +123,7 @@ class EngineRank:
         self.kv = KVCacheManager(specs, self.kv_plan.num_pages, config.block_size, self.device,
                                  config.enable_prefix_caching)
         self.runner = ModelRunner(self.model, self.kv, self.device, tp)
+        self.runner.lora = self.loras
         spec = config.speculative_config
         self.drafter = build_drafter(spec, self.assistant, self.kv, self.device)
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
@@ -130,6 +132,16 @@ class EngineRank:
         image_note = self._set_up_image_graphs()
         if image_note:
             self.graph_note += f"; {image_note}"
+
+    def _attach_adapter_slots(self):
+        """LoRA slots on the model's target projections (before the memory profile, which counts them, and the
+        graphs, which read them)."""
+        from atomlite.lora.slots import AdapterSlots
+        config = self.config
+        rows = max(config.max_num_batched_tokens, self._graph_tokens())
+        with (dispatch.use(detect_platform(self.device), config.kernel_backend, self.kernels),
+              torch.device(self.device), default_dtype(config.torch_dtype)):
+            return AdapterSlots(self.model, config.lora_config, rows, self.device)
 
     def _image_profile(self) -> tuple[tuple[list, list] | None, int]:
         """For a model with a tower: the largest step's images (None without a vision tower), and the encoder

@@ -27,6 +27,7 @@ class StepInputs:
     tables: list[np.ndarray]  # per KV group: [B, most blocks of one sequence] int32, the null block past a row's own
     key_ends: np.ndarray | None = None  # [T] int32 (ForwardContext.key_ends): steps with image soft tokens, where
     #                                     the model's layers let an image's tokens see the whole image
+    lora_slots: np.ndarray | None = None  # [T] int32: each row's LoRA slot (-1: base); None: no row has an adapter
 
     @property
     def num_seqs(self) -> int:
@@ -47,6 +48,13 @@ def step_metadata_by_group(attention_layers) -> dict[int, StepMetadata]:
             raise ValueError(f"KV group {group}'s layers were given attention kernels that each need their own "
                              f"per-step metadata ({names}); one group shares one")
     return {group: builds.pop() for group, builds in found.items()}
+
+
+def _lora_slots(batch: list[tuple[Sequence, int]], counts: list[int]) -> np.ndarray | None:
+    slots = [seq.lora_slot for seq, _ in batch]
+    if all(slot < 0 for slot in slots):
+        return None
+    return np.repeat(np.array(slots, dtype=np.int32), counts)
 
 
 class StepInputBuilder:
@@ -78,7 +86,8 @@ class StepInputBuilder:
         block_index, offset = np.divmod(positions, self.kv.block_size)
         slots = [table[seq_index, block_index] * np.int64(self.kv.block_size) + offset for table in tables]
         key_ends = self._key_ends(batch, positions, starts) if self.image_spans_bidirectional else None
-        return StepInputs(ids, positions, starts, [f + n for f, n in zip(firsts, counts)], slots, tables, key_ends)
+        return StepInputs(ids, positions, starts, [f + n for f, n in zip(firsts, counts)], slots, tables, key_ends,
+                          _lora_slots(batch, counts))
 
     @staticmethod
     def _key_ends(batch: list[tuple[Sequence, int]], positions: np.ndarray, starts: list[int]) -> np.ndarray | None:

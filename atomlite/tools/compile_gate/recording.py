@@ -8,7 +8,9 @@ The steps: a first prefill chunk of --max-num-batched-tokens and four prompts' l
 sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every decode graph's bucket (replayed as a
 capture runs it); each of those with the KV cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
 with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends. Where dispatch
-gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks.
+gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks. A model whose
+projections take LoRA adapters (unquantized) adds a prefill and the decode graphs with adapter slots attached
+(--enable-lora at vLLM's defaults: one slot of rank 16).
 
 An assistant checkpoint (an MTP drafter, a folder named as its target's with -assistant, as on the hub) is recorded
 as the engine runs it beside its target with NUM_DRAFTS drafts a step: the target's verify steps (eager and every
@@ -205,6 +207,22 @@ def _custom_all_reduce(platform: Platform, size: int) -> bool:
     return True
 
 
+def _lora_steps(recorder: _Recorder, path: Path, config: EngineConfig, platform: Platform) -> None:
+    from atomlite.lora.slots import AdapterSlots
+    from atomlite.models.construction import default_dtype
+    model = _loaded(construct_model(config, META, platform), platform)
+    try:
+        with dispatch.use(platform), torch.device(META), default_dtype(config.torch_dtype):
+            AdapterSlots(model, config.lora_config, config.max_num_batched_tokens, META)
+    except ConfigError:  # quantized projections take no adapters
+        return
+    recorder.label = f"{path.name} lora"
+    kv = KVCacheManager(model.kv_specs(config.kv_dtype(platform)), NUM_PAGES, config.block_size, META)
+    runner = ModelRunner(model, kv, META)
+    _eager(recorder, model, runner, kv, eager_steps(config)[0])
+    _graphs(recorder, runner, kv, config)
+
+
 def record_model(path: Path, platform: Platform) -> Launches:
     """(workload, launch) of every Triton launch the model at path makes at the gate's steps on platform."""
     config = EngineConfig(model=str(path), device="cpu")
@@ -213,6 +231,7 @@ def record_model(path: Path, platform: Platform) -> Launches:
     _model_steps(recorder, model, config, platform)
     if getattr(model, "vision_spec", None) is not None:
         _tower_graphs(recorder, model, config)
+    _lora_steps(recorder, path, config, platform)
     for size in TENSOR_PARALLEL_SIZES:
         sharded = _rank_zero_of(size, config, platform) if _custom_all_reduce(platform, size) else None
         if sharded is not None:
