@@ -37,7 +37,7 @@ def test_the_gate_compiles_exactly_what_the_models_launch(rocm_gate):
     assert {(r.platform, r.key) for r in rocm_gate.results} == recorded
     for platform in ROCM:  # the configs' kernel families: bf16, MoE, MXFP4, FP8 and the vision tower
         families = {r["kernel"].partition(".")[0] for r in rocm_gate.recorded if r["platform"] == platform}
-        assert families == {"attention", "norm", "activation", "gemm", "moe", "mxfp4", "fp8"}
+        assert families == {"attention", "norm", "activation", "gemm", "moe", "mxfp4", "fp8", "lora"}
 
 
 def test_the_gate_compiles_what_e4b_the_assistants_and_gemma3_add(rocm_gate):
