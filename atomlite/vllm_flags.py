@@ -57,6 +57,18 @@ def _split(arg: str) -> tuple[str, str | None]:
     return (flag, value) if eq and flag.startswith("--") else (arg, None)
 
 
+def _several(args: list[str], i: int, value: str | None, missing: str) -> tuple[list[str], int]:
+    """vLLM's nargs="+": the values of the flag at args[i] (its =value, else the arguments up to the next flag)
+    and the index of the last one taken."""
+    values = [value] if value is not None else []
+    while value is None and i + 1 < len(args) and not args[i + 1].startswith("-"):
+        i += 1
+        values.append(args[i])
+    if not values:
+        refuse(missing)
+    return values, i
+
+
 def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
     """(the arguments click parses, a line for each flag taken with no effect). Refused flags exit here;
     `--served-model-name a b` becomes one `--served-model-name` per name (a later one replaces an earlier one, as
@@ -79,19 +91,9 @@ def rewrite_args(args: list[str]) -> tuple[list[str], list[str]]:
                     refuse(f"{flag} {value}: atomlite takes only {' or '.join(values)} ({why})")
             notes.append(f"{flag}{'' if values is None else ' ' + value}: no effect here; {why}")
         elif flag == "--served-model-name":
-            names = [value] if value is not None else []
-            while value is None and i + 1 < len(args) and not args[i + 1].startswith("-"):  # vLLM's nargs="+"
-                i += 1
-                names.append(args[i])
-            if not names:
-                refuse("--served-model-name needs a name")
+            names, i = _several(args, i, value, "--served-model-name needs a name")
         elif flag == "--lora-modules":
-            values = [value] if value is not None else []
-            while value is None and i + 1 < len(args) and not args[i + 1].startswith("-"):  # vLLM's nargs="+"
-                i += 1
-                values.append(args[i])
-            if not values:
-                refuse("--lora-modules needs name=path (one or several)")
+            values, i = _several(args, i, value, "--lora-modules needs name=path (one or several)")
             out += [x for v in values for x in ("--lora-modules", v)]
         else:
             out.append(args[i])

@@ -79,7 +79,7 @@ def test_every_flag_of_every_command_has_help():
 
 
 def test_multimodal_flags_take_vllms_names_and_a_bad_value_names_its_flag():
-    for flag, value, needle in (("--limit-mm-per-prompt", '{"audio": 1}', "--limit-mm-per-prompt: 'audio'"),
+    for flag, value, needle in (("--limit-mm-per-prompt", '{"smell": 1}', "--limit-mm-per-prompt: 'smell'"),
                                 ("--limit-mm-per-prompt", "image=2", "--limit-mm-per-prompt: not JSON"),
                                 ("--mm-processor-kwargs", '{"max_soft_tokens": 99}',
                                  "--mm-processor-kwargs.max_soft_tokens: 99 is not one of"),
