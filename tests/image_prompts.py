@@ -62,12 +62,21 @@ def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int, image_to
         else:
             soft = ref.model.get_image_features(pixels, positions).pooler_output
             given = {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(soft))}}
-    ids, tokens, logprobs = list(prompt.prompt_token_ids), [], []
+    return reference_greedy(ref, prompt.prompt_token_ids, {image_token_id: 1, VIDEO: 2}, given, max_tokens)
+
+
+def reference_greedy(ref, prompt_ids: list[int], token_types: dict[int, int], given: dict, max_tokens: int,
+                     refused: tuple[int, ...] = ()) -> tuple[list[int], list[float]]:
+    """transformers' greedy tokens and each one's log-prob, a full forward per token; token_types: each media
+    token's mm_token_type_ids value (other tokens 0); given: the media arguments of every forward. A token in
+    refused fails the test: transformers would read it as a placeholder, atomlite as the token."""
+    ids, tokens, logprobs = list(prompt_ids), [], []
     for _ in range(max_tokens):
-        types = torch.tensor([[1 if t == image_token_id else 2 if t == VIDEO else 0 for t in ids]])
+        types = torch.tensor([[token_types.get(t, 0) for t in ids]])
         logits = ref(input_ids=torch.tensor([ids]), mm_token_type_ids=types, **given).logits[0, -1]
         row = torch.log_softmax(logits.float(), dim=-1)
         token = int(row.argmax())
+        assert token not in refused, f"the tiny model chose media token {token}: pick another prompt or seed"
         tokens.append(token)
         logprobs.append(float(row[token]))
         ids.append(token)

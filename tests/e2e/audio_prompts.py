@@ -7,6 +7,7 @@ import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 import tiny_models
+from image_prompts import reference_greedy
 from atomlite.multimodal.inputs import MultiModalPrompt
 
 TOKENS = tiny_models.CHAR_TOKENS
@@ -58,15 +59,5 @@ def transformers_greedy(ref, prompt: MultiModalPrompt, max_tokens: int) -> tuple
         positions = torch.stack([item.image_position_ids for item in images])
         soft = ref.model.get_image_features(pixels, positions).pooler_output
         given["mm_encoder_outputs"] = {"image": BaseModelOutputWithPooling(pooler_output=tuple(soft))}
-    ids, tokens, logprobs = list(prompt.prompt_token_ids), [], []
-    for _ in range(max_tokens):
-        types = torch.tensor([[1 if t == IMAGE else 3 if t == AUDIO else 0 for t in ids]])
-        logits = ref(input_ids=torch.tensor([ids]), mm_token_type_ids=types, **given).logits[0, -1]
-        row = torch.log_softmax(logits.float(), dim=-1)
-        token = int(row.argmax())
-        # transformers reads a media token in the ids as a placeholder, atomlite as the token: no common reference
-        assert token not in TOKENS.values(), f"the tiny model chose media token {token}: pick another prompt or seed"
-        tokens.append(token)
-        logprobs.append(float(row[token]))
-        ids.append(token)
-    return tokens, logprobs
+    return reference_greedy(ref, prompt.prompt_token_ids, {IMAGE: 1, AUDIO: 3}, given, max_tokens,
+                            refused=tuple(TOKENS.values()))
