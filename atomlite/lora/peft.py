@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from atomlite.lora.request import LoRARequest
 from atomlite.lora.targets import Target
@@ -47,9 +47,9 @@ def _files(request: LoRARequest) -> tuple[Path, Path]:
     return config, weights
 
 
-def _read_config(request: LoRARequest, path: Path) -> dict:
+def _read_config(request: LoRARequest, path: Path, data: bytes) -> dict:
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(data.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"LoRA {request.lora_name!r}: {path} is not JSON ({e})") from None
     name = request.lora_name
@@ -117,9 +117,11 @@ def read_adapter(request: LoRARequest, targets: dict[str, Target], max_rank: int
     """The adapter of request checked against targets (lora.targets); ValueError (AdapterNotFound for a missing
     file) naming what is wrong. alias: the model's checkpoint prefix renames (loader's)."""
     config_path, weights_path = _files(request)
-    config = _read_config(request, config_path)
+    config_bytes = config_path.read_bytes()
+    config = _read_config(request, config_path, config_bytes)
     try:
-        tensors = load_file(weights_path)
+        weight_bytes = weights_path.read_bytes()  # once: for the tensors and the content key
+        tensors = load(weight_bytes)
     except (SafetensorError, OSError) as e:
         raise ValueError(f"LoRA {request.lora_name!r}: {weights_path} is not a readable safetensors file "
                          f"({e})") from None
@@ -131,6 +133,6 @@ def read_adapter(request: LoRARequest, targets: dict[str, Target], max_rank: int
         rank = _checked(request, module, a, b, targets.get(module), max_rank)
         weights[module] = (a.float(), b.float() * _scaling(config, rank))
         largest = max(largest, rank)
-    digest = hashlib.sha256(config_path.read_bytes())
-    digest.update(weights_path.read_bytes())
+    digest = hashlib.sha256(config_bytes)
+    digest.update(weight_bytes)
     return LoRAAdapter(request, weights, largest, digest.digest())
