@@ -20,14 +20,14 @@ VIDEO_SOFT_TOKENS = 70  # Gemma4VideoProcessor's max_soft_tokens
 class SpecialTokens:
     """The ids of Gemma 4's vision (and audio) tokens (config.json) and their text (the tokenizer's); the audio ones
     None for a checkpoint without an audio tower, the vision ones None for one without a vision tower."""
-    image_id: int | None
-    video_id: int | None
-    boi_id: int | None
-    eoi_id: int | None
-    image: str | None
-    video: str | None
-    boi: str | None
-    eoi: str | None
+    image_id: int | None = None
+    video_id: int | None = None
+    boi_id: int | None = None
+    eoi_id: int | None = None
+    image: str | None = None
+    video: str | None = None
+    boi: str | None = None
+    eoi: str | None = None
     audio_id: int | None = None
     boa_id: int | None = None
     eoa_id: int | None = None
@@ -106,9 +106,7 @@ def _special_tokens(config: dict, tokenizer) -> SpecialTokens:
     fields = {}
     for name, (token_id, text) in given.items():
         fields[f"{name}_id"], fields[name] = token_id, text
-    return SpecialTokens(**{key: fields.get(key) for key in ("image_id", "video_id", "boi_id", "eoi_id", "image",
-                                                              "video", "boi", "eoi")},
-                         **{key: fields.get(key) for key in ("audio_id", "boa_id", "eoa_id", "audio", "boa", "eoa")})
+    return SpecialTokens(**fields)
 
 
 class MultiModalProcessor:
