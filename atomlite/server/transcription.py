@@ -32,7 +32,8 @@ def instruction(language: str | None, prompt: str | None) -> str:
     return f"{text} Context: {prompt}" if prompt else text
 
 
-def _checked_form(language: str | None, response_format: str, temperature: float) -> None:
+def _checked_form(language: str | None, response_format: str, temperature: float,
+                  max_completion_tokens: int | None) -> None:
     if language is not None and language not in LANGUAGES:
         raise APIError(400, f"language {language!r} is not one of {', '.join(sorted(LANGUAGES))} (ISO 639-1)",
                        "language")
@@ -41,6 +42,8 @@ def _checked_form(language: str | None, response_format: str, temperature: float
                        "response_format")
     if not 0 <= temperature <= 2:
         raise APIError(400, f"temperature {temperature} must be between 0 and 2", "temperature")
+    if max_completion_tokens is not None and max_completion_tokens < 1:
+        raise APIError(400, "max_completion_tokens must be at least 1", "max_completion_tokens")
 
 
 def add_transcription_route(app: FastAPI, server: Server, auth) -> None:
@@ -50,7 +53,7 @@ def add_transcription_route(app: FastAPI, server: Server, auth) -> None:
                              response_format: str = Form("json"), temperature: float = Form(0.0),
                              stream: bool = Form(False), max_completion_tokens: int | None = Form(None)):
         server.check_model(model)
-        _checked_form(language, response_format, temperature)
+        _checked_form(language, response_format, temperature, max_completion_tokens)
         try:
             server.multimodal.check_modality("audio", "file")
         except MediaError as e:
@@ -59,8 +62,6 @@ def add_transcription_route(app: FastAPI, server: Server, auth) -> None:
         if len(data) > server.multimodal.policy.max_bytes:
             raise APIError(400, f"file: the upload is over {server.multimodal.policy.max_bytes} bytes", "file")
         ids, multimodal = await _prompt(server, data, instruction(language, prompt))
-        if max_completion_tokens is not None and max_completion_tokens < 1:
-            raise APIError(400, "max_completion_tokens must be at least 1", "max_completion_tokens")
         max_tokens = max_completion_tokens or max(1, server.max_model_len - len(ids))
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         await server.off_loop(server.check_lengths, ids, params.max_tokens)
