@@ -134,9 +134,9 @@ class PairLayout:
     @classmethod
     def of(cls, topk_ids: torch.Tensor, num_experts: int) -> "PairLayout":
         pairs = topk_ids.flatten()
-        if pairs.numel() <= PAIR_BLOCKS_MAX_PAIRS:
-            return cls(None, pairs, pairs, moe_block_m(pairs.numel()))
         block_m = moe_block_m(pairs.numel())
+        if pairs.numel() <= PAIR_BLOCKS_MAX_PAIRS:
+            return cls(None, pairs, pairs, block_m)
         return cls(*expert_blocks(topk_ids, num_experts, block_m), pairs, block_m)
 
 
