@@ -22,7 +22,7 @@ class AdapterSlots:
         self.targets = attach_slots(model, config.max_loras, config.max_lora_rank, self.rows)
         self._host: OrderedDict[tuple[int, str], LoRAAdapter] = OrderedDict()
         pinned = device.type == "cuda"
-        self._mirror = torch.full((max_rows,), -1, dtype=torch.int32, pin_memory=pinned)
+        self._mirror = torch.full((max_rows,), -1, dtype=torch.int32, device="cpu", pin_memory=pinned)
         self._copied = torch.cuda.Event() if pinned else None
         self._all_base = True  # the device's row slots are all -1
 
