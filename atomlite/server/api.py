@@ -62,6 +62,11 @@ class Server:
         served = ", ".join(f"`{n}`" for n in self.model_names + list(self.loras.by_name if self.loras else ()))
         raise APIError(404, f"The model `{name}` does not exist; this server serves {served}", "model")
 
+    def formatter(self, lora) -> Formatter:
+        """The responses' formatter: they name the adapter a request ran with, else the first served name (as
+        vLLM)."""
+        return self.fmt if lora is None else Formatter(self.tokenizer, lora.lora_name)
+
     def need_tokenizer(self, what: str):
         if self.tokenizer is None:
             raise APIError(400, f"this model has no tokenizer, so {what} is not available; send token ids")

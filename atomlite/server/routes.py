@@ -12,7 +12,7 @@ from atomlite.server.api import ClientGone, EventStream, Server, collect, merge,
 from atomlite.server.body_parsing import document_bodies, documented_body
 from atomlite.server.errors import APIError
 from atomlite.server.chat import OutputParsers
-from atomlite.server.formatting import chat_finish_reason, merged_delta, usage
+from atomlite.server.formatting import Formatter, chat_finish_reason, merged_delta, usage
 from atomlite.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from atomlite.server.transcription import add_transcription_route
 
@@ -21,7 +21,6 @@ CLIENT_CLOSED = 499
 
 def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     """body(Model): the dependency that gives a request's body validated as Model (body_parsing)."""
-    fmt = server.fmt
     document_bodies(app, [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest])
 
     @app.get("/health")
@@ -53,6 +52,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/completions", dependencies=[auth], openapi_extra=documented_body(CompletionRequest))
     async def completions(request: Request, req: CompletionRequest = Depends(body(CompletionRequest))):
         lora = server.check_model(req.model)
+        fmt = server.formatter(lora)
         want_logprobs = req.logprobs is not None
         max_tokens = server.default_max_tokens(req.max_tokens, 16)
 
@@ -70,7 +70,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         choices, gens = server.streams(prompts, req.n, params.__getitem__, priority=req.priority, lora=lora)
         request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
-            events = completion_events(server, request_id, choices, gens, req, want_logprobs)
+            events = completion_events(fmt, request_id, choices, gens, req, want_logprobs)
             return EventStream(events, gens)
         try:
             await collect(request, choices, gens)
@@ -81,6 +81,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
     @app.post("/v1/chat/completions", dependencies=[auth], openapi_extra=documented_body(ChatCompletionRequest))
     async def chat(request: Request, req: ChatCompletionRequest = Depends(body(ChatCompletionRequest))):
         lora = server.check_model(req.model)
+        fmt = server.formatter(lora)
         ids, multimodal = await server.chat_prompt(req)
         max_tokens = server.default_max_tokens(req.max_completion_tokens or req.max_tokens,
                                                max(1, server.max_model_len - len(ids)))
@@ -97,7 +98,7 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         choices, gens = server.streams([(ids, None)], req.n, params.__getitem__, multimodal, req.priority, lora)
         request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
         if req.stream:
-            return EventStream(chat_events(server, request_id, choices, gens, req, top, parsers), gens)
+            return EventStream(chat_events(fmt, request_id, choices, gens, req, top, parsers), gens)
         try:
             await collect(request, choices, gens)
         except ClientGone:
@@ -145,8 +146,8 @@ def add_routes(app: FastAPI, server: Server, auth, metrics, body) -> None:
         return {"prompt": await server.off_loop(server.tokenizer.decode, req.tokens)}
 
 
-async def completion_events(server: Server, request_id, choices, gens, req: CompletionRequest, want_logprobs):
-    fmt, started = server.fmt, set()
+async def completion_events(fmt: Formatter, request_id, choices, gens, req: CompletionRequest, want_logprobs):
+    started = set()
     async with contextlib.aclosing(merge(gens)) as deltas:
         async for i, delta in deltas:
             choice = choices[i]
@@ -166,9 +167,8 @@ async def completion_events(server: Server, request_id, choices, gens, req: Comp
         yield sse({**fmt.header(request_id, "text_completion"), "choices": [], "usage": usage(choices)})
 
 
-async def chat_events(server: Server, request_id, choices, gens, req: ChatCompletionRequest, top,
+async def chat_events(fmt: Formatter, request_id, choices, gens, req: ChatCompletionRequest, top,
                       parsers: OutputParsers):
-    fmt = server.fmt
     readers = [parsers.stream() if parsers.active else None for _ in choices]
     echoed = req.echoed_text(req.messages)
     for choice in choices:

@@ -86,6 +86,16 @@ def test_concurrent_requests_to_adapters_loaded_at_start_and_at_runtime(served):
     assert again.status_code == 404 and "cannot be found" in again.json()["error"]["message"]
 
 
+def test_responses_name_the_adapter_they_ran_with(served):
+    """As vLLM: a response's model is the adapter's name, streamed or not (chat formats through the same code;
+    this model has no tokenizer); the base model's is the served name."""
+    client = client_of(served[0])
+    for model in ("first", SERVED_NAME):
+        assert client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=2).model == model
+        stream = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=2, stream=True)
+        assert {chunk.model for chunk in stream} == {model}
+
+
 def test_an_unknown_model_is_openais_404(served):
     with pytest.raises(openai.NotFoundError) as e:
         client_of(served[0]).chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
