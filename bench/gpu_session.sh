@@ -188,8 +188,8 @@ stage() {
         26b-b1) latency_b1 gemma-4-26B-A4B-it ;;
         ab-26b-b1) from_baseline bash -c "$(declare -f latency_b1); latency_b1 gemma-4-26B-A4B-it" \
                        && latency_b1 gemma-4-26B-A4B-it ;;  # the baseline copy, then this tree, one machine
-        ab-models) for run in "latency_b1 gemma-4-31B-it" "latency_b1 gemma-4-31B-it-mxfp4" \
-                              "latency_b1 gemma-4-26B-A4B-it" "latency gemma-4-26B-A4B-it"; do
+        ab-models) for run in "latency gemma-4-26B-A4B-it" "latency_b1 gemma-4-26B-A4B-it" \
+                              "latency_b1 gemma-4-31B-it" "latency_b1 gemma-4-31B-it-mxfp4"; do
                        echo "--- baseline: $run"; from_baseline bash -c "$(declare -f latency latency_b1); $run"
                        echo "--- this tree: $run"; $run
                    done ;;  # the baseline copy and this tree side by side, model by model, one machine
