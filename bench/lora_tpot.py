@@ -93,8 +93,8 @@ def run_side(args) -> dict:
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     loras = [None] * args.batch_size
     if lora_on:
-        folders = write_adapters(engine.loras.slots.targets, args.adapters, args.rank, args.targets,
-                                 Path(args.workdir))
+        workdir = Path(args.workdir) / f"{Path(args.model).name}-{args.targets}-r{args.rank}"  # shapes differ
+        folders = write_adapters(engine.loras.slots.targets, args.adapters, args.rank, args.targets, workdir)
         requests = [LoRARequest(f"a{i}", i + 1, str(f)) for i, f in enumerate(folders)]
         loras = [requests[i % len(requests)] for i in range(args.batch_size)]
     decode_ms(engine, prompts, params, loras)  # warm-up (and the adapters' first loads)

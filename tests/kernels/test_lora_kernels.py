@@ -3,6 +3,7 @@ through its own slot, rows without a slot (-1) untouched."""
 import pytest
 import torch
 
+from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.torch_ref import lora as ref
 from atomlite.model_ops.triton.lora import gathered as tri
 
@@ -23,8 +24,15 @@ def per_row(x, a, b, slots, sizes):
     return out
 
 
+def summed(shrunk) -> torch.Tensor:
+    """A shrink's [T, R'], its K slices added where the kernel split K."""
+    return shrunk.parts.sum(0) if isinstance(shrunk, PartialSums) else shrunk
+
+
+# k=2100: the shrink splits K over programs (PartialSums), the last slice ending mid-step
+@pytest.mark.parametrize("sizes,rank,k", [((48,), 8, 40), ((64, 32, 32), 16, 300), ((96, 96), 4, 64),
+                                          ((64, 32, 32), 16, 2100)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("sizes,rank,k", [((48,), 8, 40), ((64, 32, 32), 16, 300), ((96, 96), 4, 64)])
 def test_shrink_expand_match_reference_per_row(dtype, sizes, rank, k):
     g = torch.Generator().manual_seed(len(sizes) * rank + k)
     slots_count, rows = 3, 7
@@ -35,15 +43,19 @@ def test_shrink_expand_match_reference_per_row(dtype, sizes, rank, k):
     base = torch.randn(rows, sum(sizes), generator=g).to(dtype).to(DEVICE)
     want = base.double().cpu() + per_row(x.cpu(), a.cpu(), b.cpu(), slots.cpu(), sizes)
     shrunk_ref, shrunk_tri = ref.lora_shrink(x, a, slots), tri.lora_shrink(x, a, slots)
-    torch.testing.assert_close(shrunk_tri, shrunk_ref, rtol=1e-5, atol=1e-4)
+    assert isinstance(shrunk_tri, PartialSums) == (k > 1024)
+    torch.testing.assert_close(summed(shrunk_tri), shrunk_ref, rtol=1e-5, atol=1e-4)
     assert shrunk_ref[slots < 0].eq(0).all()
     y_ref, y_tri = base.clone(), base.clone()
     ref.lora_expand(y_ref, shrunk_ref, b, slots, sizes)
     tri.lora_expand(y_tri, shrunk_tri, b, slots, sizes)
+    y_mixed = base.clone()  # the torch expand reads the Triton shrink's slices too
+    ref.lora_expand(y_mixed, shrunk_tri, b, slots, sizes)
     assert torch.equal(y_tri[slots.cpu() < 0], base[slots.cpu() < 0])
     tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2e-2)
     torch.testing.assert_close(y_ref.double().cpu(), want, **tolerance)
     torch.testing.assert_close(y_tri.double().cpu(), want, **tolerance)
+    torch.testing.assert_close(y_mixed.double().cpu(), want, **tolerance)
 
 
 def test_expand_adds_into_fp32_partial_sums_of_a_bf16_projection():
