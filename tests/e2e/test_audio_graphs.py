@@ -73,6 +73,23 @@ def test_a_clip_longer_than_the_largest_bucket_runs_eager(model):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
+def test_the_padded_forward_reads_nothing_back_to_the_host(model, monkeypatch):
+    """What a capture needs: no Python value read from a tensor between the buffers and the soft tokens (a sync
+    inside torch itself, as nonzero's, would still pass here; the gpu test below captures for real)."""
+    graphs = model.use_audio_graphs(750, capture=False)
+    graphs.frames.fill_(200)
+
+    def host_read(*args, **kwargs):
+        raise AssertionError("the padded forward read a tensor's value on the host")
+
+    for name in ("item", "tolist", "numpy", "__int__", "__index__", "__float__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    with torch.inference_mode():
+        out = graphs._forward(125)
+    monkeypatch.undo()
+    assert out.shape[0] == 750 and torch.isfinite(out[:50]).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", list(tiny_models.AUDIO))
 def test_audio_graph_replays_give_the_eager_soft_tokens(checkpoints, shape):
