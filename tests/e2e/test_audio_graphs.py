@@ -109,3 +109,12 @@ def test_audio_graph_replays_give_the_eager_soft_tokens(checkpoints, shape):
     for got in (alone, together):
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_the_memory_profile_counts_the_audio_graphs_pool(checkpoints):
+    """The pool of one longest clip's graph (its peak), out of the KV budget as the vision tower's is."""
+    path, _ = checkpoints.get("dense", audio="real_window")
+    engine = LLM(str(path), dtype="float32", max_num_batched_tokens=1024, gpu_memory_utilization=0.3).engine
+    assert engine.model.audio.graphs.sizes[-1] == 750
+    assert engine.memory.audio_graphs > 0 and "audio tower graphs" in engine.memory.describe()
