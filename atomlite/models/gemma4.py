@@ -252,7 +252,7 @@ class Gemma4ForCausalLM(nn.Module):
         """embed_audio of clips of up to max_soft_tokens soft tokens from graphs at bucketed frame counts, one clip a
         replay (see gemma4_audio_graphs; capture=False: eagerly from the same padded buffers); returns its
         ClipGraphs."""
-        graphs = self.audio.use_graphs(max_soft_tokens, capture)
+        graphs = self.audio.use_graphs(max_soft_tokens)
         if capture:
             graphs.capture_all()
         return graphs

@@ -38,11 +38,11 @@ class Gemma4AudioTower(nn.Module):
                                          PROJECTOR_PREFIX)
         self.graphs = None  # ClipGraphs, once the engine sets them up (use_graphs)
 
-    def use_graphs(self, max_soft_tokens: int, capture: bool = True):
-        """Encode clips of up to max_soft_tokens soft tokens from graphs at bucketed frame counts (or, with
-        capture=False, eagerly from the same padded buffers); returns the ClipGraphs."""
+    def use_graphs(self, max_soft_tokens: int):
+        """Encode clips of up to max_soft_tokens soft tokens from padded buffers at bucketed frame counts: from
+        graphs once ClipGraphs.capture_all has run, eagerly before; returns the ClipGraphs."""
         from atomlite.models.gemma4_audio_graphs import ClipGraphs
-        self.graphs = ClipGraphs(self, max_soft_tokens, capture)
+        self.graphs = ClipGraphs(self, max_soft_tokens)
         return self.graphs
 
     def encode(self, features: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -50,7 +50,7 @@ class Gemma4AudioTower(nn.Module):
         the graphs one clip at a time where they take every clip; else as one padded batch."""
         if self.graphs is not None and all(self.graphs.bucket_for(len(f)) is not None for f in features):
             return [self.graphs.encode(f) for f in features]
-        device, dtype = self.output_proj.bias.device, self.output_proj.bias.dtype
+        device = self.output_proj.bias.device
         lengths = torch.tensor([len(f) for f in features], device=device)
         batch = nn.utils.rnn.pad_sequence([f.to(device, torch.float32) for f in features], batch_first=True)
         soft_tokens = self.encode_padded(batch, lengths)

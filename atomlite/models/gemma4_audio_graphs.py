@@ -39,8 +39,8 @@ class ClipCaptureReport:
 
 
 class ClipGraphs:
-    def __init__(self, tower, max_soft_tokens: int, capture: bool = True):
-        self.tower, self.capture = tower, capture
+    def __init__(self, tower, max_soft_tokens: int):
+        self.tower = tower
         self.device = tower.output_proj.bias.device
         self.sizes = clip_buckets(max_soft_tokens)
         self.features = torch.zeros(1, self.sizes[-1] * FRAMES_PER_SOFT_TOKEN, MEL_BINS, dtype=torch.float32,
