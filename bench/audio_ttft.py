@@ -60,8 +60,11 @@ def main() -> None:
     audio = [ttft(engine, p.prompt_token_ids, p, f"a{i}") for i, p in enumerate(prompts[1:])]
     text = [ttft(engine, t, None, f"t{i}") for i, t in enumerate(texts[1:])]
     a, t = statistics.median(audio), statistics.median(text)
-    print(f"{args.model}: a {args.seconds:g} s clip ({prompts[0].items[0].num_soft_tokens} soft tokens, {length}-token "
-          f"prompt): TTFT {a * 1e3:.1f} ms; text-only of {length} tokens: {t * 1e3:.1f} ms; ratio {a / t:.2f}")
+    graphs = engine.model.audio.graphs
+    tower = f"tower from {len(graphs.graphs)} graphs" if graphs is not None and graphs.graphs else "tower eager"
+    print(f"{args.model} ({tower}): a {args.seconds:g} s clip ({prompts[0].items[0].num_soft_tokens} soft tokens, "
+          f"{length}-token prompt): TTFT {a * 1e3:.1f} ms; text-only of {length} tokens: {t * 1e3:.1f} ms; "
+          f"ratio {a / t:.2f}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ stage() {
         tests-fp8-gemv) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
         tests-moe) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_moe_gemv.py tests/kernels/test_moe_gpu.py \
                        tests/kernels/test_mxfp4_moe.py ;;
+        tests-audio-graphs) python -m pytest -q -m gpu tests/e2e/test_audio_graphs.py ;;  # issue 58: replay = eager
         tests-memory) python -m pytest -q -m gpu tests/e2e/test_memory_profile.py ;;  # alone: it fills 90% of the GPU
         tests-gpu) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_triton_attention.py tests/kernels/test_skinny_gemm.py \
                        tests/kernels/test_router_topk.py tests/kernels/test_triton_ops.py tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \

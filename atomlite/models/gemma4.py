@@ -248,6 +248,15 @@ class Gemma4ForCausalLM(nn.Module):
             graphs.capture_all()
         return graphs
 
+    def use_audio_graphs(self, max_soft_tokens: int, capture: bool = True):
+        """embed_audio of clips of up to max_soft_tokens soft tokens from graphs at bucketed frame counts, one clip a
+        replay (see gemma4_audio_graphs; capture=False: eagerly from the same padded buffers); returns its
+        ClipGraphs."""
+        graphs = self.audio.use_graphs(max_soft_tokens)
+        if capture:
+            graphs.capture_all()
+        return graphs
+
     def image_graphs_off_reason(self) -> str | None:
         """Why the tower cannot run from graphs; None when it can."""
         attention = self.vision.encoder.layers[0].self_attn.attn.kernel

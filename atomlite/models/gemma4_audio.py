@@ -36,15 +36,31 @@ class Gemma4AudioTower(nn.Module):
         self.output_proj.bias.dummy_fill = 0.0
         self.projector = VisionProjector(cfg["output_proj_dims"], text_hidden, cfg["rms_norm_eps"], lin,
                                          PROJECTOR_PREFIX)
+        self.graphs = None  # ClipGraphs, once the engine sets them up (use_graphs)
+
+    def use_graphs(self, max_soft_tokens: int):
+        """Encode clips of up to max_soft_tokens soft tokens from padded buffers at bucketed frame counts: from
+        graphs once ClipGraphs.capture_all has run, eagerly before; returns the ClipGraphs."""
+        from atomlite.models.gemma4_audio_graphs import ClipGraphs
+        self.graphs = ClipGraphs(self, max_soft_tokens)
+        return self.graphs
 
     def encode(self, features: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Clips of log-mel features ([frames, 128] each), encoded as one padded batch: each one's soft tokens
-        [soft tokens, text hidden]."""
-        device, dtype = self.output_proj.bias.device, self.output_proj.bias.dtype
+        """Clips of log-mel features ([frames, 128] each): each one's soft tokens [soft tokens, text hidden]. From
+        the graphs one clip at a time where they take every clip; else as one padded batch."""
+        if self.graphs is not None and all(self.graphs.bucket_for(len(f)) is not None for f in features):
+            return [self.graphs.encode(f) for f in features]
+        device = self.output_proj.bias.device
         lengths = torch.tensor([len(f) for f in features], device=device)
         batch = nn.utils.rnn.pad_sequence([f.to(device, torch.float32) for f in features], batch_first=True)
-        h, out_lengths = self.subsample_conv_projection(batch.to(dtype), lengths)
+        soft_tokens = self.encode_padded(batch, lengths)
+        return [clip[:n] for clip, n in zip(soft_tokens, (soft_token_count(len(f)) for f in features))]
+
+    def encode_padded(self, batch: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """A padded batch of clips [B, frames, 128] fp32 and their lengths in frames (on the device) -> [B, soft
+        tokens of the padded length, text hidden]; a clip's padding never reaches its soft tokens, and nothing is
+        read back to the host (what a graph captures)."""
+        h, out_lengths = self.subsample_conv_projection(batch.to(self.output_proj.bias.dtype), lengths)
         for layer in self.layers:
             h = layer(h, out_lengths)
-        soft_tokens = self.projector(self.output_proj(h) + self.output_proj.bias)
-        return [clip[:n] for clip, n in zip(soft_tokens, (soft_token_count(len(f)) for f in features))]
+        return self.projector(self.output_proj(h) + self.output_proj.bias)

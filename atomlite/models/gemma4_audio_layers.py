@@ -53,6 +53,23 @@ def halved(lengths: torch.Tensor) -> torch.Tensor:
     return torch.div(lengths + 1, 2, rounding_mode="floor")
 
 
+# The convolutions below are written as windows and a matmul (or a sum), not F.conv2d / F.conv1d: those run MIOpen's
+# kernels on ROCm, which a HIP graph cannot capture (the tower replays graphs: gemma4_audio_graphs).
+
+def conv3x3_stride2(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.conv2d(x, weight, stride=2, padding=1): x [B, C, H, W], weight [O, C, 3, 3] -> [B, O, ceil(H/2), ceil(W/2)]."""
+    windows = F.unfold(x, 3, padding=1, stride=2)  # [B, C * 9, H' * W']
+    return (weight.flatten(1) @ windows).unflatten(2, ((x.shape[2] + 1) // 2, (x.shape[3] + 1) // 2))
+
+
+def causal_depthwise_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A depthwise convolution over time, x [B, T, C], weight [C, 1, K], in fp32: frame t reads t - K + 1 .. t, so a
+    clip's padding never reaches its frames."""
+    kernel = weight.shape[-1]
+    windows = F.pad(x.float(), (0, 0, kernel - 1, 0)).unfold(1, kernel, 1)  # [B, T, C, K]
+    return (windows * weight[:, 0].float()).sum(-1).to(x.dtype)
+
+
 class SubsampleConv(nn.Module):
     """A 3x3 stride-2 Conv2d over (time, mel), a LayerNorm over channels (no bias), ReLU."""
 
@@ -67,7 +84,7 @@ class SubsampleConv(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [B, C, T, F]; padding frames read as zero, as the convolution's own padding."""
         x = x * valid_frames(lengths, x.shape[2])[:, None, :, None].to(x.dtype)
-        x = F.conv2d(x.to(self.conv.weight.dtype), self.conv.weight, stride=2, padding=1)
+        x = conv3x3_stride2(x.to(self.conv.weight.dtype), self.conv.weight)
         x = F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), self.norm.weight, None, self.eps)
         return F.relu(x).permute(0, 3, 1, 2), halved(lengths)
 
@@ -184,10 +201,8 @@ class LightConv(nn.Module):
         self.clip = cfg["gradient_clipping"]
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        x = F.glu(self.linear_start(self.pre_layer_norm(h)), dim=-1).transpose(1, 2)
-        weight = self.depthwise_conv1d.weight
-        # causal: frame t reads t - kernel + 1 .. t, so a clip's padding never reaches its frames
-        x = F.conv1d(F.pad(x, (weight.shape[-1] - 1, 0)), weight, groups=weight.shape[0]).transpose(1, 2)
+        x = F.glu(self.linear_start(self.pre_layer_norm(h)), dim=-1)
+        x = causal_depthwise_conv(x, self.depthwise_conv1d.weight)
         x = F.silu(self.conv_norm(clamped(x, self.clip)))
         return self.linear_end(x) + h
 

@@ -1,10 +1,12 @@
 """Gemma 4's audio tower and projector against transformers' own (Gemma4AudioModel + Gemma4MultimodalEmbedder),
 float32, on tiny random towers with the real attention window and a wider one that sees frames ahead: the soft
 tokens of clips the Gemma 4 feature extractor made, one at a time and clips of different lengths in one batch; the
-local attention op against a dense masked attention; every tower tensor of the checkpoint loaded."""
+local attention op against a dense masked attention, the convolutions against torch's; every tower tensor of the
+checkpoint loaded."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 
 import tiny_models
@@ -12,6 +14,7 @@ from atomlite import LLM
 from atomlite.loader import resolve
 from atomlite.model_ops.torch_ref.local_attention import local_attention
 from atomlite.models.gemma4_audio import soft_token_count
+from atomlite.models.gemma4_audio_layers import causal_depthwise_conv, conv3x3_stride2
 
 
 def clip(seconds: float, seed: int = 0) -> np.ndarray:
@@ -91,6 +94,21 @@ def test_local_attention_reference_matches_dense_masked_attention(first_offset, 
     want = dense_local_attention(q, k, v, rel_k, lengths, first_offset, 5.0, -1e9)
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1, :9], want[1, :9])
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 9, 128), (1, 3, 10, 7), (2, 4, 1, 1)])
+def test_the_subsampling_convolution_is_torchs_conv2d(shape):
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(*shape, generator=g), torch.randn(5, shape[1], 3, 3, generator=g)
+    torch.testing.assert_close(conv3x3_stride2(x, weight), F.conv2d(x, weight, stride=2, padding=1))
+
+
+@pytest.mark.parametrize("kernel", [5, 3, 1])
+def test_the_causal_depthwise_convolution_is_torchs_conv1d_padded_on_the_left(kernel):
+    g = torch.Generator().manual_seed(kernel)
+    x, weight = torch.randn(2, 11, 6, generator=g), torch.randn(6, 1, kernel, generator=g)
+    want = F.conv1d(F.pad(x.transpose(1, 2), (kernel - 1, 0)), weight, groups=6).transpose(1, 2)
+    torch.testing.assert_close(causal_depthwise_conv(x, weight), want)
 
 
 def test_every_audio_tensor_of_the_checkpoint_is_loaded(tower):

@@ -115,3 +115,11 @@ def test_the_vision_towers_graph_pool_comes_out_of_the_kv_budget():
                             outside_torch=GiB, encoder_cache=GiB, encoder_peak=2 * GiB, encoder_graphs=2 * GiB)
     assert profile.kv_budget == 33 * GiB
     assert "vision tower graphs 2.00 GiB" in profile.describe()
+
+
+def test_the_audio_towers_graph_pool_comes_out_of_the_kv_budget():
+    GiB = 2**30
+    profile = MemoryProfile(total=80 * GiB, utilization=0.9, weights=30 * GiB, prefill_peak=4 * GiB, graphs=GiB,
+                            outside_torch=GiB, encoder_graphs=2 * GiB, audio_graphs=GiB)
+    assert profile.kv_budget == 33 * GiB
+    assert "vision tower graphs 2.00 GiB, audio tower graphs 1.00 GiB" in profile.describe()

@@ -90,10 +90,15 @@ def dummy_images(num_soft_tokens: int, patch_size: int, pool: int) -> tuple[torc
     return pixels, positions
 
 
+def longest_clip(max_num_batched_tokens: int, max_num_encoder_input_tokens: int) -> int:
+    """The most soft tokens of a clip the audio tower may encode: a 30 s clip's (750), or what the limits allow."""
+    return min(MAX_AUDIO_SOFT_TOKENS, max_num_batched_tokens, max_num_encoder_input_tokens)
+
+
 def largest_step_audio(max_num_batched_tokens: int, max_num_encoder_input_tokens: int) -> list[torch.Tensor]:
-    """The log-mel features of the most the audio tower may encode in one step: 30 s clips (750 soft tokens), or
-    the longest the limits allow, as many as the encoder budget takes."""
-    largest = min(MAX_AUDIO_SOFT_TOKENS, max_num_batched_tokens, max_num_encoder_input_tokens)
+    """The log-mel features of the most the audio tower may encode in one step: the longest clips, as many as the
+    encoder budget takes."""
+    largest = longest_clip(max_num_batched_tokens, max_num_encoder_input_tokens)
     return [dummy_features(largest)] * max(1, max_num_encoder_input_tokens // largest)
 
 

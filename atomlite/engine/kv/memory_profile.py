@@ -2,8 +2,8 @@
 --max-num-batched-tokens tokens and an eager decode at the largest graph batch measure the activation peaks on a
 small temporary KV cache, and a model with a vision tower encodes the largest images one step may hold; the KV cache
 then gets what --gpu-memory-utilization leaves of the GPU after the weights, the larger of the prefill's and the
-tower's peaks, the encoder cache, the decode graphs' pool (about one decode forward's peak) and memory outside
-torch's allocator."""
+towers' peaks, the encoder cache, the decode graphs' pool (about one decode forward's peak), the towers' graph pools
+and memory outside torch's allocator."""
 import math
 from dataclasses import dataclass
 
@@ -31,16 +31,19 @@ class MemoryProfile:
     outside_torch: int
     encoder_cache: int = 0
     encoder_peak: int = 0  # the vision tower's own peak at the largest step's images (in prefill_peak's max)
-    encoder_graphs: int = 0  # the tower's graph pool (about its peak), held beside the activations' peak
+    encoder_graphs: int = 0  # the vision tower's graph pool (about its peak), held beside the activations' peak
+    audio_graphs: int = 0  # the audio tower's graph pool (about one longest clip's peak), held beside it too
 
     @property
     def kv_budget(self) -> int:
         return (int(self.total * self.utilization) - self.weights - self.prefill_peak - self.graphs
-                - self.encoder_graphs - self.outside_torch - self.encoder_cache)
+                - self.encoder_graphs - self.audio_graphs - self.outside_torch - self.encoder_cache)
 
     def describe(self) -> str:
         parts = [("weights", self.weights), ("activation peak", self.prefill_peak), ("graphs", self.graphs),
                  ("outside torch", self.outside_torch), ("KV cache", max(self.kv_budget, 0))]
+        if self.audio_graphs:
+            parts.insert(3, ("audio tower graphs", self.audio_graphs))
         if self.encoder_graphs:
             parts.insert(3, ("vision tower graphs", self.encoder_graphs))
         if self.encoder_cache:
@@ -79,15 +82,17 @@ def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, i
 def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
                    decode_batch: int, block_size: int, step_images: tuple[list, list] | None = None,
                    encoder_cache: int = 0, encoder_graphs: bool = False,
-                   step_audio: list | None = None) -> MemoryProfile:
+                   step_audio: list | None = None, audio_graphs: bool = False) -> MemoryProfile:
     """Runs the two profiling forwards on a temporary cache (freed before returning); step_images: the pixels and
     position ids of the most the vision tower encodes in one step, step_audio: the log-mel features of the most the
     audio tower encodes in one step, whose peaks count where they are the larger; encoder_graphs: the vision tower
     will replay graphs, whose pool holds about its peak for good (the eager fallback, a step of more images than a
-    graph takes, may still need the peak itself)."""
+    graph takes, may still need the peak itself); audio_graphs: the audio tower will replay graphs of one clip each,
+    whose pool holds about the longest clip's peak for good."""
     weights = torch.cuda.memory_allocated(device)
     vision_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
     audio_peak = _peak_of(lambda: model.embed_audio(step_audio), device) if step_audio else 0
+    clip_peak = _peak_of(lambda: model.embed_audio(step_audio[:1]), device) if step_audio and audio_graphs else 0
     tower_peak = max(vision_peak, audio_peak)
     kv = _temporary_cache(specs, prefill_tokens, decode_batch, block_size, device)
     runner = ModelRunner(model, kv, device)
@@ -103,4 +108,4 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
     tower_graphs = int(vision_peak * GRAPH_SLACK) if encoder_graphs else 0
     return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache,
-                         tower_peak, tower_graphs)
+                         tower_peak, tower_graphs, int(clip_peak * GRAPH_SLACK))

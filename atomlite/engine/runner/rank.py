@@ -12,7 +12,7 @@ from atomlite.distributed import TensorParallel
 from atomlite.model_ops.peer_memory import with_custom_all_reduce
 from atomlite.engine.runner.decode_graphs import graphs_off_reason, verify_graphs_off_reason
 from atomlite.engine.images.encoder_cache import encoder_cache_bytes
-from atomlite.engine.images.image_embeds import largest_step_audio, largest_step_images
+from atomlite.engine.images.image_embeds import largest_step_audio, largest_step_images, longest_clip
 from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.kv.kv_planner import KVPlan, budget_for, plan_kv_cache
 from atomlite.engine.kv.kv_scales import apply_kv_scales
@@ -116,7 +116,8 @@ class EngineRank:
                                          min(config.max_num_batched_tokens, config.max_model_len),
                                          self._graph_tokens(), config.block_size, *self._image_profile(),
                                          encoder_graphs=self.image_graphs_off() is None,
-                                         step_audio=self._audio_profile())
+                                         step_audio=self._audio_profile(),
+                                         audio_graphs=self.audio_graphs_off() is None)
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -129,9 +130,9 @@ class EngineRank:
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.graph_note = self._set_up_decode_graphs()
-        image_note = self._set_up_image_graphs()
-        if image_note:
-            self.graph_note += f"; {image_note}"
+        for note in (self._set_up_image_graphs(), self._set_up_audio_graphs()):
+            if note:
+                self.graph_note += f"; {note}"
 
     def _attach_adapter_slots(self):
         """LoRA slots on the model's target projections (before the memory profile, which counts them, and the
@@ -199,6 +200,19 @@ class EngineRank:
         if off is None:
             return self.model.use_image_graphs(self.config.max_num_encoder_input_tokens).report.describe()
         return f"vision tower graphs: {off}" if off else ""
+
+    def audio_graphs_off(self) -> str | None:
+        """Why the audio tower encodes eager (None when it replays graphs; "" for a model without one)."""
+        if getattr(self.model, "audio_spec", None) is None or self.tp.rank != 0:
+            return ""  # rank 0 alone encodes
+        return self.graphs_off()
+
+    def _set_up_audio_graphs(self) -> str:
+        off = self.audio_graphs_off()
+        if off is None:
+            longest = longest_clip(self.config.max_num_batched_tokens, self.config.max_num_encoder_input_tokens)
+            return self.model.use_audio_graphs(longest).report.describe()
+        return f"audio tower graphs: {off}" if off else ""
 
     def _set_up_decode_graphs(self) -> str:
         """Captures decode graphs where they can run; returns the startup line that says what happened."""

@@ -7,7 +7,8 @@ Nothing here restates a model: the steps come from EngineConfig's defaults, the 
 The steps: a first prefill chunk of --max-num-batched-tokens and four prompts' later chunks; eager decode of one
 sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every decode graph's bucket (replayed as a
 capture runs it); each of those with the KV cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
-with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends. Where dispatch
+with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends; one with an audio
+tower every audio tower graph's bucket. Where dispatch
 gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks. A model whose
 projections take LoRA adapters (unquantized) adds a prefill and the decode graphs with adapter slots attached
 (--enable-lora at vLLM's defaults: one slot of rank 16).
@@ -124,6 +125,18 @@ def _graphs(recorder: _Recorder, runner: ModelRunner, kv: KVCacheManager, config
             graphs.run(step_inputs(kv, bucket, 1, config.max_model_len // 2))
 
 
+def _audio_graphs(recorder: _Recorder, model, config: EngineConfig) -> None:
+    """Each audio tower graph's bucket, as its capture runs it (a clip of the bucket's whole length)."""
+    from atomlite.engine.images.image_embeds import longest_clip
+    from atomlite.multimodal.audio import FRAMES_PER_SOFT_TOKEN
+    graphs = model.use_audio_graphs(longest_clip(config.max_num_batched_tokens, config.max_num_encoder_input_tokens),
+                                    capture=False)
+    for bucket in graphs.sizes:
+        with recorder.step(f"audio tower graph {bucket}"):
+            graphs.frames.fill_(bucket * FRAMES_PER_SOFT_TOKEN)
+            graphs._forward(bucket)
+
+
 def _tower_graphs(recorder: _Recorder, model, config: EngineConfig) -> None:
     """Each tower graph's bucket, as its capture runs it (one packed sequence of the bucket's patches)."""
     from atomlite.models.gemma4_vision_graphs import MAX_IMAGES
@@ -231,6 +244,8 @@ def record_model(path: Path, platform: Platform) -> Launches:
     _model_steps(recorder, model, config, platform)
     if getattr(model, "vision_spec", None) is not None:
         _tower_graphs(recorder, model, config)
+    if getattr(model, "audio_spec", None) is not None:
+        _audio_graphs(recorder, model, config)
     _lora_steps(recorder, path, config, platform)
     for size in TENSOR_PARALLEL_SIZES:
         sharded = _rank_zero_of(size, config, platform) if _custom_all_reduce(platform, size) else None
