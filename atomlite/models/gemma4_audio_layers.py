@@ -53,8 +53,9 @@ def halved(lengths: torch.Tensor) -> torch.Tensor:
     return torch.div(lengths + 1, 2, rounding_mode="floor")
 
 
-# The convolutions below are written as windows and a matmul (or a sum), not F.conv2d / F.conv1d: those run MIOpen's
-# kernels on ROCm, which a HIP graph cannot capture (the tower replays graphs: gemma4_audio_graphs).
+# The convolutions below are written as windows and a matmul (or a sum), not F.conv2d / F.conv1d: on ROCm those run
+# MIOpen, whose solver search can invalidate a HIP graph capture (ROCm/rocm-libraries#12121), and the tower replays
+# graphs (gemma4_audio_graphs).
 
 def conv3x3_stride2(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.conv2d(x, weight, stride=2, padding=1): x [B, C, H, W], weight [O, C, 3, 3] -> [B, O, ceil(H/2), ceil(W/2)]."""
