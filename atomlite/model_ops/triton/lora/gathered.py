@@ -38,8 +38,19 @@ def _shrink_kernel(x, a, slots, out, K, R, k_per_split, stride_xt, stride_al, st
 
 
 @triton.jit
-def _expand_kernel(y, shrunk, b, slots, N, R, splits, end0, end1, stride_yt, stride_ss, stride_st, stride_bl,
-                   stride_bn, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+def _slice_ranks(at, stride_ss, splits, piece, R, live, BLOCK_R: tl.constexpr):
+    """One fused slice's shrunk ranks of the row, its K slices added: fp32 [BLOCK_R]."""
+    ranks = tl.arange(0, BLOCK_R)
+    mask = (ranks < R) & live
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for split in range(splits):
+        acc += tl.load(at + split * stride_ss + piece * R + ranks, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
+def _expand_kernel(y, shrunk, b, slots, N, R, splits, slices, end0, end1, stride_yt, stride_ss, stride_st,
+                   stride_bl, stride_bn, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     """Program (row, column block): y's columns += the row's shrunk ranks (the sum of its `splits` K slices) times
     its slot's B, each column through its own fused slice's ranks."""
     row = tl.program_id(0)
@@ -48,11 +59,12 @@ def _expand_kernel(y, shrunk, b, slots, N, R, splits, end0, end1, stride_yt, str
     col_mask = (cols < N) & (slot >= 0)
     ranks = tl.arange(0, BLOCK_R)
     mask = col_mask[:, None] & (ranks < R)[None, :]
-    piece = (cols >= end0).to(tl.int32) + (cols >= end1).to(tl.int32)  # the fused slice each column is in
-    at = shrunk + row * stride_st + piece[:, None] * R + ranks[None, :]
-    sv = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
-    for split in range(splits):
-        sv += tl.load(at + split * stride_ss, mask=mask, other=0.0)
+    piece = ((cols >= end0).to(tl.int32) + (cols >= end1).to(tl.int32))[:, None]  # each column's fused slice
+    at = shrunk + row * stride_st
+    first = _slice_ranks(at, stride_ss, splits, 0, R, slot >= 0, BLOCK_R)
+    second = _slice_ranks(at, stride_ss, splits, 1, R, (slot >= 0) & (slices > 1), BLOCK_R)
+    third = _slice_ranks(at, stride_ss, splits, 2, R, (slot >= 0) & (slices > 2), BLOCK_R)
+    sv = tl.where(piece == 0, first[None, :], tl.where(piece == 1, second[None, :], third[None, :]))
     bv = tl.load(b + tl.maximum(slot, 0).to(tl.int64) * stride_bl + cols[:, None] * stride_bn + ranks[None, :],
                  mask=mask, other=0.0).to(tl.float32)
     delta = tl.sum(sv * bv, axis=1)
@@ -95,8 +107,8 @@ def lora_expand(y: torch.Tensor, shrunk: torch.Tensor | PartialSums, b: torch.Te
     ends = [sum(slice_sizes[:i + 1]) for i in range(len(slice_sizes))][:-1] + [n] * MAX_SLICES
     if rows:
         run_kernel(_expand_kernel, (rows, triton.cdiv(n, tuning.EXPAND_BLOCK_N)), y, parts, b, slots, n, rank,
-                   parts.shape[0], ends[0], ends[1], y.stride(0), parts.stride(0), parts.stride(1), b.stride(0),
-                   b.stride(1), BLOCK_N=tuning.EXPAND_BLOCK_N, BLOCK_R=triton.next_power_of_2(rank),
+                   parts.shape[0], len(slice_sizes), ends[0], ends[1], y.stride(0), parts.stride(0), parts.stride(1),
+                   b.stride(0), b.stride(1), BLOCK_N=tuning.EXPAND_BLOCK_N, BLOCK_R=triton.next_power_of_2(rank),
                    num_warps=tuning.EXPAND_WARPS)
 
 
