@@ -57,6 +57,23 @@ def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("tensor", "static")])
+def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, activation):
+    """Beyond LIBRARY_MIN_ROWS rows of bf16 x, per-token or static x on a per-channel or per-tensor W goes to
+    torch._scaled_mm with quantize_rows' e4m3 rows and scales (on CPU torch's own CPU kernel; on a GPU also through
+    fp8_gemm, when its library takes row scales)."""
+    from atomlite.model_ops.triton.fp8 import gemm, quant
+    spec, q, scale, input_scale = _layer(strategy, activation, 96, 160, device)
+    x = _x(gemm.LIBRARY_MIN_ROWS + 16, 160, device).bfloat16()
+    xq, x_scale = quant.quantize_rows(x, activation, q.dtype, static_scale=input_scale)
+    got = gemm.library_scaled_mm(xq, x_scale, q, scale, torch.bfloat16)
+    assert_gemm_close(got, x, q, scale, spec, input_scale, torch.bfloat16)
+    assert gemm.library_fits(x, q, scale) == (device == "cuda" and gemm.library_takes_row_scales(x.device, q.dtype))
+    assert_gemm_close(gemm.fp8_gemm(x, q, scale, input_scale, activation), x, q, scale, spec, input_scale,
+                      torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group")])
 def test_unsummed_split_k_slices_add_up_to_the_summed_output(device, strategy, activation):
     """summed=False (a consumer that adds split-K slices as it reads them, model_ops.fusion): decode rows come back

@@ -7,7 +7,7 @@ from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import is_power_of_two, platform_of
 from atomlite.model_ops.triton.fp8 import tuning
-from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
+from atomlite.model_ops.triton.fp8.gemm import fp8_gemm, library_takes_row_scales
 from atomlite.model_ops.triton.fp8.moe import fp8_experts
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
@@ -18,6 +18,8 @@ class TritonFP8Linear:
     def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec):
         if platform_of(weight.device).fp8_dtype == fp8.E4M3FNUZ_DTYPE:
             weight, scale = fp8.to_e4m3fnuz(weight, scale)
+        if weight.is_cuda:
+            library_takes_row_scales(weight.device, weight.dtype)  # asked now, never inside a graph capture
         return weight.contiguous(), scale.float().contiguous(), None
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,

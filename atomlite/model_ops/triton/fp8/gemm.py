@@ -11,6 +11,8 @@ Few rows (decode) are bound by streaming W: the K loop is split over programs un
 each program storing its scaled fp32 partial, and a second kernel adds them (gemm.skinny's). Many rows use
 tensor-core tiles (tuning.py).
 """
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -18,7 +20,7 @@ import triton.language as tl
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
 from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, FP8TileConfig, tile_config
+from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 
@@ -150,12 +152,43 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     return y
 
 
+@functools.cache
+def library_takes_row_scales(device: torch.device, fp8_dtype: torch.dtype) -> bool:
+    """Whether torch._scaled_mm (cuBLASLt / hipBLASLt) runs e4m3 x e4m3 with a scale per row of x and per column of
+    W on this GPU: asked once with a small product (at load, before any graph capture)."""
+    a = torch.ones(16, 32, device=device).to(fp8_dtype)
+    b = torch.ones(16, 32, device=device).to(fp8_dtype)
+    ones = torch.ones(16, 1, device=device)
+    try:
+        y = torch._scaled_mm(a, b.t(), scale_a=ones, scale_b=ones.view(1, -1), out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(y.float().eq(32.0).all())
+
+
+def library_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
+    """Many rows on a GPU whose library GEMM takes per-row x per-column scales: W per tensor or channel, N and K
+    multiples of 16 (its layout rule)."""
+    n, k = weight.shape
+    return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and scale.shape[1] == 1
+            and n % 16 == 0 and k % 16 == 0 and x.dtype == torch.bfloat16
+            and library_takes_row_scales(x.device, weight.dtype))
+
+
+def library_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """xq [M, K] fp8 with x_scale [M, 1] @ weight [N, K]^T with scale [N, 1], fp32 sums, out_dtype: torch's GEMM."""
+    return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=out_dtype)
+
+
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
              activation: str | None, group_size: int = 128, scale_block_k: int = 0,
              summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
-    except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower)."""
+    except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower).
+    Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
+    as bf16's many rows go to F.linear."""
     if activation is None:
         return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype, summed=summed)
     scale_k = group_size if activation == "group" else scale_block_k
@@ -164,4 +197,6 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     if activation == "group" and x.shape[0] <= DECODE_ROWS:
         return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True, summed=summed)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
+    if activation != "group" and library_fits(x, weight, scale):
+        return library_scaled_mm(xq, x_scale, weight, scale, x.dtype)
     return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype, summed=summed)
