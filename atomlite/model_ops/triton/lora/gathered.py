@@ -48,7 +48,8 @@ def _slice_ranks(at, stride_ss, splits, piece, R, live, BLOCK_R: tl.constexpr):
     return acc
 
 
-@triton.jit
+# splits changes with the step's rows: specializing on it (1, multiples of 16) would compile mid-serving
+@triton.jit(do_not_specialize=["splits"])
 def _expand_kernel(y, shrunk, b, slots, N, R, splits, slices, end0, end1, stride_yt, stride_ss, stride_st,
                    stride_bl, stride_bn, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     """Program (row, column block): y's columns += the row's shrunk ranks (the sum of its `splits` K slices) times
