@@ -74,6 +74,24 @@ def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, ac
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_block_scales_as_loaded_and_many_rows_through_block_scaled_mm_match_reference(device):
+    """Block scales as the Triton family stores them (unit stride along N), decode rows and many: the Triton GEMM,
+    or beyond LIBRARY_MIN_ROWS rows of bf16 x on a GPU whose library has 1x128 block scaling, cuBLAS's."""
+    from atomlite.model_ops.triton.fp8 import gemm
+    from atomlite.model_ops.triton.fp8.family import FP8_LINEAR
+    spec, q, scale, _ = _layer("block", "group", 96, 256, device)
+    q, scale, _ = FP8_LINEAR.prepare_weights(q, scale, spec)
+    assert scale.stride(0) == 1
+    for m in (3, gemm.LIBRARY_MIN_ROWS + 9):
+        x = _x(m, 256, device).bfloat16()
+        library = gemm.library_block_fits(x, q, scale, "group", spec.group_size, spec.block_k)
+        assert library == (m > gemm.LIBRARY_MIN_ROWS and device == "cuda"
+                           and gemm.library_takes_block_scales(x.device))
+        got = gemm.fp8_gemm(x, q, scale, None, "group", spec.group_size, spec.block_k)
+        assert_gemm_close(got, x, q, scale, spec, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group")])
 def test_unsummed_split_k_slices_add_up_to_the_summed_output(device, strategy, activation):
     """summed=False (a consumer that adds split-K slices as it reads them, model_ops.fusion): decode rows come back

@@ -7,20 +7,31 @@ from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import is_power_of_two, platform_of
 from atomlite.model_ops.triton.fp8 import tuning
-from atomlite.model_ops.triton.fp8.gemm import fp8_gemm, library_takes_row_scales
+from atomlite.model_ops.triton.fp8.gemm import fp8_gemm, library_takes_block_scales, library_takes_row_scales
 from atomlite.model_ops.triton.fp8.moe import fp8_experts
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
 
+def on_platform(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3fnuz on gfx942 (scales doubled), contiguous, scales in fp32."""
+    if platform_of(weight.device).fp8_dtype == fp8.E4M3FNUZ_DTYPE:
+        weight, scale = fp8.to_e4m3fnuz(weight, scale)
+    return weight.contiguous(), scale.float().contiguous()
+
+
 class TritonFP8Linear:
     def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec):
-        if platform_of(weight.device).fp8_dtype == fp8.E4M3FNUZ_DTYPE:
-            weight, scale = fp8.to_e4m3fnuz(weight, scale)
-        if weight.is_cuda:
-            library_takes_row_scales(weight.device, weight.dtype)  # asked now, never inside a graph capture
-        return weight.contiguous(), scale.float().contiguous(), None
+        """Block scales [N, K / 128] are stored with unit stride along N: the GEMM's K step reads BLOCK_N of them
+        together, and cuBLAS's 1x128 block scaling takes them so (gemm.library_block_mm)."""
+        weight, scale = on_platform(weight, scale)
+        if scale.shape[1] > 1:
+            scale = scale.t().contiguous().t()
+        if weight.is_cuda:  # asked now, never inside a graph capture
+            library_takes_row_scales(weight.device, weight.dtype)
+            library_takes_block_scales(weight.device)
+        return weight, scale, None
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
@@ -36,8 +47,8 @@ class TritonFP8Experts:
 
     def prepare_weights(self, gate_up: torch.Tensor, gate_up_scale: torch.Tensor, down: torch.Tensor,
                         down_scale: torch.Tensor, spec: FP8Spec):
-        (gate_up, gate_up_scale, _), (down, down_scale, _) = (
-            TritonFP8Linear().prepare_weights(w, s, spec) for w, s in ((gate_up, gate_up_scale), (down, down_scale)))
+        (gate_up, gate_up_scale), (down, down_scale) = (
+            on_platform(w, s) for w, s in ((gate_up, gate_up_scale), (down, down_scale)))
         return gate_up, gate_up_scale, down, down_scale, None
 
     def experts(self, x: torch.Tensor, weights: dict, topk_weights: torch.Tensor, topk_ids: torch.Tensor,

@@ -18,22 +18,24 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
-from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
+from atomlite.model_ops.triton.common import interpreting, num_sms, nvidia_capability, run_kernel
 from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
+from atomlite.model_ops.triton.fp8.tuning import (DECODE_ROWS, LIBRARY_MIN_ROWS, LIBRARY_ROWS_ALIGN, FP8TileConfig,
+                                                 tile_config)
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
+from atomlite.model_ops.triton.mxfp4.blockwise import blockwise_scaled_mm
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 
 
 @triton.jit
-def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
+def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_QUANT: tl.constexpr = False,
                 FNUZ: tl.constexpr = False):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
-    ws_rows + k // SCALE_K) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it.
+    ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it.
     GROUP_QUANT: x is read in its own dtype and quantized here per BLOCK_K group (BLOCK_K = SCALE_K), the group
     scales computed instead of read (decode rows: no launch of quant.quantize_rows)."""
     rk = tl.arange(0, BLOCK_K)
@@ -58,7 +60,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, m_ok, n_ok, k_lo, k_hi, X_BLOC
             elif X_BLOCKS:
                 part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
             if W_BLOCKS:
-                part = part * tl.load(ws_rows + k // SCALE_K, mask=n_ok, other=0.0)[:, None]
+                part = part * tl.load(ws_rows + (k // SCALE_K) * ws_step, mask=n_ok, other=0.0)[:, None]
             acc += part
         elif FP32_DOT:
             acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
@@ -81,7 +83,7 @@ def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOC
 
 @triton.jit
 def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
-                    stride_wsn, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
+                    stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_QUANT: tl.constexpr = False, FNUZ: tl.constexpr = False):
@@ -96,8 +98,8 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     k_hi = tl.minimum(k_lo + k_per_split, K)
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
-    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, m_ok, n_ok, k_lo, k_hi,
-                      X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_QUANT, FNUZ)
+    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok, n_ok, k_lo,
+                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_QUANT, FNUZ)
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
@@ -138,7 +140,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
-               x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), target.stride(-2),
+               x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None or group_quant,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
@@ -181,6 +183,50 @@ def library_scaled_mm(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Ten
     return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=out_dtype)
 
 
+@functools.cache
+def library_takes_block_scales(device: torch.device) -> bool:
+    """Whether torch's scaled_mm runs e4m3 x e4m3 with 1x128 block scales on both operands (cuBLAS on Hopper), each
+    scale tensor with unit stride along its rows, and gives the dequantized product: asked once with a small random
+    one (at load, before any graph capture)."""
+    if nvidia_capability(device) != (9, 0) or not hasattr(torch.nn.functional, "ScalingType"):
+        return False
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(16, 256, device=device, generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(32, 256, device=device, generator=gen).to(torch.float8_e4m3fn)
+    a_scale = torch.rand(2, 16, device=device, generator=gen).add(0.5).t()
+    b_scale = torch.rand(2, 32, device=device, generator=gen).add(0.5).t()
+    want = ((a.float() * a_scale.repeat_interleave(128, 1)) @ (b.float() * b_scale.repeat_interleave(128, 1)).T)
+    out = torch.empty(16, 32, dtype=torch.bfloat16, device=device)
+    try:
+        blockwise_scaled_mm(a, a_scale, b, b_scale, out)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(out.float(), want, rtol=2e-2, atol=1e-1))
+
+
+def library_block_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, activation: str | None,
+                       group_size: int, scale_block_k: int) -> bool:
+    """Many rows of bf16 x quantized in groups of 128 on W with 128-K block scales (unit stride along N), K and N
+    as cuBLAS's block scaling takes them, on a GPU where it does."""
+    n, k = weight.shape
+    return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and x.dtype == torch.bfloat16
+            and activation == "group" and group_size == 128 and scale_block_k == 128 and k % 128 == 0
+            and n % 16 == 0 and scale.shape[1] == k // 128 and scale.stride(0) == 1 and weight.dtype == torch.float8_e4m3fn
+            and library_takes_block_scales(x.device))
+
+
+def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] quantized per group of 128 (quantize_rows, rows padded to 16 with zeros) @ weight [N, K]^T with
+    scale [N, K / 128]: cuBLAS's fp8 GEMM with 1x128 block scales on both sides."""
+    m, n = x.shape[0], weight.shape[0]
+    padded = -(-m // LIBRARY_ROWS_ALIGN) * LIBRARY_ROWS_ALIGN
+    xq, x_scale = quantize_rows(torch.nn.functional.pad(x, (0, 0, 0, padded - m)), "group", weight.dtype,
+                                group_size)
+    out = torch.empty(padded, n, dtype=x.dtype, device=x.device)
+    blockwise_scaled_mm(xq, x_scale.t().contiguous().t(), weight, scale, out)
+    return out[:m]
+
+
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
              activation: str | None, group_size: int = 128, scale_block_k: int = 0,
              summed: bool = True) -> torch.Tensor | PartialSums:
@@ -188,7 +234,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
     except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower).
     Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
-    as bf16's many rows go to F.linear."""
+    and grouped x on block-scaled W to its 1x128 block scaling where the GPU's library has it, as bf16's many rows
+    go to F.linear."""
     if activation is None:
         return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype, summed=summed)
     scale_k = group_size if activation == "group" else scale_block_k
@@ -196,6 +243,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
     if activation == "group" and x.shape[0] <= DECODE_ROWS:
         return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True, summed=summed)
+    if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
+        return library_block_mm(x, weight, scale, group_size)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
     if activation != "group" and library_fits(x, weight, scale):
         return library_scaled_mm(xq, x_scale, weight, scale, x.dtype)
