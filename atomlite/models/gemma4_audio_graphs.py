@@ -8,11 +8,11 @@ the tower's own masks read: the convolutions see the padding as their zero paddi
 never reads ahead and attention masks keys past the clip, so the padding never reaches the clip's soft tokens. A
 longer clip runs eager. Without capture (CPU, tests) the same buffers feed an eager pass.
 """
-import time
 from dataclasses import dataclass
 
 import torch
 
+from atomlite.model_ops.graph_capture import capture_buckets
 from atomlite.models.gemma4_audio import soft_token_count
 from atomlite.multimodal.audio import FRAMES_PER_SOFT_TOKEN, MEL_BINS
 
@@ -75,26 +75,11 @@ class ClipGraphs:
             out = self._forward(bucket)
         return out[:soft_token_count(frames)].clone()
 
-    @torch.inference_mode()
     def capture_all(self) -> ClipCaptureReport:
-        """One graph per bucket, largest first, all in one memory pool."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        reserved_before = torch.cuda.memory_reserved(self.device)
-        start, pool = time.perf_counter(), None
+        """One graph per bucket, largest first, all in one memory pool (graph_capture)."""
         self.features.zero_()
-        for bucket in reversed(self.sizes):
-            self.frames.fill_(bucket * FRAMES_PER_SOFT_TOKEN)
-            graph = torch.cuda.CUDAGraph()
-            for _ in range(2):  # compiles each kernel variant at this shape outside the capture
-                self._forward(bucket)
-            torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(bucket)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        self.report = ClipCaptureReport(list(self.sizes), time.perf_counter() - start,
-                                        torch.cuda.memory_reserved(self.device) - reserved_before)
+        captured = capture_buckets(self.device, self.sizes, self._forward,
+                                   lambda bucket: self.frames.fill_(bucket * FRAMES_PER_SOFT_TOKEN))
+        self.graphs.update(captured.graphs)
+        self.report = ClipCaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
         return self.report

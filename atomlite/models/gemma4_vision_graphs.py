@@ -9,12 +9,12 @@ bucket's, which nobody reads. The sequence bounds are a buffer of MAX_IMAGES + 2
 then empty sequences), so the attention grid depends on the bucket alone. A step with more images, or more patches
 than the largest bucket, runs eager. Without capture (CPU, tests) the same buffers feed an eager pass.
 """
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from atomlite.model_ops.graph_capture import capture_buckets
 from atomlite.model_ops.packed import PackedSequences
 
 SMALL_BUCKETS = (64, 128)  # soft tokens
@@ -105,30 +105,18 @@ class TowerGraphs:
             out = self._forward(bucket, lengths)
         return list(out[:sum(layout.soft_tokens)].clone().split(layout.soft_tokens))
 
-    @torch.inference_mode()
     def capture_all(self) -> TowerCaptureReport:
-        """One graph per bucket, largest first, all in one memory pool. The host's lengths a graph keeps are its
-        bucket's whole (AITER's longest sequence); the Triton kernel reads only the device's bounds."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        reserved_before = torch.cuda.memory_reserved(self.device)
-        start, pool = time.perf_counter(), None
-        for bucket in reversed(self.sizes):
+        """One graph per bucket, largest first, all in one memory pool (graph_capture). The host's lengths a graph
+        keeps are its bucket's whole (AITER's longest sequence); the Triton kernel reads only the device's bounds."""
+        def prepare(bucket: int) -> None:
             rows = bucket * self.pool
             self.rows.zero_()
             self.pixels.zero_()
-            lengths = (rows,) + (0,) * MAX_IMAGES
             self.cu_seqlens.copy_(torch.tensor((0,) + (rows,) * (MAX_IMAGES + 1), dtype=torch.int32))
-            graph = torch.cuda.CUDAGraph()
-            for _ in range(2):  # compiles each kernel variant at this shape outside the capture
-                self._forward(bucket, lengths)
-            torch.cuda.synchronize(self.device)
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(bucket, lengths)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        self.report = TowerCaptureReport(list(self.sizes), time.perf_counter() - start,
-                                         torch.cuda.memory_reserved(self.device) - reserved_before)
+
+        captured = capture_buckets(self.device, self.sizes,
+                                   lambda bucket: self._forward(bucket, (bucket * self.pool,) + (0,) * MAX_IMAGES),
+                                   prepare)
+        self.graphs.update(captured.graphs)
+        self.report = TowerCaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
         return self.report

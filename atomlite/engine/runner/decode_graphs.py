@@ -8,7 +8,6 @@ pinned host mirrors, and each buffer is copied once. Without capture (CPU, tests
 forward, exactly as a replay reads them.
 """
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +20,7 @@ from atomlite.engine.sequence import Sequence
 from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.dispatch import KernelChoices
+from atomlite.model_ops.graph_capture import capture_buckets
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
@@ -203,30 +203,13 @@ class DecodeGraphs:
             self.hidden[:rows].copy_(hidden)
         return self.logits[:rows]
 
-    @torch.inference_mode()
     def capture_all(self) -> CaptureReport:
-        """One graph per bucket, largest first, all in one memory pool."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()  # as each capture does: both readings then hold no released-later cached blocks
-        reserved_before = torch.cuda.memory_reserved(self.device)
-        start, pool = time.perf_counter(), None
-        for bucket in tqdm(list(reversed(self.sizes)), desc=self.label, unit="graph", delay=1.0):
-            self.inputs.fill(self.builder.build([]), bucket)
-            graph = torch.cuda.CUDAGraph()
-            with graph_steps():
-                for _ in range(2):  # compiles each kernel variant at this shape outside the capture
-                    self._forward(bucket)
-                torch.cuda.synchronize(self.device)
-                with torch.cuda.graph(graph, pool=pool):
-                    self._forward(bucket)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        # what torch's allocator holds more (the graphs' private pool, the logits buffer), not free memory, which
-        # moves with other processes
-        self.report = CaptureReport(list(self.sizes), time.perf_counter() - start,
-                                    torch.cuda.memory_reserved(self.device) - reserved_before)
+        """One graph per bucket, largest first, all in one memory pool (graph_capture)."""
+        captured = capture_buckets(
+            self.device, self.sizes, self._forward, lambda bucket: self.inputs.fill(self.builder.build([]), bucket),
+            steps=graph_steps, progress=lambda sizes: tqdm(sizes, desc=self.label, unit="graph", delay=1.0))
+        self.graphs.update(captured.graphs)
+        self.report = CaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
         return self.report
 
     def run(self, inputs: StepInputs, ids: torch.Tensor | None = None) -> torch.Tensor:
