@@ -10,10 +10,28 @@ import torch
 
 
 @dataclass
-class CapturedGraphs:
-    graphs: dict[int, torch.cuda.CUDAGraph]
+class CaptureReport:
+    what: str  # "decode graphs", "vision tower graphs"
+    sizes: list[int]
     seconds: float
     graph_bytes: int  # what torch's allocator reserves more after the captures (the graphs' pool), not free memory
+    sizes_are: str = "sizes"
+    unit: str = ""
+
+    def describe(self) -> str:
+        return (f"{self.what}: {len(self.sizes)} {self.sizes_are} ({', '.join(map(str, self.sizes))}{self.unit}) "
+                f"captured in {self.seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB of graph memory")
+
+
+@dataclass
+class CapturedGraphs:
+    graphs: dict[int, torch.cuda.CUDAGraph]
+    sizes: list[int]
+    seconds: float
+    graph_bytes: int
+
+    def report(self, what: str, sizes_are: str = "sizes", unit: str = "") -> CaptureReport:
+        return CaptureReport(what, self.sizes, self.seconds, self.graph_bytes, sizes_are, unit)
 
 
 @torch.inference_mode()
@@ -40,4 +58,5 @@ def capture_buckets(device: torch.device, sizes: list[int], forward: Callable[[i
         graphs[bucket] = graph
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    return CapturedGraphs(graphs, time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved_before)
+    return CapturedGraphs(graphs, list(sizes), time.perf_counter() - start,
+                          torch.cuda.memory_reserved(device) - reserved_before)

@@ -8,11 +8,10 @@ the tower's own masks read: the convolutions see the padding as their zero paddi
 never reads ahead and attention masks keys past the clip, so the padding never reaches the clip's soft tokens. A
 longer clip runs eager. Without capture (CPU, tests) the same buffers feed an eager pass.
 """
-from dataclasses import dataclass
 
 import torch
 
-from atomlite.model_ops.graph_capture import capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
 from atomlite.models.gemma4_audio import soft_token_count
 from atomlite.multimodal.audio import FRAMES_PER_SOFT_TOKEN, MEL_BINS
 
@@ -27,17 +26,6 @@ def clip_buckets(max_soft_tokens: int) -> list[int]:
     return sizes + [max_soft_tokens]
 
 
-@dataclass
-class ClipCaptureReport:
-    buckets: list[int]  # soft tokens
-    seconds: float
-    graph_bytes: int
-
-    def describe(self) -> str:
-        return (f"audio tower graphs: {len(self.buckets)} sizes ({', '.join(map(str, self.buckets))} soft tokens) "
-                f"captured in {self.seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB of graph memory")
-
-
 class ClipGraphs:
     def __init__(self, tower, max_soft_tokens: int):
         self.tower = tower
@@ -48,7 +36,7 @@ class ClipGraphs:
         self.frames = torch.zeros(1, dtype=torch.int64, device=self.device)  # the clip's length, read by the masks
         self.out: torch.Tensor | None = None  # [largest bucket, text hidden]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.report: ClipCaptureReport | None = None
+        self.report: CaptureReport | None = None
 
     def bucket_for(self, frames: int) -> int | None:
         soft_tokens = soft_token_count(frames)
@@ -75,11 +63,11 @@ class ClipGraphs:
             out = self._forward(bucket)
         return out[:soft_token_count(frames)].clone()
 
-    def capture_all(self) -> ClipCaptureReport:
+    def capture_all(self) -> CaptureReport:
         """One graph per bucket, largest first, all in one memory pool (graph_capture)."""
         self.features.zero_()
         captured = capture_buckets(self.device, self.sizes, self._forward,
                                    lambda bucket: self.frames.fill_(bucket * FRAMES_PER_SOFT_TOKEN))
         self.graphs.update(captured.graphs)
-        self.report = ClipCaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
+        self.report = captured.report("audio tower graphs", unit=" soft tokens")
         return self.report

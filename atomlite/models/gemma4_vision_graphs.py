@@ -10,11 +10,10 @@ then empty sequences), so the attention grid depends on the bucket alone. A step
 than the largest bucket, runs eager. Without capture (CPU, tests) the same buffers feed an eager pass.
 """
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from atomlite.model_ops.graph_capture import capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
 from atomlite.model_ops.packed import PackedSequences
 
 SMALL_BUCKETS = (64, 128)  # soft tokens
@@ -27,17 +26,6 @@ def soft_token_buckets(max_soft_tokens: int) -> list[int]:
     sizes = [b for b in SMALL_BUCKETS if b < max_soft_tokens]
     sizes += range(BUCKET_STEP, max_soft_tokens, BUCKET_STEP)
     return sizes + [max_soft_tokens]
-
-
-@dataclass
-class TowerCaptureReport:
-    buckets: list[int]  # soft tokens
-    seconds: float
-    graph_bytes: int
-
-    def describe(self) -> str:
-        return (f"vision tower graphs: {len(self.buckets)} sizes ({', '.join(map(str, self.buckets))} soft tokens) "
-                f"captured in {self.seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB of graph memory")
 
 
 class TowerGraphs:
@@ -54,7 +42,7 @@ class TowerGraphs:
         self.cu_seqlens = torch.zeros(MAX_IMAGES + 2, dtype=torch.int32, device=self.device)
         self.out: torch.Tensor | None = None  # [largest bucket + 1, text hidden]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.report: TowerCaptureReport | None = None
+        self.report: CaptureReport | None = None
 
     def bucket_for(self, layout) -> int | None:
         soft_tokens = sum(layout.soft_tokens)
@@ -105,7 +93,7 @@ class TowerGraphs:
             out = self._forward(bucket, lengths)
         return list(out[:sum(layout.soft_tokens)].clone().split(layout.soft_tokens))
 
-    def capture_all(self) -> TowerCaptureReport:
+    def capture_all(self) -> CaptureReport:
         """One graph per bucket, largest first, all in one memory pool (graph_capture). The host's lengths a graph
         keeps are its bucket's whole (AITER's longest sequence); the Triton kernel reads only the device's bounds."""
         def prepare(bucket: int) -> None:
@@ -118,5 +106,5 @@ class TowerGraphs:
                                    lambda bucket: self._forward(bucket, (bucket * self.pool,) + (0,) * MAX_IMAGES),
                                    prepare)
         self.graphs.update(captured.graphs)
-        self.report = TowerCaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
+        self.report = captured.report("vision tower graphs", unit=" soft tokens")
         return self.report

@@ -29,6 +29,8 @@ def test_one_graph_per_bucket_largest_first_replaying_its_bucket():
     captured = capture_buckets(device, [1, 4, 8], forward, lambda bucket: static_in.fill_(bucket), steps=steps)
     assert list(captured.graphs) == [8, 4, 1] and calls == [8] * 3 + [4] * 3 + [1] * 3
     assert inside == [True, False] * 3 and captured.seconds > 0
+    assert captured.report("vision tower graphs", unit=" soft tokens").describe().startswith(
+        "vision tower graphs: 3 sizes (1, 4, 8 soft tokens) captured in ")
     for bucket, graph in captured.graphs.items():
         static_in.copy_(torch.arange(8.0, device=device))
         out.zero_()

@@ -8,7 +8,6 @@ pinned host mirrors, and each buffer is copied once. Without capture (CPU, tests
 forward, exactly as a replay reads them.
 """
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,7 +19,7 @@ from atomlite.engine.sequence import Sequence
 from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.dispatch import KernelChoices
-from atomlite.model_ops.graph_capture import capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
@@ -155,17 +154,6 @@ def _check_nothing_kept(ctx: ForwardContext) -> None:
                            f"was built in: its step_metadata must return None there")
 
 
-@dataclass
-class CaptureReport:
-    batch_sizes: list[int]
-    seconds: float
-    graph_bytes: int
-
-    def describe(self) -> str:
-        return (f"decode graphs: {len(self.batch_sizes)} batch sizes ({', '.join(map(str, self.batch_sizes))}) "
-                f"captured in {self.seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB of graph memory")
-
-
 class DecodeGraphs:
     """Runs decode-only steps of up to max_batch sequences from per-bucket graphs (or, with capture=False, eagerly
     from the same static buffers). With queries_per_seq q > 1, the steps of sequences verifying q - 1 drafts each
@@ -209,7 +197,7 @@ class DecodeGraphs:
             self.device, self.sizes, self._forward, lambda bucket: self.inputs.fill(self.builder.build([]), bucket),
             steps=graph_steps, progress=lambda sizes: tqdm(sizes, desc=self.label, unit="graph", delay=1.0))
         self.graphs.update(captured.graphs)
-        self.report = CaptureReport(list(self.sizes), captured.seconds, captured.graph_bytes)
+        self.report = captured.report("decode graphs", "batch sizes")
         return self.report
 
     def run(self, inputs: StepInputs, ids: torch.Tensor | None = None) -> torch.Tensor:
