@@ -14,30 +14,11 @@ import torch
 from atomlite.model_ops.torch_ref import lora as ref
 from atomlite.model_ops.triton.gemm.skinny import linear
 from atomlite.model_ops.triton.lora import gathered
+from decode_attention import CALLS, graph_us  # bench/ is on the path when a bench script runs
 
-CALLS = 50
 # (projection, fused slice sizes (N), K) of a Gemma-4-31B sliding layer
 SHAPES = [("qkv", (8192, 4096, 4096), 5376), ("o", (5376,), 8192), ("gate_up", (21504, 21504), 5376),
           ("down", (5376,), 21504)]
-
-
-def graph_us(fn) -> float:
-    """GPU microseconds per call of fn, from a CUDA graph of CALLS calls."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> None:
