@@ -34,7 +34,8 @@ ENGINE_OPTIONS = [
                                     "--no-enable-prefix-caching)."),
     click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
                  help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
-    click.option("--enforce-eager", is_flag=True, help="Never replay decode steps or the vision and audio towers from CUDA/HIP graphs."),
+    click.option("--enforce-eager", is_flag=True,
+                 help="Never replay decode steps or the vision and audio towers from CUDA/HIP graphs."),
     click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True,
                  help="Share of the GPU's memory atomlite may use (weights, activations, graphs, KV cache); "
                       "the KV cache gets what a profiling run leaves. --kv-cache-memory overrides it."),

@@ -35,7 +35,8 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
-    ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a multiple of it.
+    ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a
+    multiple of it.
     GROUP_QUANT: x is read in its own dtype and quantized here per BLOCK_K group (BLOCK_K = SCALE_K), the group
     scales computed instead of read (decode rows: no launch of quant.quantize_rows)."""
     rk = tl.arange(0, BLOCK_K)
@@ -211,8 +212,8 @@ def library_block_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     n, k = weight.shape
     return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and x.dtype == torch.bfloat16
             and activation == "group" and group_size == 128 and scale_block_k == 128 and k % 128 == 0
-            and n % 16 == 0 and scale.shape[1] == k // 128 and scale.stride(0) == 1 and weight.dtype == torch.float8_e4m3fn
-            and library_takes_block_scales(x.device))
+            and n % 16 == 0 and scale.shape[1] == k // 128 and scale.stride(0) == 1
+            and weight.dtype == torch.float8_e4m3fn and library_takes_block_scales(x.device))
 
 
 def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
