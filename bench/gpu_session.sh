@@ -119,7 +119,8 @@ stage() {
         moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/kernels/test_moe_gpu.py tests/kernels/test_k_from_v.py \
                        tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
-        tests-graphs) python -m pytest -q -n 4 -m gpu tests/e2e/test_decode_graphs.py ;;  # xdist: Triton compiles in parallel
+        tests-graphs) python -m pytest -q -n 4 -m gpu tests/e2e/test_decode_graphs.py tests/e2e/test_gemma3_parity.py \
+                          tests/e2e/test_vision_graphs.py tests/kernels/test_graph_capture.py ;;  # xdist: parallel compiles
         tests-kv) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \
                       tests/kernels/test_kv_scales.py ;;
         tests-router) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_router_topk.py tests/e2e/test_decode_graphs.py \
@@ -132,7 +133,7 @@ stage() {
         tests-gpu) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_triton_attention.py tests/kernels/test_skinny_gemm.py \
                        tests/kernels/test_router_topk.py tests/kernels/test_triton_ops.py tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \
                        tests/e2e/test_decode_graphs.py tests/kernels/test_branches.py tests/kernels/test_moe_gpu.py tests/kernels/test_mxfp4_gemm.py \
-                       tests/kernels/test_moe_gemv.py tests/kernels/test_graph_capture.py ;;  # then tests-memory on its own
+                       tests/kernels/test_moe_gemv.py tests/kernels/test_graph_capture.py ;;  # then tests-memory alone
         tests-kernels) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_triton_attention.py tests/kernels/test_triton_ops.py \
                            tests/kernels/test_skinny_gemm.py ;;
         serve-26b) serve_vs_engine gemma-4-26B-A4B-it ;;
