@@ -18,13 +18,12 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
-from atomlite.model_ops.triton.common import interpreting, num_sms, nvidia_capability, run_kernel
+from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
 from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import (DECODE_ROWS, LIBRARY_MIN_ROWS, LIBRARY_ROWS_ALIGN, FP8TileConfig,
-                                                 tile_config)
+from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
-from atomlite.model_ops.triton.mxfp4.blockwise import blockwise_scaled_mm
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
+from atomlite.model_ops.triton.mxfp4 import blockwise
 
 
 @triton.jit
@@ -189,7 +188,7 @@ def library_takes_block_scales(device: torch.device) -> bool:
     """Whether torch's scaled_mm runs e4m3 x e4m3 with 1x128 block scales on both operands (cuBLAS on Hopper), each
     scale tensor with unit stride along its rows, and gives the dequantized product: asked once with a small random
     one (at load, before any graph capture)."""
-    if nvidia_capability(device) != (9, 0) or not hasattr(torch.nn.functional, "ScalingType"):
+    if not blockwise.has_block_scaling(device):
         return False
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(16, 256, device=device, generator=gen).to(torch.float8_e4m3fn)
@@ -199,7 +198,7 @@ def library_takes_block_scales(device: torch.device) -> bool:
     want = ((a.float() * a_scale.repeat_interleave(128, 1)) @ (b.float() * b_scale.repeat_interleave(128, 1)).T)
     out = torch.empty(16, 32, dtype=torch.bfloat16, device=device)
     try:
-        blockwise_scaled_mm(a, a_scale, b, b_scale, out)
+        blockwise.blockwise_scaled_mm(a, a_scale, b, b_scale, out)
     except (RuntimeError, NotImplementedError):
         return False
     return bool(torch.allclose(out.float(), want, rtol=2e-2, atol=1e-1))
@@ -210,21 +209,21 @@ def library_block_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     """Many rows of bf16 x quantized in groups of 128 on W with 128-K block scales (unit stride along N), K and N
     as cuBLAS's block scaling takes them, on a GPU where it does."""
     n, k = weight.shape
-    return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and x.dtype == torch.bfloat16
-            and activation == "group" and group_size == 128 and scale_block_k == 128 and k % 128 == 0
-            and n % 16 == 0 and scale.shape[1] == k // 128 and scale.stride(0) == 1
-            and weight.dtype == torch.float8_e4m3fn and library_takes_block_scales(x.device))
+    return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and activation == "group"
+            and group_size == 128 and scale_block_k == 128 and k % 128 == 0 and scale.shape[1] == k // 128
+            and scale.stride(0) == 1 and weight.dtype == torch.float8_e4m3fn and blockwise.supported(x, n)
+            and library_takes_block_scales(x.device))
 
 
 def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """x [M, K] quantized per group of 128 (quantize_rows, rows padded to 16 with zeros) @ weight [N, K]^T with
     scale [N, K / 128]: cuBLAS's fp8 GEMM with 1x128 block scales on both sides."""
     m, n = x.shape[0], weight.shape[0]
-    padded = -(-m // LIBRARY_ROWS_ALIGN) * LIBRARY_ROWS_ALIGN
-    xq, x_scale = quantize_rows(torch.nn.functional.pad(x, (0, 0, 0, padded - m)), "group", weight.dtype,
-                                group_size)
+    padded = -(-m // blockwise.ROWS_ALIGN) * blockwise.ROWS_ALIGN
+    rows = x if padded == m else torch.nn.functional.pad(x, (0, 0, 0, padded - m))
+    xq, x_scale = quantize_rows(rows, "group", weight.dtype, group_size)
     out = torch.empty(padded, n, dtype=x.dtype, device=x.device)
-    blockwise_scaled_mm(xq, x_scale.t().contiguous().t(), weight, scale, out)
+    blockwise.blockwise_scaled_mm(xq, x_scale.t().contiguous().t(), weight, scale, out)
     return out[:m]
 
 

@@ -20,7 +20,6 @@ class FP8TileConfig:
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
 LIBRARY_MIN_ROWS = 64  # beyond, torch._scaled_mm where it takes the scales (gemm.library_fits); not yet timed
-LIBRARY_ROWS_ALIGN = 16  # rows of x padded to this for cuBLAS's block scaling (as mxfp4.blockwise pads them)
 DECODE = FP8TileConfig(16, 128, 128, 4, 4, split_k=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)

@@ -19,8 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import interpreting, platform_of, run_kernel
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import _nvidia_capability
+from atomlite.model_ops.triton.common import interpreting, nvidia_capability, platform_of, run_kernel
 from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
 from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
 from atomlite.model_ops.triton.mxfp4.tuning import (BLOCKWISE_EXPAND_ROWS, BLOCKWISE_EXPAND_WARPS,
@@ -37,11 +36,15 @@ class BlockwiseConfig:
     rows: int  # weight rows per slab
 
 
+def has_block_scaling(device: torch.device) -> bool:
+    """An NVIDIA sm_90 GPU with torch's scaled_mm block scaling (cuBLAS's 1x128 block scaling is Hopper's)."""
+    return nvidia_capability(device) == (9, 0) and hasattr(torch.nn.functional, "ScalingType")
+
+
 def supported(x: torch.Tensor, n: int) -> bool:
-    """bf16 activations on an NVIDIA sm_90 GPU with torch's scaled_mm (cuBLAS's 1x128 block scaling is Hopper's),
-    and N a multiple of 16 (cuBLAS's fp8 operands)."""
-    return (x.dtype == torch.bfloat16 and n % 16 == 0 and _nvidia_capability(x) == (9, 0)
-            and hasattr(torch.nn.functional, "ScalingType"))
+    """bf16 activations on a GPU with block scaling (has_block_scaling), and N a multiple of 16 (cuBLAS's fp8
+    operands)."""
+    return x.dtype == torch.bfloat16 and n % 16 == 0 and has_block_scaling(x.device)
 
 
 @triton.jit
