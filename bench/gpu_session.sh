@@ -109,7 +109,7 @@ from_baseline() {  # COMMAND...: run it in baseline_code/ (git archive REV atoml
 
 stage() {
     case $1 in
-        audio-ttft) python bench/audio_ttft.py --model examples/configs/gemma-4-E4B-it-audio ;;  # issue 58: 30 s clip vs text
+        audio-ttft) python bench/audio_ttft.py --model examples/configs/gemma-4-E4B-it-audio --runs 20 ;;  # issue 58: 30 s clip vs text
         k-from-v) python bench/k_from_v.py ;;
         attn-b1) python bench/decode_attention.py ;;
         moe-bench) python bench/moe_layer.py ;;
