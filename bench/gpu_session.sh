@@ -164,7 +164,7 @@ stage() {
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
         lora-31b) python bench/lora_tpot.py --model examples/configs/gemma-4-31B-it ;;  # 4 rank-16 adapters in 16
         lora-26b) python bench/lora_tpot.py --model examples/configs/gemma-4-26B-A4B-it --targets attention ;;
-        lora-kernels) python bench/lora_kernels.py ;;  # each 31B projection's LoRA against its GEMM, batch 16
+        lora-kernels) python bench/lora_kernels.py --sweep-expand ;;  # each 31B projection's LoRA against its GEMM, batch 16
         tests-lora) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_lora_kernels.py tests/e2e/test_lora_parity.py ;;
         spec-31b) speculative gemma-4-31B-it ;;
         spec-26b) speculative gemma-4-26B-A4B-it ;;

@@ -72,3 +72,21 @@ def test_expand_adds_into_fp32_partial_sums_of_a_bf16_projection():
     tri.lora_expand(y_tri, tri.lora_shrink(x, a, slots), b, slots, (24,))
     torch.testing.assert_close(y_tri, y_ref, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(y_ref.double().cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_wide_tile_spans_fused_slices(monkeypatch):
+    """Wide projections take wider expand tiles (tuning.EXPAND_WIDE_*); a tile then holds columns of two or three
+    fused slices, each through its own ranks. The width threshold is lowered so a small projection takes it."""
+    monkeypatch.setattr(tri.tuning, "EXPAND_WIDE_N", 1000)
+    sizes, rank = (600, 300, 300), 16
+    assert tri.expand_tile(sum(sizes)) == (tri.tuning.EXPAND_WIDE_BLOCK_N, tri.tuning.EXPAND_WIDE_WARPS)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 64, generator=g)
+    a = torch.randn(2, 3 * rank, 64, generator=g)
+    b = torch.randn(2, sum(sizes), rank, generator=g)
+    slots = torch.tensor([1, 0, -1, 1, 0], dtype=torch.int32)
+    base = torch.randn(5, sum(sizes), generator=g)
+    want = base.double() + per_row(x, a, b, slots, sizes)
+    x, a, b, slots, y = (t.to(DEVICE) for t in (x, a, b, slots, base.clone()))
+    tri.lora_expand(y, tri.lora_shrink(x, a, slots), b, slots, sizes)
+    torch.testing.assert_close(y.double().cpu(), want, rtol=1e-5, atol=1e-4)

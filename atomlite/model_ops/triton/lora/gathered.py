@@ -101,16 +101,24 @@ def lora_shrink(x: torch.Tensor, a: torch.Tensor, slots: torch.Tensor) -> torch.
     return out[0] if splits == 1 else PartialSums(out, torch.float32)
 
 
+def expand_tile(n: int) -> tuple[int, int]:
+    """(output columns per program, warps) of the expand over n columns; by width alone, so a projection's tile
+    does not change with the step's rows (no compile mid-serving)."""
+    if n >= tuning.EXPAND_WIDE_N:
+        return tuning.EXPAND_WIDE_BLOCK_N, tuning.EXPAND_WIDE_WARPS
+    return tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS
+
+
 def lora_expand(y: torch.Tensor, shrunk: torch.Tensor | PartialSums, b: torch.Tensor, slots: torch.Tensor,
                 slice_sizes: tuple[int, ...]) -> None:
     rows, n, rank = y.shape[0], y.shape[1], b.shape[2]
     parts = shrunk.parts if isinstance(shrunk, PartialSums) else shrunk[None]
     ends = [sum(slice_sizes[:i + 1]) for i in range(len(slice_sizes))][:-1] + [n] * MAX_SLICES
+    block_n, warps = expand_tile(n)
     if rows:
-        run_kernel(_expand_kernel, (rows, triton.cdiv(n, tuning.EXPAND_BLOCK_N)), y, parts, b, slots, n, rank,
+        run_kernel(_expand_kernel, (rows, triton.cdiv(n, block_n)), y, parts, b, slots, n, rank,
                    parts.shape[0], len(slice_sizes), ends[0], ends[1], y.stride(0), parts.stride(0), parts.stride(1),
-                   b.stride(0), b.stride(1), BLOCK_N=tuning.EXPAND_BLOCK_N, BLOCK_R=triton.next_power_of_2(rank),
-                   num_warps=tuning.EXPAND_WARPS)
+                   b.stride(0), b.stride(1), BLOCK_N=block_n, BLOCK_R=triton.next_power_of_2(rank), num_warps=warps)
 
 
 def _refuses(platform, shape: dict) -> str | None:
