@@ -16,7 +16,6 @@ from atomlite.model_ops.triton.gemm.skinny import linear
 from atomlite.model_ops.triton.lora import gathered, tuning
 from decode_attention import CALLS, graph_us  # bench/ is on the path when a bench script runs
 
-WIDE_N = tuning.EXPAND_WIDE_N
 # (projection, fused slice sizes (N), K) of a Gemma-4-31B sliding layer
 SHAPES = [("qkv", (8192, 4096, 4096), 5376), ("o", (5376,), 8192), ("gate_up", (21504, 21504), 5376),
           ("down", (5376,), 21504)]
@@ -57,14 +56,11 @@ def sweep_expand(y, shrunk, b, slots, sizes) -> None:
     """The expand's microseconds at each (columns per program, warps), to retune tuning.EXPAND_*."""
     chosen = (tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS)
     times = []
-    for block_n, warps in [(128, 4), (256, 4), (256, 8), (512, 4), (512, 8), (1024, 8)]:
+    for block_n, warps in [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]:
         tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS = block_n, warps
-        tuning.EXPAND_WIDE_N = 1 << 30  # every width takes EXPAND_BLOCK_N here
         times.append(f"{block_n}/{warps}: {graph_us(lambda: gathered.lora_expand(y, shrunk, b, slots, sizes)):.1f}")
     tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS = chosen
-    tuning.EXPAND_WIDE_N = WIDE_N
     print(f"{'':10s} expand by columns/warps: {', '.join(times)}")
-
 
 if __name__ == "__main__":
     main()

@@ -74,19 +74,33 @@ def test_expand_adds_into_fp32_partial_sums_of_a_bf16_projection():
     torch.testing.assert_close(y_ref.double().cpu(), want, rtol=1e-5, atol=1e-4)
 
 
-def test_wide_tile_spans_fused_slices(monkeypatch):
-    """Wide projections take wider expand tiles (tuning.EXPAND_WIDE_*); a tile then holds columns of two or three
-    fused slices, each through its own ranks. The width threshold is lowered so a small projection takes it."""
-    monkeypatch.setattr(tri.tuning, "EXPAND_WIDE_N", 1000)
-    sizes, rank = (600, 300, 300), 16
-    assert tri.expand_tile(sum(sizes)) == (tri.tuning.EXPAND_WIDE_BLOCK_N, tri.tuning.EXPAND_WIDE_WARPS)
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(5, 64, generator=g)
-    a = torch.randn(2, 3 * rank, 64, generator=g)
-    b = torch.randn(2, sum(sizes), rank, generator=g)
-    slots = torch.tensor([1, 0, -1, 1, 0], dtype=torch.int32)
-    base = torch.randn(5, sum(sizes), generator=g)
+
+def test_expand_over_row_blocks_ragged_slices_and_an_unused_slot(monkeypatch):
+    """More rows than one expand program takes, fused slices that end mid-tile (each column block stays in its
+    slice), and a slot no row uses (its B is never read into the sum: it is all NaN here)."""
+    monkeypatch.setattr(tri.tuning, "EXPAND_BLOCK_M", 4)
+    sizes, rank, rows = (40, 24, 20), 8, 11
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(rows, 48, generator=g)
+    a = torch.randn(4, 3 * rank, 48, generator=g)
+    b = torch.randn(4, sum(sizes), rank, generator=g)
+    b[2] = float("nan")
+    slots = torch.tensor([1, 0, -1, 3, 0, 1, 3, 3, -1, 0, 1], dtype=torch.int32)
+    base = torch.randn(rows, sum(sizes), generator=g)
     want = base.double() + per_row(x, a, b, slots, sizes)
     x, a, b, slots, y = (t.to(DEVICE) for t in (x, a, b, slots, base.clone()))
     tri.lora_expand(y, tri.lora_shrink(x, a, slots), b, slots, sizes)
     torch.testing.assert_close(y.double().cpu(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_lora_kernels_compile_for_gfx942_and_gfx950_without_spills():
+    """The shrink and expand launches the 31B and 26B-A4B configs make with LoRA on (the full gate:
+    tests/kernels/test_compile_gate.py)."""
+    from pathlib import Path
+
+    from atomlite.tools.compile_gate import failures, run_gate
+    run = run_gate(["gfx942", "gfx950"], launches=f"{Path(__file__).with_name('compile_gate_lora.py')}:launches")
+    assert not failures(run), "\n\n".join(failures(run))
+    assert {r.kernel for r in run.results} == {"lora.gathered._shrink_kernel", "lora.gathered._expand_kernel"}
+    assert all(not (r.stats or {}).get("spills") for r in run.results)

@@ -7,10 +7,6 @@ SHRINK_BLOCK_K = 256  # input columns per iteration
 SHRINK_WARPS = 4
 SHRINK_PROGRAMS_PER_SM = 4  # the shrink's K is split until this many programs per multiprocessor run
 SHRINK_MIN_K_STEPS = 2  # each K slice at least this many BLOCK_K steps
-EXPAND_BLOCK_N = 128  # output columns per program
+EXPAND_BLOCK_M = 16  # rows per expand program (fixed: a width that changed with the step's rows would compile)
+EXPAND_BLOCK_N = 32  # output columns per program; its [rows, columns, ranks] product is held in registers
 EXPAND_WARPS = 4
-# Wide projections (Gemma-4-31B's gate_up: 43008 columns) at 128 columns made ~5000 programs at batch 16, each a
-# chain of dependent loads: the expand took 14.4 us against the shrink's 3.7 (H200). Wider tiles for them.
-EXPAND_WIDE_N = 8192  # projections at least this wide take the wide tile
-EXPAND_WIDE_BLOCK_N = 512
-EXPAND_WIDE_WARPS = 8
