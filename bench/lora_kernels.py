@@ -56,7 +56,7 @@ def sweep_expand(y, shrunk, b, slots, sizes) -> None:
     """The expand's microseconds at each (columns per program, warps), to retune tuning.EXPAND_*."""
     chosen = (tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS)
     times = []
-    for block_n, warps in [(16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]:
+    for block_n, warps in [(128, 4), (256, 4), (256, 8), (512, 4), (512, 8)]:
         tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS = block_n, warps
         times.append(f"{block_n}/{warps}: {graph_us(lambda: gathered.lora_expand(y, shrunk, b, slots, sizes)):.1f}")
     tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS = chosen

@@ -75,10 +75,9 @@ def test_expand_adds_into_fp32_partial_sums_of_a_bf16_projection():
 
 
 
-def test_expand_over_row_blocks_ragged_slices_and_an_unused_slot(monkeypatch):
-    """More rows than one expand program takes, fused slices that end mid-tile (each column block stays in its
-    slice), and a slot no row uses (its B is never read into the sum: it is all NaN here)."""
-    monkeypatch.setattr(tri.tuning, "EXPAND_BLOCK_M", 4)
+def test_expand_tile_across_ragged_fused_slices_and_an_unused_slot():
+    """A column tile holding the ends of three fused slices (each column through its own slice's ranks), and a
+    slot no row uses (its B is never read: it is all NaN here)."""
     sizes, rank, rows = (40, 24, 20), 8, 11
     g = torch.Generator().manual_seed(12)
     x = torch.randn(rows, 48, generator=g)

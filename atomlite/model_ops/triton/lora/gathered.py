@@ -1,7 +1,7 @@
-"""LoRA shrink and expand for a batch whose rows use different adapter slots (punica's BGMV). Same contracts as
-torch_ref.lora. Decode-sized batches are the case that matters: the shrink streams one row's slice of its slot's A
-per program, K split over programs until they fill the GPU; the expand takes a tile of rows and visits each slot
-once, reading its B tile for all the tile's rows that use it. Rows without a slot (-1) load nothing."""
+"""LoRA shrink and expand for a batch whose rows use different adapter slots (punica's BGMV: each row gathers its
+own slot's A and B). Same contracts as torch_ref.lora. Decode-sized batches are the case that matters: each program
+streams one row's slice of its slot's weights, the shrink's K split over programs until they fill the GPU, and rows
+without a slot (-1) load nothing."""
 import torch
 import triton
 import triton.language as tl
@@ -38,46 +38,39 @@ def _shrink_kernel(x, a, slots, out, K, R, k_per_split, stride_xt, stride_al, st
 
 
 @triton.jit
-def _slice_of_block(block, blocks1, blocks2, start1, start2, N):
-    """The fused slice a column block lies in (each block in one slice), and that slice's first column, its end and
-    its first block: blocks1, blocks2 are where slices 1 and 2 begin in blocks, start1, start2 in columns."""
-    piece = (block >= blocks1).to(tl.int32) + (block >= blocks2).to(tl.int32)
-    first_col = tl.where(piece == 0, 0, tl.where(piece == 1, start1, start2))
-    end_col = tl.where(piece == 0, start1, tl.where(piece == 1, start2, N))
-    first_block = tl.where(piece == 0, 0, tl.where(piece == 1, blocks1, blocks2))
-    return piece, first_col, end_col, first_block
-
-
-# T and splits change with the step's rows: specializing on them (1, multiples of 16) would compile mid-serving
-@triton.jit(do_not_specialize=["T", "splits"])
-def _expand_kernel(y, shrunk, b, slots, T, N, R, splits, num_slots, blocks1, blocks2, start1, start2, stride_yt,
-                   stride_ss, stride_st, stride_bl, stride_bn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_R: tl.constexpr):
-    """Program (row block, column block): y[rows, cols] += each row's shrunk ranks of the block's fused slice (the
-    sum of its `splits` K slices) times its slot's B. Each slot is visited once: its B tile is read once for all
-    the block's rows that use it, instead of once per row."""
-    piece, first_col, end_col, first_block = _slice_of_block(tl.program_id(1), blocks1, blocks2, start1, start2, N)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = first_col + (tl.program_id(1) - first_block) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _slice_ranks(at, stride_ss, splits, piece, R, live, BLOCK_R: tl.constexpr):
+    """One fused slice's shrunk ranks of the row, its K slices added: fp32 [BLOCK_R]."""
     ranks = tl.arange(0, BLOCK_R)
-    row_slots = tl.load(slots + rows, mask=rows < T, other=-1)
-    live, col_mask, rank_mask = row_slots >= 0, cols < end_col, ranks < R
-    at = shrunk + rows[:, None] * stride_st + piece * R + ranks[None, :]
-    ranks_of_rows = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
+    mask = (ranks < R) & live
+    acc = tl.zeros([BLOCK_R], dtype=tl.float32)
     for split in range(splits):
-        ranks_of_rows += tl.load(at + split * stride_ss, mask=live[:, None] & rank_mask[None, :], other=0.0)
-    delta = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for slot in range(num_slots):
-        mine = row_slots == slot
-        if tl.sum(mine.to(tl.int32)) > 0:
-            bv = tl.load(b + slot * stride_bl + cols[:, None] * stride_bn + ranks[None, :],
-                         mask=col_mask[:, None] & rank_mask[None, :], other=0.0).to(tl.float32)
-            own = tl.where(mine[:, None], ranks_of_rows, 0.0)
-            delta += tl.sum(own[:, None, :] * bv[None, :, :], axis=2)
-    mask = live[:, None] & col_mask[None, :]
-    out = y + rows[:, None] * stride_yt + cols[None, :]
-    yv = tl.load(out, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out, (yv + delta).to(y.dtype.element_ty), mask=mask)
+        acc += tl.load(at + split * stride_ss + piece * R + ranks, mask=mask, other=0.0)
+    return acc
+
+
+# splits changes with the step's rows: specializing on it (1, multiples of 16) would compile mid-serving
+@triton.jit(do_not_specialize=["splits"])
+def _expand_kernel(y, shrunk, b, slots, N, R, splits, slices, end0, end1, stride_yt, stride_ss, stride_st,
+                   stride_bl, stride_bn, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Program (row, column block): y's columns += the row's shrunk ranks (the sum of its `splits` K slices) times
+    its slot's B, each column through its own fused slice's ranks."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    slot = tl.load(slots + row)
+    col_mask = (cols < N) & (slot >= 0)
+    ranks = tl.arange(0, BLOCK_R)
+    mask = col_mask[:, None] & (ranks < R)[None, :]
+    piece = ((cols >= end0).to(tl.int32) + (cols >= end1).to(tl.int32))[:, None]  # each column's fused slice
+    at = shrunk + row * stride_st
+    first = _slice_ranks(at, stride_ss, splits, 0, R, slot >= 0, BLOCK_R)
+    second = _slice_ranks(at, stride_ss, splits, 1, R, (slot >= 0) & (slices > 1), BLOCK_R)
+    third = _slice_ranks(at, stride_ss, splits, 2, R, (slot >= 0) & (slices > 2), BLOCK_R)
+    sv = tl.where(piece == 0, first[None, :], tl.where(piece == 1, second[None, :], third[None, :]))
+    bv = tl.load(b + tl.maximum(slot, 0).to(tl.int64) * stride_bl + cols[:, None] * stride_bn + ranks[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(sv * bv, axis=1)
+    yv = tl.load(y + row * stride_yt + cols, mask=col_mask, other=0.0).to(tl.float32)
+    tl.store(y + row * stride_yt + cols, (yv + delta).to(y.dtype.element_ty), mask=col_mask)
 
 
 def num_splits(programs: int, k: int, device: torch.device) -> int:
@@ -112,13 +105,11 @@ def lora_expand(y: torch.Tensor, shrunk: torch.Tensor | PartialSums, b: torch.Te
                 slice_sizes: tuple[int, ...]) -> None:
     rows, n, rank = y.shape[0], y.shape[1], b.shape[2]
     parts = shrunk.parts if isinstance(shrunk, PartialSums) else shrunk[None]
-    sizes = list(slice_sizes) + [0] * (MAX_SLICES - len(slice_sizes))
-    blocks = [triton.cdiv(size, tuning.EXPAND_BLOCK_N) for size in sizes]
+    ends = [sum(slice_sizes[:i + 1]) for i in range(len(slice_sizes))][:-1] + [n] * MAX_SLICES
     if rows:
-        run_kernel(_expand_kernel, (triton.cdiv(rows, tuning.EXPAND_BLOCK_M), sum(blocks)), y, parts, b, slots, rows,
-                   n, rank, parts.shape[0], b.shape[0], blocks[0], blocks[0] + blocks[1], sizes[0], sizes[0] + sizes[1],
-                   y.stride(0), parts.stride(0), parts.stride(1), b.stride(0), b.stride(1),
-                   BLOCK_M=tuning.EXPAND_BLOCK_M, BLOCK_N=tuning.EXPAND_BLOCK_N, BLOCK_R=triton.next_power_of_2(rank),
+        run_kernel(_expand_kernel, (rows, triton.cdiv(n, tuning.EXPAND_BLOCK_N)), y, parts, b, slots, n, rank,
+                   parts.shape[0], len(slice_sizes), ends[0], ends[1], y.stride(0), parts.stride(0), parts.stride(1),
+                   b.stride(0), b.stride(1), BLOCK_N=tuning.EXPAND_BLOCK_N, BLOCK_R=triton.next_power_of_2(rank),
                    num_warps=tuning.EXPAND_WARPS)
 
 
