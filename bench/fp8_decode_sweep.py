@@ -1,0 +1,108 @@
+"""FP8 decode GEMMs at Gemma-4-31B's shapes, 1 and 16 rows, against the bf16 skinny GEMM in the same run, each way
+the FP8 path can be launched and at each decode tile: to find why FP8-block decode runs at 5x its weight-bytes
+roofline (H200, 2026-11-29) and FP8-Dynamic at 1.39x, and what to set in fp8/tuning.py.
+
+    PYTHONPATH=. python bench/fp8_decode_sweep.py [--ms 1,16]
+
+Ways, each timed as a decode step replays it (a CUDA graph of many calls, weights rotated through copies larger
+than L2 together):
+  block/inside    x quantized per group of 128 inside the GEMM (fp8_gemm's way up to DECODE_ROWS rows)
+  block/before    quantize_rows first (one launch), then the GEMM on fp8 x with per-group scales
+  dynamic/before  quantize_rows per token, then the GEMM (fp8_gemm's FP8-Dynamic way); /gemm: the GEMM alone
+Each line: microseconds per call, and that over the bf16 skinny GEMM's (the bytes halve: 0.5 is the ideal). Every
+way is checked against quant.fp8's reference first.
+"""
+import argparse
+
+import torch
+
+from atomlite.model_ops.triton.fp8 import gemm, tuning
+from atomlite.model_ops.triton.fp8.family import FP8_LINEAR
+from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.model_ops.triton.gemm.skinny import linear
+from atomlite.quant import fp8
+from atomlite.quant.fp8 import FP8Spec
+from decode_attention import graph_us  # bench/ is on the path when a bench script runs
+
+SHAPES = [("qkv", 16384, 5376), ("o", 5376, 8192), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
+L2_BYTES = 3 * (50 << 20)  # weights rotated through copies of at least this many bytes together
+# (BLOCK_N, num_warps, num_stages, programs_per_sm) at BLOCK_M 16, BLOCK_K 128, split-K on
+TILES = [(128, 4, 4, 2), (64, 4, 4, 2), (64, 4, 4, 4), (128, 8, 4, 2), (128, 4, 3, 2), (64, 2, 4, 4)]
+
+
+def copies(n: int, k: int, element_bytes: int) -> int:
+    return max(1, -(-L2_BYTES // (n * k * element_bytes)))
+
+
+def rotating(fns: list):
+    """One callable that runs the next of fns each call (a graph records the rotation)."""
+    state = {"i": 0}
+
+    def call():
+        fns[state["i"] % len(fns)]()
+        state["i"] += 1
+    return call
+
+
+def fp8_layers(spec: FP8Spec, n: int, k: int, count: int):
+    w = torch.randn(n, k, device="cuda") * 0.02
+    q, stored = fp8.quantize_weight(w, spec)
+    scale = (fp8.expand_block_scales(stored, n, k, spec.block) if spec.weight == "block"
+             else stored.float().reshape(-1, 1).expand(n, 1))
+    q, scale, _ = FP8_LINEAR.prepare_weights(q, scale.contiguous(), spec)
+    return [(q.clone(), scale.clone()) for _ in range(count)]
+
+
+def ways(x: torch.Tensor, spec_name: str):
+    """name -> fn(q, scale) for the FP8 semantics."""
+    if spec_name == "block":
+        def before(q, scale):
+            xq, xs = quantize_rows(x, "group", q.dtype, 128)
+            return gemm.scaled_mm(xq, xs, q, scale, 128, x.dtype)
+        return {"inside": lambda q, scale: gemm.scaled_mm(x, None, q, scale, 128, x.dtype, group_quant=True),
+                "before": before}
+    xq_fixed, xs_fixed = quantize_rows(x, "token", torch.float8_e4m3fn, 128)
+
+    def before(q, scale):
+        xq, xs = quantize_rows(x, "token", q.dtype, 128)
+        return gemm.scaled_mm(xq, xs, q, scale, 0, x.dtype)
+    return {"before": before, "gemm": lambda q, scale: gemm.scaled_mm(xq_fixed, xs_fixed, q, scale, 0, x.dtype)}
+
+
+def check(fn, x, layer, spec) -> None:
+    q, scale = layer
+    got = fn(q, scale).float()
+    want = fp8.gemm(x.float(), q, scale, spec, None)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ms", default="1,16")
+    ms = [int(m) for m in parser.parse_args().ms.split(",")]
+    specs = {"block": FP8Spec("block", "group"), "dynamic": FP8Spec("channel", "token")}
+    chosen = tuning.DECODE
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}; tiles: (BLOCK_N, warps, stages, programs/SM)")
+    for name, n, k in SHAPES:
+        w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies(n, k, 2))]
+        layers = {s: fp8_layers(spec, n, k, copies(n, k, 1)) for s, spec in specs.items()}
+        for m in ms:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            bf16 = graph_us(rotating([lambda w=w: linear(x, w) for w in w16]))
+            print(f"{name} N={n} K={k} M={m}: bf16 skinny {bf16:.1f} us")
+            for spec_name, spec in specs.items():
+                for way, fn in ways(x, spec_name).items():
+                    cells = []
+                    for block_n, warps, stages, per_sm in TILES:
+                        tuning.DECODE = tuning.FP8TileConfig(16, block_n, 128, warps, stages, split_k=True,
+                                                             programs_per_sm=per_sm)
+                        check(fn, x, layers[spec_name][0], spec)
+                        us = graph_us(rotating([lambda layer=layer: fn(*layer) for layer in layers[spec_name]]))
+                        cells.append(f"{block_n}/{warps}/{stages}/{per_sm}: {us:.1f} ({us / bf16:.2f})")
+                    tuning.DECODE = chosen
+                    print(f"  {spec_name}/{way:7s} " + ", ".join(cells))
+            del x
+
+
+if __name__ == "__main__":
+    main()
