@@ -26,8 +26,10 @@ from decode_attention import graph_us  # bench/ is on the path when a bench scri
 
 SHAPES = [("qkv", 16384, 5376), ("o", 5376, 8192), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
 L2_BYTES = 3 * (50 << 20)  # weights rotated through copies of at least this many bytes together
-# (BLOCK_N, num_warps, num_stages, programs_per_sm) at BLOCK_M 16, BLOCK_K 128, split-K on
-TILES = [(128, 4, 4, 2), (64, 4, 4, 2), (64, 4, 4, 4), (128, 8, 4, 2), (128, 4, 3, 2), (64, 2, 4, 4)]
+# (BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm) at BLOCK_M 16, split-K on; the block semantics
+# take BLOCK_K 128 only (one scale block a step)
+TILES = [(128, 128, 4, 4, 2), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (128, 128, 8, 4, 2), (128, 128, 4, 3, 2),
+         (64, 128, 2, 4, 4), (64, 256, 4, 3, 2), (128, 256, 4, 3, 2)]
 
 
 def copies(n: int, k: int, element_bytes: int) -> int:
@@ -82,7 +84,8 @@ def main() -> None:
     ms = [int(m) for m in parser.parse_args().ms.split(",")]
     specs = {"block": FP8Spec("block", "group"), "dynamic": FP8Spec("channel", "token")}
     chosen = tuning.DECODE
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}; tiles: (BLOCK_N, warps, stages, programs/SM)")
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}; "
+          "tiles: BLOCK_N/BLOCK_K/warps/stages/programs per SM")
     for name, n, k in SHAPES:
         w16 = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies(n, k, 2))]
         layers = {s: fp8_layers(spec, n, k, copies(n, k, 1)) for s, spec in specs.items()}
@@ -93,12 +96,14 @@ def main() -> None:
             for spec_name, spec in specs.items():
                 for way, fn in ways(x, spec_name).items():
                     cells = []
-                    for block_n, warps, stages, per_sm in TILES:
-                        tuning.DECODE = tuning.FP8TileConfig(16, block_n, 128, warps, stages, split_k=True,
+                    for block_n, block_k, warps, stages, per_sm in TILES:
+                        if spec_name == "block" and block_k != 128:
+                            continue
+                        tuning.DECODE = tuning.FP8TileConfig(16, block_n, block_k, warps, stages, split_k=True,
                                                              programs_per_sm=per_sm)
                         check(fn, x, layers[spec_name][0], spec)
                         us = graph_us(rotating([lambda layer=layer: fn(*layer) for layer in layers[spec_name]]))
-                        cells.append(f"{block_n}/{warps}/{stages}/{per_sm}: {us:.1f} ({us / bf16:.2f})")
+                        cells.append(f"{block_n}/{block_k}/{warps}/{stages}/{per_sm}: {us:.1f} ({us / bf16:.2f})")
                     tuning.DECODE = chosen
                     print(f"  {spec_name}/{way:7s} " + ", ".join(cells))
             del x
