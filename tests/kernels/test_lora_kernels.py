@@ -74,7 +74,6 @@ def test_expand_adds_into_fp32_partial_sums_of_a_bf16_projection():
     torch.testing.assert_close(y_ref.double().cpu(), want, rtol=1e-5, atol=1e-4)
 
 
-
 def test_expand_tile_across_ragged_fused_slices_and_an_unused_slot():
     """A column tile holding the ends of three fused slices (each column through its own slice's ranks), and a
     slot no row uses (its B is never read: it is all NaN here)."""
