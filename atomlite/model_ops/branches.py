@@ -10,25 +10,26 @@ from typing import Callable
 
 import torch
 
-_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+_side_streams: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    if device not in _side_streams:
-        # the branch on it is the longer, latency-bound one: ahead of the other where both want the SMs
-        _side_streams[device] = torch.cuda.Stream(device, priority=-1)
-    return _side_streams[device]
+def _side_stream(device: torch.device, lane: str) -> torch.cuda.Stream:
+    if (device, lane) not in _side_streams:
+        # the branch on it is the shorter, latency-bound one: ahead of the other where both want the SMs
+        _side_streams[device, lane] = torch.cuda.Stream(device, priority=-1)
+    return _side_streams[device, lane]
 
 
 def side_by_side(side: Callable[[], object], main: Callable[[], object], device: torch.device,
-                 overlap: bool = True) -> tuple:
+                 overlap: bool = True, lane: str = "layer") -> tuple:
     """(side(), main()), side() launched on a second stream of device where overlap holds (the caller's call: for
     a decode-sized batch). Every tensor either branch reads must stay referenced by the caller until this returns:
-    the join is what makes freeing it safe."""
+    the join is what makes freeing it safe. lane names the second stream: a fork inside another fork's main branch
+    takes a lane of its own, or it would queue behind (and join) the outer side branch."""
     if not overlap or device.type != "cuda" or torch.compiler.is_compiling():
         return side(), main()
     current = torch.cuda.current_stream(device)
-    stream = _side_stream(device)
+    stream = _side_stream(device, lane)
     stream.wait_stream(current)
     with torch.cuda.stream(stream):
         side_result = side()

@@ -2,8 +2,12 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.branches import side_by_side
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.sharding import ReducesOutput
+
+
+LORA_OVERLAP_MAX_ROWS = 16  # beyond decode-sized batches the base GEMM fills the GPU by itself
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -31,9 +35,14 @@ class Linear(nn.Module):
         self.lora = None  # its LoRASlots (model_ops.lora) when the engine serves adapters
 
     def forward(self, x: torch.Tensor) -> "torch.Tensor | PartialSums":
-        y = self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums)
-        if self.lora is not None:
-            self.lora.add_to(y, x)
+        if self.lora is None:
+            return self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums)
+        # The adapter's shrink reads x as the base GEMM does: beside it, on a stream of its own, a decode batch's
+        # shrink (a few latency-bound microseconds) hides under the GEMM's weight stream instead of adding to it.
+        shrunk, y = side_by_side(lambda: self.lora.shrink(x),
+                                 lambda: self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums),
+                                 x.device, overlap=x.shape[0] <= LORA_OVERLAP_MAX_ROWS, lane="lora")
+        self.lora.expand(y, shrunk)
         return y
 
     def can(self, capability: str) -> bool:

@@ -31,11 +31,15 @@ class LoRASlots(nn.Module):
         self._shrink = dispatch.choose("lora_shrink", **shape).fn
         self._expand = dispatch.choose("lora_expand", **shape).fn
 
-    def add_to(self, y: "torch.Tensor | PartialSums", x: torch.Tensor) -> None:
-        """y (the base projection's output of x; a PartialSums' first slice) += each row's adapter output."""
-        slots = self.rows.slots[:x.shape[0]]
+    def shrink(self, x: torch.Tensor) -> "torch.Tensor | PartialSums":
+        """Each row of x through its slot's A: the ranks that expand() takes."""
+        return self._shrink(x, self.a, self.rows.slots[:x.shape[0]])
+
+    def expand(self, y: "torch.Tensor | PartialSums", shrunk: "torch.Tensor | PartialSums") -> None:
+        """y (the base projection's output; a PartialSums' first slice) += each row's shrunk ranks through its
+        slot's B."""
         target = y.parts[0] if isinstance(y, PartialSums) else y
-        self._expand(target, self._shrink(x, self.a, slots), self.b, slots, self.slice_sizes)
+        self._expand(target, shrunk, self.b, self.rows.slots[:target.shape[0]], self.slice_sizes)
 
     def clear(self, slot: int) -> None:
         self.a[slot].zero_()

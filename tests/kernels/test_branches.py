@@ -45,3 +45,32 @@ def test_graph_replay_of_forked_branches_matches_eager():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, 3 * x + 1)
+
+
+@needs_gpu
+def test_a_fork_inside_the_main_branch_takes_its_own_lane_and_does_not_join_the_outer_side():
+    """A LoRA projection forks its shrink (lane "lora") inside a MoE layer's main branch while the experts run on
+    the layer's lane: its join must not wait for the experts (the outer side branch, ~25 ms of sleep here), and
+    every result is right once the outer join is done."""
+    x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    inner_joined, slow_done = torch.cuda.Event(), torch.cuda.Event()
+
+    def slow_branch():
+        out = _slow_fill(x)
+        slow_done.record()  # on the layer's lane
+        return out
+
+    def main_branch():
+        shrunk, base = side_by_side(lambda: x * 3, lambda: x + 2, x.device, lane="lora")
+        out = shrunk + base
+        inner_joined.record()
+        return out
+
+    _joined_sum(x)  # the layer's lane made before
+    torch.cuda.synchronize()
+    slow, inner = side_by_side(slow_branch, main_branch, x.device)
+    inner_joined.synchronize()
+    assert not slow_done.query(), "the inner join waited for the outer side branch"
+    torch.cuda.synchronize()
+    torch.testing.assert_close(inner, 4 * x + 2)
+    torch.testing.assert_close(slow, 2 * x)
