@@ -17,12 +17,12 @@ import argparse
 import torch
 
 from atomlite.model_ops.triton.fp8 import gemm, tuning
-from atomlite.model_ops.triton.fp8.family import FP8_LINEAR
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.model_ops.triton.gemm.skinny import linear
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 from decode_attention import graph_us  # bench/ is on the path when a bench script runs
+from fp8_gemm import layer
 
 SHAPES = [("qkv", 16384, 5376), ("o", 5376, 8192), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
 L2_BYTES = 3 * (50 << 20)  # weights rotated through copies of at least this many bytes together
@@ -47,11 +47,7 @@ def rotating(fns: list):
 
 
 def fp8_layers(spec: FP8Spec, n: int, k: int, count: int):
-    w = torch.randn(n, k, device="cuda") * 0.02
-    q, stored = fp8.quantize_weight(w, spec)
-    scale = (fp8.expand_block_scales(stored, n, k, spec.block) if spec.weight == "block"
-             else stored.float().reshape(-1, 1).expand(n, 1))
-    q, scale, _ = FP8_LINEAR.prepare_weights(q, scale.contiguous(), spec)
+    q, scale, _, _ = layer(spec, n, k)
     return [(q.clone(), scale.clone()) for _ in range(count)]
 
 

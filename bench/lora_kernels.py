@@ -62,5 +62,6 @@ def sweep_expand(y, shrunk, b, slots, sizes) -> None:
     tuning.EXPAND_BLOCK_N, tuning.EXPAND_WARPS = chosen
     print(f"{'':10s} expand by columns/warps: {', '.join(times)}")
 
+
 if __name__ == "__main__":
     main()

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+OVERLAP_MAX_ROWS = 16  # beyond decode-sized batches each branch fills the GPU by itself
+
 _side_streams: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 

@@ -2,12 +2,9 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.branches import side_by_side
+from atomlite.model_ops.branches import OVERLAP_MAX_ROWS, side_by_side
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.sharding import ReducesOutput
-
-
-LORA_OVERLAP_MAX_ROWS = 16  # beyond decode-sized batches the base GEMM fills the GPU by itself
 
 
 def check_shape(param: torch.Tensor, loaded: torch.Tensor, expected: tuple | None = None) -> None:
@@ -41,7 +38,7 @@ class Linear(nn.Module):
         # shrink (a few latency-bound microseconds) hides under the GEMM's weight stream instead of adding to it.
         shrunk, y = side_by_side(lambda: self.lora.shrink(x),
                                  lambda: self.kernel.fn(x, self.weight, summed=not self.returns_partial_sums),
-                                 x.device, overlap=x.shape[0] <= LORA_OVERLAP_MAX_ROWS, lane="lora")
+                                 x.device, overlap=x.shape[0] <= OVERLAP_MAX_ROWS, lane="lora")
         self.lora.expand(y, shrunk)
         return y
 

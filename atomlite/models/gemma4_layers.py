@@ -9,7 +9,7 @@ from torch import nn
 from atomlite.distributed import Shard, TensorParallel, kv_heads_of_rank, split
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
-from atomlite.model_ops.branches import side_by_side
+from atomlite.model_ops.branches import OVERLAP_MAX_ROWS, side_by_side
 from atomlite.model_ops.carriers import as_heads, merged_heads, split_columns
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.fusion import Feeds, NormedSum
@@ -18,8 +18,6 @@ from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.mlp import GatedGeluMLP
 from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding
-
-OVERLAP_MAX_TOKENS = 16  # beyond decode-sized batches both feed-forward branches fill the GPU by themselves
 
 
 def attention_heads_of_rank(cfg: dict, layer, tp: TensorParallel) -> tuple[Shard, Shard]:
@@ -190,7 +188,7 @@ class Gemma4DecoderLayer(nn.Module):
         route = self.router(h)
         stream = h.stream
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), stream.device,
-                                  overlap=stream.shape[0] <= OVERLAP_MAX_TOKENS)
+                                  overlap=stream.shape[0] <= OVERLAP_MAX_ROWS)
         if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
             m, experts = self.tp.all_reduced(m, experts, hand_over=self._hands_rank_partials())
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)

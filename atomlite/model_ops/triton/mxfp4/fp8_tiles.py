@@ -56,7 +56,7 @@ def pick_config(m: int, n: int) -> Fp8Config:
 
 def supported(x: torch.Tensor) -> bool:
     """fp8 e4m3 MMAs: NVIDIA sm_89 and newer (ROCm's fp8 MMAs differ per chip: the bf16 kernel runs there)."""
-    return _nvidia_capability(x) >= (8, 9)
+    return nvidia_capability(x.device) >= (8, 9)
 
 
 def _dependent_launch(x: torch.Tensor) -> bool:
@@ -67,7 +67,7 @@ def _dependent_launch(x: torch.Tensor) -> bool:
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:
     """The GEMM kernels' weight argument and TMA flag: with tma on Hopper (and in the interpreter), a tensor
     descriptor whose tiles land swizzled in shared memory; else the tensor, read through pointers."""
-    if tma and TensorDescriptor is not None and (interpreting() or _nvidia_capability(weight) >= (9, 0)):
+    if tma and TensorDescriptor is not None and (interpreting() or nvidia_capability(weight.device) >= (9, 0)):
         return TensorDescriptor.from_tensor(weight, block), True
     return weight, False
 
@@ -90,11 +90,6 @@ def _weight_tile(w, w_at, offset, TMA: tl.constexpr):
     else:
         tile = tl.load(w_at + offset)
     return tile
-
-
-def _nvidia_capability(x: torch.Tensor) -> tuple[int, int]:
-    """x's NVIDIA compute capability; (0, 0) off NVIDIA GPUs."""
-    return nvidia_capability(x.device)
 
 
 # Four bytes (eight codes) -> the e4m3 bytes of their low nibbles and of their high nibbles (value * 2^-6 each):
