@@ -1,13 +1,11 @@
 """FP8 decode GEMMs at Gemma-4-31B's shapes, 1 and 16 rows, against the bf16 skinny GEMM in the same run, each way
-the FP8 path can be launched and at each decode tile: to find why FP8-block decode runs at 5x its weight-bytes
-roofline (H200, 2026-11-29) and FP8-Dynamic at 1.39x, and what to set in fp8/tuning.py.
+the FP8 path can be launched and at each decode tile: what to set in fp8/tuning.py (DECODE, DECODE_K_BLOCKS).
 
     PYTHONPATH=. python bench/fp8_decode_sweep.py [--ms 1,16]
 
 Ways, each timed as a decode step replays it (a CUDA graph of many calls, weights rotated through copies larger
 than L2 together):
-  block/inside    x quantized per group of 128 inside the GEMM (fp8_gemm's way up to DECODE_ROWS rows)
-  block/before    quantize_rows first (one launch), then the GEMM on fp8 x with per-group scales
+  block/before    quantize_rows per group of 128 (one launch), then the GEMM on fp8 x with per-group scales
   dynamic/before  quantize_rows per token, then the GEMM (fp8_gemm's FP8-Dynamic way); /gemm: the GEMM alone
 Each line: microseconds per call, and that over the bf16 skinny GEMM's (the bytes halve: 0.5 is the ideal). Every
 way is checked against quant.fp8's reference first.
@@ -28,8 +26,8 @@ SHAPES = [("qkv", 16384, 5376), ("o", 5376, 8192), ("gate_up", 43008, 5376), ("d
 L2_BYTES = 3 * (50 << 20)  # weights rotated through copies of at least this many bytes together
 # (BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm) at BLOCK_M 16, split-K on; the block semantics
 # take BLOCK_K 128 only (one scale block a step)
-TILES = [(128, 128, 4, 4, 2), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (128, 128, 8, 4, 2), (128, 128, 4, 3, 2),
-         (64, 128, 2, 4, 4), (64, 256, 4, 3, 2), (128, 256, 4, 3, 2)]
+TILES = [(128, 128, 4, 3, 2), (64, 128, 4, 4, 4), (128, 128, 8, 4, 2), (64, 256, 4, 3, 2), (64, 256, 4, 4, 2),
+         (64, 256, 4, 3, 3), (64, 512, 4, 3, 2), (128, 256, 8, 3, 2), (64, 256, 8, 3, 2)]
 
 
 def copies(n: int, k: int, element_bytes: int) -> int:
@@ -57,8 +55,7 @@ def ways(x: torch.Tensor, spec_name: str):
         def before(q, scale):
             xq, xs = quantize_rows(x, "group", q.dtype, 128)
             return gemm.scaled_mm(xq, xs, q, scale, 128, x.dtype)
-        return {"inside": lambda q, scale: gemm.scaled_mm(x, None, q, scale, 128, x.dtype, group_quant=True),
-                "before": before}
+        return {"before": before}
     xq_fixed, xs_fixed = quantize_rows(x, "token", torch.float8_e4m3fn, 128)
 
     def before(q, scale):
@@ -79,7 +76,7 @@ def main() -> None:
     parser.add_argument("--ms", default="1,16")
     ms = [int(m) for m in parser.parse_args().ms.split(",")]
     specs = {"block": FP8Spec("block", "group"), "dynamic": FP8Spec("channel", "token")}
-    chosen = tuning.DECODE
+    chosen = tuning.DECODE, tuning.DECODE_K_BLOCKS
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}; "
           "tiles: BLOCK_N/BLOCK_K/warps/stages/programs per SM")
     for name, n, k in SHAPES:
@@ -95,12 +92,13 @@ def main() -> None:
                     for block_n, block_k, warps, stages, per_sm in TILES:
                         if spec_name == "block" and block_k != 128:
                             continue
-                        tuning.DECODE = tuning.FP8TileConfig(16, block_n, block_k, warps, stages, split_k=True,
-                                                             programs_per_sm=per_sm)
+                        tile = tuning.FP8TileConfig(16, block_n, block_k, warps, stages, split_k=True,
+                                                    programs_per_sm=per_sm)
+                        tuning.DECODE = tuning.DECODE_K_BLOCKS = tile
                         check(fn, x, layers[spec_name][0], spec)
                         us = graph_us(rotating([lambda layer=layer: fn(*layer) for layer in layers[spec_name]]))
                         cells.append(f"{block_n}/{block_k}/{warps}/{stages}/{per_sm}: {us:.1f} ({us / bf16:.2f})")
-                    tuning.DECODE = chosen
+                    tuning.DECODE, tuning.DECODE_K_BLOCKS = chosen
                     print(f"  {spec_name}/{way:7s} " + ", ".join(cells))
             del x
 

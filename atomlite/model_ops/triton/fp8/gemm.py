@@ -19,8 +19,8 @@ import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
-from atomlite.model_ops.triton.fp8.quant import _amax_scale, _quantize, quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import DECODE_ROWS, LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
+from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
 from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 from atomlite.model_ops.triton.mxfp4 import blockwise
@@ -29,15 +29,12 @@ from atomlite.model_ops.triton.mxfp4 import blockwise
 @triton.jit
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_QUANT: tl.constexpr = False,
-                FNUZ: tl.constexpr = False):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
     ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a
-    multiple of it.
-    GROUP_QUANT: x is read in its own dtype and quantized here per BLOCK_K group (BLOCK_K = SCALE_K), the group
-    scales computed instead of read (decode rows: no launch of quant.quantize_rows)."""
+    multiple of it."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(k_lo, k_hi, BLOCK_K):
@@ -45,9 +42,6 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
         k_ok = kk < k_hi
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if GROUP_QUANT:
-            group_scale = _amax_scale(x.to(tl.float32), 1)
-            x = _quantize(x.to(tl.float32), group_scale[:, None], FNUZ, w_rows.dtype.element_ty)
         if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
             x = x.to(tl.float32)
             w = w.to(tl.float32)
@@ -55,9 +49,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
             w = w.to(x.dtype)
         if X_BLOCKS or W_BLOCKS:
             part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
-            if GROUP_QUANT:
-                part = part * (group_scale * (2.0 if FNUZ else 1.0))[None, :]
-            elif X_BLOCKS:
+            if X_BLOCKS:
                 part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
             if W_BLOCKS:
                 part = part * tl.load(ws_rows + (k // SCALE_K) * ws_step, mask=n_ok, other=0.0)[:, None]
@@ -85,11 +77,9 @@ def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOC
 def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
                     stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_QUANT: tl.constexpr = False, FNUZ: tl.constexpr = False):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
-    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). GROUP_QUANT: x in its own
-    dtype, quantized here per group (scaled_tile)."""
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart)."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,7 +89,7 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
     acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok, n_ok, k_lo,
-                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_QUANT, FNUZ)
+                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
@@ -113,11 +103,9 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
 
 
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
-              scale_k: int, out_dtype: torch.dtype, group_quant: bool = False,
-              summed: bool = True) -> torch.Tensor | PartialSums:
+              scale_k: int, out_dtype: torch.dtype, summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
-    scale_k: K per scale column where G or G' > 1. group_quant: x (16/32-bit) is quantized inside the GEMM in
-    scale_k-wide groups. summed=False: split-K slices are returned unsummed (PartialSums) for a consumer that adds
+    scale_k: K per scale column where G or G' > 1. summed=False: split-K slices are returned unsummed (PartialSums) for a consumer that adds
     them as it reads them."""
     m, k = x.shape
     n = weight.shape[0]
@@ -125,13 +113,11 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     if m == 0:
         return y
     fp32_dot = interpreting() or x.dtype == torch.float32
-    config = tile_config(m, x.device, fp32_dot)
-    x_blocks = group_quant or (x_scale is not None and x_scale.shape[1] > 1)
+    x_blocks = x_scale is not None and x_scale.shape[1] > 1
     w_blocks = scale.shape[1] > 1
+    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks)
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
-    if group_quant:
-        assert scale_k == config.block_k, "in-kernel group quantization reads one group per K step"
     tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
     k_steps = triton.cdiv(k, config.block_k)
     splits = num_splits(tiles[0] * tiles[1], k_steps, x.device, config) if config.split_k else 1
@@ -141,11 +127,9 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
-               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None or group_quant,
+               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
-               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-               GROUP_QUANT=group_quant, FNUZ=weight.dtype == torch.float8_e4m3fnuz,
-               num_warps=config.num_warps, num_stages=config.num_stages)
+               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1 and not summed:
         return PartialSums(target, out_dtype)
     if splits > 1:
@@ -231,8 +215,9 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
              activation: str | None, group_size: int = 128, scale_block_k: int = 0,
              summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
-    scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM,
-    except decode rows in groups, inside it (measured faster there on an H200; per token and static, slower).
+    scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM
+    (inside the GEMM's K loop, in
+    groups, decode measured 1.5-3x slower on an H200).
     Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
     and grouped x on block-scaled W to its 1x128 block scaling where the GPU's library has it, as bf16's many rows
     go to F.linear."""
@@ -241,8 +226,6 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     scale_k = group_size if activation == "group" else scale_block_k
     if activation == "group" and scale.shape[1] > 1:
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
-    if activation == "group" and x.shape[0] <= DECODE_ROWS:
-        return scaled_mm(x, None, weight, scale, scale_k, x.dtype, group_quant=True, summed=summed)
     if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
         return library_block_mm(x, weight, scale, group_size)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)

@@ -15,8 +15,8 @@ from atomlite.model_ops.triton.common import run_kernel
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
 FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
-ROW_BLOCK = 8192  # K elements a program reads per step (per token and static): a row of up to 8192 is read once
-GROUP_STEP = 1024  # K elements a program reads per step in groups (several groups at once, each its own scale)
+ROW_BLOCK = 32768  # K elements a program reads per step (per token and static): a row of up to 32768 is read once
+GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at once, each its own scale)
 
 
 @triton.jit
@@ -52,8 +52,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
                          WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
-    own amax, 3 per BLOCK-wide group (BLOCK = the group size, GROUPS groups a step), each group's scale at s[r,
-    group]. WHOLE: the row fits in one BLOCK: per token, it is read once."""
+    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group], GROUPS groups a
+    program (program_id(1) the chunk of groups). WHOLE: the row fits in one BLOCK: per token, it is read once."""
     row = tl.program_id(0)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -61,14 +61,12 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
     cols = tl.arange(0, BLOCK)
     factor = 2.0 if FNUZ else 1.0  # fnuz holds half the value: the scale doubles
     if MODE == 3:
-        groups = tl.arange(0, GROUPS)
-        for k in range(0, K, BLOCK * GROUPS):
-            kk = k + groups[:, None] * BLOCK + cols[None, :]
-            x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            scale = _amax_scale(x, 1)
-            tl.store(q_row + kk, _quantize(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
-            group = k // BLOCK + groups
-            tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
+        group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+        kk = group[:, None] * BLOCK + cols[None, :]
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+        scale = _amax_scale(x, 1)
+        tl.store(q_row + kk, _quantize(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
     elif WHOLE and MODE == 2:
         x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
         scale = _amax_scale(x)
@@ -107,8 +105,10 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
     static = static_scale if static_scale is not None else scales
     stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
     block = group_size if activation == "group" else min(ROW_BLOCK, triton.next_power_of_2(k))
-    steps = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
-    run_kernel(quantize_rows_kernel, (rows,), x, q, scales, static, k, rows_per_source, x.stride(0), q.stride(0),
-               scales.stride(0), stride_static, MODE=MODES[activation], FNUZ=fp8_dtype == torch.float8_e4m3fnuz,
-               BLOCK=block, WHOLE=block >= k, GROUPS=steps, num_warps=4 if block * steps <= 2048 else 8)
+    per_program = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
+    width = block * per_program
+    run_kernel(quantize_rows_kernel, (rows, triton.cdiv(groups, per_program)), x, q, scales, static, k,
+               rows_per_source, x.stride(0), q.stride(0), scales.stride(0), stride_static, MODE=MODES[activation],
+               FNUZ=fp8_dtype == torch.float8_e4m3fnuz, BLOCK=block, WHOLE=block >= k, GROUPS=per_program,
+               num_warps=4 if width <= 2048 else 8 if width <= 8192 else 16)
     return q, scales

@@ -1,5 +1,5 @@
 """Launch constants of the FP8 GEMMs (gemm.py, moe.py): the one place to read and retune them."""
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -20,20 +20,24 @@ class FP8TileConfig:
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
 LIBRARY_MIN_ROWS = 64  # beyond, torch._scaled_mm where it takes the scales (gemm.library_fits); not yet timed
-DECODE = FP8TileConfig(16, 128, 128, 4, 4, split_k=True)
+# Decode tiles from bench/fp8_decode_sweep.py (H200, 31B's shapes, 1 and 16 rows): 256 fp8 bytes of K a step, the
+# bytes bf16 reads at BLOCK_K 128; scales per 128-wide K block take one block a step.
+DECODE = FP8TileConfig(16, 64, 256, 4, 3, split_k=True)
+DECODE_K_BLOCKS = FP8TileConfig(16, 128, 128, 4, 3, split_k=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
 AMD_STAGES = 2  # LDS: 64 KiB on gfx942
 
 
-def tile_config(m: int, device: torch.device, fp32_dot: bool) -> FP8TileConfig:
+def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = False) -> FP8TileConfig:
+    """k_blocks: x or W has a scale per 128-wide block of K."""
     if fp32_dot:
         return EXACT
-    config = DECODE if m <= DECODE_ROWS else MEDIUM if m <= 64 else LARGE
+    decode = DECODE_K_BLOCKS if k_blocks else DECODE
+    config = decode if m <= DECODE_ROWS else MEDIUM if m <= 64 else LARGE
     if platform_of(device).kind == "rocm":
-        config = FP8TileConfig(config.block_m, config.block_n, config.block_k, config.num_warps, AMD_STAGES,
-                               config.split_k)
+        config = replace(config, num_stages=AMD_STAGES)
     return config
 
 
