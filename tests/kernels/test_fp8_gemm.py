@@ -197,9 +197,10 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
 @pytest.mark.parametrize("whole_row", [True, False])
 def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
-    """The quantization pass before the GEMM, a row read whole or in steps (rows longer than ROW_BLOCK; in groups,
-    one group a step, or all three groups of 128 and a fourth past K in one): the reference's e4m3 values times their
-    scales, exactly; MoE rows repeated per slot with each its own static scale."""
+    """The quantization pass before the GEMM, a row one program's or spread over programs (chunks of ROW_BLOCK, each
+    reading the whole row for its amax; in groups, one group a program, or all three groups of 128 and a fourth past
+    K in one): the reference's e4m3 values times their scales, exactly; MoE rows repeated per slot with each its own
+    static scale."""
     from atomlite.model_ops.triton.fp8 import quant
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not whole_row:

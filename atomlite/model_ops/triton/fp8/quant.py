@@ -10,12 +10,13 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.common import num_sms, run_kernel
 
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
 FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps): its values quantize to zeros
-ROW_BLOCK = 32768  # K elements a program reads per step (per token and static): a row of up to 32768 is read once
+ROW_BLOCK = 32768  # at most this many K elements a program per token or static (a row up to it may be read once)
+MIN_CHUNK = 1024  # at least this many K elements a program per token or static
 GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at once, each its own scale)
 
 
@@ -52,40 +53,46 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
                          WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
-    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group], GROUPS groups a
-    program (program_id(1) the chunk of groups). WHOLE: the row fits in one BLOCK: per token, it is read once."""
-    row = tl.program_id(0)
+    own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. Program
+    (row, chunk): chunk program_id(1) of BLOCK (modes 1, 2) or of GROUPS groups (mode 3) columns, so that a few
+    rows spread over the GPU; per token, each program reads the whole row for its amax first. WHOLE: the row is
+    one chunk, read once."""
+    row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
     s_row = s_ptr + row * stride_s
     cols = tl.arange(0, BLOCK)
     factor = 2.0 if FNUZ else 1.0  # fnuz holds half the value: the scale doubles
     if MODE == 3:
-        group = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+        group = chunk * GROUPS + tl.arange(0, GROUPS)
         kk = group[:, None] * BLOCK + cols[None, :]
         x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
         scale = _amax_scale(x, 1)
         tl.store(q_row + kk, _quantize(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
-    elif WHOLE and MODE == 2:
-        x = tl.load(x_row + cols, mask=cols < K, other=0.0).to(tl.float32)
-        scale = _amax_scale(x)
-        tl.store(q_row + cols, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=cols < K)
-        tl.store(s_row, scale * factor)
     else:
+        kk = chunk * BLOCK + cols
+        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
         if MODE == 1:
             scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
+        elif WHOLE:
+            scale = _amax_scale(x)
         else:
             amax = tl.zeros((BLOCK,), tl.float32)
             for k in range(0, K, BLOCK):
-                kk = k + cols
-                amax = tl.maximum(amax, tl.abs(tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)))
+                other = k + cols
+                amax = tl.maximum(amax, tl.abs(tl.load(x_row + other, mask=other < K, other=0.0).to(tl.float32)))
             scale = _amax_scale(amax)
-        for k in range(0, K, BLOCK):
-            kk = k + cols
-            x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-            tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
-        tl.store(s_row, scale * factor)
+        tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        if chunk == 0:
+            tl.store(s_row, scale * factor)
+
+
+def row_chunk(rows: int, k: int, device: torch.device) -> int:
+    """Columns a program quantizes per token or static: the whole row where the rows fill the GPU, else chunks of
+    at least MIN_CHUNK (a decode row quantized by one program took 5-11 us at 31B's K on an H200)."""
+    spread = max(1, num_sms(device) // rows)
+    return min(ROW_BLOCK, triton.next_power_of_2(max(MIN_CHUNK, triton.cdiv(k, spread))))
 
 
 def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, group_size: int = 128,
@@ -104,10 +111,11 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
         x = x.contiguous()
     static = static_scale if static_scale is not None else scales
     stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
-    block = group_size if activation == "group" else min(ROW_BLOCK, triton.next_power_of_2(k))
+    block = group_size if activation == "group" else row_chunk(rows, k, x.device)
     per_program = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
     width = block * per_program
-    run_kernel(quantize_rows_kernel, (rows, triton.cdiv(groups, per_program)), x, q, scales, static, k,
+    chunks = triton.cdiv(groups, per_program) if activation == "group" else triton.cdiv(k, block)
+    run_kernel(quantize_rows_kernel, (rows, chunks), x, q, scales, static, k,
                rows_per_source, x.stride(0), q.stride(0), scales.stride(0), stride_static, MODE=MODES[activation],
                FNUZ=fp8_dtype == torch.float8_e4m3fnuz, BLOCK=block, WHOLE=block >= k, GROUPS=per_program,
                num_warps=4 if width <= 2048 else 8 if width <= 8192 else 16)
