@@ -1,6 +1,6 @@
 """What one kernel hands the next in place of a plain tensor, where the two are linked (model_ops.fusion): a split-K
 GEMM's slices not yet added, two branches' output norms not yet joined, rows already quantized for the GEMM that
-reads them, an MLP's [gate | up] whose activation the reading GEMM computes, and a row-parallel product's share not
+reads them (in blocks for MXFP4, per token for FP8), an MLP's [gate | up] whose activation the reading GEMM computes, and a row-parallel product's share not
 yet summed over the tensor-parallel ranks. Kernels and layers both import them
 from here; which kernel reads or writes which is a capability of the kernel (dispatch.CAPABILITIES)."""
 from dataclasses import dataclass
@@ -73,6 +73,27 @@ class QuantizedRows:
         values = torch.empty((form.period * rows, form.k_padded), dtype=torch.float8_e4m3fn, device=device)
         scales = torch.empty((rows, form.k_padded // 32), dtype=torch.float32, device=device)
         return QuantizedRows(values, scales, rows, form.period, dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenQuantization:
+    """How an FP8 GEMM with dynamic per-token activations wants its x, for a kernel before it that writes x so: each
+    row in fp8_dtype, scaled by its amax / 448 (e4m3fnuz: the value halved, the scale doubled)."""
+    fp8_dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """x [rows, K] quantized per token as TokenQuantization says, by the kernel that computed x: values [rows, K],
+    scales fp32 [rows, 1] (as fp8.quant.quantize_rows writes them); dtype is x's (the GEMM's output dtype)."""
+    values: torch.Tensor
+    scales: torch.Tensor
+    dtype: torch.dtype
+
+    @staticmethod
+    def empty(rows: int, k: int, form: TokenQuantization, dtype: torch.dtype, device: torch.device) -> "TokenRows":
+        return TokenRows(torch.empty((rows, k), dtype=form.fp8_dtype, device=device),
+                         torch.empty((rows, 1), dtype=torch.float32, device=device), dtype)
 
 
 @dataclass(frozen=True)

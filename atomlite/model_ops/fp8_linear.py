@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.carriers import PartialSums, TokenQuantization, TokenRows
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -94,8 +94,12 @@ class FP8Linear(nn.Module):
         self.weight.data, self.weight_scale.data, self.prepared = self._family.prepare_weights(
             self.weight.data, self.weight_scale.data, self.spec)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor | PartialSums:
-        """Linked to a consumer that reads them (model_ops.fusion), a split-K GEMM's output may be PartialSums."""
+    def forward(self, x: "torch.Tensor | TokenRows") -> torch.Tensor | PartialSums:
+        """Linked to a consumer that reads them (model_ops.fusion), a split-K GEMM's output may be PartialSums; linked
+        to a kernel before that writes them, x may come quantized per token (TokenRows)."""
+        if isinstance(x, TokenRows):
+            return self._family.matmul_token_rows(x, self.weight, self.weight_scale, self.spec,
+                                                  summed=not self.returns_partial_sums)
         rows = x.reshape(-1, self.in_features)
         summed = not self.returns_partial_sums or x.dim() != 2
         y = self._family.matmul(rows, self.weight, self.weight_scale, self.input_scale, self.prepared, self.spec,
@@ -103,7 +107,14 @@ class FP8Linear(nn.Module):
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def can(self, capability: str) -> bool:
+        if capability == "reads_token_rows" and self.spec.activation != "token":
+            return False
         return self.kernel.can(capability)
+
+    def input_quantization(self, x: torch.Tensor) -> TokenQuantization:
+        """For the kernel that computes this layer's input x (linked where this layer reads TokenRows): per token, in
+        the weight's e4m3."""
+        return TokenQuantization(self.weight.dtype)
 
     def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
         self.returns_partial_sums = "partial_sums" in forms

@@ -11,7 +11,8 @@ The model names its dataflow (model.dataflow()) with two kinds of edge:
   the ranks through peer memory.
 - NormedSum(update, norms, reader): a residual update's sum is normalized next by norms, and reader is the one
   linear reading the first of them. The update's kernel computes those norms in the same pass, the first written
-  as the reader's QuantizedRows where both can; each norm returns its result when applied to that sum.
+  as the reader's QuantizedRows (MXFP4) or TokenRows (FP8 per token) where both can; each norm returns its result
+  when applied to that sum.
 A layer takes part through can(capability) (its kernel's, or what the layer itself can hand over) and, as a
 producer, link_consumer(consumer, forms). Unlinked, every layer computes its own output: the same math, more launches.
 """
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-FORMS = ("partial_sums", "normed_pair", "quantized_rows", "gated_input", "rank_partials")
+FORMS = ("partial_sums", "normed_pair", "quantized_rows", "token_rows", "gated_input", "rank_partials")
+QUANTIZED_FORMS = ("quantized_rows", "token_rows")  # x written quantized for the GEMM that reads it
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,6 @@ def link_feed(producer: nn.Module, consumer: nn.Module) -> None:
 def _link_sum(edge: NormedSum) -> None:
     """The kernel applies the update's eps to every norm of the sum: norms with another eps are computed apart."""
     norms = edge.norms if all(norm.eps == edge.update.eps for norm in edge.norms) else ()
-    quantized = bool(norms) and can(edge.update, "writes_quantized_rows") and can(edge.reader,
-                                                                                    "reads_quantized_rows")
+    quantized = bool(norms) and any(can(edge.update, f"writes_{form}") and can(edge.reader, f"reads_{form}")
+                                    for form in QUANTIZED_FORMS)
     edge.update.link_next_norms(norms, edge.reader if quantized else None)

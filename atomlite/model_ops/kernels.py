@@ -26,11 +26,13 @@ CAPABILITIES = {
     "reads_partial_sums": "takes a split-K GEMM's PartialSums for a tensor input and adds them as it reads them",
     "reads_normed_pair": "takes a NormedPair (two branches' output norms) for its input and joins them as it reads",
     "reads_quantized_rows": "takes its input as QuantizedRows that the kernel before it wrote (input_quantization)",
+    "reads_token_rows": "takes its input as TokenRows (FP8 per token) that the kernel before it wrote",
     "reads_gated_input": "takes a GatedInput and computes gelu_tanh(gate) * up as it quantizes its input",
     "reads_rank_partials": "takes RankPartials (a NormedPair's sides too) and sums them over the tensor-parallel ranks "
                            "through peer memory as it reads them",
     "writes_partial_sums": "returns its split-K slices unsummed (PartialSums) when called with summed=False",
     "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
+    "writes_token_rows": "writes its output as the TokenRows the GEMM after it asks for (quantize=)",
     "writes_normed_pair": "leaves two branches' output norms unjoined (NormedPair)",
     "writes_gated_input": "leaves [gate | up] for the GEMM after it to activate (GatedInput)",
     "writes_rank_partials": "leaves a row-parallel product's share unsummed over the ranks (RankPartials)",

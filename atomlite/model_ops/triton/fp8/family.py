@@ -4,10 +4,11 @@ fp8 GEMMs."""
 import torch
 
 from atomlite.model_ops.kernels import declare
-from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.carriers import PartialSums, TokenRows
 from atomlite.model_ops.triton.common import is_power_of_two, platform_of
 from atomlite.model_ops.triton.fp8 import tuning
-from atomlite.model_ops.triton.fp8.gemm import fp8_gemm, library_takes_block_scales, library_takes_row_scales
+from atomlite.model_ops.triton.fp8.gemm import (fp8_gemm, gemm_on_rows, library_takes_block_scales,
+                                                library_takes_row_scales)
 from atomlite.model_ops.triton.fp8.moe import fp8_experts
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
@@ -36,6 +37,11 @@ class TritonFP8Linear:
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
         return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k, summed)
+
+    def matmul_token_rows(self, x: TokenRows, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec,
+                          summed: bool = True) -> torch.Tensor | PartialSums:
+        """The GEMM on x that the kernel before quantized per token (TokenRows)."""
+        return gemm_on_rows(x.values, x.scales, weight, scale, spec.block_k, x.dtype, summed)
 
 
 FP8_LINEAR = TritonFP8Linear()
@@ -77,7 +83,9 @@ def _refuses(platform, shape: dict) -> str | None:
 
 
 # fp8 GEMM with the checkpoint's activation quantization fused in
-declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning, capabilities={"writes_partial_sums"})
+# reads_token_rows where the layer's activations are dynamic per token (FP8Linear.can)
+declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning,
+        capabilities={"writes_partial_sums", "reads_token_rows"})
 # the same as a grouped GEMM over expert-sorted blocks (a few pairs: one per block): capture-safe
 declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning,
         capabilities={"writes_partial_sums"})

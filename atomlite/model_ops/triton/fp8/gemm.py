@@ -152,12 +152,12 @@ def library_takes_row_scales(device: torch.device, fp8_dtype: torch.dtype) -> bo
     return bool(y.float().eq(32.0).all())
 
 
-def library_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> bool:
+def library_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Many rows on a GPU whose library GEMM takes per-row x per-column scales: W per tensor or channel, N and K
-    multiples of 16 (its layout rule)."""
+    multiples of 16 (its layout rule), a bf16 result."""
     n, k = weight.shape
     return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and scale.shape[1] == 1
-            and n % 16 == 0 and k % 16 == 0 and x.dtype == torch.bfloat16
+            and n % 16 == 0 and k % 16 == 0 and out_dtype == torch.bfloat16
             and library_takes_row_scales(x.device, weight.dtype))
 
 
@@ -229,6 +229,13 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
         return library_block_mm(x, weight, scale, group_size)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
-    if activation != "group" and library_fits(x, weight, scale):
-        return library_scaled_mm(xq, x_scale, weight, scale, x.dtype)
-    return scaled_mm(xq, x_scale, weight, scale, scale_k, x.dtype, summed=summed)
+    return gemm_on_rows(xq, x_scale, weight, scale, scale_k, x.dtype, summed)
+
+
+def gemm_on_rows(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, scale_k: int,
+                 out_dtype: torch.dtype, summed: bool = True) -> torch.Tensor | PartialSums:
+    """fp8_gemm on x quantized already (quant.quantize_rows, or the kernel before writing TokenRows): x's scales
+    [M, 1] per token or static, or [M, K / scale_k] per group."""
+    if x_scale.shape[1] == 1 and library_fits(xq, weight, scale, out_dtype):
+        return library_scaled_mm(xq, x_scale, weight, scale, out_dtype)
+    return scaled_mm(xq, x_scale, weight, scale, scale_k, out_dtype, summed=summed)

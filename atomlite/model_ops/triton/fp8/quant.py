@@ -33,7 +33,7 @@ def round_e4m3(v):
 
 
 @triton.jit
-def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
+def quantize_fp8(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
     q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
     if FNUZ:
         q = q * 0.5
@@ -41,7 +41,7 @@ def _quantize(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
 
 
 @triton.jit
-def _amax_scale(x, AXIS: tl.constexpr = 0):
+def amax_scale(x, AXIS: tl.constexpr = 0):
     """amax / 448 of fp32 x along AXIS, eps where it is zero. Divisions round to nearest (tl.div_rn) as torch's do: a
     GPU's default fp32 division may be a unit off, which moves a value across an e4m3 step."""
     scale = tl.div_rn(tl.max(tl.abs(x), axis=AXIS), 448.0)
@@ -67,8 +67,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         group = chunk * GROUPS + tl.arange(0, GROUPS)
         kk = group[:, None] * BLOCK + cols[None, :]
         x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
-        scale = _amax_scale(x, 1)
-        tl.store(q_row + kk, _quantize(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        scale = amax_scale(x, 1)
+        tl.store(q_row + kk, quantize_fp8(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
     else:
         kk = chunk * BLOCK + cols
@@ -76,14 +76,14 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         if MODE == 1:
             scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
         elif WHOLE:
-            scale = _amax_scale(x)
+            scale = amax_scale(x)
         else:
             amax = tl.zeros((BLOCK,), tl.float32)
             for k in range(0, K, BLOCK):
                 other = k + cols
                 amax = tl.maximum(amax, tl.abs(tl.load(x_row + other, mask=other < K, other=0.0).to(tl.float32)))
-            scale = _amax_scale(amax)
-        tl.store(q_row + kk, _quantize(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+            scale = amax_scale(amax)
+        tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         if chunk == 0:
             tl.store(s_row, scale * factor)
 

@@ -4,18 +4,20 @@ separate ops would, so the result equals theirs. x may be a split-K GEMM's Parti
 slices as it reads the row), or a NormedPair: two branches' output norms summed, each side plain or PartialSums; and
 under tensor parallelism x (or both sides) may be RankPartials, this rank's share, which the program exchanges with
 the other ranks through peer memory and sums first.
-The next norm's output may be written MXFP4-quantized for the fp8 GEMM that reads it (QuantizedRows): that GEMM's
-quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
+The next norm's output may be written quantized for the GEMM that reads it, MXFP4's fp8 blocks (QuantizedRows) or
+FP8 per token (TokenRows): that GEMM's quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
 which may let it start early).
 """
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, QuantizedRows, RankPartials
+from atomlite.model_ops.carriers import (InputQuantization, NormedPair, PartialSums, QuantizedRows, RankPartials,
+                                         TokenQuantization, TokenRows)
 from atomlite.model_ops.triton.all_reduce import peer_rows_sum
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
                                               run_kernel)
+from atomlite.model_ops.triton.fp8.quant import amax_scale, quantize_fp8
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
 from atomlite.model_ops.triton.norm.tuning import MAX_WARPS, RESIDUAL_VALUES_PER_WARP
 from atomlite.model_ops.kernels import declare
@@ -53,8 +55,10 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
                           stride_x, stride_r, stride_part, stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
                           slot_elems, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
                           PDL: tl.constexpr, PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr,
-                          PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr):
-    """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out.
+                          PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr,
+                          TOKEN: tl.constexpr = False, FNUZ: tl.constexpr = False):
+    """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out;
+    TOKEN: quantized per token as fp8.quant.quantize_rows writes it (FNUZ: e4m3fnuz).
     MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
     row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. WORLD > 1: x (and x_b) are this rank's shares, summed
     over the ranks through peer memory first (RankPartials). The weights (no kernel writes them) load before a
@@ -108,6 +112,12 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         if PERIOD > 0:
             store_quantized(xq, x_scale, tl.reshape(o.to(tl.float32), (1, BLOCK_D)), row + tl.arange(0, 1), 0, row + 1,
                             K_PADDED, stride_qm, stride_sm, PERIOD, 1, BLOCK_D)
+        elif TOKEN:
+            of = o.to(tl.float32)
+            token_scale = amax_scale(of)
+            q = quantize_fp8(of, token_scale, FNUZ, xq.dtype.element_ty)
+            tl.store(xq + row * stride_qm + cols, q, mask=mask)
+            tl.store(x_scale + row * stride_sm, token_scale * (2.0 if FNUZ else 1.0))
         else:
             tl.store(out + row * dim + cols, o, mask=mask)
 
@@ -148,9 +158,9 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                       eps: float,
                       scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
-                      quantize: InputQuantization | None = None):
+                      quantize: InputQuantization | TokenQuantization | None = None):
     """Same contract as torch_ref.rms_norm_residual (up to 3 next weights); with quantize the (first) next norm's
-    output comes back as QuantizedRows in that form (2-D residual)."""
+    output comes back as QuantizedRows in that form, or TokenRows (2-D residual)."""
     dim = residual.shape[-1]
     weights = next_weight if isinstance(next_weight, tuple) else () if next_weight is None else (next_weight,)
     if len(weights) > 3:
@@ -163,7 +173,10 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
     summed = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
     outs = [torch.empty_like(summed) for _ in weights]
     values, scales, k_padded, period = summed, summed, dim, 0
-    if quantize is not None and weights:
+    if isinstance(quantize, TokenQuantization) and weights:
+        outs[0] = TokenRows.empty(rows, dim, quantize, residual.dtype, residual.device)
+        values, scales = outs[0].values, outs[0].scales
+    elif quantize is not None and weights:
         outs[0] = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
         values, scales, k_padded, period = outs[0].values, outs[0].scales, quantize.k_padded, quantize.period
     channel = _peer_channel(x, pair, rows, dim, residual.element_size())
@@ -182,6 +195,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
                    PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
                    WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d,
+                   TOKEN=isinstance(quantize, TokenQuantization), FNUZ=values.dtype == torch.float8_e4m3fnuz,
                    num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
@@ -189,4 +203,5 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
 
 
 declare("rms_norm_residual", "triton", rms_norm_residual, refuses=refuses_dim, tuning=tuning,
-        capabilities={"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows", "reads_rank_partials"})
+        capabilities={"reads_partial_sums", "reads_normed_pair", "writes_quantized_rows", "writes_token_rows",
+                      "reads_rank_partials"})
