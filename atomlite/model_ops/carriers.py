@@ -1,8 +1,8 @@
 """What one kernel hands the next in place of a plain tensor, where the two are linked (model_ops.fusion): a split-K
 GEMM's slices not yet added, two branches' output norms not yet joined, rows already quantized for the GEMM that
-reads them (in blocks for MXFP4, per token for FP8), an MLP's [gate | up] whose activation the reading GEMM computes, and a row-parallel product's share not
-yet summed over the tensor-parallel ranks. Kernels and layers both import them
-from here; which kernel reads or writes which is a capability of the kernel (dispatch.CAPABILITIES)."""
+reads them (in blocks for MXFP4, per token for FP8), an MLP's [gate | up] whose activation the reading GEMM
+computes, and a row-parallel product's share not yet summed over the tensor-parallel ranks. Kernels and layers both
+import them from here; which kernel reads or writes which is a capability of the kernel (dispatch.CAPABILITIES)."""
 from dataclasses import dataclass
 
 import torch
@@ -82,7 +82,7 @@ class TokenQuantization:
     fp8_dtype: torch.dtype
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TokenRows:
     """x [rows, K] quantized per token as TokenQuantization says, by the kernel that computed x: values [rows, K],
     scales fp32 [rows, 1] (as fp8.quant.quantize_rows writes them); dtype is x's (the GEMM's output dtype)."""

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, summed
+from atomlite.model_ops.carriers import InputQuantization, NormedPair, PartialSums, TokenQuantization, summed
 from atomlite.model_ops.linear import copy_weight
 
 
@@ -16,7 +16,7 @@ class Residual:
     through normed(norm): the update's result where it computed that norm, else the norm's own kernel."""
     stream: torch.Tensor
     norms: tuple["RMSNorm", ...] = ()
-    outputs: tuple = ()  # norms[i](stream), each a tensor or the QuantizedRows its reader asked for
+    outputs: tuple = ()  # norms[i](stream), each a tensor or the QuantizedRows / TokenRows its reader asked for
 
     def normed(self, norm: "RMSNorm") -> "torch.Tensor | object":
         for computed, output in zip(self.norms, self.outputs):
@@ -56,7 +56,7 @@ class RMSNorm(nn.Module):
 
     def link_next_norms(self, norms: tuple["RMSNorm", ...], quantized_reader: nn.Module | None) -> None:
         """fusion.link: the norms applied to this update's sum next (same eps), and the linear that reads the
-        first one's output as QuantizedRows where it asks for them (input_quantization)."""
+        first one's output quantized (QuantizedRows or TokenRows) where it asks for them (input_quantization)."""
         self.next_norms = norms
         self.reader_quantization = None if quantized_reader is None else quantized_reader.input_quantization
 
@@ -76,7 +76,7 @@ class RMSNorm(nn.Module):
             return Residual(total)
         return Residual(total, self.next_norms, outs if isinstance(outs, tuple) else (outs,))
 
-    def _input_quantization(self, residual: torch.Tensor) -> InputQuantization | None:
+    def _input_quantization(self, residual: torch.Tensor) -> InputQuantization | TokenQuantization | None:
         return None if self.reader_quantization is None else self.reader_quantization(residual)
 
     def joined(self, x: "torch.Tensor | PartialSums", other: "RMSNorm",

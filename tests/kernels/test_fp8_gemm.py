@@ -68,7 +68,8 @@ def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, ac
     xq, x_scale = quant.quantize_rows(x, activation, q.dtype, static_scale=input_scale)
     got = gemm.library_scaled_mm(xq, x_scale, q, scale, torch.bfloat16)
     assert_gemm_close(got, x, q, scale, spec, input_scale, torch.bfloat16)
-    assert gemm.library_fits(x, q, scale, x.dtype) == (device == "cuda" and gemm.library_takes_row_scales(x.device, q.dtype))
+    fits = device == "cuda" and gemm.library_takes_row_scales(x.device, q.dtype)
+    assert gemm.library_fits(x, q, scale, x.dtype) == fits
     assert_gemm_close(gemm.fp8_gemm(x, q, scale, input_scale, activation), x, q, scale, spec, input_scale,
                       torch.bfloat16)
 

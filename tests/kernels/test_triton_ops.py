@@ -258,24 +258,31 @@ def test_rms_norm_residual_writes_the_next_norm_quantized_as_the_fp8_gemm_reads_
     assert torch.equal(quantized.scales, scales)
 
 
-def test_rms_norm_residual_writes_the_next_norm_per_token_as_the_fp8_gemm_quantizes_it():
-    """With TokenQuantization the next norm's output comes as TokenRows: the same e4m3 values and scales as
-    quantize_rows gives the unquantized output, an all-zero row included (e4m3fnuz: the compile gate alone, as the
-    interpreter has no such type)."""
-    fp8_dtype = torch.float8_e4m3fn
+@pytest.mark.parametrize("norms", [1, 3])
+def test_rms_norm_residual_writes_the_next_norm_per_token_as_the_fp8_gemm_quantizes_it(norms):
+    """With TokenQuantization the (first) next norm's output comes as TokenRows: the same e4m3 values and scales as
+    quantize_rows gives the unquantized output, an all-zero row included; with three next norms (a MoE layer's
+    feed-forward inputs) the other two as plain tensors, as without quantize (e4m3fnuz: the compile gate alone, as
+    the interpreter has no such type)."""
     from atomlite.model_ops.carriers import TokenQuantization
     from atomlite.model_ops.triton.fp8.quant import quantize_rows
+    fp8_dtype = torch.float8_e4m3fn
     x, residual = randn(3, 320, dtype=torch.bfloat16), randn(3, 320, dtype=torch.bfloat16)
     x[1], residual[1] = 0.0, 0.0
-    weight, next_weight = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(2))
-    summed, out = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)
-    got_summed, rows = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight,
-                                             quantize=TokenQuantization(fp8_dtype))
-    values, scales = quantize_rows(out, "token", fp8_dtype)
+    weight, *nexts = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(1 + norms))
+    next_weight = nexts[0] if norms == 1 else tuple(nexts)
+    summed, outs = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight)
+    got_summed, got = tri.rms_norm_residual(x, residual, weight, 1e-6, None, next_weight,
+                                            quantize=TokenQuantization(fp8_dtype))
+    outs, got = (outs, got) if norms > 1 else ((outs,), (got,))
+    values, scales = quantize_rows(outs[0], "token", fp8_dtype)
     assert torch.equal(got_summed, summed)
+    rows = got[0]
     assert rows.dtype == torch.bfloat16 and rows.values.dtype == fp8_dtype
     assert torch.equal(rows.values.view(torch.uint8), values.view(torch.uint8))
     assert torch.equal(rows.scales, scales)
+    for plain, want in zip(got[1:], outs[1:], strict=True):
+        assert torch.equal(plain, want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

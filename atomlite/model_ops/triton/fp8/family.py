@@ -72,13 +72,14 @@ def _refuses(platform, shape: dict) -> str | None:
     if not platform.has_fp8:
         return f"{platform.arch} has no fp8 tensor cores"
     block_k, group = shape.get("block_k", 0), shape.get("group_size", 128)
+    step = tuning.SCALE_K_STEP
     if shape.get("activation") == "group":
-        if not is_power_of_two(group) or group < 16:
-            return f"activation group {group} is not a power of two >= 16 (one K step per group)"
+        if not is_power_of_two(group) or group < step:
+            return f"activation group {group} is not a power of two >= {step} (the GEMM's K step)"
         if block_k and block_k % group:
             return f"activation group {group} does not divide the weight's {block_k}-wide scale blocks"
-    elif block_k and (block_k < 16 or not is_power_of_two(block_k)):
-        return f"weight scale blocks of {block_k} along K are not a power of two >= 16"
+    elif block_k and (block_k < step or not is_power_of_two(block_k)):
+        return f"weight scale blocks of {block_k} along K are not a power of two >= {step} (the GEMM's K step)"
     return None
 
 

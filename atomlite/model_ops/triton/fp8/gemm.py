@@ -1,11 +1,11 @@
 """FP8 GEMM y = x W^T on e4m3 weights (portable Triton), as the checkpoint's activation semantics ask.
 
-Activations are quantized first, in one pass per row (quant.quantize_rows: per token, per group of 128, or with the
-static input scale), so the K loop streams fp8 tiles of x and W straight into fp8 x fp8 tensor-core dots with fp32
-accumulation. Weight-only layers (W8A16) dot x in its own dtype with the weights widened (e4m3 values are exact in
-bf16). Scales: a per-row x scale and a per-column W scale (tensor, channel) multiply the tile once at the end;
-per-K-block scales (x groups, W blocks) multiply each K step's product. The weights are e4m3fn, or e4m3fnuz on
-gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
+Activations are quantized first (quant.quantize_rows: per token, per group of 128, or with the static input scale;
+or per token by the kernel that computed them, TokenRows), so the K loop streams fp8 tiles of x and W straight into
+fp8 x fp8 tensor-core dots with fp32 accumulation. Weight-only layers (W8A16) dot x in its own dtype with the
+weights widened (e4m3 values are exact in bf16). Scales: a per-row x scale and a per-column W scale (tensor,
+channel) multiply the tile once at the end; per-K-block scales (x groups, W blocks) multiply each K step's product.
+The weights are e4m3fn, or e4m3fnuz on gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
 
 Few rows (decode) are bound by streaming W: the K loop is split over programs until the GPU is full (split-K),
 each program storing its scaled fp32 partial, and a second kernel adds them (gemm.skinny's). Many rows use
@@ -105,8 +105,8 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
               scale_k: int, out_dtype: torch.dtype, summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
-    scale_k: K per scale column where G or G' > 1. summed=False: split-K slices are returned unsummed (PartialSums) for a consumer that adds
-    them as it reads them."""
+    scale_k: K per scale column where G or G' > 1. summed=False: split-K slices are returned unsummed (PartialSums)
+    for a consumer that adds them as it reads them."""
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
@@ -129,7 +129,8 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
-               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+               num_stages=config.num_stages)
     if splits > 1 and not summed:
         return PartialSums(target, out_dtype)
     if splits > 1:
@@ -216,8 +217,7 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
              summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM
-    (inside the GEMM's K loop, in
-    groups, decode measured 1.5-3x slower on an H200).
+    (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200).
     Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
     and grouped x on block-scaled W to its 1x128 block scaling where the GPU's library has it, as bf16's many rows
     go to F.linear."""

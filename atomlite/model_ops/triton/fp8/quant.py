@@ -1,5 +1,5 @@
 """Dynamic and static FP8 activation quantization (portable Triton): x rows -> e4m3 rows and their float32 scales,
-in one pass per row before the GEMM, so the GEMM's K loop streams fp8 tiles into the tensor cores untouched.
+before the GEMM, so the GEMM's K loop streams fp8 tiles into the tensor cores untouched.
 
 Rounding to e4m3 is done in fp32 on the bits (round half to even on the e4m3fn grid, then an exact cast): the
 same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. On an e4m3fnuz GPU (gfx942) the
@@ -80,8 +80,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         else:
             amax = tl.zeros((BLOCK,), tl.float32)
             for k in range(0, K, BLOCK):
-                other = k + cols
-                amax = tl.maximum(amax, tl.abs(tl.load(x_row + other, mask=other < K, other=0.0).to(tl.float32)))
+                seen = k + cols
+                amax = tl.maximum(amax, tl.abs(tl.load(x_row + seen, mask=seen < K, other=0.0).to(tl.float32)))
             scale = amax_scale(amax)
         tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         if chunk == 0:
@@ -89,8 +89,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
 
 
 def row_chunk(rows: int, k: int, device: torch.device) -> int:
-    """Columns a program quantizes per token or static: the whole row where the rows fill the GPU, else chunks of
-    at least MIN_CHUNK (a decode row quantized by one program took 5-11 us at 31B's K on an H200)."""
+    """Columns a program quantizes per token or static: the whole row (up to ROW_BLOCK) where the rows fill the GPU,
+    else chunks of at least MIN_CHUNK (a decode row quantized by one program took 5-11 us at 31B's K on an H200)."""
     spread = max(1, num_sms(device) // rows)
     return min(ROW_BLOCK, triton.next_power_of_2(max(MIN_CHUNK, triton.cdiv(k, spread))))
 

@@ -5,8 +5,8 @@ slices as it reads the row), or a NormedPair: two branches' output norms summed,
 under tensor parallelism x (or both sides) may be RankPartials, this rank's share, which the program exchanges with
 the other ranks through peer memory and sums first.
 The next norm's output may be written quantized for the GEMM that reads it, MXFP4's fp8 blocks (QuantizedRows) or
-FP8 per token (TokenRows): that GEMM's quantization launch is saved. One program per row; on sm_90 a dependent launch (it waits for the kernel before,
-which may let it start early).
+FP8 per token (TokenRows): that GEMM's quantization launch is saved. One program per row; on sm_90 a dependent
+launch (it waits for the kernel before, which may let it start early).
 """
 import torch
 import triton
