@@ -24,10 +24,11 @@ LIBRARY_MIN_ROWS = 64  # beyond, torch._scaled_mm where it takes the scales (gem
 # bytes bf16 reads at BLOCK_K 128; scales per 128-wide K block take one block a step.
 DECODE = FP8TileConfig(16, 64, 256, 4, 3, split_k=True)
 DECODE_K_BLOCKS = FP8TileConfig(16, 128, 128, 4, 3, split_k=True)
-SCALE_K_STEP = 128  # every tile's BLOCK_K where scales block K: the narrowest K block (or group) a scale may span
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
+# the narrowest K block (or group) a scale may span: every tile that runs with K-block scales steps through one
+SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, MEDIUM, LARGE, EXACT))
 AMD_STAGES = 2  # LDS: 64 KiB on gfx942
 
 
