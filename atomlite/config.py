@@ -186,6 +186,33 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # auto: --dtype's; fp8: e4m3 (fnuz on gfx942)
 
 
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "FULL_DECODE_ONLY", "NONE")
+
+
+def parse_compilation_config(value: dict | str | None) -> dict:
+    """vLLM's --compilation-config (a dict or its JSON) -> {"cudagraph_mode": MODE} or {}; what atomlite cannot
+    honour is refused with the key's name."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--compilation-config is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError("--compilation-config must be a JSON object, e.g. '{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}'")
+    unknown = sorted(set(value) - {"cudagraph_mode"})
+    if unknown:
+        raise ConfigError(f"--compilation-config: atomlite compiles nothing with torch.compile and honours only "
+                          f"cudagraph_mode, not {', '.join(unknown)}")
+    mode = value.get("cudagraph_mode")
+    if mode is None:
+        return {}
+    if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+        raise ConfigError(f"--compilation-config cudagraph_mode {mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}")
+    return {"cudagraph_mode": mode.upper()}
+
+
 @dataclass
 class EngineConfig:
     model: str
@@ -231,11 +258,16 @@ class EngineConfig:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    # vLLM's --compilation-config JSON; atomlite honours its cudagraph_mode (CUDAGRAPH_MODES) and refuses other keys
+    compilation_config: dict | str | None = None
     model_spec: ModelSpec = field(init=False, repr=False)
     generation_defaults: GenerationDefaults = field(init=False, repr=False)
 
     def __post_init__(self):
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+        self.compilation_config = parse_compilation_config(self.compilation_config)
+        if self.cudagraph_mode == "NONE":
+            self.enforce_eager = True
         self.model_spec = load_model_spec(self.model)
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         self.generation_defaults = load_generation_defaults(self.model_spec.path, self.generation_config,
@@ -250,6 +282,12 @@ class EngineConfig:
         if self.max_model_len is None:
             self.max_model_len = min(limit, 8192)
         self._check()
+
+    @property
+    def cudagraph_mode(self) -> str:
+        """vLLM's cudagraph_mode: FULL_AND_PIECEWISE (its default; here decode and prefill graphs), FULL,
+        PIECEWISE (the same here), FULL_DECODE_ONLY (decode graphs alone) or NONE (no graphs, --enforce-eager)."""
+        return self.compilation_config.get("cudagraph_mode", "FULL_AND_PIECEWISE")
 
     def _parse_multimodal(self):
         from atomlite.multimodal import options

@@ -24,6 +24,7 @@ class LLM:
         max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),
         kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0,
         load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9,
+        compilation_config=None ({"cudagraph_mode": "FULL_DECODE_ONLY"}),
         limit_mm_per_prompt=None ({"image": 2}), mm_processor_kwargs=None ({"max_soft_tokens": 560}),
         allowed_local_media_path=None, allowed_media_domains=None,
         enable_lora=False, max_loras=1, max_lora_rank=16, max_cpu_loras=None)

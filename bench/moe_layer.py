@@ -28,7 +28,9 @@ from atomlite.model_ops import torch_ref  # noqa: E402
 from atomlite.model_ops.triton.moe import gemm as moe_gemm  # noqa: E402
 from atomlite.model_ops.triton.moe import gemv as moe_gemv
 from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
+from atomlite.model_ops.triton.moe import tuning as moe_tuning  # noqa: E402
 from atomlite.model_ops.triton.moe.gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
+from atomlite.model_ops.triton.moe.routing import group_by_expert  # noqa: E402
 from atomlite.model_ops.triton.moe.gemv import GemvConfig, GemvTiles  # noqa: E402
 from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align  # noqa: E402
 from atomlite.quant import mxfp4  # noqa: E402
@@ -44,6 +46,13 @@ SWEEP = [MoeConfig(16, T(32, 128, 4, 3), T(64, 64, 4, 3)), MoeConfig(16, T(64, 1
          MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(128, T(128, 64, 8, 3), T(128, 64, 8, 3)),
          MoeConfig(64, T(128, 64, 4, 4), T(128, 64, 4, 4)), MoeConfig(128, T(128, 64, 8, 4), T(128, 64, 8, 4)),
          MoeConfig(64, T(256, 64, 8, 3), T(256, 64, 8, 3)), MoeConfig(128, T(256, 64, 8, 3), T(128, 64, 8, 3))]
+PROJECTION_BLOCK_M = (64, 128)
+PROJECTION_SWEEP = {
+    "gate_up": [T(n, k, w, st) for n in (64, 128) for k, stages in ((64, (3, 4)), (128, (2, 3)))
+                for w in (4, 8) for st in stages],
+    "down": [T(n, k, w, st) for n in (64, 128, 256) for k, stages in ((64, (3, 4)), (128, (2, 3)))
+             for w in (4, 8) for st in stages],
+}
 G = GemvTiles
 GEMV_SWEEP = [GemvConfig(G(16, 256, 4), G(32, 64, 4)), GemvConfig(G(16, 256, 4), G(32, 128, 4)),
               GemvConfig(G(8, 256, 4), G(16, 128, 4)), GemvConfig(G(16, 128, 4), G(16, 128, 4)),
@@ -115,6 +124,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,4,32,512")
     parser.add_argument("--sweep", action="store_true", help="also time each SWEEP config of the fused kernels")
+    parser.add_argument("--projections", action="store_true",
+                        help="time gate_up and down apart under each block_m and PROJECTION_SWEEP tile (bf16, "
+                             "grouped kernels): the prefill tiles' sweep")
     parser.add_argument("--kernels", action="store_true",
                         help="also time the few-pairs bf16 kernels one by one at batch 1 against the copy bandwidth")
     args = parser.parse_args()
@@ -166,6 +178,8 @@ def main() -> int:
         print(f"{tokens:>5}   bf16/mxfp4 graph time: {graph['bf16'] / graph['mxfp4']:.2f}x", flush=True)
         if args.sweep:
             sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush)
+        if args.projections:
+            sweep_projections(tokens, x, weights, ids, gate_up, down, s, bandwidth, flush)
     if args.kernels:
         kernels_alone(s, gate_up, down, bandwidth, flush)
     print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s")
@@ -199,6 +213,39 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
         times = {config: graph_ms(lambda config=config: moe_gemv_fp8.gemv_experts_fp8(
             x, fp4_gate_up, fp4_down, weights, ids, config), flush) for config in FP8_GEMV_SWEEP}
         print_sweep(f"mxfp4 fp8 batch {tokens}", times)
+
+
+def sweep_projections(tokens, x, weights, ids, gate_up, down, s: dict, bandwidth: float, flush) -> None:
+    """Graph time of each grouped projection alone (routing outside the timed call) under every block_m of
+    PROJECTION_BLOCK_M and tile of PROJECTION_SWEEP, each against its touched experts' weight bytes at the copy
+    bandwidth; the best of each projection per block_m."""
+    gu, dn = ExpertWeights(gate_up), ExpertWeights(down)
+    flat_weights = weights.reshape(-1).contiguous()
+    touched = ids.unique().numel()
+    projection_bytes = touched * s["hidden"] * s["inner"] * 2
+    for block_m in PROJECTION_BLOCK_M:
+        tiles = group_by_expert(ids, s["experts"], block_m)
+        inner = moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, MoeConfig(block_m, moe_tuning.PREFILL.gate_up,
+                                                                                moe_tuning.PREFILL.down))
+        for name, weight_bytes in (("gate_up", 2 * projection_bytes), ("down", projection_bytes)):
+            times = {}
+            for t in PROJECTION_SWEEP[name]:
+                config = MoeConfig(block_m, t, t)
+                if name == "gate_up":
+                    def call(config=config):
+                        return moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, config)
+                else:
+                    def call(config=config):
+                        return moe_gemm._down(inner, dn, tiles, flat_weights, config)
+                try:
+                    times[t] = graph_ms(call, flush)
+                except Exception as e:  # noqa: BLE001 - a tile that does not fit this GPU is left out, said
+                    print(f"  {name} {block_m} {t}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+            best = min(times, key=times.get)
+            roof = weight_bytes / bandwidth * 1e3
+            listing = " ".join(f"{ms * 1e3:.0f}" for ms in times.values())
+            print(f"  {tokens} tokens {name} block_m {block_m}: {listing} us; best {times[best] * 1e3:.1f} us "
+                  f"= {times[best] / roof:.2f}x its weight bytes, {best}", flush=True)
 
 
 def kernels_alone(s: dict, gate_up: torch.Tensor, down: torch.Tensor, bandwidth: float, flush) -> None:

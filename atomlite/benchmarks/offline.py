@@ -76,11 +76,14 @@ def warm_up(engine: LLMEngine, batch_size: int, input_len: int, seed: int) -> No
 
 def ttft_row(engine: LLMEngine, probes: Probes, input_len: int, repeats: int, seed: int) -> dict:
     """The median TTFT against the larger of the prompt's FLOPs and its bytes: the weights its prefill reads, the
-    routed experts counted from each timed prompt's own routing (their mean), and its KV."""
+    routed experts counted from each timed prompt's own routing (their mean), and its KV. A prefill replayed from a
+    graph calls no hook: each prompt's routing is counted from it run again, eager and without its cached prefix."""
     routed, ttfts, reads = RoutedExperts(engine.model), [], []
     for prompt in tqdm(random_prompts(engine, repeats, input_len, seed + 2), desc="TTFT", leave=False):
-        with routed.counting():
-            ttfts.append(time_to_first_token(engine, prompt))
+        ttfts.append(time_to_first_token(engine, prompt))
+        if routed.layers:
+            with routed.counting(), engine.runner.eager_prefills(), engine.kv.prefix_caching_off():
+                time_to_first_token(engine, prompt)
         reads.append(routed.reads())
         routed.clear()
     mean_reads = {m: statistics.fmean(r[m] for r in reads) for m in routed.layers}

@@ -35,7 +35,11 @@ ENGINE_OPTIONS = [
     click.option("--load-format", default="auto", type=click.Choice(["auto", "dummy"]), show_default=True,
                  help="auto: the checkpoint's safetensors; dummy: seeded random weights from config.json alone."),
     click.option("--enforce-eager", is_flag=True,
-                 help="Never replay decode steps or the vision and audio towers from CUDA/HIP graphs."),
+                 help="Never replay steps or the vision and audio towers from CUDA/HIP graphs."),
+    click.option("--compilation-config", default=None,
+                 help='vLLM\'s JSON; atomlite honours its cudagraph_mode: FULL_AND_PIECEWISE (the default), FULL '
+                      'or PIECEWISE replay decode steps and prefill/mixed steps (per token bucket) from graphs, '
+                      'FULL_DECODE_ONLY decode steps alone, NONE none (as --enforce-eager).'),
     click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True,
                  help="Share of the GPU's memory atomlite may use (weights, activations, graphs, KV cache); "
                       "the KV cache gets what a profiling run leaves. --kv-cache-memory overrides it."),
@@ -76,7 +80,7 @@ def engine_options(fn):
 
 
 # engine flags that change how steps run, not the KV plan
-RUNTIME_ONLY = ("load_format", "enforce_eager", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
+RUNTIME_ONLY = ("load_format", "enforce_eager", "compilation_config", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
                 "enable_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
                 "max_num_encoder_input_tokens", "encoder_cache_memory")
 
@@ -100,7 +104,7 @@ def engine_args(kw: dict) -> dict:
             "scheduling_policy", "limit_mm_per_prompt", "mm_processor_kwargs", "allowed_local_media_path",
             "allowed_media_domains", "max_num_encoder_input_tokens", "encoder_cache_memory", "enable_prefix_caching",
             "seed", "tokenizer", "quantization", "generation_config", "override_generation_config", "cpu_threads",
-            "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras")
+            "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "compilation_config")
     args = {k: kw[k] for k in keys if k in kw}  # a command without some flag keeps EngineConfig's default
     if "no_overlap_decode" in kw:
         args["overlap_decode"] = not kw["no_overlap_decode"]

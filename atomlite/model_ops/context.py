@@ -10,7 +10,7 @@ from atomlite.model_ops.kv_spec import KVSpec
 @dataclass
 class HostBatch:
     """The batch's lengths as the host knows them, so that no layer reads them back from the device."""
-    query_starts: list[int]  # [B + 1]
+    query_starts: list[int] | None  # [B + 1]; None where the host does not know them (prefill graphs)
     seq_lens: list[int] | None  # [B] keys per sequence after this step; None where the host does not know them
     max_query_len: int
     max_seq_len: int  # at least every seq_len: exact, or a bound (graph replay: the block table's capacity)

@@ -59,7 +59,8 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm()).item()
 
 
-@pytest.mark.parametrize("tokens,skew", [(1, 0.0), (32, 0.0), (512, 0.0), (32, 0.5), (512, 0.2)])
+@pytest.mark.parametrize("tokens,skew", [(1, 0.0), (32, 0.0), (512, 0.0), (32, 0.5), (512, 0.2), (1024, 0.0),
+                                         (2048, 0.0), (2048, 0.2)])  # 2048: NVIDIA_LARGE_PREFILL's 128-row tiles
 def test_fused_bf16_experts_match_fp32_reference(experts, shapes, tokens, skew):
     x, weights, ids = routing(tokens, shapes, seed=tokens, skew=skew)
     if skew:
@@ -125,7 +126,7 @@ def mxfp4_error(got, mxfp4_experts, x, weights, ids) -> float:
     return _relative(got, mxfp4_reference(x.float(), gate_up, gate_up_scale, down, down_scale, weights, ids, True))
 
 
-@pytest.mark.parametrize("tokens,skew", [(1, 0.0), (32, 0.0), (512, 0.2)])
+@pytest.mark.parametrize("tokens,skew", [(1, 0.0), (32, 0.0), (512, 0.2), (2048, 0.0)])
 def test_fused_mxfp4_experts_match_fp32_reference(mxfp4_experts, shapes, tokens, skew):
     x, weights, ids = routing(tokens, shapes, seed=tokens, skew=skew)
     got = run_mxfp4(mxfp4_experts, x, weights, ids, wide_scales(mxfp4_experts))

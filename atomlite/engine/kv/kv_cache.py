@@ -13,6 +13,7 @@ weights), so no block is shared between adapters or with the base model. A seque
 is also checked against the block's own tokens and parent key as stored in the pool, so that a weaker block_key
 (tests swap in a colliding one) can cost cache hits but never correctness.
 """
+import contextlib
 import hashlib
 import math
 from array import array
@@ -202,6 +203,15 @@ class KVCacheManager:
             i = len(keys)
             keys.append(self.block_key(self._chained(seq, keys, i), self._block_tokens(seq, i)))
         return keys
+
+    @contextlib.contextmanager
+    def prefix_caching_off(self):
+        """No prefix hit and no block registered inside (a bench re-running a prompt to observe its prefill)."""
+        enabled, self.enable_prefix_caching = self.enable_prefix_caching, False
+        try:
+            yield
+        finally:
+            self.enable_prefix_caching = enabled
 
     def update_block_hashes(self, seq: Sequence) -> None:
         """Key every newly computed full block of seq and make it findable in each group."""

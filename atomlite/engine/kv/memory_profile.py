@@ -82,13 +82,15 @@ def _sequences(kv: KVCacheManager, lengths: list[int]) -> list[tuple[Sequence, i
 def profile_memory(model, specs, device: torch.device, utilization: float, prefill_tokens: int,
                    decode_batch: int, block_size: int, step_images: tuple[list, list] | None = None,
                    encoder_cache: int = 0, encoder_graphs: bool = False,
-                   step_audio: list | None = None, audio_graphs: bool = False) -> MemoryProfile:
+                   step_audio: list | None = None, audio_graphs: bool = False,
+                   prefill_graphs: bool = False) -> MemoryProfile:
     """Runs the two profiling forwards on a temporary cache (freed before returning); step_images: the pixels and
     position ids of the most the vision tower encodes in one step, step_audio: the log-mel features of the most the
     audio tower encodes in one step, whose peaks count where they are the larger; encoder_graphs: the vision tower
     will replay graphs, whose pool holds about its peak for good (the eager fallback, a step of more images than a
     graph takes, may still need the peak itself); audio_graphs: the audio tower will replay graphs of one clip each,
-    whose pool holds about the longest clip's peak for good."""
+    whose pool holds about the longest clip's peak for good; prefill_graphs: prefill and mixed steps will replay
+    graphs, whose pool holds about the prefill's peak for good (beside the peak an eager step still needs)."""
     weights = torch.cuda.memory_allocated(device)
     vision_peak = _peak_of(lambda: model.embed_images(*step_images), device) if step_images else 0
     audio_peak = _peak_of(lambda: model.embed_audio(step_audio), device) if step_audio else 0
@@ -106,6 +108,8 @@ def profile_memory(model, specs, device: torch.device, utilization: float, prefi
     free, total = torch.cuda.mem_get_info(device)
     outside = (total - free) - torch.cuda.memory_reserved(device)
     graphs = int(decode_peak * GRAPH_SLACK) + GRAPH_MARGIN if decode_batch else 0
+    if prefill_graphs:
+        graphs += int(prefill_peak * GRAPH_SLACK)
     tower_graphs = int(vision_peak * GRAPH_SLACK) if encoder_graphs else 0
     return MemoryProfile(total, utilization, weights, max(prefill_peak, tower_peak), graphs, outside, encoder_cache,
                          tower_peak, tower_graphs, int(clip_peak * GRAPH_SLACK))

@@ -64,7 +64,7 @@ def verify_graphs_off_reason(model) -> str | None:
     return f"{', '.join(unable)} needs the host's lengths for them" if unable else None
 
 
-def _static(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def static_buffer(shape, dtype, device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """A device buffer and its host mirror (pinned where that makes the copy asynchronous)."""
     host = torch.zeros(shape, dtype=dtype, pin_memory=pin)
     return torch.zeros(shape, dtype=dtype, device=device), host
@@ -83,11 +83,11 @@ class StaticDecodeInputs:
         self.capacity = width * kv.block_size  # keys a table row can address
         # ids, positions and each group's slots are rows of one small buffer: a whole copy each step costs less
         # than one copy per row; block tables are large (max_model_len wide), so only their used rows move.
-        self.rows = _static((2 + len(kv.groups), max_batch * queries_per_seq), torch.int64, device, pin)
+        self.rows = static_buffer((2 + len(kv.groups), max_batch * queries_per_seq), torch.int64, device, pin)
         self.ids, self.positions = (tuple(t[i] for t in self.rows) for i in range(2))
         self.slots = [tuple(t[2 + g] for t in self.rows) for g in range(len(kv.groups))]
-        self.seq_lens = _static(max_batch, torch.int32, device, pin)
-        self.tables = [_static((max_batch, width), torch.int32, device, pin) for _ in kv.groups]
+        self.seq_lens = static_buffer(max_batch, torch.int32, device, pin)
+        self.tables = [static_buffer((max_batch, width), torch.int32, device, pin) for _ in kv.groups]
         # the same number of queries per sequence, so query starts never change
         self.query_start_loc = torch.arange(0, (max_batch + 1) * queries_per_seq, queries_per_seq,
                                             dtype=torch.int32, device=device)
@@ -111,7 +111,7 @@ class StaticDecodeInputs:
             ctx = ForwardContext(self.positions[0][:tokens], self.query_start_loc[:bucket + 1],
                                  self.seq_lens[0][:bucket], groups, host)
             self.builder.attach_metadata(ctx)
-            _check_nothing_kept(ctx)
+            check_nothing_kept(ctx)
             self._contexts[bucket] = ctx
         return self._contexts[bucket]
 
@@ -145,11 +145,11 @@ def _fill_group(slots: np.ndarray, table: np.ndarray, built_slots: np.ndarray, b
     table[n:bucket, 0] = NULL_BLOCK
 
 
-def _check_nothing_kept(ctx: ForwardContext) -> None:
+def check_nothing_kept(ctx: ForwardContext) -> None:
     """A graph replays one context for every step of its bucket: no per-step metadata may be kept in it."""
     kept = [gid for gid, group in ctx.groups.items() if group.derived is not None]
     if kept:
-        raise RuntimeError(f"the attention kernel of KV group(s) {kept} derives per-step metadata for a decode step "
+        raise RuntimeError(f"the attention kernel of KV group(s) {kept} derives per-step metadata for a step "
                            f"whose lengths the host does not know, which a graph replay would reuse from the step it "
                            f"was built in: its step_metadata must return None there")
 

@@ -1,6 +1,7 @@
-"""Turns a scheduled batch into one forward pass, eager or replayed from a decode graph (its inputs built one way for
-both: step_inputs), then the logits of just the rows that need them. Under tensor parallelism rank 0's runner
+"""Turns a scheduled batch into one forward pass, eager or replayed from a decode or prefill graph (its inputs built
+one way for all: step_inputs), then the logits of just the rows that need them. Under tensor parallelism rank 0's runner
 sends each step's inputs to the other ranks' runners, which run the same forward on their shards (follow)."""
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -8,13 +9,14 @@ import torch
 from atomlite.distributed import TensorParallel
 from atomlite.distributed.parallel import SINGLE
 from atomlite.engine.runner.decode_graphs import DecodeGraphs
+from atomlite.engine.runner.prefill_graphs import PrefillGraphs
 from atomlite.engine.images.image_embeds import ImageEmbedder, SoftTokenRows
 from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs, step_metadata_by_group
 from atomlite.model_ops.multimodal import MultiModalEmbeds
 
-DECODE, VERIFY = 0, 1  # which graphs replay a step (RunnerStep.graphs)
+DECODE, VERIFY, PREFILL = 0, 1, 2  # which graphs replay a step (RunnerStep.graphs)
 
 
 @dataclass
@@ -50,9 +52,9 @@ def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
 
 @dataclass
 class RunnerStep:
-    """One forward pass as every rank runs it: its inputs, and either the graphs that replay it (DECODE, VERIFY;
-    inputs.ids None: the input ids are on rank 0's device, sampled by the step before) or, eager, the rows whose
-    logits it computes, and which of its rows are image soft tokens (their values follow by a broadcast from rank 0,
+    """One forward pass as every rank runs it: its inputs, the graphs that replay it (DECODE, VERIFY: their logits
+    are the step's rows; inputs.ids None: the input ids are on rank 0's device, sampled by the step before; PREFILL)
+    or None (eager), the rows whose logits it computes (eager and PREFILL), and which of its rows are image soft tokens (their values follow by a broadcast from rank 0,
     the one rank that encodes); and the LoRA adapters each rank loads into its slots first ((slot, LoRARequest))."""
     inputs: StepInputs
     graphs: int | None = None
@@ -73,6 +75,7 @@ class ModelRunner:
         self.images: ImageEmbedder | None = None  # rank 0 of a model with a vision tower: encodes the steps' images
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self.keep_hidden = False  # a drafter reads the target's hidden states: keep the rows of the last step
         self.hidden: torch.Tensor | None = None  # [rows, hidden] of the last step, aligned with its logits' rows
         # forward passes since start by how they ran: "graph" (replayed from a captured graph) or "eager"
@@ -98,10 +101,30 @@ class ModelRunner:
                 self.verify_graphs.capture_all()
         return self.verify_graphs
 
+    def use_prefill_graphs(self, max_tokens: int, max_seqs: int, max_model_len: int,
+                           capture: bool = True) -> PrefillGraphs:
+        """Other steps of up to max_tokens new tokens of up to max_seqs sequences, without soft tokens, run from
+        static buffers (graphs when capture)."""
+        self.prefill_graphs = PrefillGraphs(self.model, self.inputs, max_tokens, max_seqs, max_model_len, capture)
+        if capture:
+            with self.tp.capturing():
+                self.prefill_graphs.capture_all()
+        return self.prefill_graphs
+
+    @contextlib.contextmanager
+    def eager_prefills(self):
+        """Prefill and mixed steps run eager inside (warm-up compiles the eager path's kernels; a forward hook sees
+        each step, which a graph replay never calls)."""
+        graphs, self.prefill_graphs = self.prefill_graphs, None
+        try:
+            yield
+        finally:
+            self.prefill_graphs = graphs
+
     def release_graphs(self) -> None:
         """Drops the captured graphs (before the collectives they captured go away), then the custom all-reduce's
         buffers: at close."""
-        self.graphs = self.verify_graphs = None
+        self.graphs = self.verify_graphs = self.prefill_graphs = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
@@ -128,6 +151,8 @@ class ModelRunner:
         inputs, loads = self.inputs.build(batch), self._take_lora_loads()
         if which is not None:
             return self._replay(RunnerStep(inputs, which, lora_loads=loads)), rows
+        if soft_tokens is None and self.prefill_graphs is not None and self.prefill_graphs.supports(batch):
+            return self._prefill(RunnerStep(inputs, PREFILL, indices=rows.indices, lora_loads=loads)), rows
         if soft_tokens is None:
             return self._eager(RunnerStep(inputs, indices=rows.indices, lora_loads=loads)), rows
         positions, values = soft_tokens
@@ -140,6 +165,8 @@ class ModelRunner:
         """A rank other than 0: its shards' part of rank 0's step (whose collectives join them)."""
         if step.graphs is None:
             self._eager(step)
+        elif step.graphs == PREFILL:
+            self._prefill(step)
         elif step.inputs.ids is not None:
             self._replay(step)
         else:  # a step launched ahead: its ids come from rank 0 (_replay's broadcast)
@@ -167,9 +194,19 @@ class ModelRunner:
             hidden = self.model(ids, ctx)
         else:
             hidden = self.model(ids, ctx, self._soft_token_embeds(step.soft_tokens, soft_token_values))
-        if not step.indices:
+        return self._logits(hidden, step.indices)
+
+    def _prefill(self, step: RunnerStep) -> torch.Tensor:
+        self._send(step)
+        self._set_adapters(step)
+        self.forward_passes["graph" if self.prefill_graphs.capture else "eager"] += 1
+        return self._logits(self.prefill_graphs.run(step.inputs), step.indices)
+
+    def _logits(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        """fp32 logits of the hidden rows at indices (and those rows kept for a drafter)."""
+        if not indices:
             return torch.empty(0)
-        selected = hidden[torch.tensor(step.indices, device=self.device)]
+        selected = hidden[torch.tensor(indices, device=self.device)]
         self.hidden = selected if self.keep_hidden else None
         return self.model.compute_logits(selected).float()
 

@@ -117,7 +117,8 @@ class EngineRank:
                                          self._graph_tokens(), config.block_size, *self._image_profile(),
                                          encoder_graphs=self.image_graphs_off() is None,
                                          step_audio=self._audio_profile(),
-                                         audio_graphs=self.audio_graphs_off() is None)
+                                         audio_graphs=self.audio_graphs_off() is None,
+                                         prefill_graphs=self.prefill_graphs_off() is None)
             self.kv_plan = self._plan_from_profile(specs)
         else:
             self.kv_plan = plan_for(config, specs)
@@ -130,7 +131,7 @@ class EngineRank:
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.runner.keep_hidden = self.drafter is not None and self.drafter.needs_hidden
         self.graph_note = self._set_up_decode_graphs()
-        for note in (self._set_up_image_graphs(), self._set_up_audio_graphs()):
+        for note in (self._set_up_prefill_graphs(), self._set_up_image_graphs(), self._set_up_audio_graphs()):
             if note:
                 self.graph_note += f"; {note}"
 
@@ -187,6 +188,26 @@ class EngineRank:
         verify step's (k + 1 per sequence), profiled as one batch of that many tokens."""
         spec = self.config.speculative_config
         return self.graph_batch() * (1 if spec is None else spec.num_speculative_tokens + 2)
+
+    def prefill_graphs_off(self) -> str | None:
+        """Why prefill and mixed steps run eager (None when they replay graphs)."""
+        if self.graphs_off() is not None:
+            return "off (as decode graphs)"
+        if self.config.cudagraph_mode == "FULL_DECODE_ONLY":
+            return "off (--compilation-config cudagraph_mode FULL_DECODE_ONLY)"
+        if self.config.enable_lora:
+            return "off (LoRA adapters: each row's slot is not in a prefill graph's buffers)"
+        unable = verify_graphs_off_reason(self.model)
+        return f"off ({unable})" if unable else None
+
+    def _set_up_prefill_graphs(self) -> str:
+        off = self.prefill_graphs_off()
+        if off is not None:
+            return f"prefill graphs: {off}"
+        config = self.config
+        graphs = self.runner.use_prefill_graphs(config.max_num_batched_tokens, config.max_num_seqs,
+                                                config.max_model_len)
+        return graphs.report.describe()
 
     def image_graphs_off(self) -> str | None:
         """Why the vision tower encodes eager (None when it replays graphs; "" for a model without a tower)."""

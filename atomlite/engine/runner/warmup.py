@@ -55,15 +55,17 @@ def warm_up(runner: ModelRunner, kv: KVCacheManager, max_tokens: int, max_seq_le
     that says what they took."""
     start = time.perf_counter()
     counts = warmup_token_counts(max_tokens)
-    for tokens in tqdm(counts, desc="Warm-up steps", unit="step", delay=1.0):
-        batch = _mixed_batch(kv, tokens, max_seq_len)
-        if batch is None:
-            continue  # a cache too small for this step's blocks: such a step never runs either
-        try:
-            runner.execute(batch)
-        finally:
-            for seq, _ in batch:
-                kv.free(seq)
+    # eager, so that the steps prefill graphs leave to it (soft tokens) find their kernels compiled
+    with runner.eager_prefills():
+        for tokens in tqdm(counts, desc="Warm-up steps", unit="step", delay=1.0):
+            batch = _mixed_batch(kv, tokens, max_seq_len)
+            if batch is None:
+                continue  # a cache too small for this step's blocks: such a step never runs either
+            try:
+                runner.execute(batch)
+            finally:
+                for seq, _ in batch:
+                    kv.free(seq)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (f"warm-up: {len(counts)} mixed steps of {counts[0]}..{counts[-1]} tokens in "

@@ -20,8 +20,9 @@ from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequant
 from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
 from atomlite.model_ops.triton.moe.gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe.routing import ExpertTiles, group_by_expert
-from atomlite.model_ops.triton.moe.tuning import (DECODE, DECODE_MAX_ROWS_PER_EXPERT, FP32_MAX_STAGES, MEDIUM,
-                                                  MEDIUM_MAX_ROWS_PER_EXPERT, NVIDIA_PREFILL, PREFILL, ROCM_MAX_STAGES,
+from atomlite.model_ops.triton.moe.tuning import (DECODE, DECODE_MAX_ROWS_PER_EXPERT, FP32_MAX_STAGES,
+                                                  LARGE_MIN_ROWS_PER_EXPERT, MEDIUM, MEDIUM_MAX_ROWS_PER_EXPERT,
+                                                  NVIDIA_LARGE_PREFILL, NVIDIA_PREFILL, PREFILL, ROCM_MAX_STAGES,
                                                   MoeConfig, ProjectionTiles)
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile
 from atomlite.model_ops.triton.mxfp4.quant import quantize_dequantize
@@ -31,13 +32,15 @@ from atomlite.model_ops.triton.moe import tuning
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 
 
-def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False) -> MoeConfig:
+def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False, mxfp4: bool = False) -> MoeConfig:
     rows_per_expert = num_pairs / num_experts
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
         return DECODE
     if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT:
         return MEDIUM
-    return NVIDIA_PREFILL if nvidia else PREFILL
+    if not nvidia:
+        return PREFILL
+    return NVIDIA_LARGE_PREFILL if rows_per_expert >= LARGE_MIN_ROWS_PER_EXPERT and not mxfp4 else NVIDIA_PREFILL
 
 
 @triton.jit
@@ -208,7 +211,8 @@ def fused_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, 
     num_experts = gate_up.weight.shape[0]
     if tokens == 0:
         return torch.empty_like(x)
-    config = config or pick_config(tokens * top_k, num_experts, platform_of(x.device).kind == "cuda")
+    config = config or pick_config(tokens * top_k, num_experts, platform_of(x.device).kind == "cuda",
+                                   gate_up.mxfp4)
     _check_config(config, gate_up, down, quantize_inner)
     tiles = group_by_expert(topk_ids, num_experts, config.block_m)
     inner = _gate_up(x, gate_up, tiles, top_k, quantize_inner, config)

@@ -28,10 +28,15 @@ class MoeConfig:
 DECODE = MoeConfig(16, gate_up=ProjectionTiles(32, 128, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
 MEDIUM = MoeConfig(32, gate_up=ProjectionTiles(64, 64, 4, 3), down=ProjectionTiles(64, 64, 4, 3))
 PREFILL = MoeConfig(64, gate_up=ProjectionTiles(64, 64, 8, 3), down=ProjectionTiles(128, 64, 8, 3))
-NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(128, 64, 4, 4))
+NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=ProjectionTiles(256, 64, 4, 4))
+# From about 128 rows an expert (26B-A4B at 2048 tokens), 128-row tiles with 8 warps: gate_up 436 and down 228 us
+# against NVIDIA_PREFILL's 453 and 263 (H200, bench/moe_layer.py --projections, each projection alone). bf16 and
+# fp16 weights only: MXFP4 experts were not timed with these tiles.
+NVIDIA_LARGE_PREFILL = MoeConfig(128, gate_up=ProjectionTiles(128, 64, 8, 4), down=ProjectionTiles(256, 64, 8, 4))
 DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48  # pairs per expert up to which DECODE, MEDIUM run
+LARGE_MIN_ROWS_PER_EXPERT = 96  # pairs per expert from which NVIDIA_LARGE_PREFILL runs (unquantized experts)
 ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
-FP32_MAX_STAGES = 3  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL on 4 stages needs 240 KiB (H100: 227)
+FP32_MAX_STAGES = 2  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL's down on 3 stages needs 240 KiB (H100: 227)
 
 # --- routing (routing.py) ---
 
