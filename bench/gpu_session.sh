@@ -120,7 +120,15 @@ stage() {
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/kernels/test_moe_gpu.py tests/kernels/test_k_from_v.py \
                        tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
         tests-graphs) python -m pytest -q -n 4 -m gpu tests/e2e/test_decode_graphs.py tests/e2e/test_gemma3_parity.py \
-                          tests/e2e/test_vision_graphs.py tests/kernels/test_graph_capture.py ;;  # xdist: parallel compiles
+                          tests/e2e/test_vision_graphs.py tests/kernels/test_graph_capture.py \
+                          tests/e2e/test_prefill_graphs.py ;;  # xdist: parallel compiles; about 5 min (prefill graphs)
+        prefill-graphs-ab) for len in 2040 512; do for mode in FULL_DECODE_ONLY FULL_AND_PIECEWISE; do
+                               echo "--- $len tokens, cudagraph_mode $mode"
+                               python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it \
+                                   --load-format dummy --dtype bfloat16 --input-len $len --output-len 4 --batch-size 1 \
+                                   --max-num-seqs 1 --max-model-len 2048 --repeats 5 \
+                                   --compilation-config "{\"cudagraph_mode\": \"$mode\"}"
+                           done; done ;;  # issue 56: 26B-A4B TTFT, eager prefill against prefill graphs, one call
         tests-kv) python -m pytest -q -n 4 -m "gpu or not gpu" tests/kernels/test_k_from_v.py tests/kernels/test_kv_fp8.py \
                       tests/kernels/test_kv_scales.py ;;
         tests-router) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_router_topk.py tests/e2e/test_decode_graphs.py \
@@ -159,6 +167,8 @@ stage() {
                         --dtype bfloat16 --input-len 512 --output-len 16 --batch-size 1 --max-num-seqs 1 \
                         --max-model-len 2048 --repeats 5 --images-per-prompt 1 --image-size 896x896 ;;  # 1 image, 256 soft tokens
         images-31b-serve) serve_images ;;  # needs the serve extra (carry .whl/, see serve-26b)
+        prefill-attention) python bench/prefill_attention.py ;;  # issue 56: each layer shape's prefill tiles
+        moe-projections) python bench/moe_layer.py --batches 512,2048 --projections ;;  # prefill tiles, each projection
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
                       --repeats 5 ;;  # TTFT: one 2048-token prefill step
