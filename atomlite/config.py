@@ -200,7 +200,8 @@ def parse_compilation_config(value: dict | str | None) -> dict:
         except json.JSONDecodeError as e:
             raise ConfigError(f"--compilation-config is not JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ConfigError("--compilation-config must be a JSON object, e.g. '{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}'")
+        raise ConfigError("--compilation-config must be a JSON object, e.g. "
+                          "'{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}'")
     unknown = sorted(set(value) - {"cudagraph_mode"})
     if unknown:
         raise ConfigError(f"--compilation-config: atomlite compiles nothing with torch.compile and honours only "

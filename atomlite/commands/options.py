@@ -80,9 +80,9 @@ def engine_options(fn):
 
 
 # engine flags that change how steps run, not the KV plan
-RUNTIME_ONLY = ("load_format", "enforce_eager", "compilation_config", "gpu_memory_utilization", "max_graph_batch", "no_overlap_decode",
-                "enable_prefix_caching", "speculative_config", "disable_custom_all_reduce", "scheduling_policy",
-                "max_num_encoder_input_tokens", "encoder_cache_memory")
+RUNTIME_ONLY = ("load_format", "enforce_eager", "compilation_config", "gpu_memory_utilization", "max_graph_batch",
+                "no_overlap_decode", "enable_prefix_caching", "speculative_config", "disable_custom_all_reduce",
+                "scheduling_policy", "max_num_encoder_input_tokens", "encoder_cache_memory")
 
 
 def without_options(*names: str):

@@ -1,6 +1,6 @@
 """Turns a scheduled batch into one forward pass, eager or replayed from a decode or prefill graph (its inputs built
-one way for all: step_inputs), then the logits of just the rows that need them. Under tensor parallelism rank 0's runner
-sends each step's inputs to the other ranks' runners, which run the same forward on their shards (follow)."""
+one way for all: step_inputs), then the logits of just the rows that need them. Under tensor parallelism rank 0's
+runner sends each step's inputs to the other ranks' runners, which run the same forward on their shards (follow)."""
 import contextlib
 from dataclasses import dataclass, field
 
@@ -52,10 +52,11 @@ def _rows(batch: list[tuple[Sequence, int]]) -> StepRows:
 
 @dataclass
 class RunnerStep:
-    """One forward pass as every rank runs it: its inputs, the graphs that replay it (DECODE, VERIFY: their logits
+    """One forward pass as every rank runs it: its inputs; the graphs that replay it (DECODE, VERIFY: their logits
     are the step's rows; inputs.ids None: the input ids are on rank 0's device, sampled by the step before; PREFILL)
-    or None (eager), the rows whose logits it computes (eager and PREFILL), and which of its rows are image soft tokens (their values follow by a broadcast from rank 0,
-    the one rank that encodes); and the LoRA adapters each rank loads into its slots first ((slot, LoRARequest))."""
+    or None (eager); the rows whose logits it computes (eager and PREFILL); which of its rows are image soft tokens
+    (their values follow by a broadcast from rank 0, the one rank that encodes); and the LoRA adapters each rank
+    loads into its slots first ((slot, LoRARequest))."""
     inputs: StepInputs
     graphs: int | None = None
     indices: list[int] = field(default_factory=list)

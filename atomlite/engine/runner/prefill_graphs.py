@@ -1,9 +1,9 @@
 """Prefill and mixed steps replayed from CUDA/HIP graphs, one per bucket of new tokens.
 
 A step that is not decode-only (a prompt, a chunk of one, prompts beside decoding sequences) and carries no image or
-audio soft tokens runs the model's forward, attention included, from a graph captured once per token bucket: an eager
-prefill spends as long launching its few hundred kernels as the GPU spends running them at 512 tokens, and under
-tensor parallelism every rank waits for the slowest host. The attention kernels read each sequence's lengths from the
+audio soft tokens runs the model's forward, attention included, from a graph captured once per token bucket: launched
+eagerly, the ~500 kernels of a 512-token prefill of 26B-A4B kept an H200 idle two thirds of the time (TTFT 63.5 ms
+against 21.5 ms replayed), and under tensor parallelism every rank waited for the slowest host. The attention kernels read each sequence's lengths from the
 device and size their grid by the bucket's tokens plus one tile per sequence slot, so one graph serves any split of
 its tokens over up to max_seqs sequences. Rows past the step's tokens belong to padding sequences of at most
 max_model_len tokens each (so that no key position passes the RoPE tables): token 0 at position 0, no KV stored

@@ -190,9 +190,10 @@ class EngineRank:
         return self.graph_batch() * (1 if spec is None else spec.num_speculative_tokens + 2)
 
     def prefill_graphs_off(self) -> str | None:
-        """Why prefill and mixed steps run eager (None when they replay graphs)."""
+        """Why prefill and mixed steps run eager (None when they replay graphs; "" when no step does, which the
+        decode graphs' line says)."""
         if self.graphs_off() is not None:
-            return "off (as decode graphs)"
+            return ""
         if self.config.cudagraph_mode == "FULL_DECODE_ONLY":
             return "off (--compilation-config cudagraph_mode FULL_DECODE_ONLY)"
         if self.config.enable_lora:
@@ -203,7 +204,7 @@ class EngineRank:
     def _set_up_prefill_graphs(self) -> str:
         off = self.prefill_graphs_off()
         if off is not None:
-            return f"prefill graphs: {off}"
+            return f"prefill graphs: {off}" if off else ""
         config = self.config
         graphs = self.runner.use_prefill_graphs(config.max_num_batched_tokens, config.max_num_seqs,
                                                 config.max_model_len)

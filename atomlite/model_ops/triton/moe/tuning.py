@@ -36,7 +36,8 @@ NVIDIA_LARGE_PREFILL = MoeConfig(128, gate_up=ProjectionTiles(128, 64, 8, 4), do
 DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48  # pairs per expert up to which DECODE, MEDIUM run
 LARGE_MIN_ROWS_PER_EXPERT = 96  # pairs per expert from which NVIDIA_LARGE_PREFILL runs (unquantized experts)
 ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
-FP32_MAX_STAGES = 2  # fp32 tiles take twice the shared memory: NVIDIA_PREFILL's down on 3 stages needs 240 KiB (H100: 227)
+# fp32 tiles take twice the shared memory: NVIDIA_PREFILL's down on 3 stages needs 240 KiB (H100: 227)
+FP32_MAX_STAGES = 2
 
 # --- routing (routing.py) ---
 
