@@ -192,16 +192,13 @@ CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "FULL_DECODE_ONLY"
 def parse_compilation_config(value: dict | str | None) -> dict:
     """vLLM's --compilation-config (a dict or its JSON) -> {"cudagraph_mode": MODE} or {}; what atomlite cannot
     honour is refused with the key's name."""
+    from atomlite.multimodal.options import json_object
     if value is None or value == "":
         return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--compilation-config is not JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError("--compilation-config must be a JSON object, e.g. "
-                          "'{\"cudagraph_mode\": \"FULL_DECODE_ONLY\"}'")
+    try:
+        value = json_object(value, "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}')
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     unknown = sorted(set(value) - {"cudagraph_mode"})
     if unknown:
         raise ConfigError(f"--compilation-config: atomlite compiles nothing with torch.compile and honours only "

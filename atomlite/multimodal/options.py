@@ -11,12 +11,13 @@ DEFAULT_LIMIT = 999  # vLLM's default per modality
 PROCESSOR_KWARGS = ("max_soft_tokens",)
 
 
-def _json_object(value, name: str) -> dict:
+def json_object(value, name: str, example: str = '{"image": 2}') -> dict:
+    """A flag's JSON object (or the dict itself); ValueError naming the flag otherwise."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{name}: not JSON ({e}); give an object such as '{{\"image\": 2}}'") from None
+            raise ValueError(f"{name}: not JSON ({e}); give an object such as '{example}'") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name}: must be a JSON object, got {type(value).__name__}")
     return value
@@ -24,7 +25,7 @@ def _json_object(value, name: str) -> dict:
 
 def parse_mm_limits(value: dict | str | None, name: str = "--limit-mm-per-prompt") -> dict[str, int]:
     """{"image": 2, "video": 1} (a dict or its JSON) -> the limit of each modality, DEFAULT_LIMIT where not given."""
-    given = {} if value is None else _json_object(value, name)
+    given = {} if value is None else json_object(value, name)
     limits = dict.fromkeys(MODALITIES, DEFAULT_LIMIT)
     for modality, count in given.items():
         if modality not in MODALITIES:
@@ -37,7 +38,7 @@ def parse_mm_limits(value: dict | str | None, name: str = "--limit-mm-per-prompt
 
 def parse_mm_processor_kwargs(value: dict | str | None, name: str = "mm_processor_kwargs") -> dict:
     """Gemma 4's processor kwargs, checked: max_soft_tokens in 70, 140, 280, 560, 1120."""
-    kwargs = {} if value is None else _json_object(value, name)
+    kwargs = {} if value is None else json_object(value, name)
     for key, item in kwargs.items():
         if key not in PROCESSOR_KWARGS:
             raise ValueError(f"{name}.{key} is not a processor setting of this model; it takes "
