@@ -9,6 +9,14 @@ from dataclasses import dataclass
 import torch
 
 
+def bucket_sizes(largest: int, small: tuple[int, ...], step: int) -> list[int]:
+    """The graphs' sizes: those of `small` below largest, then the multiples of step past small's last, then largest
+    itself."""
+    sizes = [b for b in small if b < largest]
+    sizes += range(step * (small[-1] // step + 1), largest, step)
+    return sizes + [largest]
+
+
 @dataclass
 class CaptureReport:
     what: str  # "decode graphs", "vision tower graphs"

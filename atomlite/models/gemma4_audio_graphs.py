@@ -11,7 +11,7 @@ longer clip runs eager. Without capture (CPU, tests) the same buffers feed an ea
 
 import torch
 
-from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, bucket_sizes, capture_buckets
 from atomlite.models.gemma4_audio import soft_token_count
 from atomlite.multimodal.audio import FRAMES_PER_SOFT_TOKEN, MEL_BINS
 
@@ -21,9 +21,7 @@ BUCKET_STEP = 125  # 5 s
 
 def clip_buckets(max_soft_tokens: int) -> list[int]:
     """50, 125, 250, then steps of 125, up to and including max_soft_tokens."""
-    sizes = [b for b in SMALL_BUCKETS if b < max_soft_tokens]
-    sizes += range(SMALL_BUCKETS[-1] + BUCKET_STEP, max_soft_tokens, BUCKET_STEP)
-    return sizes + [max_soft_tokens]
+    return bucket_sizes(max_soft_tokens, SMALL_BUCKETS, BUCKET_STEP)
 
 
 class ClipGraphs:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, bucket_sizes, capture_buckets
 from atomlite.model_ops.packed import PackedSequences
 
 SMALL_BUCKETS = (64, 128)  # soft tokens
@@ -23,9 +23,7 @@ MAX_IMAGES = 16  # images per graph replay; sequences beyond a step's images are
 
 def soft_token_buckets(max_soft_tokens: int) -> list[int]:
     """64, 128, then steps of 256, up to and including max_soft_tokens."""
-    sizes = [b for b in SMALL_BUCKETS if b < max_soft_tokens]
-    sizes += range(BUCKET_STEP, max_soft_tokens, BUCKET_STEP)
-    return sizes + [max_soft_tokens]
+    return bucket_sizes(max_soft_tokens, SMALL_BUCKETS, BUCKET_STEP)
 
 
 class TowerGraphs:

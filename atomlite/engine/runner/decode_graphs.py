@@ -19,7 +19,7 @@ from atomlite.engine.sequence import Sequence
 from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
 from atomlite.model_ops.dispatch import KernelChoices
-from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, bucket_sizes, capture_buckets
 
 SMALL_BUCKETS = (1, 2, 4, 8)
 BUCKET_STEP = 8
@@ -27,9 +27,7 @@ BUCKET_STEP = 8
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then steps of 8, up to and including max_batch."""
-    sizes = [b for b in SMALL_BUCKETS if b < max_batch]
-    sizes += range(SMALL_BUCKETS[-1] + BUCKET_STEP, max_batch, BUCKET_STEP)
-    return sizes + [max_batch]
+    return bucket_sizes(max_batch, SMALL_BUCKETS, BUCKET_STEP)
 
 
 def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:

@@ -3,11 +3,12 @@
 A step that is not decode-only (a prompt, a chunk of one, prompts beside decoding sequences) and carries no image or
 audio soft tokens runs the model's forward, attention included, from a graph captured once per token bucket: launched
 eagerly, the ~500 kernels of a 512-token prefill of 26B-A4B kept an H200 idle two thirds of the time (TTFT 63.5 ms
-against 21.5 ms replayed), and under tensor parallelism every rank waited for the slowest host. The attention kernels read each sequence's lengths from the
-device and size their grid by the bucket's tokens plus one tile per sequence slot, so one graph serves any split of
-its tokens over up to max_seqs sequences. Rows past the step's tokens belong to padding sequences of at most
-max_model_len tokens each (so that no key position passes the RoPE tables): token 0 at position 0, no KV stored
-(slot -1), keys read from the null block; sequence slots past them hold no query.
+against 21.5 ms replayed), and under tensor parallelism every rank waited for the slowest host. The attention
+kernels read each sequence's lengths from the device and size their grid by the bucket's tokens plus one tile per
+sequence slot, so one graph serves any split of its tokens over up to max_seqs sequences. Rows past the step's
+tokens belong to padding sequences of at most max_model_len tokens each (so that no key position passes the RoPE
+tables): token 0 at position 0, no KV stored (slot -1), keys read from the null block; sequence slots past them hold
+no query.
 Layers that rebuild keys from V do it inside the attention kernel here (the host's lengths, which an eager prefill
 uses to build them once, are not part of a graph). The graph leaves the final hidden rows in its pool; the logits of
 the rows that need them follow eagerly, as after an eager forward. Without capture (CPU, tests) the same static
@@ -25,7 +26,7 @@ from atomlite.engine.runner.decode_graphs import bucket_for, check_nothing_kept,
 from atomlite.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.context import ForwardContext, GroupBatch, HostBatch
-from atomlite.model_ops.graph_capture import CaptureReport, capture_buckets
+from atomlite.model_ops.graph_capture import CaptureReport, bucket_sizes, capture_buckets
 
 SMALL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512)
 TOKEN_BUCKET_STEP = 256
@@ -33,9 +34,7 @@ TOKEN_BUCKET_STEP = 256
 
 def prefill_token_buckets(max_tokens: int) -> list[int]:
     """16, 32, .., 512, then steps of 256, up to and including max_tokens."""
-    sizes = [b for b in SMALL_TOKEN_BUCKETS if b < max_tokens]
-    sizes += range(SMALL_TOKEN_BUCKETS[-1] + TOKEN_BUCKET_STEP, max_tokens, TOKEN_BUCKET_STEP)
-    return sizes + [max_tokens]
+    return bucket_sizes(max_tokens, SMALL_TOKEN_BUCKETS, TOKEN_BUCKET_STEP)
 
 
 class StaticPrefillInputs:
