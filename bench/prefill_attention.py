@@ -33,6 +33,18 @@ TILES = {
     512: [A(64, 32, 8, 2), A(64, 16, 8, 2), A(64, 32, 4, 2), A(64, 64, 8, 1), A(32, 32, 4, 2), A(64, 16, 8, 3),
           A(128, 16, 8, 2), A(32, 64, 4, 2)],
 }
+# a head's output columns in two programs (value_parts): half the accumulator each, the scores computed twice
+SPLIT_VALUES = {
+    256: [A(128, 64, 8, 2, value_parts=2), A(128, 128, 8, 2, value_parts=2), A(256, 64, 8, 2, value_parts=2)],
+    512: [A(64, 32, 8, 2, value_parts=2), A(64, 64, 8, 2, value_parts=2), A(128, 32, 8, 2, value_parts=2),
+          A(64, 32, 4, 2, value_parts=2), A(32, 32, 4, 2, value_parts=2), A(128, 64, 8, 2, value_parts=2),
+          A(64, 64, 4, 2, value_parts=2), A(64, 32, 8, 3, value_parts=2)],
+}
+
+
+def tile_name(config) -> str:
+    parts = f"/{config.value_parts}v" if config.value_parts > 1 else ""
+    return f"{config.block_m}x{config.block_n}/{config.num_warps}w/{config.num_stages}s{parts}"
 
 
 def gemm_rate() -> float:
@@ -61,28 +73,27 @@ def measure(shape, tokens: int, rate: float) -> None:
                                     seq_lens, starts, scale, window, k_from_v=rule32)
     bound_us = flops(tokens, heads, head_dim, window) / rate * 1e6
     ways = {"keys built once": "built", "keys in the kernel": "derived"} if rule is not None else {"": "plain"}
+    row_starts = tri.key_row_starts([tokens], q.device)  # a host copy: made before any graph capture
     for label, way in ways.items():
         chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=way == "derived", window=window,
                                  max_query_len=tokens)
         results = []
-        for config in [chosen] + [c for c in TILES[head_dim] if c != dataclasses.replace(chosen, num_splits=1)]:
+        tiles = TILES[head_dim] + SPLIT_VALUES[head_dim]
+        for config in [chosen] + [c for c in tiles if c != dataclasses.replace(chosen, num_splits=1)]:
             def call(config=config):
                 built = None
                 if way == "built":
-                    built = tri.build_keys(v_cache, table, seq_lens, tri.key_row_starts([tokens], q.device), tokens,
-                                           tokens, rule, q.dtype)
+                    built = tri.build_keys(v_cache, table, seq_lens, row_starts, tokens, tokens, rule, q.dtype)
                 return tri.launch(q, k_cache, v_cache, table, seq_lens, starts, scale, window, False, config, rule,
                                   built)
             try:
                 ok = check(f"{model} {layer} {tokens} {way} {config}", call(), ref)
                 took = graph_us(call)
             except Exception as e:  # noqa: BLE001 - a tile that does not fit this GPU is left out, said
-                results.append(f"{config.block_m}x{config.block_n}/{config.num_warps}w/{config.num_stages}s: "
-                               f"{type(e).__name__}")
+                results.append(f"{tile_name(config)}: {type(e).__name__}")
                 continue
             mark = "" if ok else " CHECK FAILED"
-            results.append(f"{config.block_m}x{config.block_n}/{config.num_warps}w/{config.num_stages}s: "
-                           f"{took:.0f} us ({took / bound_us:.1f}x){mark}")
+            results.append(f"{tile_name(config)}: {took:.0f} us ({took / bound_us:.1f}x){mark}")
         print(f"{model} {layer}, {tokens} tokens{', ' + label if label else ''} (FLOPs {bound_us:.0f} us; the "
               f"chosen tile first): " + "; ".join(results), flush=True)
 

@@ -106,6 +106,22 @@ def test_triton_derived_keys_with_split_kv_match_reference(window):
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, window, rule, True)
 
 
+@pytest.mark.parametrize("built", [False, True])
+def test_value_parts_with_keys_from_values_match_reference(built):
+    """Each of two programs a query tile scores with the whole derived (or built) keys and sums half the values."""
+    q, _, v_cache, table, seq_lens, starts = paged_batch([33, 5, 1], [40, 70, 9], 4, 2, 64, 16, torch.float32,
+                                                         None, DEVICE, seed=7)
+    rule = key_rule(64, 0.25, DEVICE)
+    keys = None
+    if built:
+        lengths = seq_lens.tolist()
+        keys = tri.build_keys(v_cache, table, seq_lens, tri.key_row_starts(lengths, DEVICE), sum(lengths),
+                              max(lengths), rule, torch.float32)
+    config = tri.AttnConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, value_parts=2)
+    out = tri.launch(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, config, rule, keys)
+    assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, None, rule, True)
+
+
 def test_built_keys_equal_the_reference_keys_and_serve_a_split_kv_launch():
     q, _, v_cache, table, seq_lens, starts = paged_batch([1, 5, 1], [130, 70, 9], 4, 2, 64, 16, torch.float32,
                                                          None, DEVICE, seed=6)

@@ -93,6 +93,16 @@ def test_many_query_tiles_per_sequence_match_reference(group):
     assert_close_to_reference(out, lse, args, 2.0, 30)
 
 
+@pytest.mark.parametrize("splits,window", [(1, None), (1, 30), (3, None)])
+def test_value_parts_match_reference(splits, window):
+    """Two programs per query tile, each with half of the output columns: the same attention as one."""
+    seed = torch.randint(0, 2**31, ()).item()
+    args = paged_batch([33, 0, 18, 1], [40, 3, 50, 2], 4, 2, 64, 16, torch.float32, window, DEVICE, seed)
+    config = tri.AttnConfig(block_m=8, block_n=16, num_warps=4, num_stages=1, num_splits=splits, value_parts=2)
+    out, lse = tri.launch(*args, 0.125, window, True, config)
+    assert_close_to_reference(out, lse, args, 0.125, window)
+
+
 def test_strided_query_view_matches_reference():
     seed = torch.randint(0, 2**31, ()).item()
     q, *rest = paged_batch(Q_LENS, K_LENS, 4, 2, 64, 16, torch.float32, None, DEVICE, seed)

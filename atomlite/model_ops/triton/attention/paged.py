@@ -141,12 +141,13 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, tabl
                   MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_KEY_ENDS: tl.constexpr,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr,
-                  KEYS_BUILT: tl.constexpr):
+                  KEYS_BUILT: tl.constexpr, value_lo, VALUE_DIM: tl.constexpr):
     """Online softmax over key tiles [tile_start, tile_end); scores in log2 units. With DERIVE_K, q_block is
     q * w_k with the rotated columns zeroed (see _derived_key_scores); with KEYS_BUILT, keys come from the step's
     built keys (built_rows) instead of the K cache. With HAS_KEY_ENDS a row sees keys before its q_key_end, else
-    keys up to its q_pos."""
+    keys up to its q_pos. acc holds the VALUE_DIM output columns from value_lo (the whole head, or a part of it)."""
     dims = tl.arange(0, HEAD_DIM)
+    value_dims = value_lo + tl.arange(0, VALUE_DIM)
     for kv_tile in range(tile_start, tile_end):
         k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         slot = k_pos % BLOCK_SIZE
@@ -157,12 +158,17 @@ def _attend_tiles(acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, tabl
         else:
             block = tl.load(table_row + k_pos // BLOCK_SIZE).to(tl.int64)
         # an fp8 cache (or any cache under the interpreter's fp32 upcast) computes in q's dtype
-        v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
         if DERIVE_K:
+            v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, MASKED).to(q_block.dtype)
             scores = _derived_key_scores(q_block, q_r1, q_r2, w_r1, w_r2, v_block, v_base, block, slot, k_pos,
                                          k_ok, cos, sin, stride_vb, stride_vs, stride_rope, MASKED,
                                          HEAD_DIM // 2, ROT, ROT_P, DOT_PRECISION)
+            if VALUE_DIM < HEAD_DIM:  # the part's columns again, from cache
+                v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, value_dims, k_ok, MASKED)
+                v_block = v_block.to(q_block.dtype)
         else:
+            v_block = _key_rows(v_base, block, slot, stride_vb, stride_vs, value_dims, k_ok, MASKED)
+            v_block = v_block.to(q_block.dtype)
             if KEYS_BUILT:
                 k_block = _built_key_rows(built_rows, k_pos, stride_bk, dims, k_ok, MASKED)
             else:
@@ -233,12 +239,15 @@ def _attention_kernel(
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
         ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr, HAS_KEY_ENDS: tl.constexpr,
-        PDL: tl.constexpr):
+        PDL: tl.constexpr, VALUE_PARTS: tl.constexpr = 1):
     """PDL: a dependent launch, which reads the batch's bounds (written before the step, by no kernel) while the
-    kernel ahead (that wrote q and the new keys and values) finishes, and waits for it before q."""
+    kernel ahead (that wrote q and the new keys and values) finishes, and waits for it before q.
+    VALUE_PARTS: programs (program_id(1) = kv_head * VALUE_PARTS + part) that each compute the whole scores but
+    only HEAD_DIM / VALUE_PARTS output columns, so that a wide head's accumulator fits the registers."""
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) // VALUE_PARTS
+    value_lo = (tl.program_id(1) % VALUE_PARTS) * (HEAD_DIM // VALUE_PARTS)
     split = tl.program_id(2)
     seq = _find_sequence(query_start_loc, tile, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc + seq)
@@ -294,7 +303,7 @@ def _attention_kernel(
     # A finite start keeps fully masked rows NaN-free: exp2(-inf - (-1e30)) = 0.
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM // VALUE_PARTS], dtype=tl.float32)
     table_row = block_table + seq * stride_bt
     built_rows = built_keys
     if KEYS_BUILT:
@@ -306,29 +315,31 @@ def _attention_kernel(
         window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
         stride_rope, built_rows, stride_bk,
         True, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        KEYS_BUILT)
+        KEYS_BUILT, value_lo, HEAD_DIM // VALUE_PARTS)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, full_lo, full_hi, k_lo, k_hi,
         window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
         stride_rope, built_rows, stride_bk,
         False, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        KEYS_BUILT)
+        KEYS_BUILT, value_lo, HEAD_DIM // VALUE_PARTS)
     acc, l_i, m_i = _attend_tiles(
         acc, l_i, m_i, q_block, q_pos, q_key_end, k_base, v_base, table_row, full_hi, tile_hi, k_lo, k_hi,
         window, scale_log2, stride_kb, stride_ks, stride_vb, stride_vs, q_r1, q_r2, w_r1, w_r2, cos, sin,
         stride_rope, built_rows, stride_bk,
         True, HAS_WINDOW, HAS_KEY_ENDS, BLOCK_N, HEAD_DIM, BLOCK_SIZE, UPCAST, DOT_PRECISION, DERIVE_K, ROT, ROT_P,
-        KEYS_BUILT)
+        KEYS_BUILT, value_lo, HEAD_DIM // VALUE_PARTS)
 
     empty = l_i == 0.0
     acc = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]  # an fp8 cache's V scale
     token = q_start + q_local
-    out_ptrs = out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
+    value_dims = value_lo + tl.arange(0, HEAD_DIM // VALUE_PARTS)
+    out_ptrs = out + split * stride_os + token[:, None] * stride_ot + head[:, None] * stride_oh + value_dims[None, :]
     tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=row_ok[:, None])
     if STORE_LSE:
-        row_lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
-        lse_ptrs = lse + split * stride_ls + token * num_heads + head
-        tl.store(lse_ptrs, row_lse, mask=row_ok)
+        if value_lo == 0:  # every part has the same softmax sums
+            row_lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * LN2)
+            lse_ptrs = lse + split * stride_ls + token * num_heads + head
+            tl.store(lse_ptrs, row_lse, mask=row_ok)
 
 
 @dataclass(frozen=True)
@@ -416,7 +427,7 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         dest, dest_lse = part_out, part_lse
     else:
         dest, dest_lse = out, lse
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, splits)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads * config.value_parts, splits)
     derive = k_from_v is not None and built is None
     if derive:
         k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
@@ -439,7 +450,7 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
         DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
-        HAS_KEY_ENDS=key_ends is not None, PDL=pdl,
+        HAS_KEY_ENDS=key_ends is not None, PDL=pdl, VALUE_PARTS=config.value_parts,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits > 1:
         quantized = None

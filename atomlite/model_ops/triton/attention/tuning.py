@@ -11,6 +11,7 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     num_splits: int = 1
+    value_parts: int = 1  # programs that share a query tile, each computing 1 / value_parts of the output columns
 
 
 # A batch whose longest query is at most DECODE_MAX_QUERY_LEN tokens (a decode step, or a verify step's newest token
