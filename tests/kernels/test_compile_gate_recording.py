@@ -40,6 +40,18 @@ def test_an_assistant_records_the_targets_verify_steps_and_its_draft_rounds(name
     assert draft_attention == {(256, heads), (512, heads)}  # query heads = GROUP x the target's KV heads (grid)
 
 
+def test_prefill_graphs_are_recorded_with_keys_built_on_the_device():
+    """Every prefill graph bucket: the global (V-only) layers build the prefilling sequences' keys on the device,
+    then attend twice, over the built keys and deriving the rest."""
+    launches = by_kernel(record(parse_platform("gfx950"), [EXAMPLE_CONFIGS / "gemma-4-26B-A4B-it"]))
+    builds = {workload.rsplit(" ", 1)[-1] for workload, _ in launches["_build_step_keys_kernel"]}
+    assert "16" in builds and len(builds) > 6
+    assert all(" prefill graph " in workload for workload, _ in launches["_build_step_keys_kernel"])
+    partial = {(launch.kwargs["KEYS_BUILT"], launch.kwargs["DERIVE_K"]) for workload, launch
+               in launches["_attention_kernel"] if launch.kwargs.get("SOME_BUILT")}
+    assert partial == {(True, False), (False, True)}
+
+
 @pytest.fixture(scope="module")
 def vision_on_gfx950():
     return by_kernel(record(parse_platform("gfx950"), [VISION]))

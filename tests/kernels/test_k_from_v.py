@@ -139,6 +139,45 @@ def test_built_keys_equal_the_reference_keys_and_serve_a_split_kv_launch():
     assert_matches_reference(out, (q, None, v_cache, table, seq_lens, starts), 0.125, None, rule, True)
 
 
+@pytest.mark.parametrize("capacity", [400, 100])
+def test_step_keys_built_on_the_device_are_the_prefilling_sequences_that_fit(capacity):
+    """Without host lengths (a prefill graph), the sequences of more than a decode's queries are built in order while
+    their keys fit; the others get row start -1."""
+    q_lens, k_lens = [1, 30, 3, 12, 20, 0], [90, 40, 3, 50, 20, 7]
+    q, _, v_cache, table, seq_lens, starts = paged_batch(q_lens, k_lens, 4, 2, 64, 16, torch.float32, None, DEVICE,
+                                                         seed=8)
+    rule = key_rule(64, 0.25, DEVICE)
+    built = tri.build_step_keys(v_cache, table, seq_lens, starts, capacity, rule, torch.float32)
+    want_starts = [-1, 0, -1, 40, 90, -1] if capacity == 400 else [-1, 0, -1, 40, -1, -1]
+    assert built.partial and built.row_starts.tolist() == want_starts
+    for b, start in enumerate(want_starts):
+        if start >= 0:
+            n = k_lens[b]
+            v = v_cache[table[b, :-(-n // 16)].long()].reshape(-1, 2, 64)[:n]
+            want = keys_from_values(v, torch.arange(n, device=DEVICE), rule, torch.float32)
+            torch.testing.assert_close(built.keys[start:start + n], want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_heads", [8, 2])
+def test_prefill_without_host_lengths_builds_what_fits_and_derives_the_rest(num_heads):
+    """A prefill graph's attention on a V-only layer: keys built for the prefilling sequences where they fit q's
+    size (all of them with GQA 8; with 2 query heads per KV head the second's long prefix does not fit), derived
+    for the rest, every row as the reference has it."""
+    q_lens, k_lens = [1, 12, 30, 2], [90, 50, 140, 9]
+    q, _, v_cache, table, seq_lens, starts = paged_batch(q_lens, k_lens, num_heads, 1, 64, 16, torch.float32, None,
+                                                         DEVICE, seed=9)
+    rule = key_rule(64, 0.25, DEVICE)
+    host = HostBatch(None, None, max_query_len=64, max_seq_len=256, decode_only=False)
+    builds, build = [], tri.build_step_keys
+    record = lambda *a, **kw: (lambda b: (builds.append(b.row_starts.tolist()), b)[1])(build(*a, **kw))  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tri, "build_step_keys", record)
+        out, lse = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, k_from_v=rule,
+                                       host=host)
+    assert builds == ([[-1, 0, 50, -1]] if num_heads == 8 else [[-1, 0, -1, -1]])
+    assert_matches_reference((out, lse), (q, None, v_cache, table, seq_lens, starts), 0.125, None, rule, True)
+
+
 def test_k_eq_v_layers_store_v_alone(checkpoints):
     path, _ = checkpoints.get("dense")
     llm = LLM(str(path), dtype="float32", device="cpu")

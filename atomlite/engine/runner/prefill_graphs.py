@@ -9,8 +9,9 @@ sequence slot, so one graph serves any split of its tokens over up to max_seqs s
 tokens belong to padding sequences of at most max_model_len tokens each (so that no key position passes the RoPE
 tables): token 0 at position 0, no KV stored (slot -1), keys read from the null block; sequence slots past them hold
 no query.
-Layers that rebuild keys from V do it inside the attention kernel here (the host's lengths, which an eager prefill
-uses to build them once, are not part of a graph). The graph leaves the final hidden rows in its pool; the logits of
+Layers that rebuild keys from V build them once for the prefilling sequences whose keys fit q's size, planned on the
+device (the host's lengths, which an eager prefill plans with, are not part of a graph); the attention derives the
+others' inside its kernel. The graph leaves the final hidden rows in its pool; the logits of
 the rows that need them follow eagerly, as after an eager forward. Without capture (CPU, tests) the same static
 buffers feed an eager forward, exactly as a replay reads them.
 """
@@ -127,13 +128,18 @@ class PrefillGraphs:
         self.outputs[bucket] = hidden
         return hidden
 
+    def fill_padding_alone(self, bucket: int) -> None:
+        """The static buffers as a capture finds them: a step of the bucket's padding sequences alone."""
+        groups = len(self.inputs.group_ids)
+        empty = StepInputs(np.zeros(0, np.int64), np.zeros(0, np.int64), [0], [], [np.zeros(0, np.int64)] * groups,
+                           [np.zeros((0, 0), np.int32)] * groups)
+        self.inputs.fill(empty, bucket)
+
     def capture_all(self) -> CaptureReport:
         """One graph per token bucket, largest first, all in one memory pool (graph_capture); each captured on a
         step of padding alone."""
-        empty = StepInputs(np.zeros(0, np.int64), np.zeros(0, np.int64), [0], [], [np.zeros(0, np.int64)] *
-                           len(self.inputs.group_ids), [np.zeros((0, 0), np.int32)] * len(self.inputs.group_ids))
         captured = capture_buckets(
-            self.device, self.sizes, self._forward, lambda bucket: self.inputs.fill(empty, bucket),
+            self.device, self.sizes, self._forward, self.fill_padding_alone,
             steps=graph_steps, progress=lambda sizes: tqdm(sizes, desc=self.label, unit="graph", delay=1.0))
         self.graphs.update(captured.graphs)
         self.report = captured.report("prefill graphs", "token counts")

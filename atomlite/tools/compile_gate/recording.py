@@ -6,7 +6,8 @@ Nothing here restates a model: the steps come from EngineConfig's defaults, the 
 
 The steps: a first prefill chunk of --max-num-batched-tokens and four prompts' later chunks; eager decode of one
 sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every decode graph's bucket (replayed as a
-capture runs it); each of those with the KV cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
+capture runs it) and every prefill graph's bucket (padding alone, as a capture runs it); each of those with the KV
+cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
 with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends; one with an audio
 tower every audio tower graph's bucket. Where dispatch
 gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks. A model whose
@@ -125,6 +126,16 @@ def _graphs(recorder: _Recorder, runner: ModelRunner, kv: KVCacheManager, config
             graphs.run(step_inputs(kv, bucket, 1, config.max_model_len // 2))
 
 
+def _prefill_graphs(recorder: _Recorder, runner: ModelRunner, config: EngineConfig) -> None:
+    """Each prefill graph's bucket, as its capture runs it (the bucket's padding sequences alone)."""
+    graphs = runner.use_prefill_graphs(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
+                                       capture=False)
+    for bucket in graphs.sizes:
+        with recorder.step(f"prefill graph {bucket}"), graph_steps():
+            graphs.fill_padding_alone(bucket)
+            graphs._forward(bucket)
+
+
 def _audio_graphs(recorder: _Recorder, model, config: EngineConfig) -> None:
     """Each audio tower graph's bucket, as its capture runs it (a clip of the bucket's whole length)."""
     from atomlite.engine.images.image_embeds import longest_clip
@@ -183,6 +194,8 @@ def _model_steps(recorder: _Recorder, model, config: EngineConfig, platform: Pla
             if images and step.new > 1:
                 _eager(recorder, model, runner, kv, step, image=True)
         _graphs(recorder, runner, kv, config)
+        if eager:
+            _prefill_graphs(recorder, runner, config)
         recorder.label = base
 
 

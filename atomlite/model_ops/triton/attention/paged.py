@@ -27,7 +27,7 @@ from atomlite.model_ops.triton.attention.tuning import (BUILD_KEYS_BLOCK, BUILD_
                                                         DECODE_MAX_BLOCK_M, DECODE_MAX_QUERY_LEN,
                                                         DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
                                                         DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
-                                                        PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
+                                                        NVIDIA_PREFILL_DERIVED_WIDE, PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
                                                         ROCM_DECODE_WIDE, ROCM_PREFILL_HEAVY, SHORT_WALK,
                                                         SHORT_WALK_STAGES, WIDE_HEAD_DIM, AttnConfig)
 from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting,
@@ -115,14 +115,50 @@ def _build_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos
     k_pos = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     k_ok = k_pos < tl.load(seq_lens + seq)
     block = tl.load(block_table + seq * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-    slot = k_pos % BLOCK_SIZE
-    v_base = v_cache + kv_head * stride_vh
     rows = out + (tl.load(row_starts + seq) + k_pos.to(tl.int64))[:, None] * stride_ok + kv_head * HEAD_DIM
+    _store_keys(v_cache + kv_head * stride_vh, block, k_pos, k_ok, rows, k_weight, cos, sin, stride_vb, stride_vs,
+                stride_rope, HEAD_DIM, ROT, ROT_P, BLOCK_SIZE)
+
+
+@triton.jit
+def _build_step_keys_kernel(v_cache, block_table, seq_lens, query_start_loc, row_starts, k_weight, cos, sin, out,
+                            num_seqs, capacity, stride_vb, stride_vs, stride_vh, stride_bt, stride_rope, stride_ok,
+                            MIN_QUERY_LEN: tl.constexpr, SEQS_P2: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            ROT: tl.constexpr, ROT_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr):
+    """build_step_keys on the device alone: every program plans the step (the sequences of at least MIN_QUERY_LEN
+    queries, in order, while their keys fit capacity rows), program (0, 0) writes each one's first row (-1: not
+    built), and each program builds BLOCK_T rows of the plan for one KV head."""
+    kv_head = tl.program_id(1)
+    seqs = tl.arange(0, SEQS_P2)
+    s_ok = seqs < num_seqs
+    q_len = (tl.load(query_start_loc + seqs + 1, mask=s_ok, other=0)
+             - tl.load(query_start_loc + seqs, mask=s_ok, other=0))
+    need = tl.where(s_ok & (q_len >= MIN_QUERY_LEN), tl.load(seq_lens + seqs, mask=s_ok, other=0), 0).to(tl.int64)
+    ends = tl.cumsum(need, 0)
+    fits = ends <= capacity
+    if (tl.program_id(0) == 0) & (kv_head == 0):
+        tl.store(row_starts + seqs, tl.where(fits & (need > 0), ends - need, -1), mask=s_ok)
+    row = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T).to(tl.int64)
+    passed = ends[None, :] <= row[:, None]  # the sequences wholly before each row
+    seq = tl.minimum(tl.sum(passed.to(tl.int32), 1), num_seqs - 1)
+    k_pos = row - tl.max(tl.where(passed, ends[None, :], 0), 1)
+    k_ok = row < tl.max(tl.where(fits, ends, 0), 0)
+    block = tl.load(block_table + seq * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+    rows = out + row[:, None] * stride_ok + kv_head * HEAD_DIM
+    _store_keys(v_cache + kv_head * stride_vh, block, k_pos, k_ok, rows, k_weight, cos, sin, stride_vb, stride_vs,
+                stride_rope, HEAD_DIM, ROT, ROT_P, BLOCK_SIZE)
+
+
+@triton.jit
+def _store_keys(v_base, block, k_pos, k_ok, rows, k_weight, cos, sin, stride_vb, stride_vs, stride_rope,
+                HEAD_DIM: tl.constexpr, ROT: tl.constexpr, ROT_P: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """K = rope(V * w) of the keys at k_pos (in cache blocks `block`) into rows (one row pointer a key)."""
+    slot = k_pos % BLOCK_SIZE
     dims = tl.arange(0, HEAD_DIM)
     unrotated = (dims % (HEAD_DIM // 2)) >= ROT  # columns stored as V * w; the others are written below, rotated
     plain = _key_rows(v_base, block, slot, stride_vb, stride_vs, dims, k_ok, True).to(tl.float32)
     plain *= tl.load(k_weight + dims).to(tl.float32)[None, :]
-    tl.store(rows + dims[None, :], plain.to(out.dtype.element_ty), mask=k_ok[:, None] & unrotated[None, :])
+    tl.store(rows + dims[None, :], plain.to(rows.dtype.element_ty), mask=k_ok[:, None] & unrotated[None, :])
     rdims = tl.arange(0, ROT_P)
     r_ok = rdims < ROT
     rmask = k_ok[:, None] & r_ok[None, :]
@@ -130,8 +166,8 @@ def _build_keys_kernel(v_cache, block_table, seq_lens, row_starts, k_weight, cos
     w_r2 = tl.load(k_weight + HEAD_DIM // 2 + rdims, mask=r_ok, other=0.0).to(tl.float32)
     k1, k2 = _rotated_key_columns(v_base, block, slot, k_pos, rmask, w_r1, w_r2, cos, sin, stride_vb, stride_vs,
                                   stride_rope, HEAD_DIM // 2, ROT_P)
-    tl.store(rows + rdims[None, :], k1.to(out.dtype.element_ty), mask=rmask)
-    tl.store(rows + HEAD_DIM // 2 + rdims[None, :], k2.to(out.dtype.element_ty), mask=rmask)
+    tl.store(rows + rdims[None, :], k1.to(rows.dtype.element_ty), mask=rmask)
+    tl.store(rows + HEAD_DIM // 2 + rdims[None, :], k2.to(rows.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
@@ -239,11 +275,13 @@ def _attention_kernel(
         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_WINDOW: tl.constexpr, STORE_LSE: tl.constexpr,
         SPLIT_KV: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, DERIVE_K: tl.constexpr,
         ROT: tl.constexpr, ROT_P: tl.constexpr, KEYS_BUILT: tl.constexpr, HAS_KEY_ENDS: tl.constexpr,
-        PDL: tl.constexpr, VALUE_PARTS: tl.constexpr = 1):
+        PDL: tl.constexpr, VALUE_PARTS: tl.constexpr = 1, SOME_BUILT: tl.constexpr = False):
     """PDL: a dependent launch, which reads the batch's bounds (written before the step, by no kernel) while the
     kernel ahead (that wrote q and the new keys and values) finishes, and waits for it before q.
     VALUE_PARTS: programs (program_id(1) = kv_head * VALUE_PARTS + part) that each compute the whole scores but
-    only HEAD_DIM / VALUE_PARTS output columns, so that a wide head's accumulator fits the registers."""
+    only HEAD_DIM / VALUE_PARTS output columns, so that a wide head's accumulator fits the registers.
+    SOME_BUILT: built_row_starts is -1 for the sequences whose keys were not built: a KEYS_BUILT launch skips them,
+    a DERIVE_K launch takes them alone."""
     # Last tiles first: under a causal mask they have the most keys, so the long programs start early.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1) // VALUE_PARTS
@@ -258,6 +296,12 @@ def _attention_kernel(
         gdc_wait()  # every program, the idle ones too: this grid ends after the kernel ahead
     if q_tile * BLOCK_Q >= q_len:
         return
+    if SOME_BUILT:
+        if KEYS_BUILT:
+            if tl.load(built_row_starts + seq) < 0:
+                return
+        elif tl.load(built_row_starts + seq) >= 0:
+            return
 
     rows = tl.arange(0, BLOCK_M)
     q_local = q_tile * BLOCK_Q + rows // GROUP
@@ -345,9 +389,11 @@ def _attention_kernel(
 @dataclass(frozen=True)
 class BuiltKeys:
     """K of every key of a step on a V-only layer, built once: keys [sum of seq_lens, kv_heads, head_dim],
-    sequence b's rows (by position) from row_starts[b]."""
+    sequence b's rows (by position) from row_starts[b]. partial: row_starts is -1 for the sequences not built
+    (build_step_keys), whose keys the attention derives from V itself."""
     keys: torch.Tensor
     row_starts: torch.Tensor
+    partial: bool = False
 
 
 def rotated_width(rotary_pairs: int) -> int:
@@ -382,6 +428,8 @@ def pick_config(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
         return _decode_config(q.device, head_dim, wide, num_pairs, min(max_keys, window or max_keys), rows)
     if heavy:
         return ROCM_PREFILL_HEAVY
+    if derive_k and head_dim >= WIDE_HEAD_DIM and not wide and platform.kind == "cuda":
+        return NVIDIA_PREFILL_DERIVED_WIDE
     _, fast, small = next(row for row in PREFILL_TILES if head_dim >= row[0])
     return small if wide or platform.kind == "rocm" else fast
 
@@ -402,8 +450,11 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,
            config: AttnConfig, k_from_v: KFromV | None = None, built: BuiltKeys | None = None, v_scale: float = 1.0,
-           quantize: InputQuantization | None = None, key_ends: torch.Tensor | None = None):
-    """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them).
+           quantize: InputQuantization | None = None, key_ends: torch.Tensor | None = None,
+           derive_unbuilt: bool = False, into: tuple[torch.Tensor, torch.Tensor | None] | None = None):
+    """built: keys built for the step from V (then k_from_v only names the layer's rule; the kernel reads them);
+    where built.partial, only the sequences built, or with derive_unbuilt only the others, keys derived from V.
+    into: (out, lse) to write the queries' rows of (those of the sequences this launch takes), else new ones.
     scale: the softmax scale times the K cache's scale; v_scale: the V cache's (outputs are multiplied by it).
     quantize: where the split-KV merge writes the output, it writes it as [T, H * D] QuantizedRows of that form
     (returned instead of out) when the form's K is H * D and D a multiple of 32 (whole blocks per head).
@@ -414,8 +465,11 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     num_seqs = block_table.shape[0]
     if q.stride(2) != 1:
         q = q.contiguous()
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device) if return_lse else None
+    if into is not None:
+        out, lse = into
+    else:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=q.dtype, device=q.device)
+        lse = torch.empty((num_tokens, num_heads), dtype=torch.float32, device=q.device) if return_lse else None
     if num_tokens == 0 or num_seqs == 0:
         return (out, lse) if return_lse else out
     block_m = max(config.block_m, triton.next_power_of_2(group))
@@ -428,7 +482,9 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
     else:
         dest, dest_lse = out, lse
     grid = (num_tokens // block_q + num_seqs, num_kv_heads * config.value_parts, splits)
-    derive = k_from_v is not None and built is None
+    some_built = built is not None and built.partial
+    assert not some_built or splits == 1, "partly built keys are a prefill's: no split-KV"
+    derive = k_from_v is not None and (built is None or derive_unbuilt)
     if derive:
         k_cache, k_weight, cos, sin, rot = v_cache, k_from_v.weight, k_from_v.cos, k_from_v.sin, k_from_v.rotary_pairs
     else:
@@ -449,8 +505,8 @@ def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, w
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, STORE_LSE=return_lse or splits > 1,
         SPLIT_KV=splits > 1, UPCAST=interpreting(), DOT_PRECISION=dot_precision(q.dtype),
-        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None,
-        HAS_KEY_ENDS=key_ends is not None, PDL=pdl, VALUE_PARTS=config.value_parts,
+        DERIVE_K=derive, ROT=rot, ROT_P=rotated_width(rot), KEYS_BUILT=built is not None and not derive,
+        HAS_KEY_ENDS=key_ends is not None, PDL=pdl, VALUE_PARTS=config.value_parts, SOME_BUILT=some_built,
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits > 1:
         quantized = None
@@ -476,6 +532,24 @@ def build_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch
     return BuiltKeys(keys, row_starts)
 
 
+def build_step_keys(v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, capacity: int, k_from_v: KFromV, dtype: torch.dtype) -> BuiltKeys:
+    """K = rope(V * w) of the prefilling sequences (more than DECODE_MAX_QUERY_LEN queries), in order, while their
+    keys fit capacity rows, planned on the device (a prefill graph's host knows no lengths): a partial BuiltKeys.
+    Decode rows gain nothing from built keys (one tile per key either way)."""
+    num_seqs, (_, block_size, num_kv_heads, head_dim) = block_table.shape[0], v_cache.shape
+    keys = torch.empty((capacity, num_kv_heads, head_dim), dtype=dtype, device=v_cache.device)
+    row_starts = torch.empty(num_seqs, dtype=torch.int64, device=v_cache.device)
+    grid = (max(1, triton.cdiv(capacity, BUILD_KEYS_BLOCK)), num_kv_heads)
+    run_kernel(_build_step_keys_kernel, grid, v_cache, block_table, seq_lens, query_start_loc, row_starts,
+               k_from_v.weight, k_from_v.cos, k_from_v.sin, keys, num_seqs, capacity, v_cache.stride(0),
+               v_cache.stride(1), v_cache.stride(2), block_table.stride(0), k_from_v.cos.stride(0), keys.stride(0),
+               MIN_QUERY_LEN=DECODE_MAX_QUERY_LEN + 1, SEQS_P2=triton.next_power_of_2(num_seqs), HEAD_DIM=head_dim,
+               ROT=k_from_v.rotary_pairs, ROT_P=rotated_width(k_from_v.rotary_pairs), BLOCK_SIZE=block_size,
+               BLOCK_T=BUILD_KEYS_BLOCK, num_warps=BUILD_KEYS_WARPS)
+    return BuiltKeys(keys, row_starts, partial=True)
+
+
 def key_row_starts(seq_lens: list[int], device: torch.device) -> torch.Tensor:
     """Where each sequence's rows start in build_keys' output: the lengths' exclusive prefix sums."""
     return torch.tensor([0, *itertools.accumulate(seq_lens[:-1])], dtype=torch.int64).to(device, non_blocking=True)
@@ -491,19 +565,23 @@ def step_metadata(ctx: ForwardContext, group: GroupBatch, spec: KVSpec, block_si
     return key_row_starts(host.seq_lens, group.block_table.device)
 
 
-def _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v: KFromV, host: HostBatch | None,
-                      derived: object | None) -> BuiltKeys | None:
-    """A prefill's query tiles would each rebuild the same keys (twice the softmax's work per tile, measured 2x
-    slower at S = 8192, head_dim 512): build them once, where the host knows the lengths and the keys take no
-    more memory than q (so the forward's measured activation peak covers them). Decode builds in the kernel: one
-    tile per key either way. derived: step_metadata's row starts, else they are made here."""
-    if host is None or host.seq_lens is None or decode_like(0, 0, host.max_query_len):
+def _keys_for_prefill(q, v_cache, block_table, seq_lens, query_start_loc, k_from_v: KFromV,
+                      host: HostBatch | None, derived: object | None) -> BuiltKeys | None:
+    """A prefill's query tiles would each rebuild the same keys (H200, 31B's global layer at 2048 tokens: 1.59 ms
+    against 0.64 built): build them once where they take no more memory than q (so the forward's measured
+    activation peak covers them). With the host's lengths, all of them or none; without (a prefill graph), those
+    of the prefilling sequences that fit, planned on the device. Decode builds in the kernel: one tile per key
+    either way. derived: step_metadata's row starts, else they are made here."""
+    if host is None or decode_like(0, 0, host.max_query_len):
         return None
+    dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)
+    if host.seq_lens is None:
+        capacity = q.numel() // (v_cache.shape[2] * v_cache.shape[3])
+        return build_step_keys(v_cache, block_table, seq_lens, query_start_loc, capacity, k_from_v, dtype)
     total = sum(host.seq_lens)
     if total * v_cache.shape[2] * v_cache.shape[3] > q.numel():
         return None
     row_starts = derived if isinstance(derived, torch.Tensor) else key_row_starts(host.seq_lens, q.device)
-    dtype = torch.float32 if interpreting() else q.dtype  # the interpreter computes in fp32 (UPCAST)
     return build_keys(v_cache, block_table, seq_lens, row_starts, total, host.max_seq_len, k_from_v, dtype)
 
 
@@ -519,13 +597,19 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor | None, v_cache: torc
     group = q.shape[1] // v_cache.shape[2]
     built = None
     if k_from_v is not None and window is None:
-        built = _keys_for_prefill(q, v_cache, block_table, seq_lens, k_from_v, host, derived)
+        built = _keys_for_prefill(q, v_cache, block_table, seq_lens, query_start_loc, k_from_v, host, derived)
+    max_query_len = host.max_query_len if host is not None else None
     config = pick_config(q, v_cache, block_table, group, derive_k=k_from_v is not None and built is None,
-                         window=window, max_query_len=host.max_query_len if host is not None else None)
+                         window=window, max_query_len=max_query_len)
     k_scale, v_scale = cache_scales(v_cache, kv_scales)
     key_scale = k_scale if k_from_v is None else v_scale  # keys rebuilt from V carry V's scale
-    return launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse,
-                  config, k_from_v, built, v_scale, quantize, key_ends)
+    args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale * key_scale, window, return_lse)
+    result = launch(*args, config, k_from_v, built, v_scale, quantize, key_ends)
+    if built is not None and built.partial:  # the sequences not built, into the same rows
+        derive_config = pick_config(q, v_cache, block_table, group, derive_k=True, max_query_len=max_query_len)
+        launch(*args, derive_config, k_from_v, built, v_scale, quantize, key_ends, derive_unbuilt=True,
+               into=result if return_lse else (result, None))
+    return result
 
 
 paged_attention.step_metadata = step_metadata

@@ -44,15 +44,21 @@ ROCM_DECODE_HEAVY_GFX942 = AttnConfig(16, 16, 4, 3)
 
 # Prefill tiles by head_dim: (from this head_dim on, tiles for 2-byte values on NVIDIA, tiles for AMD or 4-byte
 # values). AMD's MFMA layouts hold more of a tile per lane: the NVIDIA tiles spilled 98-379 VGPRs on gfx942 and
-# gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled.
+# gfx950 (compile gate), the halved key tiles fit in 203-223 with none spilled. A 512-wide head on NVIDIA splits its
+# output columns over two programs (value_parts): 31B's global layer at 2048 tokens with built keys took 640 us
+# against 850 on 64 x 32 tiles whole (H200, bench/prefill_attention.py).
 PREFILL_TILES = [
-    (512, AttnConfig(64, 32, 8, 2), AttnConfig(64, 16, 8, 2)),
+    (512, AttnConfig(128, 32, 8, 2, value_parts=2), AttnConfig(64, 16, 8, 2)),
     (256, AttnConfig(128, 64, 8, 2), AttnConfig(64, 32, 8, 2)),
     (128, AttnConfig(128, 64, 8, 3), AttnConfig(128, 64, 8, 3)),
     (0, AttnConfig(128, 64, 4, 3), AttnConfig(128, 64, 4, 3)),
 ]
 # AMD prefill with keys rebuilt from V or an fp8 cache widened: 32 x 16 tiles on 4 warps fit (larger ones spilled).
 ROCM_PREFILL_HEAVY = AttnConfig(32, 16, 4, 2)
+# NVIDIA prefill rebuilding 512-wide keys from V in the kernel (a prefill graph's sequences whose keys were not
+# built): 32 x 32 tiles on 4 warps, 1141 us at 2048 tokens of 31B's global layer against 1586 on 64 x 32 / 8 warps;
+# split value columns did not fit the shared memory (H200, bench/prefill_attention.py).
+NVIDIA_PREFILL_DERIVED_WIDE = AttnConfig(32, 32, 4, 2)
 
 # Split-KV: splits (a power of two, at most MAX_SPLITS) keep every program in one wave of about SPLIT_PROGRAMS_PER_SM
 # per multiprocessor, each split walking at least MIN_TILES_PER_SPLIT key tiles: a partly filled second wave costs
