@@ -29,7 +29,8 @@ A = tri.AttnConfig
 # (query rows incl. the GQA group, keys per tile, warps, stages); those that do not fit the GPU are reported
 TILES = {
     256: [A(128, 64, 8, 2), A(64, 64, 4, 2), A(64, 64, 8, 2), A(128, 64, 8, 3), A(128, 32, 8, 3), A(128, 32, 4, 3),
-          A(64, 32, 4, 3), A(256, 32, 8, 2)],
+          A(64, 32, 4, 3), A(256, 32, 8, 2), A(128, 128, 8, 1), A(128, 128, 8, 2), A(128, 64, 8, 1), A(128, 64, 4, 2),
+          A(64, 128, 4, 2), A(128, 64, 16, 2)],
     512: [A(64, 32, 8, 2), A(64, 16, 8, 2), A(64, 32, 4, 2), A(64, 64, 8, 1), A(32, 32, 4, 2), A(64, 16, 8, 3),
           A(128, 16, 8, 2), A(32, 64, 4, 2)],
 }
@@ -38,7 +39,9 @@ SPLIT_VALUES = {
     256: [A(128, 64, 8, 2, value_parts=2), A(128, 128, 8, 2, value_parts=2), A(256, 64, 8, 2, value_parts=2)],
     512: [A(64, 32, 8, 2, value_parts=2), A(64, 64, 8, 2, value_parts=2), A(128, 32, 8, 2, value_parts=2),
           A(64, 32, 4, 2, value_parts=2), A(32, 32, 4, 2, value_parts=2), A(128, 64, 8, 2, value_parts=2),
-          A(64, 64, 4, 2, value_parts=2), A(64, 32, 8, 3, value_parts=2)],
+          A(64, 64, 4, 2, value_parts=2), A(64, 32, 8, 3, value_parts=2), A(128, 16, 8, 2, value_parts=2),
+          A(128, 32, 8, 1, value_parts=2), A(128, 32, 4, 2, value_parts=2), A(256, 16, 8, 2, value_parts=2),
+          A(128, 32, 16, 2, value_parts=2)],
 }
 
 

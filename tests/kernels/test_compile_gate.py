@@ -42,13 +42,13 @@ def test_the_gate_compiles_exactly_what_the_models_launch(rocm_gate):
 
 def test_the_gate_compiles_what_e4b_the_assistants_and_gemma3_add(rocm_gate):
     """Specializations first launched (in examples/configs' order) by Gemma 4 E4B (its GQA group of 4), by
-    speculative decoding with an assistant (its draft rounds and the 26B-A4B target's verify steps) and by Gemma 3
-    27B (head_dim 128) are among those the gate compiles."""
+    speculative decoding with an assistant (its draft rounds) and by Gemma 3 27B (head_dim 128) are among those the
+    gate compiles. (The 26B-A4B target's verify steps launch nothing its prefill graph buckets have not: that
+    they are recorded is test_compile_gate_recording's.)"""
     for platform in ROCM:
         first = {r.workload for r in rocm_gate.results if r.platform == platform}
         assert any(w.startswith("gemma-4-E4B-it kv") for w in first)
         assert any(w.startswith("gemma-4-E4B-it-assistant") and " draft" in w for w in first)
-        assert any(w.startswith("gemma-4-26B-A4B-it-assistant") and " verify" in w for w in first)
         assert any(w.startswith("gemma-3-27b-it") for w in first)
 
 
