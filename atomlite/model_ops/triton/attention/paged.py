@@ -27,9 +27,10 @@ from atomlite.model_ops.triton.attention.tuning import (BUILD_KEYS_BLOCK, BUILD_
                                                         DECODE_MAX_BLOCK_M, DECODE_MAX_QUERY_LEN,
                                                         DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
                                                         DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
-                                                        NVIDIA_PREFILL_DERIVED_WIDE, PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
-                                                        ROCM_DECODE_WIDE, ROCM_PREFILL_HEAVY, SHORT_WALK,
-                                                        SHORT_WALK_STAGES, WIDE_HEAD_DIM, AttnConfig)
+                                                        NVIDIA_PREFILL_DERIVED_WIDE, PREFILL_TILES, ROCM_DECODE,
+                                                        ROCM_DECODE_HEAVY_GFX942, ROCM_DECODE_WIDE,
+                                                        ROCM_PREFILL_HEAVY, SHORT_WALK, SHORT_WALK_STAGES,
+                                                        WIDE_HEAD_DIM, AttnConfig)
 from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting,
                                               is_power_of_two, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.carriers import InputQuantization, QuantizedRows
