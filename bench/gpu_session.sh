@@ -47,6 +47,11 @@ tp_rows() {  # MODEL: TP=2 (one-shot all-reduce), TP=2 through nccl alone, TP=1;
     echo "--- TP=1"; tp_latency "$1" 1
 }
 
+tp_pair() {  # MODEL: TP=2 then TP=1 alone (issue 56's ratios, one call; about 3 min for 31B)
+    echo "--- TP=2"; tp_latency "$1" 2
+    echo "--- TP=1"; tp_latency "$1" 1
+}
+
 load() {  # MODEL [flags]: the throughput-under-load row (256 x 512 in / 256 out, up to 256 at once)
     local model=$1; shift
     python -m atomlite.cli bench throughput --model "examples/configs/$model" --load-format dummy --dtype bfloat16 \
@@ -185,8 +190,9 @@ stage() {
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         tp-31b) tp_rows gemma-4-31B-it ;;  # nvidia-h100-x2
         tp-26b) tp_rows gemma-4-26B-A4B-it ;;
+        tp-pairs) tp_pair gemma-4-26B-A4B-it; tp_pair gemma-4-31B-it ;;  # nvidia-h200-x2: TP=2 against TP=1, no nccl row
         tests-tp) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_one_shot_all_reduce.py \
-                      tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # nvidia-h100-x2
+                      tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # x2; each engine test takes over 100 s
         all-reduce) python bench/all_reduce.py ;;
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
