@@ -169,7 +169,12 @@ def test_prefill_without_host_lengths_builds_what_fits_and_derives_the_rest(num_
     rule = key_rule(64, 0.25, DEVICE)
     host = HostBatch(None, None, max_query_len=64, max_seq_len=256, decode_only=False)
     builds, build = [], tri.build_step_keys
-    record = lambda *a, **kw: (lambda b: (builds.append(b.row_starts.tolist()), b)[1])(build(*a, **kw))  # noqa: E731
+
+    def record(*args, **kwargs):
+        built = build(*args, **kwargs)
+        builds.append(built.row_starts.tolist())
+        return built
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tri, "build_step_keys", record)
         out, lse = tri.paged_attention(q, None, v_cache, table, seq_lens, starts, 0.125, None, True, k_from_v=rule,
