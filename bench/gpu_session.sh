@@ -172,6 +172,9 @@ stage() {
                         --dtype bfloat16 --input-len 512 --output-len 16 --batch-size 1 --max-num-seqs 1 \
                         --max-model-len 2048 --repeats 5 --images-per-prompt 1 --image-size 896x896 ;;  # 1 image, 256 soft tokens
         images-31b-serve) serve_images ;;  # needs the serve extra (carry .whl/, see serve-26b)
+        prefill-gaps) python bench/prefill_gaps.py --model examples/configs/gemma-4-26B-A4B-it --input-len 512,2048 \
+                          && python bench/prefill_gaps.py --model examples/configs/gemma-4-31B-it ;;  # TTFT beyond kernels
+        decode-26b-b1) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --timeline 40 ;;
         prefill-attention) python bench/prefill_attention.py ;;  # issue 56: each layer shape's prefill tiles
         moe-projections) python bench/moe_layer.py --batches 512,2048 --projections ;;  # prefill tiles, each projection
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \

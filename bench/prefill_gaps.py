@@ -1,0 +1,137 @@
+"""Where a TTFT goes beyond its kernels, on a GPU: one prompt's whole TTFT (as `bench latency` times it) profiled,
+the GPU's idle time inside it, and which host phase ran during each idle stretch.
+
+    PYTHONPATH=. python bench/prefill_gaps.py --model examples/configs/gemma-4-31B-it --input-len 512,2048 \
+        [--max-model-len 4096] [--repeats 3]
+
+Random weights (--load-format dummy), bf16, the engine's defaults (prefill graphs on). The phases are the engine's
+own methods, wrapped here in profiler ranges; the innermost range running when a GPU gap starts takes the gap.
+"""
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from atomlite.config import EngineConfig
+from atomlite.engine.llm_engine import LLMEngine
+from atomlite.sampling_params import SamplingParams
+from decode_profile import busy_fraction, kernel_events, summarize
+
+GAP_US = 5.0  # idle stretches shorter than this are launch latency, not host work
+
+
+def phases(engine) -> list[tuple[object, str]]:
+    runner = engine.runner
+    found = [(engine, "_run_scheduled"), (engine, "_take_tokens"), (engine, "_sample"), (engine, "_update"),
+             (engine, "_record_prompt_logprobs"), (engine.scheduler, "schedule"),
+             (engine.scheduler, "update_from_output"), (runner, "execute"), (runner, "_logits"),
+             (runner.inputs, "build"), (runner, "_send")]
+    if runner.prefill_graphs is not None:
+        found += [(runner.prefill_graphs, "run"), (runner.prefill_graphs.inputs, "fill")]
+    return found
+
+
+@contextmanager
+def labelled(engine):
+    """Each phase method of the engine runs inside a profiler range named after it."""
+    originals = []
+    for owner, name in phases(engine):
+        method = getattr(owner, name)
+        originals.append((owner, name, method))
+
+        def wrapped(*args, _method=method, _label=f"{type(owner).__name__}.{name}", **kwargs):
+            with record_function(_label):
+                return _method(*args, **kwargs)
+        setattr(owner, name, wrapped)
+    try:
+        yield
+    finally:
+        for owner, name, method in originals:
+            setattr(owner, name, method)
+
+
+def time_to_first_token(engine, prompt: list[int]) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.add_request(f"ttft-{start}", prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    return time.perf_counter() - start
+
+
+def gaps(kernels, start_us: float, end_us: float) -> list[tuple[float, float]]:
+    """GPU idle stretches (start, length) of at least GAP_US between start_us and end_us."""
+    found, latest = [], start_us
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
+        if e.time_range.start - latest >= GAP_US:
+            found.append((latest, e.time_range.start - latest))
+        latest = max(latest, e.time_range.end)
+    if end_us - latest >= GAP_US:
+        found.append((latest, end_us - latest))
+    return found
+
+
+def innermost(ranges, at_us: float) -> str:
+    running = [r for r in ranges if r.time_range.start <= at_us < r.time_range.end]
+    return min(running, key=lambda r: r.time_range.end - r.time_range.start).name if running else "(no phase)"
+
+
+def report(prof, wall_us: float) -> list[str]:
+    events = prof.events()
+    kernels = kernel_events(prof)
+    ranges = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and "." in e.name
+              and e.name.split(".")[0] in {"LLMEngine", "Scheduler", "ModelRunner", "StepInputBuilder",
+                                           "PrefillGraphs", "StaticPrefillInputs"}]
+    t0 = min(r.time_range.start for r in ranges)
+    idle = gaps(kernels, t0, t0 + wall_us)
+    by_phase = defaultdict(float)
+    for start, length in idle:
+        by_phase[innermost(ranges, start + 0.5)] += length
+    lines = [f"  profiled TTFT {wall_us / 1e3:.2f} ms, GPU busy {busy_fraction(kernels, wall_us):.1%}, "
+             f"{len(idle)} gaps of >= {GAP_US:.0f} us: {sum(g for _, g in idle) / 1e3:.2f} ms"]
+    lines += [f"    {t / 1e3:7.3f} ms  {name}" for name, t in sorted(by_phase.items(), key=lambda x: -x[1])]
+    lines.append("  phases (ms after the first; host time):")
+    for r in sorted(ranges, key=lambda r: r.time_range.start):
+        lines.append(f"    {(r.time_range.start - t0) / 1e3:8.3f} {(r.time_range.end - r.time_range.start) / 1e3:8.3f}"
+                     f"  {r.name}")
+    longest = sorted(idle, key=lambda g: -g[1])[:8]
+    lines.append("  longest gaps (ms after the first phase, us):")
+    lines += [f"    {(s - t0) / 1e3:8.3f} {g:8.1f}  {innermost(ranges, s + 0.5)}" for s, g in longest]
+    return lines + summarize(kernels, 1)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--input-len", default="2048", help="prompt lengths, comma-separated")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
+                                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len))
+    print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}", flush=True)
+    g = torch.Generator().manual_seed(0)
+
+    for length in map(int, args.input_len.split(",")):
+        def prompt():
+            return torch.randint(3, engine.vocab_size, (length,), generator=g).tolist()
+
+        time_to_first_token(engine, prompt())  # warm-up at this length
+        plain = [time_to_first_token(engine, prompt()) * 1e3 for _ in range(args.repeats)]
+        print(f"TTFT {length} tokens, unprofiled: median {statistics.median(plain):.2f} ms "
+              f"({', '.join(f'{t:.2f}' for t in plain)})")
+        with labelled(engine):
+            time_to_first_token(engine, prompt())
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                wall_us = time_to_first_token(engine, prompt()) * 1e6
+        print("\n".join(report(prof, wall_us)), flush=True)
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()
