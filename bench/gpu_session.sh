@@ -176,6 +176,7 @@ stage() {
                           && python bench/prefill_gaps.py --model examples/configs/gemma-4-31B-it ;;  # TTFT beyond kernels
         decode-26b-b1) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --timeline 40 ;;
         prefill-attention) python bench/prefill_attention.py ;;  # issue 56: each layer shape's prefill tiles
+        moe-tails) python bench/moe_layer.py --batches 512,1024,2048,4096 --tails ;;  # issue 56: tail tiles
         moe-projections) python bench/moe_layer.py --batches 512,2048 --projections ;;  # prefill tiles, each projection
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \

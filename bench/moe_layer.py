@@ -127,6 +127,9 @@ def main() -> int:
     parser.add_argument("--projections", action="store_true",
                         help="time gate_up and down apart under each block_m and PROJECTION_SWEEP tile (bf16, "
                              "grouped kernels): the prefill tiles' sweep")
+    parser.add_argument("--tails", action="store_true",
+                        help="time the picked grouped config (bf16 and MXFP4) with each tail_m: the whole op, and "
+                             "each bf16 projection alone")
     parser.add_argument("--kernels", action="store_true",
                         help="also time the few-pairs bf16 kernels one by one at batch 1 against the copy bandwidth")
     args = parser.parse_args()
@@ -180,6 +183,8 @@ def main() -> int:
             sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush)
         if args.projections:
             sweep_projections(tokens, x, weights, ids, gate_up, down, s, bandwidth, flush)
+        if args.tails and not moe_gemv.use_gemv(ids.numel()):
+            sweep_tails(tokens, x, weights, ids, (gate_up, down), (fp4_gate_up, fp4_down), s, flush)
     if args.kernels:
         kernels_alone(s, gate_up, down, bandwidth, flush)
     print(f"\ncopy bandwidth {bandwidth / 1e12:.2f} TB/s")
@@ -246,6 +251,32 @@ def sweep_projections(tokens, x, weights, ids, gate_up, down, s: dict, bandwidth
             listing = " ".join(f"{ms * 1e3:.0f}" for ms in times.values())
             print(f"  {tokens} tokens {name} block_m {block_m}: {listing} us; best {times[best] * 1e3:.1f} us "
                   f"= {times[best] / roof:.2f}x its weight bytes, {best}", flush=True)
+
+
+def sweep_tails(tokens, x, weights, ids, bf16, fp4, s: dict, flush) -> None:
+    """Graph times of the op under its picked config with tail_m = block_m (no tail path), block_m / 2 and / 4 (at
+    least 16): bf16 and MXFP4 whole (routing and slot sum included), and each bf16 projection alone."""
+    gu, dn = ExpertWeights(bf16[0]), ExpertWeights(bf16[1])
+    flat_weights = weights.reshape(-1).contiguous()
+    xq = moe_gemm.quantize_dequantize(x)
+    for mxfp4_weights in (False, True):
+        picked = moe_gemm.pick_config(ids.numel(), s["experts"], nvidia=True, mxfp4=mxfp4_weights)
+        tails = [t for t in (picked.block_m, picked.block_m // 2, picked.block_m // 4) if t >= 16]
+        for tail in tails:
+            config = MoeConfig(picked.block_m, picked.gate_up, picked.down, tail)
+            if mxfp4_weights:
+                whole = graph_ms(lambda: moe_gemm.fused_experts(xq, *fp4, weights, ids, quantize_inner=True,
+                                                                config=config), flush)
+                print(f"  {tokens} tokens mxfp4 block_m {config.block_m} tail_m {tail}: op {whole * 1e3:.1f} us",
+                      flush=True)
+                continue
+            tiles = group_by_expert(ids, s["experts"], config.block_m)
+            inner = moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, config)
+            whole = graph_ms(lambda: moe_gemm.fused_experts(x, gu, dn, weights, ids, config=config), flush)
+            up = graph_ms(lambda: moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, config), flush)
+            down = graph_ms(lambda: moe_gemm._down(inner, dn, tiles, flat_weights, config), flush)
+            print(f"  {tokens} tokens bf16 block_m {config.block_m} tail_m {tail}: op {whole * 1e3:.1f} us, gate_up "
+                  f"{up * 1e3:.1f}, down {down * 1e3:.1f}", flush=True)
 
 
 def kernels_alone(s: dict, gate_up: torch.Tensor, down: torch.Tensor, bandwidth: float, flush) -> None:

@@ -36,16 +36,21 @@ def phases(engine) -> list[tuple[object, str]]:
 
 
 @contextmanager
-def labelled(engine):
-    """Each phase method of the engine runs inside a profiler range named after it."""
+def labelled(engine, host_seconds: dict[str, list[float]] | None = None):
+    """Each phase method of the engine runs inside a profiler range named after it; with host_seconds, each call's
+    host time is appended there too (under its label)."""
     originals = []
     for owner, name in phases(engine):
         method = getattr(owner, name)
         originals.append((owner, name, method))
 
         def wrapped(*args, _method=method, _label=f"{type(owner).__name__}.{name}", **kwargs):
+            start = time.perf_counter()
             with record_function(_label):
-                return _method(*args, **kwargs)
+                result = _method(*args, **kwargs)
+            if host_seconds is not None:
+                host_seconds[_label].append(time.perf_counter() - start)
+            return result
         setattr(owner, name, wrapped)
     try:
         yield
@@ -125,6 +130,11 @@ def main():
         plain = [time_to_first_token(engine, prompt()) * 1e3 for _ in range(args.repeats)]
         print(f"TTFT {length} tokens, unprofiled: median {statistics.median(plain):.2f} ms "
               f"({', '.join(f'{t:.2f}' for t in plain)})")
+        host = defaultdict(list)
+        with labelled(engine, host):
+            timed = [time_to_first_token(engine, prompt()) * 1e3 for _ in range(args.repeats)]
+        print(f"  host time of each phase, no profiler (median ms; TTFT {statistics.median(timed):.2f}): "
+              + ", ".join(f"{label} {statistics.median(t) * 1e3:.3f}" for label, t in host.items()))
         with labelled(engine):
             time_to_first_token(engine, prompt())
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -62,6 +62,35 @@ def test_uneven_routing_and_experts_with_no_token():
     assert_close(got, reference(x, gate_up, down, weights, ids))
 
 
+# tiles of 32 rows of which the ones holding at most 16 (an expert's last) multiply only those 16
+TAILED = MoeConfig(32, gate_up=ProjectionTiles(32, 32, 4, 2), down=ProjectionTiles(32, 32, 4, 2), tail_m=16)
+
+
+def tailed_routing():
+    """Expert 0: 40 pairs (a full tile, then a tail of 8); 1: 24 (one partial tile past the tail's 16 rows);
+    2: exactly 16 (a tail); 3: none."""
+    ids = torch.tensor([[0, 2]] * 16 + [[1, 0]] * 20 + [[0, 1]] * 4, device=DEVICE)
+    return torch.rand(ids.shape, generator=torch.Generator().manual_seed(4)).to(DEVICE), ids
+
+
+def test_tiles_of_an_experts_last_rows_take_the_tail_path():
+    gate_up, down = random_experts(4, 64, 48, seed=8)
+    weights, ids = tailed_routing()
+    x = torch.randn(ids.shape[0], 64, device=DEVICE)
+    got = fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, config=TAILED)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+def test_mxfp4_tail_tiles_quantize_only_their_rows():
+    (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(4, 64, 64, seed=9, wide=False)
+    weights, ids = tailed_routing()
+    x = mxfp4.quantize_dequantize(torch.randn(ids.shape[0], 64, device=DEVICE))
+    want = mxfp4_reference(x, *(t.to(DEVICE) for t in (gate_up, gate_up_scale, down, down_scale)), weights, ids, True)
+    got = fused_experts(x, padded(gate_up, gate_up_scale, False), padded(down, down_scale, False), weights, ids,
+                        quantize_inner=True, config=TAILED)
+    assert_close(got, want)
+
+
 def test_op_reads_strided_rows_and_picks_its_config():
     gate_up, down = random_experts(4, 64, 32, seed=5)
     weights, ids = random_routing(5, 2, 4, seed=6)

@@ -256,6 +256,42 @@ def test_prefix_hit_stops_where_any_group_lost_the_block():
     assert kv.blocks_allocated(b) == [1, 1]
 
 
+def longest_servable_hit(kv: KVCacheManager, s: Sequence) -> int:
+    """The definition apply_prefix_hit must meet, by brute force: the most full blocks (leaving the last token)
+    that every group holds from its first needed block on."""
+    last_full = (len(s.token_ids) - 1) // BLOCK
+    keys = kv._extend_keys(s, last_full)
+    for hit in range(last_full, 0, -1):
+        if all(g.pool.find(keys[i], kv._identity(s, keys, i)) is not None
+               for g in kv.groups for i in range(g.first_needed_block(hit * BLOCK, BLOCK), hit)):
+            return hit * BLOCK
+    return 0
+
+
+@pytest.mark.parametrize("specs", [[FULL, SLIDING], [SLIDING], [FULL]])
+def test_prefix_hit_is_the_longest_every_group_can_serve(specs):
+    """Prompts sharing prefixes of random lengths, run in pieces and freed while a small pool evicts: each hit is
+    the brute-force longest one, sliding groups having released and lost blocks their windows no longer need."""
+    g = torch.Generator().manual_seed(0)
+    kv = manager(specs, 24)
+    base = torch.randint(0, 50, (40,), generator=g).tolist()
+    for trial in range(60):
+        shared = int(torch.randint(0, 40, (1,), generator=g))
+        tail = torch.randint(50, 99, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        s = seq(base[:shared] + tail)
+        expected = longest_servable_hit(kv, s)
+        assert kv.apply_prefix_hit(s) == expected, trial
+        remaining = len(s.token_ids) - s.num_computed_tokens
+        if not kv.allocate(s, remaining):
+            kv.free(s)
+            continue
+        for step in (remaining // 2, remaining - remaining // 2):
+            s.num_computed_tokens += step
+            kv.update_block_hashes(s)
+            kv.release_out_of_window(s)
+        kv.free(s)
+
+
 def test_prefix_caching_off_never_hits():
     kv = manager([FULL], 16, prefix_caching=False)
     a = seq(range(14))

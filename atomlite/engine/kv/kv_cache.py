@@ -229,10 +229,23 @@ class KVCacheManager:
                 if i < len(table):
                     group.pool.register(table[i], keys[i], identity)
 
-    def _group_can_serve(self, group: KVGroup, seq: Sequence, keys: list[bytes], num_blocks: int) -> bool:
+    def _first_missing(self, group: KVGroup, seq: Sequence, keys: list[bytes], num_blocks: int) -> int | None:
+        """The first block a hit of num_blocks needs from group that it does not hold (None: it can serve)."""
         first = group.first_needed_block(num_blocks * self.block_size, self.block_size)
-        return all(group.pool.find(keys[i], self._identity(seq, keys, i)) is not None
-                   for i in range(first, num_blocks))
+        return next((i for i in range(first, num_blocks)
+                     if group.pool.find(keys[i], self._identity(seq, keys, i)) is None), None)
+
+    def _leading_cached(self, seq: Sequence, num_blocks: int) -> int:
+        """How many of seq's first num_blocks blocks in a row the groups that need every block of a hit that long
+        hold: no hit goes further. Keys are computed as far as the first miss only (a new prompt: one key)."""
+        needs_all = [g for g in self.groups if g.first_needed_block(num_blocks * self.block_size, self.block_size) == 0]
+        i = 0
+        while needs_all and i < num_blocks:
+            keys = self._extend_keys(seq, i + 1)
+            if any(g.pool.find(keys[i], self._identity(seq, keys, i)) is None for g in needs_all):
+                break
+            i += 1
+        return i if needs_all else num_blocks
 
     def apply_prefix_hit(self, seq: Sequence) -> int:
         """Reuse the longest cached prefix that every group can serve exactly; returns tokens reused."""
@@ -240,10 +253,14 @@ class KVCacheManager:
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return 0
         last_full = (len(seq.token_ids) - 1) // self.block_size  # the last token is always computed
-        hit = self._hit_outside_images(seq, last_full)
+        hit = self._hit_outside_images(seq, self._leading_cached(seq, last_full))
         keys = self._extend_keys(seq, hit)
-        while hit and not all(self._group_can_serve(g, seq, keys, hit) for g in self.groups):
-            hit = self._hit_outside_images(seq, hit - 1)
+        while hit:
+            # a group missing block i needs it for every hit past i (its first needed block only grows with the hit)
+            missing = [i for i in (self._first_missing(g, seq, keys, hit) for g in self.groups) if i is not None]
+            if not missing:
+                break
+            hit = self._hit_outside_images(seq, min(missing))
         for group, table in zip(self.groups, seq.block_tables):
             first = group.first_needed_block(hit * self.block_size, self.block_size)
             table.extend([NULL_BLOCK] * first)

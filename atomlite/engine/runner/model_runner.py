@@ -207,9 +207,21 @@ class ModelRunner:
         """fp32 logits of the hidden rows at indices (and those rows kept for a drafter)."""
         if not indices:
             return torch.empty(0)
-        selected = hidden[torch.tensor(indices, device=self.device)]
-        self.hidden = selected if self.keep_hidden else None
+        selected = self._rows_at(hidden, indices)
+        self.hidden = selected.clone() if self.keep_hidden else None  # a slice may alias a graph's output
         return self.model.compute_logits(selected).float()
+
+    def _rows_at(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        """hidden's rows at indices, without waiting for the forward: the host goes on to launch the sampling and
+        do the step's bookkeeping while the GPU runs (a pageable index copy would block it until the forward
+        ends). Consecutive rows (a lone prompt's last, a decode batch) are a slice."""
+        first = indices[0]
+        if indices[-1] - first == len(indices) - 1 and indices == list(range(first, first + len(indices))):
+            return hidden[first:first + len(indices)]
+        index = torch.tensor(indices, dtype=torch.int64)
+        if self.device.type == "cuda":
+            index = index.pin_memory()
+        return hidden[index.to(self.device, non_blocking=True)]
 
     def _soft_token_embeds(self, rows: SoftTokenRows, values: torch.Tensor | None) -> MultiModalEmbeds:
         """The step's soft tokens on this rank: rank 0 encoded them (values), the other ranks receive them."""

@@ -22,8 +22,8 @@ from atomlite.model_ops.triton.moe.gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe.routing import ExpertTiles, group_by_expert
 from atomlite.model_ops.triton.moe.tuning import (DECODE, DECODE_MAX_ROWS_PER_EXPERT, FP32_MAX_STAGES,
                                                   LARGE_MIN_ROWS_PER_EXPERT, MEDIUM, MEDIUM_MAX_ROWS_PER_EXPERT,
-                                                  NVIDIA_LARGE_PREFILL, NVIDIA_PREFILL, PREFILL, ROCM_MAX_STAGES,
-                                                  MoeConfig, ProjectionTiles)
+                                                  NVIDIA_LARGE_PREFILL, NVIDIA_MEDIUM, NVIDIA_PREFILL, PREFILL,
+                                                  ROCM_MAX_STAGES, MoeConfig, ProjectionTiles)
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile
 from atomlite.model_ops.triton.mxfp4.quant import quantize_dequantize
 from atomlite.quant import mxfp4
@@ -37,19 +37,19 @@ def pick_config(num_pairs: int, num_experts: int, nvidia: bool = False, mxfp4: b
     if rows_per_expert <= DECODE_MAX_ROWS_PER_EXPERT:
         return DECODE
     if rows_per_expert <= MEDIUM_MAX_ROWS_PER_EXPERT:
-        return MEDIUM
+        return NVIDIA_MEDIUM if nvidia else MEDIUM
     if not nvidia:
         return PREFILL
     return NVIDIA_LARGE_PREFILL if rows_per_expert >= LARGE_MIN_ROWS_PER_EXPERT and not mxfp4 else NVIDIA_PREFILL
 
 
 @triton.jit
-def _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M: tl.constexpr):
-    """(expert of the tile or -1, which rows hold a pair, the pair of each row: 0 where none)."""
-    expert = tl.load(tile_expert + tile)
-    rows = tl.arange(0, BLOCK_M)
-    used = rows < tl.load(tile_rows + tile)
-    return expert, used, tl.load(pair_of_row + tile * BLOCK_M + rows, mask=used, other=0)
+def _tile_pairs(pair_of_row, tile_rows, tile, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """The first ROWS rows of a tile of BLOCK_M: (their indices, which hold a pair, the pair of each: 0 where
+    none)."""
+    rows = tile * BLOCK_M + tl.arange(0, ROWS)
+    used = tl.arange(0, ROWS) < tl.load(tile_rows + tile)
+    return rows, used, tl.load(pair_of_row + rows, mask=used, other=0)
 
 
 @triton.jit
@@ -84,15 +84,13 @@ def _used_rows_tile(row_ptrs, used, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_out, K, INNER, stride_xt, stride_we,
-                    stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
-                    QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
-                    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    tile = tl.program_id(0)
-    expert, used, pair = _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M)
-    if expert < 0:
-        return
+def _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt, stride_we,
+                  stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
+                  QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """gelu_tanh(gate) * up of the first ROWS rows of a tile, for one block of output columns."""
+    rows, used, pair = _tile_pairs(pair_of_row, tile_rows, tile, BLOCK_M, ROWS)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; their columns are not stored
     gate_w, gate_s = weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
@@ -100,8 +98,8 @@ def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_ou
     up_w, up_s = weight_pointers(w, w_scale, expert, rn_safe + INNER, stride_we, stride_wn, stride_se, stride_sn,
                                   MXFP4, BLOCK_K)
     x_rows = x + (pair // TOP_K)[:, None] * stride_xt + tl.arange(0, BLOCK_K)[None, :]
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         gate = _weight_tile(gate_w, gate_s, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
         up = _weight_tile(up_w, up_s, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
@@ -110,27 +108,49 @@ def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_ou
         acc_up = tl.dot(x_tile, tl.trans(up), acc_up, input_precision=DOT_PRECISION)
     h = gelu_tanh(acc_gate) * acc_up
     if QUANTIZE_OUT:  # the down projection's dynamic MXFP4 input, per 32 of INNER (zeros past a partial block)
-        h = quantize_dequantize_rows(tl.where((rn < INNER)[None, :], h, 0.0), BLOCK_M, BLOCK_N)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        h = quantize_dequantize_rows(tl.where((rn < INNER)[None, :], h, 0.0), ROWS, BLOCK_N)
     tl.store(inner_out + rows[:, None] * stride_ir + rn[None, :], h.to(inner_out.dtype.element_ty),
              mask=used[:, None] & (rn < INNER)[None, :])
 
 
 @triton.jit
-def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_weights, pair_out, K, N, stride_ir,
-                 stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4: tl.constexpr, FP32: tl.constexpr,
-                 WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_out, K, INNER, stride_xt, stride_we,
+                    stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
+                    QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """TAIL_M < BLOCK_M: a tile of at most TAIL_M rows (an expert's last) computes only those."""
     tile = tl.program_id(0)
-    expert, used, pair = _tile_pairs(pair_of_row, tile_expert, tile_rows, tile, BLOCK_M)
+    expert = tl.load(tile_expert + tile)
     if expert < 0:
         return
+    if TAIL_M < BLOCK_M:
+        if tl.load(tile_rows + tile) <= TAIL_M:
+            _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
+                          stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                          WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+        else:
+            _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
+                          stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                          WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
+                      stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                      WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
+               stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4: tl.constexpr, FP32: tl.constexpr,
+               WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The first ROWS rows of a tile through down, each scaled by its routing weight, into its pair's row."""
+    rows, used, pair = _tile_pairs(pair_of_row, tile_rows, tile, BLOCK_M, ROWS)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_ptrs, s_ptrs = weight_pointers(w, w_scale, expert, rn % N, stride_we, stride_wn, stride_se, stride_sn,
                                       MXFP4, BLOCK_K)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     in_rows = inner + rows[:, None] * stride_ir + tl.arange(0, BLOCK_K)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w_tile = _weight_tile(w_ptrs, s_ptrs, k0, K, MXFP4, FP32, WIDE_SCALES, EVEN_K, BLOCK_N, BLOCK_K)
         a = _used_rows_tile(in_rows, used, k0, K, BLOCK_K).to(w_tile.dtype)  # unused rows were never written
@@ -138,6 +158,31 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
     routing_weight = tl.load(topk_weights + pair, mask=used, other=0.0).to(tl.float32)
     tl.store(pair_out + pair.to(tl.int64)[:, None] * stride_op + rn[None, :],
              (acc * routing_weight[:, None]).to(pair_out.dtype.element_ty), mask=used[:, None] & (rn < N)[None, :])
+
+
+@triton.jit
+def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_weights, pair_out, K, N, stride_ir,
+                 stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4: tl.constexpr, FP32: tl.constexpr,
+                 WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """TAIL_M < BLOCK_M: a tile of at most TAIL_M rows (an expert's last) computes only those."""
+    tile = tl.program_id(0)
+    expert = tl.load(tile_expert + tile)
+    if expert < 0:
+        return
+    if TAIL_M < BLOCK_M:
+        if tl.load(tile_rows + tile) <= TAIL_M:
+            _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
+                       stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
+                       DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+        else:
+            _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
+                       stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
+                       DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
+                   stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
+                   DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def _launch_options(tiles: ProjectionTiles, device: torch.device, fp32: bool) -> dict:
@@ -166,7 +211,7 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
                MXFP4=gate_up.mxfp4, QUANTIZE_OUT=quantize_out, FP32=_fp32(x.dtype), WIDE_SCALES=gate_up.wide_scales,
                EVEN_K=hidden % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if _fp32(x.dtype)
                                                                             else x.dtype),
-               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+               BLOCK_M=config.block_m, TAIL_M=config.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                **_launch_options(t, x.device, _fp32(x.dtype)))
     return out
 
@@ -185,7 +230,8 @@ def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_wei
                tiles.tile_rows, topk_weights, pair_out, k, hidden, inner.stride(0), *down.strides(),
                pair_out.stride(0), MXFP4=down.mxfp4, FP32=fp32, WIDE_SCALES=down.wide_scales,
                EVEN_K=k % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if fp32 else inner.dtype),
-               BLOCK_M=config.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, **_launch_options(t, inner.device, fp32))
+               BLOCK_M=config.block_m, TAIL_M=config.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+               **_launch_options(t, inner.device, fp32))
     return pair_out
 
 

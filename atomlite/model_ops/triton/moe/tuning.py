@@ -14,10 +14,17 @@ class ProjectionTiles:
 
 @dataclass(frozen=True, slots=True)
 class MoeConfig:
-    """block_m rows per tile (shared by both projections: the routing's tiles); per projection its N and K tiles."""
+    """block_m rows per tile (shared by both projections: the routing's tiles); per projection its N and K tiles.
+    tail_m < block_m: a tile of at most tail_m rows (an expert's last) multiplies only those (a second code path in
+    each kernel)."""
     block_m: int
     gate_up: ProjectionTiles
     down: ProjectionTiles
+    tail_m: int = 0
+
+    def __post_init__(self):
+        if not self.tail_m:
+            object.__setattr__(self, "tail_m", self.block_m)
 
 
 # Decode reads each routed expert's weights once: small N tiles give every SM a share of the stream. Prefill tiles
@@ -32,7 +39,13 @@ NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=Proj
 # From about 128 rows an expert (26B-A4B at 2048 tokens), 128-row tiles with 8 warps: gate_up 436 and down 228 us
 # against NVIDIA_PREFILL's 453 and 263 (H200, bench/moe_layer.py --projections, each projection alone). bf16 and
 # fp16 weights only: MXFP4 experts were not timed with these tiles.
-NVIDIA_LARGE_PREFILL = MoeConfig(128, gate_up=ProjectionTiles(128, 64, 8, 4), down=ProjectionTiles(256, 64, 8, 4))
+# Tail tiles (an expert's last, of at most tail_m rows, multiplying only those): at 2048 tokens of 26B-A4B the op
+# takes 666 us against 721 without (H200, bench/moe_layer.py --tails; gate_up 395 against 421). Little more: each
+# tile still streams its expert's whole weight block from L2, which bounds these kernels more than the multiplies.
+NVIDIA_LARGE_PREFILL = MoeConfig(128, gate_up=ProjectionTiles(128, 64, 8, 4), down=ProjectionTiles(256, 64, 8, 4),
+                                 tail_m=64)
+# 512 tokens of 26B-A4B (32 rows an expert): 445 against 479 us with tails of 16 rows (MXFP4 weights: 733 either way)
+NVIDIA_MEDIUM = MoeConfig(MEDIUM.block_m, MEDIUM.gate_up, MEDIUM.down, tail_m=16)
 DECODE_MAX_ROWS_PER_EXPERT, MEDIUM_MAX_ROWS_PER_EXPERT = 8, 48  # pairs per expert up to which DECODE, MEDIUM run
 LARGE_MIN_ROWS_PER_EXPERT = 96  # pairs per expert from which NVIDIA_LARGE_PREFILL runs (unquantized experts)
 ROCM_MAX_STAGES = 2  # LDS: 64 KiB on gfx942
