@@ -194,6 +194,7 @@ stage() {
         tests-spec) python -m pytest -q -m "gpu or not gpu" tests/e2e/test_spec_decode.py tests/e2e/test_gemma4_assistant.py ;;
         tp-31b) tp_rows gemma-4-31B-it ;;  # nvidia-h100-x2
         tp-26b) tp_rows gemma-4-26B-A4B-it ;;
+        ttft-rows) latency_b1 gemma-4-26B-A4B-it; tp_latency gemma-4-26B-A4B-it 1; tp_latency gemma-4-31B-it 1 ;;  # issue 56, TP=1
         tp-pairs) tp_pair gemma-4-26B-A4B-it; tp_pair gemma-4-31B-it ;;  # nvidia-h200-x2: TP=2 against TP=1, no nccl row
         tests-tp) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_one_shot_all_reduce.py \
                       tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # x2; each engine test takes over 100 s
