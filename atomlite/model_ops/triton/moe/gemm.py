@@ -5,7 +5,7 @@ for the whole layer: a program computes one tile's rows against one block of its
 active expert's weights are read once per step at decode. gate_up gathers x rows by token and writes
 gelu_tanh(gate) * up per row; down scales each row by its routing weight and writes it to that pair's row. A last
 launch sums each token's top_k rows in slot order: deterministic, no atomics. Tiles the routing leaves unused exit
-at once. Weights are float [E, N, K], or MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to
+at once; a tile of at most tail_m rows (an expert's last) multiplies only those. Weights are float [E, N, K], or MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to
 K_ALIGN) expanded in registers as mxfp4_gemm's portable path does. The ops (moe_experts, mxfp4_moe_experts) hand
 batches of up to tuning.GEMV_MAX_PAIRS pairs to moe_gemv's kernels instead, which need no routing.
 """
