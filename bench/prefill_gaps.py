@@ -2,10 +2,12 @@
 the GPU's idle time inside it, and which host phase ran during each idle stretch.
 
     PYTHONPATH=. python bench/prefill_gaps.py --model examples/configs/gemma-4-31B-it --input-len 512,2048 \
-        [--max-model-len 4096] [--repeats 3]
+        [--max-model-len 4096] [--repeats 3] [--tensor-parallel-size 2]
 
 Random weights (--load-format dummy), bf16, the engine's defaults (prefill graphs on). The phases are the engine's
-own methods, wrapped here in profiler ranges; the innermost range running when a GPU gap starts takes the gap.
+own methods, wrapped here in profiler ranges; the innermost range running when a GPU gap starts takes the gap. Under
+tensor parallelism the profile is rank 0's: an all-reduce kernel's time includes its wait for the slowest rank. Last,
+the host time of each prefill graph's launch alone (replay(), the GPU idle before it), per token bucket.
 """
 import argparse
 import statistics
@@ -109,6 +111,24 @@ def report(prof, wall_us: float) -> list[str]:
     return lines + summarize(kernels, 1)
 
 
+def launch_times(graphs, repeats: int = 10) -> str:
+    """Host microseconds of one replay() call of each bucket's graph, the GPU idle before it (median)."""
+    if graphs is None or not graphs.graphs:
+        return "prefill graphs: none captured"
+    found = []
+    for bucket, graph in sorted(graphs.graphs.items()):
+        graphs.fill_padding_alone(bucket)  # the inputs a capture saw: valid for this bucket, no KV written
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            graph.replay()
+            times.append(time.perf_counter() - start)
+        found.append(f"{bucket}: {statistics.median(times) * 1e6:.0f}")
+    torch.cuda.synchronize()
+    return "prefill graph launch, host us by token bucket: " + ", ".join(found)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -116,9 +136,11 @@ def main():
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
-                                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len))
+                                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                                    tensor_parallel_size=args.tensor_parallel_size))
     print(f"device: {torch.cuda.get_device_name()}; {engine.graph_note}", flush=True)
     g = torch.Generator().manual_seed(0)
 
@@ -140,6 +162,8 @@ def main():
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 wall_us = time_to_first_token(engine, prompt()) * 1e6
         print("\n".join(report(prof, wall_us)), flush=True)
+    if args.tensor_parallel_size == 1:  # a graph with all-reduces replays only beside the other ranks' replays
+        print(launch_times(engine.runner.prefill_graphs))
     engine.close()
 
 
