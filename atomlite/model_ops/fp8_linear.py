@@ -58,7 +58,7 @@ class FP8Linear(nn.Module):
             self.input_scale.dummy_fill = DUMMY_INPUT_SCALE
         self._set_loaders()
         self.kernel = dispatch.choose("fp8_linear", n=out_features, k=in_features, weight=spec.weight,
-                                      activation=spec.activation, block_k=spec.block_k,
+                                      activation=spec.activation, block_n=spec.block_n, block_k=spec.block_k,
                                       group_size=spec.group_size)
         self._family = self.kernel.fn
         self.prepared = None

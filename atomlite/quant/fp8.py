@@ -35,6 +35,11 @@ class FP8Spec:
         return self.block[1] if self.weight == "block" else 0
 
     @property
+    def block_n(self) -> int:
+        """Output rows per weight block, 0 unless block-scaled."""
+        return self.block[0] if self.weight == "block" else 0
+
+    @property
     def static_input(self) -> bool:
         return self.activation == "static"
 

@@ -19,10 +19,15 @@ import torch
 
 from atomlite.distributed.local import run_local
 from atomlite.distributed.parallel import TensorParallel, graph_steps
-from atomlite.model_ops import aiter as backend, torch_ref
+from atomlite.model_ops import aiter as backend, dispatch, torch_ref
 from atomlite.model_ops.aiter import detect, functions as F, mxfp4
 from atomlite.model_ops.aiter.all_reduce import AiterAllReduce
+from atomlite.model_ops.carriers import TokenRows
+from atomlite.model_ops.fp8_linear import scale_rows
+from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.torch_ref.kv_write import to_cache_dtype
+from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.quant import fp8 as ref_fp8
 from atomlite.quant import mxfp4 as ref_mxfp4
 from test_aiter_semantics import SEMANTICS
 
@@ -34,6 +39,8 @@ DEFAULTS_RELIED_ON = {
     F.RMS_NORM: {"use_model_sensitive_rmsnorm": "0"},
     F.FLASH_VARLEN: {"dropout_p": "0.0", "logits_soft_cap": "0.0", "alibi_slopes": "None", "bias": "None"},
     F.GEMM_A4W4: {"bias": "None", "alpha": "1.0", "beta": "0.0"},
+    F.GEMM_A8W8: {"bias": "None", "splitK": "None"},
+    F.GEMM_A8W8_BLOCKSCALE: {"isBpreshuffled": "False"},
     F.CUSTOM_ALL_REDUCE_METHODS[1]: {"prefill_support": "False"},
     F.CUSTOM_ALL_REDUCE_METHODS[2]: {"open_fp8_quant": "False", "use_new": "True"},
 }
@@ -166,7 +173,7 @@ def run_adapters(window=8):
     backend.write_kv(k_new, v_new, got_k, got_v, slots)
     torch_ref.write_kv(k_new, v_new, want_k, want_v, slots)
     results += [("write_kv k", got_k, want_k), ("write_kv v", got_v, want_v)]
-    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter()
+    results += run_fp8_cache_adapters(b) + run_norm_act_adapters() + run_mxfp4_adapter() + run_fp8_linear_adapter()
     return results + run_encoder_adapter()
 
 
@@ -217,6 +224,39 @@ def run_mxfp4_adapter():
     x = torch.randn(5, k, generator=g).bfloat16()
     want = (ref_mxfp4.quantize_dequantize(x.float()) @ ref_mxfp4.dequantize(packed, scale).T).bfloat16()
     return [("mxfp4_linear", backend.mxfp4_linear(x, mxfp4.prepare_weight(packed, scale)), want)]
+
+
+# (spec, N, K): per-channel weights with per-token activations (compressed-tensors FP8-Dynamic), per-tensor with a
+# static input scale (Quark fp8), 128 x 128 blocks with groups of 128 (FP8-block; N not a multiple of 128)
+FP8_CASES = [(ref_fp8.FP8Spec("channel", "token"), 48, 320), (ref_fp8.FP8Spec("tensor", "static"), 48, 320),
+             (ref_fp8.FP8Spec("block", "group"), 200, 256)]
+
+
+def fp8_case(spec, n: int, k: int, seed: int):
+    """(x, weight, atomlite's scales [N, G], input_scale) of a random checkpoint linear."""
+    g = torch.Generator().manual_seed(seed)
+    weight, stored = ref_fp8.quantize_weight(torch.randn(n, k, generator=g) * 0.05, spec)
+    scale = scale_rows(stored, spec, n, k)
+    x = torch.randn(5, k, generator=g).bfloat16()
+    input_scale = (x.float().abs().amax() / ref_fp8.E4M3_MAX).reshape(1) if spec.static_input else None
+    return x, weight, scale, input_scale
+
+
+def run_fp8_linear_adapter():
+    """Each FP8 case through the AITER adapter (prepare once, then a call; per-token rows also as TokenRows) against
+    the checkpoint's semantics (quant.fp8.gemm)."""
+    results = []
+    for i, (spec, n, k) in enumerate(FP8_CASES):
+        x, weight, scale, input_scale = fp8_case(spec, n, k, seed=10 + i)
+        want = ref_fp8.gemm(x, weight, scale, spec, input_scale)
+        prepared = backend.fp8_linear.prepare_weights(weight, scale, spec)
+        got = backend.fp8_linear.matmul(x, prepared[0], prepared[1], input_scale, prepared[2], spec)
+        results.append((f"fp8_linear {spec.describe()}", got, want))
+        if spec.activation == "token":
+            rows = TokenRows(*quantize_rows(x, "token", prepared[0].dtype), x.dtype)
+            results.append((f"fp8_linear token rows {spec.describe()}",
+                            backend.fp8_linear.matmul_token_rows(rows, prepared[0], prepared[1], spec), want))
+    return results
 
 
 class SpawnedPatch:
@@ -384,3 +424,31 @@ def test_a_float32_pack_leaves_aiter_for_triton(pinned_aiter):
     got = backend.encoder_attention(q, k, v, packed, 0.125)
     assert calls == [] and adapter._other_dtype(64, 1).__module__ == "atomlite.model_ops.triton.attention.encoder"
     torch.testing.assert_close(got, torch_ref.encoder_attention(q, k, v, packed, 0.125), atol=2e-5, rtol=2e-5)
+
+
+def test_fp8_linear_adapter_runs_the_checkpoint_semantics_to_the_last_bf16_bit(pinned_aiter):
+    """The adapter quantizes x with atomlite's kernel and hands AITER scales in the layouts its references read:
+    the product is the checkpoint's, up to float32 summation order (one bf16 ulp)."""
+    functions, calls = pinned_aiter
+    for name, got, want in run_fp8_linear_adapter():
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-5, msg=name)
+    gemms = [(path, kw) for path, _, kw in calls if path in (F.GEMM_A8W8, F.GEMM_A8W8_BLOCKSCALE)]
+    assert [path for path, _ in gemms] == [F.GEMM_A8W8] * 3 + [F.GEMM_A8W8_BLOCKSCALE]
+    assert gemms[-1][1]["w_scale"].shape == (2, 2) and gemms[-1][1]["x_scale"].shape == (5, 2)  # N 200, K 256
+
+
+@pytest.mark.parametrize("spec,k,backend_name,why", [
+    (ref_fp8.FP8Spec("channel", "token"), 320, "aiter", None),
+    (ref_fp8.FP8Spec("tensor", "static"), 320, "aiter", None),
+    (ref_fp8.FP8Spec("block", "group"), 256, "aiter", None),
+    (ref_fp8.FP8Spec("channel", None), 320, "triton", "weight-only FP8 (W8A16) is left to Triton"),
+    (ref_fp8.FP8Spec("block", "group"), 320, "triton", "in_features divisible by 128"),
+    (ref_fp8.FP8Spec("block", "group", block=(64, 128)), 256, "triton", "not group activations on 64x128 blocks"),
+    (ref_fp8.FP8Spec("channel", "group"), 256, "triton", "activations in groups need block-scaled weights"),
+])
+def test_fp8_linears_take_aiter_where_its_gemms_fit(spec, k, backend_name, why):
+    choice = dispatch.choose("fp8_linear", platform=Platform("rocm", "gfx942", has_aiter=True), n=256, k=k,
+                             weight=spec.weight, activation=spec.activation, block_n=spec.block_n,
+                             block_k=spec.block_k, group_size=spec.group_size)
+    assert choice.backend == backend_name
+    assert why is None or why in choice.reason

@@ -138,6 +138,30 @@ def gemm_a4w4(A, B, A_scale, B_scale, out=None, dtype=None, bpreshuffle=True, **
     return out
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def gemm_a8w8(XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, splitK=None):
+    """Y = (XQ * x_scale) @ (WQ * w_scale)^T in float32 (op_tests/test_gemm_a8w8.py run_torch): x_scale [M, 1] per
+    row, w_scale [N, 1] per output column, both float32; fp8 operands of one dtype."""
+    assert XQ.dtype in FP8_DTYPES and WQ.dtype == XQ.dtype
+    assert x_scale.shape == (XQ.shape[0], 1) and w_scale.shape == (WQ.shape[0], 1)
+    assert x_scale.dtype == w_scale.dtype == torch.float32
+    y = (XQ.float() * x_scale) @ (WQ.float() * w_scale).T
+    return (y if bias is None else y + bias).to(dtype)
+
+
+def gemm_a8w8_blockscale(XQ, WQ, x_scale, w_scale, dtype=torch.bfloat16, isBpreshuffled=False):
+    """op_tests/test_gemm_a8w8_blockscale.py run_torch: x_scale [M, K/128] per 128 columns of a row, w_scale
+    [ceil(N/128), K/128] per 128 x 128 block of the weight, row-major; K a multiple of 128."""
+    assert not isBpreshuffled and XQ.dtype in FP8_DTYPES and WQ.dtype == XQ.dtype
+    (m, k), n = XQ.shape, WQ.shape[0]
+    assert k % 128 == 0 and x_scale.shape == (m, k // 128) and w_scale.shape == (-(-n // 128), k // 128)
+    x = (XQ.float().view(m, k // 128, 128) * x_scale.unsqueeze(-1)).view(m, k)
+    w = WQ.float() * w_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:n, :k]
+    return (x @ w.T).to(dtype)
+
+
 SUPPORTED_WORLD_SIZES = (2, 4, 6, 8)
 CAR_MAX_SIZE = 64 << 20  # AITER_CUSTOM_AR_MAX_SIZE's default (newer AITERs)
 
@@ -200,6 +224,7 @@ SEMANTICS = {
     names.WRITE_KV_NHD: reshape_and_cache_flash,
     names.RMS_NORM: rmsnorm2d_fwd,
     names.GELU_TANH_AND_MUL: gelu_tanh_and_mul, names.MXFP4_QUANT: dynamic_mxfp4_quant, names.GEMM_A4W4: gemm_a4w4,
+    names.GEMM_A8W8: gemm_a8w8, names.GEMM_A8W8_BLOCKSCALE: gemm_a8w8_blockscale,
     names.CUSTOM_ALL_REDUCE: custom_allreduce,
     **{path: method for path, method in zip(names.CUSTOM_ALL_REDUCE_METHODS,
                                             (capture, should_custom_ar, custom_all_reduce, close))},

@@ -26,19 +26,18 @@ unit of up(x)), which the torch reference, the oracle, would not match.
 from atomlite.model_ops.aiter import detect
 from atomlite.model_ops.aiter.attention import paged_attention, write_kv
 from atomlite.model_ops.aiter.encoder import encoder_attention
+from atomlite.model_ops.aiter.fp8 import FP8_LINEAR as fp8_linear
 from atomlite.model_ops.aiter.mxfp4 import mxfp4_linear, prepare_weight
 from atomlite.model_ops.aiter.norm_act import gelu_tanh_and_mul, rms_norm
 from atomlite.model_ops.kernels import Backend, Kernel, decline, declare_backend
 
-__all__ = ["encoder_attention", "gelu_tanh_and_mul", "mxfp4_linear", "paged_attention", "prepare_weight", "rms_norm",
-           "write_kv"]
+__all__ = ["encoder_attention", "fp8_linear", "gelu_tanh_and_mul", "mxfp4_linear", "paged_attention", "prepare_weight",
+           "rms_norm", "write_kv"]
 
 NO_TANH_GELU_MOE = ("AITER's fused_moe has no tanh GELU (its Gelu is erf GELU; its MXFP4 FlyDSL path runs SiLU "
                     "for it) and Gemma 4's experts use gelu_tanh")
 for _op in ("moe_experts", "mxfp4_moe_experts", "fp8_moe_experts"):
     decline(_op, "aiter", NO_TANH_GELU_MOE)
-decline("fp8_linear", "aiter", "AITER's gemm_a8w8 (per-token x per-channel) and gemm_a8w8_blockscale are not adapted "
-        "yet (issue 55): their contract is pinned on a ROCm machine first")
 
 
 def _unavailable(platform) -> str | None:

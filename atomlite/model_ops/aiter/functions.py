@@ -8,6 +8,8 @@ WRITE_KV_NHD = "reshape_and_cache_flash"
 RMS_NORM = "rmsnorm2d_fwd"
 GELU_TANH_AND_MUL = "gelu_tanh_and_mul"
 GEMM_A4W4 = "gemm_a4w4"
+GEMM_A8W8 = "gemm_a8w8"
+GEMM_A8W8_BLOCKSCALE = "gemm_a8w8_blockscale"
 MXFP4_QUANT = "utility.fp4_utils.dynamic_mxfp4_quant"
 # A class: its path pins __init__'s parameters; atomlite calls these methods of its instances by keyword.
 CUSTOM_ALL_REDUCE = "dist.device_communicators.custom_all_reduce.CustomAllreduce"
