@@ -5,8 +5,9 @@ for the whole layer: a program computes one tile's rows against one block of its
 active expert's weights are read once per step at decode. gate_up gathers x rows by token and writes
 gelu_tanh(gate) * up per row; down scales each row by its routing weight and writes it to that pair's row. A last
 launch sums each token's top_k rows in slot order: deterministic, no atomics. Tiles the routing leaves unused exit
-at once; a tile of at most tail_m rows (an expert's last) multiplies only those. Weights are float [E, N, K], or MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to
-K_ALIGN) expanded in registers as mxfp4_gemm's portable path does. The ops (moe_experts, mxfp4_moe_experts) hand
+at once; a tile of at most tail_m rows (an expert's last) multiplies only those. Weights are float [E, N, K], or
+MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to K_ALIGN) expanded in registers as mxfp4_gemm's
+portable path does. The ops (moe_experts, mxfp4_moe_experts) hand
 batches of up to tuning.GEMV_MAX_PAIRS pairs to moe_gemv's kernels instead, which need no routing.
 """
 import torch
@@ -129,14 +130,10 @@ def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_ou
             _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
                           stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
                           WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-        else:
-            _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
-                          stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
-                          WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
-                      stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
-                      WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+            return
+    _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt, stride_we,
+                  stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32, WIDE_SCALES, EVEN_K,
+                  DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -175,14 +172,10 @@ def _down_kernel(inner, w, w_scale, pair_of_row, tile_expert, tile_rows, topk_we
             _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
                        stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
                        DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
-        else:
-            _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
-                       stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
-                       DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
-    else:
-        _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
-                   stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K,
-                   DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+            return
+    _down_rows(inner, w, w_scale, pair_of_row, tile_rows, topk_weights, pair_out, tile, expert, K, N, stride_ir,
+               stride_we, stride_wn, stride_se, stride_sn, stride_op, MXFP4, FP32, WIDE_SCALES, EVEN_K, DOT_PRECISION,
+               BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 def _launch_options(tiles: ProjectionTiles, device: torch.device, fp32: bool) -> dict:
