@@ -23,6 +23,7 @@ from atomlite.engine.llm_engine import LLMEngine
 from atomlite.sampling_params import SamplingParams
 from decode_profile import busy_fraction, kernel_events, summarize
 
+PHASE_OWNERS = {"LLMEngine", "Scheduler", "ModelRunner", "StepInputBuilder", "PrefillGraphs", "StaticPrefillInputs"}
 GAP_US = 5.0  # idle stretches shorter than this are launch latency, not host work
 
 
@@ -89,10 +90,11 @@ def innermost(ranges, at_us: float) -> str:
 
 def report(prof, wall_us: float) -> list[str]:
     events = prof.events()
-    kernels = kernel_events(prof)
     ranges = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and "." in e.name
-              and e.name.split(".")[0] in {"LLMEngine", "Scheduler", "ModelRunner", "StepInputBuilder",
-                                           "PrefillGraphs", "StaticPrefillInputs"}]
+              and e.name.split(".")[0] in PHASE_OWNERS]
+    # a range also shows on the GPU's timeline, spanning its kernels: not a kernel, and it would hide their gaps
+    labels = {r.name for r in ranges}
+    kernels = [e for e in kernel_events(prof) if e.name not in labels]
     t0 = min(r.time_range.start for r in ranges)
     idle = gaps(kernels, t0, t0 + wall_us)
     by_phase = defaultdict(float)
