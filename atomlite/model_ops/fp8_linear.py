@@ -59,7 +59,8 @@ class FP8Linear(nn.Module):
         self._set_loaders()
         self.kernel = dispatch.choose("fp8_linear", n=out_features, k=in_features, weight=spec.weight,
                                       activation=spec.activation, block_n=spec.block_n, block_k=spec.block_k,
-                                      group_size=spec.group_size)
+                                      group_size=spec.group_size, shard_sizes=tuple(self.shard_sizes),
+                                      dtype=torch.get_default_dtype())
         self._family = self.kernel.fn
         self.prepared = None
         self.returns_partial_sums = False

@@ -226,17 +226,21 @@ def run_mxfp4_adapter():
     return [("mxfp4_linear", backend.mxfp4_linear(x, mxfp4.prepare_weight(packed, scale)), want)]
 
 
-# (spec, N, K): per-channel weights with per-token activations (compressed-tensors FP8-Dynamic), per-tensor with a
-# static input scale (Quark fp8), 128 x 128 blocks with groups of 128 (FP8-block; N not a multiple of 128)
-FP8_CASES = [(ref_fp8.FP8Spec("channel", "token"), 48, 320), (ref_fp8.FP8Spec("tensor", "static"), 48, 320),
-             (ref_fp8.FP8Spec("block", "group"), 200, 256)]
+# (spec, each fused part's rows, K): per-channel weights with per-token activations (compressed-tensors FP8-Dynamic),
+# per-tensor with a static input scale (Quark fp8; two parts, each its own scale), 128 x 128 blocks with groups of
+# 128 (FP8-block; two parts, the last block partial)
+FP8_CASES = [(ref_fp8.FP8Spec("channel", "token"), (48,), 320), (ref_fp8.FP8Spec("tensor", "static"), (24, 24), 320),
+             (ref_fp8.FP8Spec("block", "group"), (128, 72), 256)]
 
 
-def fp8_case(spec, n: int, k: int, seed: int):
-    """(x, weight, atomlite's scales [N, G], input_scale) of a random checkpoint linear."""
+def fp8_case(spec, parts: tuple[int, ...], k: int, seed: int):
+    """(x, weight, atomlite's scales [N, G], input_scale) of a random checkpoint linear fused from parts, each
+    quantized on its own as the checkpoint stores them."""
     g = torch.Generator().manual_seed(seed)
-    weight, stored = ref_fp8.quantize_weight(torch.randn(n, k, generator=g) * 0.05, spec)
-    scale = scale_rows(stored, spec, n, k)
+    quantized = [ref_fp8.quantize_weight(torch.randn(n, k, generator=g) * 0.05 * (i + 1), spec)
+                 for i, n in enumerate(parts)]
+    weight = torch.cat([w for w, _ in quantized])
+    scale = torch.cat([scale_rows(stored, spec, n, k) for (_, stored), n in zip(quantized, parts)])
     x = torch.randn(5, k, generator=g).bfloat16()
     input_scale = (x.float().abs().amax() / ref_fp8.E4M3_MAX).reshape(1) if spec.static_input else None
     return x, weight, scale, input_scale
@@ -246,8 +250,8 @@ def run_fp8_linear_adapter():
     """Each FP8 case through the AITER adapter (prepare once, then a call; per-token rows also as TokenRows) against
     the checkpoint's semantics (quant.fp8.gemm)."""
     results = []
-    for i, (spec, n, k) in enumerate(FP8_CASES):
-        x, weight, scale, input_scale = fp8_case(spec, n, k, seed=10 + i)
+    for i, (spec, parts, k) in enumerate(FP8_CASES):
+        x, weight, scale, input_scale = fp8_case(spec, parts, k, seed=10 + i)
         want = ref_fp8.gemm(x, weight, scale, spec, input_scale)
         prepared = backend.fp8_linear.prepare_weights(weight, scale, spec)
         got = backend.fp8_linear.matmul(x, prepared[0], prepared[1], input_scale, prepared[2], spec)
@@ -437,18 +441,27 @@ def test_fp8_linear_adapter_runs_the_checkpoint_semantics_to_the_last_bf16_bit(p
     assert gemms[-1][1]["w_scale"].shape == (2, 2) and gemms[-1][1]["x_scale"].shape == (5, 2)  # N 200, K 256
 
 
-@pytest.mark.parametrize("spec,k,backend_name,why", [
-    (ref_fp8.FP8Spec("channel", "token"), 320, "aiter", None),
-    (ref_fp8.FP8Spec("tensor", "static"), 320, "aiter", None),
-    (ref_fp8.FP8Spec("block", "group"), 256, "aiter", None),
-    (ref_fp8.FP8Spec("channel", None), 320, "triton", "weight-only FP8 (W8A16) is left to Triton"),
-    (ref_fp8.FP8Spec("block", "group"), 320, "triton", "in_features divisible by 128"),
-    (ref_fp8.FP8Spec("block", "group", block=(64, 128)), 256, "triton", "not group activations on 64x128 blocks"),
-    (ref_fp8.FP8Spec("channel", "group"), 256, "triton", "activations in groups need block-scaled weights"),
+BLOCK_FP8 = ref_fp8.FP8Spec("block", "group")
+
+
+@pytest.mark.parametrize("spec,k,parts,dtype,backend_name,why", [
+    (ref_fp8.FP8Spec("channel", "token"), 320, (256,), torch.bfloat16, "aiter", None),
+    (ref_fp8.FP8Spec("tensor", "static"), 320, (128, 128), torch.float16, "aiter", None),
+    (BLOCK_FP8, 256, (128, 128), torch.bfloat16, "aiter", None),
+    (ref_fp8.FP8Spec("channel", None), 320, (256,), torch.bfloat16, "triton",
+     "weight-only FP8 (W8A16) is left to Triton"),
+    (ref_fp8.FP8Spec("channel", "token"), 320, (256,), torch.float32, "triton", "write bf16 or fp16"),
+    (BLOCK_FP8, 320, (256,), torch.bfloat16, "triton", "in_features divisible by 128"),
+    # 26B-A4B's fused gate_up: two parts of 2112 rows, so one 128-row block holds rows of both
+    (BLOCK_FP8, 256, (192, 64), torch.bfloat16, "triton", "scale blocks that straddle two parts"),
+    (ref_fp8.FP8Spec("block", "group", block=(64, 128)), 256, (256,), torch.bfloat16, "triton",
+     "not group activations on 64x128 blocks"),
+    (ref_fp8.FP8Spec("channel", "group"), 256, (256,), torch.bfloat16, "triton",
+     "activations in groups need block-scaled weights"),
 ])
-def test_fp8_linears_take_aiter_where_its_gemms_fit(spec, k, backend_name, why):
-    choice = dispatch.choose("fp8_linear", platform=Platform("rocm", "gfx942", has_aiter=True), n=256, k=k,
+def test_fp8_linears_take_aiter_where_its_gemms_fit(spec, k, parts, dtype, backend_name, why):
+    choice = dispatch.choose("fp8_linear", platform=Platform("rocm", "gfx942", has_aiter=True), n=sum(parts), k=k,
                              weight=spec.weight, activation=spec.activation, block_n=spec.block_n,
-                             block_k=spec.block_k, group_size=spec.group_size)
+                             block_k=spec.block_k, group_size=spec.group_size, shard_sizes=parts, dtype=dtype)
     assert choice.backend == backend_name
     assert why is None or why in choice.reason

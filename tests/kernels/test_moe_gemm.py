@@ -81,6 +81,16 @@ def test_tiles_of_an_experts_last_rows_take_the_tail_path():
     assert_close(got, reference(x, gate_up, down, weights, ids))
 
 
+@pytest.mark.parametrize("tail", [8, 24, 64])
+def test_tails_that_are_no_dot_shape_are_refused(tail):
+    gate_up, down = random_experts(4, 64, 48, seed=8)
+    weights, ids = tailed_routing()
+    config = MoeConfig(32, TAILED.gate_up, TAILED.down, tail_m=tail)
+    with pytest.raises(ValueError, match=f"tail_m {tail} is not a power of two from 16"):
+        fused_experts(torch.randn(ids.shape[0], 64, device=DEVICE), ExpertWeights(gate_up), ExpertWeights(down),
+                      weights, ids, config=config)
+
+
 def test_mxfp4_tail_tiles_quantize_only_their_rows():
     (gate_up, gate_up_scale), (down, down_scale) = random_mxfp4_experts(4, 64, 64, seed=9, wide=False)
     weights, ids = tailed_routing()

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from atomlite.engine.kv.block_pool import NULL_BLOCK, BlockPool, PagePool
+from atomlite.engine.images.seq_images import SeqItem
 from atomlite.engine.kv.kv_cache import KVCacheManager
 from atomlite.engine.sequence import Sequence
 from atomlite.model_ops.kv_spec import KVSpec
@@ -262,23 +263,45 @@ def longest_servable_hit(kv: KVCacheManager, s: Sequence) -> int:
     last_full = (len(s.token_ids) - 1) // BLOCK
     keys = kv._extend_keys(s, last_full)
     for hit in range(last_full, 0, -1):
-        if all(g.pool.find(keys[i], kv._identity(s, keys, i)) is not None
-               for g in kv.groups for i in range(g.first_needed_block(hit * BLOCK, BLOCK), hit)):
+        inside_image = any(image.offset < hit * BLOCK < image.end for image in s.images)
+        if not inside_image and all(g.pool.find(keys[i], kv._identity(s, keys, i)) is not None
+                                    for g in kv.groups for i in range(g.first_needed_block(hit * BLOCK, BLOCK), hit)):
             return hit * BLOCK
     return 0
 
 
-@pytest.mark.parametrize("specs", [[FULL, SLIDING], [SLIDING], [FULL]])
-def test_prefix_hit_is_the_longest_every_group_can_serve(specs):
+def image(offset: int, length: int, content: bytes = b"a") -> SeqItem:
+    return SeqItem(offset, length, content, "image", ())
+
+
+def random_images(g: torch.Generator, length: int) -> list[SeqItem]:
+    """Up to three images in a prompt of `length`, of 1-9 tokens, 0-4 apart (less than a block, often), each one
+    of two contents."""
+    images, at = [], int(torch.randint(0, 6, (1,), generator=g))
+    while len(images) < 3:
+        size = int(torch.randint(1, 10, (1,), generator=g))
+        if at + size > length:
+            break
+        images.append(image(at, size, (b"a", b"b")[int(torch.randint(0, 2, (1,), generator=g))]))
+        at += size + int(torch.randint(0, 5, (1,), generator=g))
+    return images
+
+
+@pytest.mark.parametrize("specs,with_images", [([FULL, SLIDING], False), ([SLIDING], False), ([FULL], False),
+                                               ([FULL, SLIDING], True)])
+def test_prefix_hit_is_the_longest_every_group_can_serve(specs, with_images):
     """Prompts sharing prefixes of random lengths, run in pieces and freed while a small pool evicts: each hit is
-    the brute-force longest one, sliding groups having released and lost blocks their windows no longer need."""
+    the brute-force longest one, sliding groups having released and lost blocks their windows no longer need; with
+    images, no hit ends inside one."""
     g = torch.Generator().manual_seed(0)
     kv = manager(specs, 24)
     base = torch.randint(0, 50, (40,), generator=g).tolist()
-    for trial in range(60):
+    for trial in range(300 if with_images else 60):
         shared = int(torch.randint(0, 40, (1,), generator=g))
         tail = torch.randint(50, 99, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
         s = seq(base[:shared] + tail)
+        if with_images:
+            s.images = random_images(g, len(s.token_ids))
         expected = longest_servable_hit(kv, s)
         assert kv.apply_prefix_hit(s) == expected, trial
         remaining = len(s.token_ids) - s.num_computed_tokens
@@ -290,6 +313,15 @@ def test_prefix_hit_is_the_longest_every_group_can_serve(specs):
             kv.update_block_hashes(s)
             kv.release_out_of_window(s)
         kv.free(s)
+
+
+def test_a_hit_rounded_down_into_an_earlier_image_goes_back_to_that_image_too():
+    """Images at [2, 9) and [10, 13), blocks of 4: a hit of 12 tokens ends inside the second image, whose start
+    rounds down to 8, inside the first: no hit."""
+    kv = manager([FULL], 16)
+    s = seq(range(14))
+    s.images = [image(2, 7), image(10, 3)]
+    assert kv._hit_outside_images(s, 3) == 0
 
 
 def test_prefix_caching_off_never_hits():

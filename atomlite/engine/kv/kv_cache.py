@@ -271,10 +271,14 @@ class KVCacheManager:
         return seq.num_computed_tokens
 
     def _hit_outside_images(self, seq: Sequence, num_blocks: int) -> int:
-        """num_blocks, or fewer where they would end inside an image: a hit ends before it."""
-        if not seq.images:
-            return num_blocks
-        return outside_images(seq.images, num_blocks * self.block_size) // self.block_size
+        """num_blocks, or the most fewer that end outside every image: an image's start rounded down to a block
+        may fall inside the image before it, so this repeats until the end moves no more."""
+        while seq.images:
+            outside = outside_images(seq.images, num_blocks * self.block_size) // self.block_size
+            if outside == num_blocks:
+                break
+            num_blocks = outside
+        return num_blocks
 
     # -- views ----------------------------------------------------------------------------------------------
     def usage(self) -> list[tuple[KVSpec, int, int]]:

@@ -21,6 +21,7 @@ from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.quant.fp8 import FP8Spec
 
 BLOCK = 128  # gemm_a8w8_blockscale's block along N and K, and the activation group along K
+OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class AiterFP8Linear:
@@ -58,15 +59,27 @@ def _refuses(platform, shape: dict) -> str | None:
     weight, activation = shape.get("weight"), shape.get("activation")
     if activation is None:
         return "AITER's a8w8 GEMMs multiply fp8 activations; weight-only FP8 (W8A16) is left to Triton"
+    if shape.get("dtype", torch.bfloat16) not in OUT_DTYPES:
+        return f"AITER's a8w8 GEMMs write bf16 or fp16, not {shape['dtype']}"
     if weight == "block":
-        blocks = (shape.get("block_n"), shape.get("block_k"))
-        if activation != "group" or shape.get("group_size") != BLOCK or blocks != (BLOCK, BLOCK):
-            return (f"gemm_a8w8_blockscale takes {BLOCK}x{BLOCK} weight blocks with activations in groups of "
-                    f"{BLOCK}, not {activation} activations on {blocks[0]}x{blocks[1]} blocks")
-        if shape.get("k", 0) % BLOCK:
-            return f"gemm_a8w8_blockscale needs in_features divisible by {BLOCK} (got {shape['k']})"
-    elif activation == "group":
+        return _refuses_blocks(shape)
+    if activation == "group":
         return "gemm_a8w8 takes one scale per token; activations in groups need block-scaled weights"
+    return None
+
+
+def _refuses_blocks(shape: dict) -> str | None:
+    blocks = (shape.get("block_n"), shape.get("block_k"))
+    if shape.get("activation") != "group" or shape.get("group_size") != BLOCK or blocks != (BLOCK, BLOCK):
+        return (f"gemm_a8w8_blockscale takes {BLOCK}x{BLOCK} weight blocks with activations in groups of {BLOCK}, "
+                f"not {shape.get('activation')} activations on {blocks[0]}x{blocks[1]} blocks")
+    if shape.get("k", 0) % BLOCK:
+        return f"gemm_a8w8_blockscale needs in_features divisible by {BLOCK} (got {shape['k']})"
+    parts = shape.get("shard_sizes", ())
+    if any(size % BLOCK for size in parts[:-1]):
+        # each part keeps its own checkpoint's blocks; AITER reads one scale per 128 rows of the fused weight
+        return (f"a fused projection of parts of {list(parts)} rows has scale blocks that straddle two parts; "
+                f"gemm_a8w8_blockscale reads one scale per {BLOCK} rows")
     return None
 
 

@@ -229,6 +229,9 @@ def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_wei
 
 
 def _check_config(config: MoeConfig, gate_up: ExpertWeights, down: ExpertWeights, quantize_inner: bool) -> None:
+    tail = config.tail_m
+    if tail > config.block_m or tail < 16 or tail & (tail - 1):
+        raise ValueError(f"tail_m {tail} is not a power of two from 16 (a dot's rows) to block_m {config.block_m}")
     if quantize_inner and config.gate_up.block_n % mxfp4.BLOCK:
         raise ValueError(f"gate_up quantizes gelu(gate) * up per {mxfp4.BLOCK} columns in its tile: block_n "
                          f"{config.gate_up.block_n} is not a multiple of {mxfp4.BLOCK}")
