@@ -9,7 +9,7 @@ CUDA graph; then each is timed at every batch size:
 Ratios are the loop's eager time over each fused time; "roofline" is the expert weight bytes the batch must read
 (its distinct experts) over the measured copy bandwidth.
 
-    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep] [--kernels]
+    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep] [--projections] [--tails] [--kernels]
 """
 import argparse
 import statistics
