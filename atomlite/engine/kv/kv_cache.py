@@ -229,11 +229,14 @@ class KVCacheManager:
                 if i < len(table):
                     group.pool.register(table[i], keys[i], identity)
 
+    def _holds(self, group: KVGroup, seq: Sequence, keys: list[bytes], i: int) -> bool:
+        """Whether group has seq's block i cached, computed from exactly what seq's is."""
+        return group.pool.find(keys[i], self._identity(seq, keys, i)) is not None
+
     def _first_missing(self, group: KVGroup, seq: Sequence, keys: list[bytes], num_blocks: int) -> int | None:
         """The first block a hit of num_blocks needs from group that it does not hold (None: it can serve)."""
         first = group.first_needed_block(num_blocks * self.block_size, self.block_size)
-        return next((i for i in range(first, num_blocks)
-                     if group.pool.find(keys[i], self._identity(seq, keys, i)) is None), None)
+        return next((i for i in range(first, num_blocks) if not self._holds(group, seq, keys, i)), None)
 
     def _leading_cached(self, seq: Sequence, num_blocks: int) -> int:
         """How many of seq's first num_blocks blocks in a row the groups that need every block of a hit that long
@@ -242,7 +245,7 @@ class KVCacheManager:
         i = 0
         while needs_all and i < num_blocks:
             keys = self._extend_keys(seq, i + 1)
-            if any(g.pool.find(keys[i], self._identity(seq, keys, i)) is None for g in needs_all):
+            if not all(self._holds(g, seq, keys, i) for g in needs_all):
                 break
             i += 1
         return i if needs_all else num_blocks
