@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.carriers import PartialSums, TokenQuantization, TokenRows
+from atomlite.model_ops.carriers import GatedInput, PartialSums, TokenQuantization, TokenRows
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 
@@ -95,22 +95,32 @@ class FP8Linear(nn.Module):
         self.weight.data, self.weight_scale.data, self.prepared = self._family.prepare_weights(
             self.weight.data, self.weight_scale.data, self.spec)
 
-    def forward(self, x: "torch.Tensor | TokenRows") -> torch.Tensor | PartialSums:
+    def forward(self, x: "torch.Tensor | TokenRows | GatedInput") -> torch.Tensor | PartialSums:
         """Linked to a consumer that reads them (model_ops.fusion), a split-K GEMM's output may be PartialSums; linked
-        to a kernel before that writes them, x may come quantized per token (TokenRows)."""
+        to a kernel before that writes them, x may come quantized per token (TokenRows), or as the MLP's
+        [gate | up] whose gelu_tanh(gate) * up the quantization computes (GatedInput)."""
         if isinstance(x, TokenRows):
             return self._family.matmul_token_rows(x, self.weight, self.weight_scale, self.spec,
                                                   summed=not self.returns_partial_sums)
-        rows = x.reshape(-1, self.in_features)
+        gated = isinstance(x, GatedInput)
+        x = x.gate_up if gated else x
+        rows = x.reshape(-1, 2 * self.in_features if gated else self.in_features)
         summed = not self.returns_partial_sums or x.dim() != 2
-        y = self._family.matmul(rows, self.weight, self.weight_scale, self.input_scale, self.prepared, self.spec,
-                                summed)
+        matmul = self._family.matmul_gated if gated else self._family.matmul
+        y = matmul(rows, self.weight, self.weight_scale, self.input_scale, self.prepared, self.spec, summed)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def can(self, capability: str) -> bool:
         if capability == "reads_token_rows" and self.spec.activation != "token":
             return False
+        if capability == "reads_gated_input" and self.spec.activation is None:
+            return False  # weight-only: nothing quantizes x, so the activation kernel stays
         return self.kernel.can(capability)
+
+    def takes_gated(self, gate_up: torch.Tensor) -> bool:
+        """Whether this call computes gelu_tanh(gate) * up of gate_up itself (GeluTanhAndMul asks; linked only where
+        the layer can): every call, in its activation quantization."""
+        return True
 
     def input_quantization(self, x: torch.Tensor) -> TokenQuantization:
         """For the kernel that computes this layer's input x (linked where this layer reads TokenRows): per token, in

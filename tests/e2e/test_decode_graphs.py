@@ -216,3 +216,37 @@ def test_mxfp4_model_replayed_from_graphs_decodes_like_the_torch_reference(mxfp4
         for step_ours, step_ref in zip(ours.logprobs, ref.logprobs):
             for token in step_ref.keys() & step_ours.keys():
                 assert step_ours[token] == pytest.approx(step_ref[token], abs=1e-3)
+
+
+@pytest.fixture(scope="module", params=["dense", "moe"])
+def fp8_config(checkpoints, tmp_path_factory, request):
+    """A tiny model's config.json with compressed-tensors' FP8-Dynamic quantization_config (the 26B-A4B example's:
+    per-channel weights, per-token activations; run with dummy weights)."""
+    import json
+    from pathlib import Path
+
+    path, _ = checkpoints.get(request.param)
+    raw = json.loads((path / "config.json").read_text())
+    example = Path(__file__).parents[2] / "examples/configs/gemma-4-26B-A4B-it-fp8-dynamic/config.json"
+    raw["quantization_config"] = json.loads(example.read_text())["quantization_config"]
+    out = tmp_path_factory.mktemp(f"fp8-{request.param}")
+    (out / "config.json").write_text(json.dumps(raw))
+    return out
+
+
+@pytest.mark.gpu
+def test_fp8_graphs_with_dependent_launches_decode_as_graphs_without_them(fp8_config, monkeypatch):
+    """On sm_90 the FP8 kernels (quantization, GEMMs, their split-K sums, the experts) start before the kernel ahead
+    ends, and read what it wrote only after waiting for it. The same kernels captured with every launch waiting
+    (ATOMLITE_PDL=0) must decode the same tokens with the same logprobs: only a race could tell them apart."""
+    args = _on_gpu(load_format="dummy")
+    monkeypatch.setenv("ATOMLITE_PDL", "0")
+    waiting = LLM(str(fp8_config), max_graph_batch=4, **args)
+    expected = _eager_with_logprobs(waiting, 3)
+    del waiting
+    monkeypatch.delenv("ATOMLITE_PDL")
+    llm = LLM(str(fp8_config), max_graph_batch=4, **args)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.graphs, llm.engine.graph_note
+    got = _eager_with_logprobs(llm, 3)
+    assert [o.token_ids for o in got] == [o.token_ids for o in expected]
+    assert [o.logprobs for o in got] == [o.logprobs for o in expected]

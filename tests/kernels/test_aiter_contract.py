@@ -247,8 +247,10 @@ def fp8_case(spec, parts: tuple[int, ...], k: int, seed: int):
 
 
 def run_fp8_linear_adapter():
-    """Each FP8 case through the AITER adapter (prepare once, then a call; per-token rows also as TokenRows) against
-    the checkpoint's semantics (quant.fp8.gemm)."""
+    """Each FP8 case through the AITER adapter (prepare once, then a call; per-token rows also as TokenRows; and as
+    a down projection's [gate | up], activated as it is quantized) against the checkpoint's semantics
+    (quant.fp8.gemm)."""
+    from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
     results = []
     for i, (spec, parts, k) in enumerate(FP8_CASES):
         x, weight, scale, input_scale = fp8_case(spec, parts, k, seed=10 + i)
@@ -256,6 +258,10 @@ def run_fp8_linear_adapter():
         prepared = backend.fp8_linear.prepare_weights(weight, scale, spec)
         got = backend.fp8_linear.matmul(x, prepared[0], prepared[1], input_scale, prepared[2], spec)
         results.append((f"fp8_linear {spec.describe()}", got, want))
+        gate_up = torch.cat([x, x.flip(0)], dim=1)
+        want_gated = ref_fp8.gemm(gelu_tanh_and_mul(gate_up), weight, scale, spec, input_scale)
+        results.append((f"fp8_linear gated {spec.describe()}", backend.fp8_linear.matmul_gated(
+            gate_up, prepared[0], prepared[1], input_scale, prepared[2], spec), want_gated))
         if spec.activation == "token":
             rows = TokenRows(*quantize_rows(x, "token", prepared[0].dtype), x.dtype)
             results.append((f"fp8_linear token rows {spec.describe()}",

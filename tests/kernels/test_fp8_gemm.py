@@ -218,3 +218,23 @@ def test_quantize_rows_is_the_references_quantization(activation, whole_row, mon
         want = torch.stack([fp8.quantize_dequantize_input(r[None], spec, t)[0] for r, t in zip(rows, per_row)])
         got = q.float().cpu() * fp8._per_element(s.cpu(), x.shape[1], spec.group_size)
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("activation", ["token", "static", "group"])
+@pytest.mark.parametrize("whole_row", [True, False])
+def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activation, whole_row, monkeypatch):
+    """quantize_rows of [gate | up] (gated, the down projection's GatedInput) gives the bits and scales of the
+    activation kernel's bf16 gelu_tanh(gate) * up quantized: one launch where there were two."""
+    from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
+    from atomlite.model_ops.triton.fp8 import quant
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not whole_row:
+        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
+        monkeypatch.setattr(quant, "GROUP_STEP", 128)
+    gate_up = _x(5, 600, device).to(torch.bfloat16)
+    static = torch.tensor([0.03], device=device) if activation == "static" else None
+    q, s = quant.quantize_rows(gate_up, activation, torch.float8_e4m3fn, static_scale=static, gated=True)
+    want_q, want_s = quant.quantize_rows(gelu_tanh_and_mul(gate_up), activation, torch.float8_e4m3fn,
+                                         static_scale=static)
+    assert q.shape == (5, 300) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(s, want_s)

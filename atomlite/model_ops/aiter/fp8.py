@@ -37,6 +37,13 @@ class AiterFP8Linear:
         xq, x_scale = quantize_rows(x, spec.activation, weight.dtype, spec.group_size, input_scale)
         return self._gemm(xq, x_scale, weight, scale, spec, x.dtype)
 
+    def matmul_gated(self, gate_up: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     input_scale: torch.Tensor | None, prepared: None, spec: FP8Spec,
+                     summed: bool = True) -> torch.Tensor:
+        """The GEMM on gelu_tanh(gate) * up of gate_up = [gate | up], computed as quantize_rows quantizes it."""
+        xq, x_scale = quantize_rows(gate_up, spec.activation, weight.dtype, spec.group_size, input_scale, gated=True)
+        return self._gemm(xq, x_scale, weight, scale, spec, gate_up.dtype)
+
     def matmul_token_rows(self, x: TokenRows, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec,
                           summed: bool = True) -> torch.Tensor:
         """x quantized per token by the kernel before (the residual update's TokenRows)."""
@@ -83,6 +90,7 @@ def _refuses_blocks(shape: dict) -> str | None:
     return None
 
 
-# reads_token_rows: per-token layers take the residual update's quantized rows as they are
+# reads_token_rows: per-token layers take the residual update's quantized rows as they are; reads_gated_input: the
+# down projection quantizes gelu_tanh(gate) * up as it computes it (quantize_rows)
 declare("fp8_linear", "aiter", FP8_LINEAR, refuses=_refuses, requires=(F.GEMM_A8W8, F.GEMM_A8W8_BLOCKSCALE),
-        capabilities={"reads_token_rows"})
+        capabilities={"reads_token_rows", "reads_gated_input"})

@@ -38,6 +38,13 @@ class TritonFP8Linear:
                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
         return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k, summed)
 
+    def matmul_gated(self, gate_up: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                     input_scale: torch.Tensor | None, prepared: None, spec: FP8Spec,
+                     summed: bool = True) -> torch.Tensor | PartialSums:
+        """The GEMM on gelu_tanh(gate) * up of gate_up = [gate | up], computed as it is quantized."""
+        return fp8_gemm(gate_up, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k, summed,
+                        gated=True)
+
     def matmul_token_rows(self, x: TokenRows, weight: torch.Tensor, scale: torch.Tensor, spec: FP8Spec,
                           summed: bool = True) -> torch.Tensor | PartialSums:
         """The GEMM on x that the kernel before quantized per token (TokenRows)."""
@@ -84,9 +91,10 @@ def _refuses(platform, shape: dict) -> str | None:
 
 
 # fp8 GEMM with the checkpoint's activation quantization fused in
-# reads_token_rows where the layer's activations are dynamic per token (FP8Linear.can)
+# reads_token_rows where the layer's activations are dynamic per token, reads_gated_input where they are quantized
+# at all (FP8Linear.can)
 declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning,
-        capabilities={"writes_partial_sums", "reads_token_rows"})
+        capabilities={"writes_partial_sums", "reads_token_rows", "reads_gated_input"})
 # the same as a grouped GEMM over expert-sorted blocks (a few pairs: one per block): capture-safe
 declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning,
         capabilities={"writes_partial_sums"})

@@ -18,46 +18,70 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
-from atomlite.model_ops.triton.common import interpreting, num_sms, run_kernel
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
+                                              num_sms, pdl_launch, run_kernel)
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
-from atomlite.model_ops.triton.gemm.skinny import _sum_splits_kernel
-from atomlite.model_ops.triton.gemm.tuning import SUM_BLOCK, SUM_WARPS
 from atomlite.model_ops.triton.mxfp4 import blockwise
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import SplitLaunch, sum_splits
+
+
+@triton.jit
+def _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS: tl.constexpr, W_BLOCKS: tl.constexpr,
+            SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr):
+    """acc plus the product of the W tile [BLOCK_N, BLOCK_K] and the x tile [BLOCK_M, BLOCK_K] at column k, times
+    their K-block scales where they have them."""
+    if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+    elif x.dtype != w.dtype:  # W8A16: e4m3 values are exact in x's 16-bit dtype
+        w = w.to(x.dtype)
+    if X_BLOCKS or W_BLOCKS:
+        part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
+        if X_BLOCKS:
+            part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
+        if W_BLOCKS:
+            part = part * tl.load(ws_rows + (k // SCALE_K) * ws_step, mask=n_ok, other=0.0)[:, None]
+        acc += part
+    elif FP32_DOT:
+        acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, tl.trans(x), acc)
+    return acc
 
 
 @triton.jit
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+                TRIGGER: tl.constexpr = False):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
     ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a
-    multiple of it."""
+    multiple of it. PDL: a dependent launch, which loads its first W tile before it waits for the kernel ahead (that
+    wrote x and its scales; no kernel writes W), so the tile streams in while that kernel finishes. TRIGGER: then
+    the kernel after this one may launch (its programs wait for this grid before they read its output); only for a
+    grid resident in one wave, whose programs no waiting program can displace."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k in range(k_lo, k_hi, BLOCK_K):
+    k_first = k_lo
+    if PDL:
+        kk = k_lo + rk
+        k_ok = kk < k_hi
+        w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        gdc_wait()
+        if TRIGGER:
+            gdc_launch_dependents()
+        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _k_step(acc, w, x, k_lo, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
+        k_first = k_lo + BLOCK_K
+    for k in range(k_first, k_hi, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_hi
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if FP32_DOT:  # the interpreter and fp32 models: exact products, ieee sums
-            x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        elif x.dtype != w.dtype:  # W8A16: e4m3 values are exact in x's 16-bit dtype
-            w = w.to(x.dtype)
-        if X_BLOCKS or W_BLOCKS:
-            part = tl.dot(w, tl.trans(x), input_precision="ieee") if FP32_DOT else tl.dot(w, tl.trans(x))
-            if X_BLOCKS:
-                part = part * tl.load(xs_rows + k // SCALE_K, mask=m_ok, other=0.0)[None, :]
-            if W_BLOCKS:
-                part = part * tl.load(ws_rows + (k // SCALE_K) * ws_step, mask=n_ok, other=0.0)[:, None]
-            acc += part
-        elif FP32_DOT:
-            acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)
+        acc = _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
     return acc
 
 
@@ -77,9 +101,11 @@ def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOC
 def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
                     stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+                    TRIGGER: tl.constexpr = False):
     """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
-    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart)."""
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). PDL (a dependent launch)
+    and TRIGGER: as scaled_tile's."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,7 +115,7 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
     acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok, n_ok, k_lo,
-                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL, TRIGGER)
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
@@ -125,18 +151,18 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     splits = triton.cdiv(k, k_per_split)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
+    pdl = dependent_launches(x.device)
+    one_wave = tiles[0] * tiles[1] * splits <= config.programs_per_sm * num_sms(x.device)
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
-               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-               num_stages=config.num_stages)
-    if splits > 1 and not summed:
-        return PartialSums(target, out_dtype)
-    if splits > 1:
-        run_kernel(_sum_splits_kernel, (m, triton.cdiv(n, SUM_BLOCK)), target, y, m, n, splits, target.stride(0),
-                   y.stride(0), SPLITS_P2=triton.next_power_of_2(splits), BLOCK=SUM_BLOCK, num_warps=SUM_WARPS)
-    return y
+               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
+               TRIGGER=pdl and config.split_k and one_wave, num_warps=config.num_warps, num_stages=config.num_stages,
+               **pdl_launch(pdl))
+    if splits == 1:
+        return y
+    return sum_splits(SplitLaunch((), k_per_split, splits, y, target), pdl, summed)
 
 
 @functools.cache
@@ -200,13 +226,14 @@ def library_block_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
             and library_takes_block_scales(x.device))
 
 
-def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
+def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, group_size: int,
+                     gated: bool = False) -> torch.Tensor:
     """x [M, K] quantized per group of 128 (quantize_rows, rows padded to 16 with zeros) @ weight [N, K]^T with
-    scale [N, K / 128]: cuBLAS's fp8 GEMM with 1x128 block scales on both sides."""
+    scale [N, K / 128]: cuBLAS's fp8 GEMM with 1x128 block scales on both sides. gated: as fp8_gemm's."""
     m, n = x.shape[0], weight.shape[0]
     padded = -(-m // blockwise.ROWS_ALIGN) * blockwise.ROWS_ALIGN
     rows = x if padded == m else torch.nn.functional.pad(x, (0, 0, 0, padded - m))
-    xq, x_scale = quantize_rows(rows, "group", weight.dtype, group_size)
+    xq, x_scale = quantize_rows(rows, "group", weight.dtype, group_size, gated=gated)
     out = torch.empty(padded, n, dtype=x.dtype, device=x.device)
     blockwise.blockwise_scaled_mm(xq, x_scale.t().contiguous().t(), weight, scale, out)
     return out[:m]
@@ -214,21 +241,23 @@ def library_block_mm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
              activation: str | None, group_size: int = 128, scale_block_k: int = 0,
-             summed: bool = True) -> torch.Tensor | PartialSums:
+             summed: bool = True, gated: bool = False) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM
-    (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200).
+    (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200). gated: x is [gate | up]
+    [M, 2K] and the GEMM's input is gelu_tanh(gate) * up, computed as it is quantized (quantized activations only).
     Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
     and grouped x on block-scaled W to its 1x128 block scaling where the GPU's library has it, as bf16's many rows
     go to F.linear."""
     if activation is None:
+        assert not gated, "weight-only layers take gelu_tanh(gate) * up computed"
         return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype, summed=summed)
     scale_k = group_size if activation == "group" else scale_block_k
     if activation == "group" and scale.shape[1] > 1:
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
     if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
-        return library_block_mm(x, weight, scale, group_size)
-    xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale)
+        return library_block_mm(x, weight, scale, group_size, gated)
+    xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale, gated=gated)
     return gemm_on_rows(xq, x_scale, weight, scale, scale_k, x.dtype, summed)
 
 

@@ -7,7 +7,9 @@ N tiles) on gathered fp8 rows and the block's expert's e4m3 weights (gemm.scaled
 A few pairs (decode at small batch) skip the sort: block b is pair b alone, its expert read from topk_ids. Experts
 rarely repeat there, so grouping saves no weight reads; the sort cost a dozen launches per layer. down_proj weights
 each pair's row by its routing weight as it stores it (fp32), and moe.common.sum_slots adds a token's rows (or
-hands them on unsummed, PartialSums)."""
+hands them on unsummed, PartialSums). down_proj's input gelu_tanh(gate) * up is computed by its quantization
+(quant.quantize_rows, gated). On sm_90 the GEMM is a dependent launch: it waits for the kernel before, which wrote its
+rows and may have written the routing (so no weight is read before the wait)."""
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +18,7 @@ import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
-from atomlite.model_ops.triton.common import interpreting, run_kernel
+from atomlite.model_ops.triton.common import dependent_launches, gdc_wait, interpreting, pdl_launch, run_kernel
 from atomlite.model_ops.triton.fp8.gemm import scale_tile, scaled_tile
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import PAIR_BLOCKS_MAX_PAIRS, moe_block_m, moe_tile_config
@@ -29,11 +31,13 @@ def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_exp
                         stride_wsn, stride_ym, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                         W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr,
                         PAIR_BLOCKS: tl.constexpr, ROUTED: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Row r of block b is pair rows[b * BLOCK_M + r] (-1: padding); it reads x row pair // rows_per_source and
     writes y row pair. PAIR_BLOCKS: block b is pair b alone (row 0; the others padding) and block_expert is
-    topk_ids. ROUTED: y row pair is multiplied by pair_weights[pair]."""
+    topk_ids. ROUTED: y row pair is multiplied by pair_weights[pair]. PDL: a dependent launch."""
     pid_b, pid_n = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        gdc_wait()
     expert = tl.load(block_expert_ptr + pid_b)
     if expert < num_experts:
         if PAIR_BLOCKS:
@@ -79,32 +83,33 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tup
 
 
 def quantize_pairs(x: torch.Tensor, pair_experts: torch.Tensor, rows_per_source: int, input_scale: torch.Tensor | None,
-                   activation: str | None, fp8_dtype: torch.dtype, group_size: int
+                   activation: str | None, fp8_dtype: torch.dtype, group_size: int, gated: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """(rows the GEMM reads, their scales, rows_per_source left for it). Dynamic scales are the token's for every
-    expert: x is quantized once. A static scale is each pair's expert's own: one quantized row per pair."""
+    expert: x is quantized once. A static scale is each pair's expert's own: one quantized row per pair. gated: x is
+    [gate | up] and gelu_tanh(gate) * up is what is quantized (weight-only experts get it computed)."""
     if activation is None:
-        return x, None, rows_per_source
+        return (gelu_tanh_and_mul(x) if gated else x), None, rows_per_source
     if activation == "static":
         q, scales = quantize_rows(x, "static", fp8_dtype, static_scale=input_scale.float()[pair_experts.long()],
-                                  rows_per_source=rows_per_source)
+                                  rows_per_source=rows_per_source, gated=gated)
         return q, scales, 1
-    q, scales = quantize_rows(x, activation, fp8_dtype, group_size)
+    q, scales = quantize_rows(x, activation, fp8_dtype, group_size, gated=gated)
     return q, scales, rows_per_source
 
 
 def fp8_moe_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
                  layout: "PairLayout", rows_per_source: int, activation: str | None, group_size: int,
-                 scale_block_k: int, pair_weights: torch.Tensor | None = None) -> torch.Tensor:
+                 scale_block_k: int, pair_weights: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
     """y [pairs, N]: y[pair] = q(x[pair // rows_per_source]) W_e^T for pair's expert e, in x's dtype; with
-    pair_weights [pairs], times pair's weight, in fp32."""
+    pair_weights [pairs], times pair's weight, in fp32. gated: x is [gate | up] (quantize_pairs)."""
     num_experts, n, k = weight.shape
     out_rows = layout.pair_experts.numel()
     y = torch.empty(out_rows, n, dtype=x.dtype if pair_weights is None else torch.float32, device=x.device)
     if out_rows == 0:  # every pair's row is written
         return y
     a, a_scale, rows_per_source = quantize_pairs(x, layout.pair_experts, rows_per_source, input_scale, activation,
-                                                 weight.dtype, group_size)
+                                                 weight.dtype, group_size, gated)
     fp32_dot = interpreting() or a.dtype == torch.float32
     config = moe_tile_config(layout.block_m, x.device, fp32_dot)
     x_blocks = a_scale is not None and a_scale.shape[1] > 1
@@ -112,13 +117,15 @@ def fp8_moe_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, inp
     scale_k = group_size if x_blocks else scale_block_k
     a_scale_arg = a_scale if a_scale is not None else scale
     grid = (layout.block_expert.numel(), triton.cdiv(n, config.block_n))
+    pdl = dependent_launches(x.device)
     run_kernel(fp8_moe_gemm_kernel, grid, a, a_scale_arg, weight, scale, y, layout.rows, layout.block_expert,
                pair_weights if pair_weights is not None else scale, n, k, num_experts, rows_per_source, a.stride(0),
                a_scale_arg.stride(0), weight.stride(0), weight.stride(1), scale.stride(0), scale.stride(1),
                y.stride(0), X_SCALED=a_scale is not None, X_BLOCKS=x_blocks, W_BLOCKS=w_blocks,
                SCALE_K=scale_k or k, FP32_DOT=fp32_dot, PAIR_BLOCKS=layout.rows is None,
                ROUTED=pair_weights is not None, BLOCK_M=layout.block_m, BLOCK_N=config.block_n,
-               BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+               BLOCK_K=config.block_k, PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages,
+               **pdl_launch(pdl))
     return y
 
 
@@ -149,6 +156,6 @@ def fp8_experts(x: torch.Tensor, gate_up: tuple, down: tuple, topk_weights: torc
     layout = PairLayout.of(topk_ids, gate_up[0].shape[0])
     common = dict(activation=activation, group_size=group_size, scale_block_k=scale_block_k)
     h = fp8_moe_gemm(x, *gate_up, layout, rows_per_source=top_k, **common)
-    pair_out = fp8_moe_gemm(gelu_tanh_and_mul(h), *down, layout, rows_per_source=1,
-                            pair_weights=topk_weights.flatten(), **common)
+    pair_out = fp8_moe_gemm(h, *down, layout, rows_per_source=1, pair_weights=topk_weights.flatten(), gated=True,
+                            **common)
     return sum_slots(pair_out, tokens, top_k, x.dtype, summed=summed)

@@ -5,12 +5,19 @@ Rounding to e4m3 is done in fp32 on the bits (round half to even on the e4m3fn g
 same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. On an e4m3fnuz GPU (gfx942) the
 same bits are half the value, so the quantized x is halved before the cast and its scale doubled: the products are
 those of the checkpoint's e4m3fn.
+
+x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
+kernel would have written it, so the down projection's input costs one launch, not two. On sm_90 the kernel is a
+dependent launch: it waits for the kernel before, and lets the GEMM after it start (and stream its first weight tile)
+as it ends.
 """
 import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import num_sms, run_kernel
+from atomlite.model_ops.triton.activation import gelu_tanh
+from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, num_sms,
+                                              pdl_launch, run_kernel)
 
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
@@ -49,30 +56,44 @@ def amax_scale(x, AXIS: tl.constexpr = 0):
 
 
 @triton.jit
+def load_activation(x_row, kk, K, GATED: tl.constexpr):
+    """x_row's columns kk (< K) in fp32; GATED: gelu_tanh(gate) * up of the row [gate | up] (up K columns after gate),
+    rounded to x's dtype as the activation kernel rounds its output."""
+    values = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.load(x_row + K + kk, mask=kk < K, other=0.0).to(tl.float32)
+        values = (gelu_tanh(values) * up).to(x_row.dtype.element_ty).to(tl.float32)
+    return values
+
+
+@triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
-                         WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1):
+                         WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1, GATED: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
     own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. Program
     (row, chunk): chunk program_id(1) of BLOCK (modes 1, 2) or of GROUPS groups (mode 3) columns, so that a few
     rows spread over the GPU; per token, each program reads the whole row for its amax first. WHOLE: the row is
-    one chunk, read once."""
+    one chunk, read once. GATED: x rows are [gate | up] (load_activation)."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
     s_row = s_ptr + row * stride_s
     cols = tl.arange(0, BLOCK)
     factor = 2.0 if FNUZ else 1.0  # fnuz holds half the value: the scale doubles
+    if PDL:
+        gdc_wait()  # for the kernel before, which wrote x
     if MODE == 3:
         group = chunk * GROUPS + tl.arange(0, GROUPS)
         kk = group[:, None] * BLOCK + cols[None, :]
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+        x = load_activation(x_row, kk, K, GATED)
         scale = amax_scale(x, 1)
         tl.store(q_row + kk, quantize_fp8(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
     else:
         kk = chunk * BLOCK + cols
-        x = tl.load(x_row + kk, mask=kk < K, other=0.0).to(tl.float32)
+        x = load_activation(x_row, kk, K, GATED)
         if MODE == 1:
             scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
         elif WHOLE:
@@ -80,12 +101,13 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         else:
             amax = tl.zeros((BLOCK,), tl.float32)
             for k in range(0, K, BLOCK):
-                seen = k + cols
-                amax = tl.maximum(amax, tl.abs(tl.load(x_row + seen, mask=seen < K, other=0.0).to(tl.float32)))
+                amax = tl.maximum(amax, tl.abs(load_activation(x_row, k + cols, K, GATED)))
             scale = amax_scale(amax)
         tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         if chunk == 0:
             tl.store(s_row, scale * factor)
+    if PDL:
+        gdc_launch_dependents()  # the GEMM's programs may start; they wait for this grid before reading q
 
 
 def row_chunk(rows: int, k: int, device: torch.device) -> int:
@@ -96,12 +118,13 @@ def row_chunk(rows: int, k: int, device: torch.device) -> int:
 
 
 def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, group_size: int = 128,
-                  static_scale: torch.Tensor | None = None, rows_per_source: int = 1
+                  static_scale: torch.Tensor | None = None, rows_per_source: int = 1, gated: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [S, K] -> (q [S * rows_per_source, K] fp8_dtype, scales float32 [rows, G]): G = 1 per token or static,
     ceil(K / group_size) per group. static_scale: one scale [1], or one per output row [rows] (MoE experts'
-    own input scales). The scales already carry fnuz's factor 2."""
-    rows, k = x.shape[0] * rows_per_source, x.shape[1]
+    own input scales). The scales already carry fnuz's factor 2. gated: x is [gate | up] [S, 2K], and
+    gelu_tanh(gate) * up (in x's dtype) is quantized."""
+    rows, k = x.shape[0] * rows_per_source, x.shape[1] // 2 if gated else x.shape[1]
     groups = triton.cdiv(k, group_size) if activation == "group" else 1
     q = torch.empty(rows, k, dtype=fp8_dtype, device=x.device)
     scales = torch.empty(rows, groups, dtype=torch.float32, device=x.device)
@@ -115,8 +138,9 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
     per_program = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
     width = block * per_program
     chunks = triton.cdiv(groups, per_program) if activation == "group" else triton.cdiv(k, block)
+    pdl = dependent_launches(x.device)
     run_kernel(quantize_rows_kernel, (rows, chunks), x, q, scales, static, k,
                rows_per_source, x.stride(0), q.stride(0), scales.stride(0), stride_static, MODE=MODES[activation],
                FNUZ=fp8_dtype == torch.float8_e4m3fnuz, BLOCK=block, WHOLE=block >= k, GROUPS=per_program,
-               num_warps=4 if width <= 2048 else 8 if width <= 8192 else 16)
+               GATED=gated, PDL=pdl, num_warps=4 if width <= 2048 else 8 if width <= 8192 else 16, **pdl_launch(pdl))
     return q, scales
