@@ -118,9 +118,11 @@ class FP8Linear(nn.Module):
         return self.kernel.can(capability)
 
     def takes_gated(self, gate_up: torch.Tensor) -> bool:
-        """Whether this call computes gelu_tanh(gate) * up of gate_up itself (GeluTanhAndMul asks; linked only where
-        the layer can): every call, in its activation quantization."""
-        return True
+        """Whether this call computes gelu_tanh(gate) * up of gate_up itself, in its activation quantization
+        (GeluTanhAndMul asks; linked only where the layer can): where that costs no more than the activation
+        kernel would."""
+        rows = gate_up.numel() // gate_up.shape[-1] if gate_up.shape[-1] else 0
+        return self._family.takes_gated(rows, self.in_features, self.spec, gate_up.device)
 
     def input_quantization(self, x: torch.Tensor) -> TokenQuantization:
         """For the kernel that computes this layer's input x (linked where this layer reads TokenRows): per token, in

@@ -443,7 +443,8 @@ def test_fp8_linear_adapter_runs_the_checkpoint_semantics_to_the_last_bf16_bit(p
     for name, got, want in run_fp8_linear_adapter():
         torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-5, msg=name)
     gemms = [(path, kw) for path, _, kw in calls if path in (F.GEMM_A8W8, F.GEMM_A8W8_BLOCKSCALE)]
-    assert [path for path, _ in gemms] == [F.GEMM_A8W8] * 3 + [F.GEMM_A8W8_BLOCKSCALE]
+    # per token: plain, gated, TokenRows; static: plain, gated; blocks: plain, gated
+    assert [path for path, _ in gemms] == [F.GEMM_A8W8] * 5 + [F.GEMM_A8W8_BLOCKSCALE] * 2
     assert gemms[-1][1]["w_scale"].shape == (2, 2) and gemms[-1][1]["x_scale"].shape == (5, 2)  # N 200, K 256
 
 

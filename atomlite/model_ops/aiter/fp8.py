@@ -17,7 +17,7 @@ from atomlite.model_ops.aiter.detect import call
 from atomlite.model_ops.carriers import TokenRows
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.fp8.family import on_platform
-from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.model_ops.triton.fp8.quant import quantize_rows, quantizes_gated_cheaply
 from atomlite.quant.fp8 import FP8Spec
 
 BLOCK = 128  # gemm_a8w8_blockscale's block along N and K, and the activation group along K
@@ -36,6 +36,9 @@ class AiterFP8Linear:
                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor:
         xq, x_scale = quantize_rows(x, spec.activation, weight.dtype, spec.group_size, input_scale)
         return self._gemm(xq, x_scale, weight, scale, spec, x.dtype)
+
+    def takes_gated(self, rows: int, k: int, spec: FP8Spec, device: torch.device) -> bool:
+        return quantizes_gated_cheaply(rows, k, spec.activation, device)
 
     def matmul_gated(self, gate_up: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      input_scale: torch.Tensor | None, prepared: None, spec: FP8Spec,

@@ -10,6 +10,7 @@ from atomlite.model_ops.triton.fp8 import tuning
 from atomlite.model_ops.triton.fp8.gemm import (fp8_gemm, gemm_on_rows, library_takes_block_scales,
                                                 library_takes_row_scales)
 from atomlite.model_ops.triton.fp8.moe import fp8_experts
+from atomlite.model_ops.triton.fp8.quant import quantizes_gated_cheaply
 from atomlite.model_ops.triton.moe.routing import MAX_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
@@ -37,6 +38,9 @@ class TritonFP8Linear:
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
                prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
         return fp8_gemm(x, weight, scale, input_scale, spec.activation, spec.group_size, spec.block_k, summed)
+
+    def takes_gated(self, rows: int, k: int, spec: FP8Spec, device: torch.device) -> bool:
+        return quantizes_gated_cheaply(rows, k, spec.activation, device)
 
     def matmul_gated(self, gate_up: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      input_scale: torch.Tensor | None, prepared: None, spec: FP8Spec,

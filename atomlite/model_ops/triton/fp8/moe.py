@@ -8,7 +8,7 @@ A few pairs (decode at small batch) skip the sort: block b is pair b alone, its 
 rarely repeat there, so grouping saves no weight reads; the sort cost a dozen launches per layer. down_proj weights
 each pair's row by its routing weight as it stores it (fp32), and moe.common.sum_slots adds a token's rows (or
 hands them on unsummed, PartialSums). down_proj's input gelu_tanh(gate) * up is computed by its quantization
-(quant.quantize_rows, gated). On sm_90 the GEMM is a dependent launch: it waits for the kernel before, which wrote its
+where that costs no more (quant.quantizes_gated_cheaply). On sm_90 the GEMM is a dependent launch: it waits for the kernel before, which wrote its
 rows and may have written the routing (so no weight is read before the wait)."""
 from dataclasses import dataclass
 
@@ -20,7 +20,7 @@ from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.common import dependent_launches, gdc_wait, interpreting, pdl_launch, run_kernel
 from atomlite.model_ops.triton.fp8.gemm import scale_tile, scaled_tile
-from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.model_ops.triton.fp8.quant import quantize_rows, quantizes_gated_cheaply
 from atomlite.model_ops.triton.fp8.tuning import PAIR_BLOCKS_MAX_PAIRS, moe_block_m, moe_tile_config
 from atomlite.model_ops.triton.moe.common import sum_slots
 
@@ -87,9 +87,10 @@ def quantize_pairs(x: torch.Tensor, pair_experts: torch.Tensor, rows_per_source:
                    ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """(rows the GEMM reads, their scales, rows_per_source left for it). Dynamic scales are the token's for every
     expert: x is quantized once. A static scale is each pair's expert's own: one quantized row per pair. gated: x is
-    [gate | up] and gelu_tanh(gate) * up is what is quantized (weight-only experts get it computed)."""
+    [gate | up] and gelu_tanh(gate) * up is what is quantized."""
     if activation is None:
-        return (gelu_tanh_and_mul(x) if gated else x), None, rows_per_source
+        assert not gated, "weight-only experts take gelu_tanh(gate) * up computed"
+        return x, None, rows_per_source
     if activation == "static":
         q, scales = quantize_rows(x, "static", fp8_dtype, static_scale=input_scale.float()[pair_experts.long()],
                                   rows_per_source=rows_per_source, gated=gated)
@@ -156,6 +157,7 @@ def fp8_experts(x: torch.Tensor, gate_up: tuple, down: tuple, topk_weights: torc
     layout = PairLayout.of(topk_ids, gate_up[0].shape[0])
     common = dict(activation=activation, group_size=group_size, scale_block_k=scale_block_k)
     h = fp8_moe_gemm(x, *gate_up, layout, rows_per_source=top_k, **common)
-    pair_out = fp8_moe_gemm(h, *down, layout, rows_per_source=1, pair_weights=topk_weights.flatten(), gated=True,
-                            **common)
+    gated = quantizes_gated_cheaply(h.shape[0], h.shape[1] // 2, activation, h.device)
+    pair_out = fp8_moe_gemm(h if gated else gelu_tanh_and_mul(h), *down, layout, rows_per_source=1,
+                            pair_weights=topk_weights.flatten(), gated=gated, **common)
     return sum_slots(pair_out, tokens, top_k, x.dtype, summed=summed)
