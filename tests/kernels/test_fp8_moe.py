@@ -103,3 +103,16 @@ def test_expert_blocks_sort_pairs_by_expert_in_whole_blocks():
     # pairs by expert: 0 -> [1, 4], 2 -> [0, 2, 5] (two blocks, one padded), 3 -> [3] (padded)
     assert rows.tolist()[:8] == [1, 4, 0, 2, 5, -1, 3, -1]
     assert block_expert.tolist()[:4] == [0, 2, 2, 3] and set(block_expert.tolist()[4:]) == {4}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.weight}-{s.activation}")
+def test_fp8_experts_take_a_step_without_tokens(device, spec):
+    """A step whose batch routes no token to the experts (an empty rank's share, a warm-up) gives no rows."""
+    from atomlite.model_ops.triton.fp8.family import FP8_EXPERTS
+    hidden = 256
+    weights = {name: tuple(None if t is None else t.to(device) for t in ws)
+               for name, ws in _experts(spec, 4, hidden, 192).items()}
+    got = FP8_EXPERTS.experts(torch.zeros(0, hidden, device=device), weights, torch.zeros(0, 2, device=device),
+                              torch.zeros(0, 2, dtype=torch.long, device=device), None, spec)
+    assert got.shape == (0, hidden)

@@ -8,7 +8,7 @@ channel) multiply the tile once at the end; per-K-block scales (x groups, W bloc
 The weights are e4m3fn, or e4m3fnuz on gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
 
 Few rows (decode) are bound by streaming W: the K loop is split over programs until the GPU is full (split-K),
-each program storing its scaled fp32 partial, and a second kernel adds them (gemm.skinny's). Many rows use
+each program storing its scaled fp32 partial, and a second kernel adds them (mxfp4.fp8_tiles.sum_splits). Many rows use
 tensor-core tiles (tuning.py).
 """
 import functools
@@ -156,6 +156,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
                num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits == 1:
         return y
+    # sum_splits reads the launch's output and partials alone (its grid and K split describe mxfp4's GEMM)
     return sum_splits(SplitLaunch((), k_per_split, splits, y, target), pdl, summed)
 
 

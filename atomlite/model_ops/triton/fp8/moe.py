@@ -7,9 +7,10 @@ N tiles) on gathered fp8 rows and the block's expert's e4m3 weights (gemm.scaled
 A few pairs (decode at small batch) skip the sort: block b is pair b alone, its expert read from topk_ids. Experts
 rarely repeat there, so grouping saves no weight reads; the sort cost a dozen launches per layer. down_proj weights
 each pair's row by its routing weight as it stores it (fp32), and moe.common.sum_slots adds a token's rows (or
-hands them on unsummed, PartialSums). down_proj's input gelu_tanh(gate) * up is computed by its quantization
-where that costs no more (quant.quantizes_gated_cheaply). On sm_90 the GEMM is a dependent launch: it waits for the kernel before, which wrote its
-rows and may have written the routing (so no weight is read before the wait)."""
+hands them on unsummed, PartialSums). Quantized experts compute down_proj's input gelu_tanh(gate) * up in its
+quantization where that costs no more (quant.quantizes_gated_cheaply). On sm_90 the GEMM is a dependent launch: it
+waits for the kernel before, which wrote its rows and may have written the routing (so no weight is read before the
+wait)."""
 from dataclasses import dataclass
 
 import torch

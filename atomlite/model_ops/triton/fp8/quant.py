@@ -7,7 +7,8 @@ same bits are half the value, so the quantized x is halved before the cast and i
 those of the checkpoint's e4m3fn.
 
 x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
-kernel would have written it, so the down projection's input costs one launch, not two. On sm_90 the kernel is a
+kernel would have written it, so the down projection's input costs one launch, not two, where that is cheaper
+(quantizes_gated_cheaply). On sm_90 the kernel is a
 dependent launch: it waits for the kernel before, and lets the GEMM after it start (and stream its first weight tile)
 as it ends.
 """
@@ -113,7 +114,7 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
 def row_chunk(rows: int, k: int, device: torch.device) -> int:
     """Columns a program quantizes per token or static: the whole row (up to ROW_BLOCK) where the rows fill the GPU,
     else chunks of at least MIN_CHUNK (a decode row quantized by one program took 5-11 us at 31B's K on an H200)."""
-    spread = max(1, num_sms(device) // rows)
+    spread = max(1, num_sms(device) // max(rows, 1))
     return min(ROW_BLOCK, triton.next_power_of_2(max(MIN_CHUNK, triton.cdiv(k, spread))))
 
 
