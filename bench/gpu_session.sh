@@ -204,6 +204,7 @@ stage() {
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
         fp8-gemm) python bench/fp8_gemm.py ;;
         fp8-decode-sweep) python bench/fp8_decode_sweep.py ;;  # issue 55: each FP8 decode way and tile against bf16
+        fp8-experts) python bench/fp8_experts_decode.py ;;  # issue 55: 26B-A4B's FP8 experts at decode, each pair-block tile
         tests-fp8) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_moe.py ;;
         fp8-b1) for model in gemma-4-31B-it gemma-4-31B-it-fp8-dynamic gemma-4-31B-it-fp8-block gemma-4-31B-it-quark-fp8 \
                              gemma-4-26B-A4B-it gemma-4-26B-A4B-it-fp8-dynamic gemma-4-26B-A4B-it-fp8-block; do
