@@ -6,9 +6,10 @@ bytes it reads at the probed copy rate, at each pair-block tile: what to set in 
 
 Per-token FP8-Dynamic semantics, as model calls run it: the projection's own quantization of x (a few rows) is part
 of each call. Each call routes to other experts (ROUTINGS random routings rotated over 128 experts, 507 MB of
-gate_up weights: a call's experts are rarely still in L2). Each cell: microseconds per call, and that over the weight bytes at the probed copy rate (1.00x: the copy rate;
-a copy reads and writes, so a pure read could go a little faster). Every tile is checked against quant.fp8's
-reference first; a tile that does not compile or does not match prints why.
+gate_up weights: a call's experts are rarely still in L2). Each cell: microseconds per call, and that over the
+weight bytes at the probed copy rate (1.00x: the copy rate; a copy reads and writes, so a pure read could go a little
+faster). Every tile is checked against quant.fp8's reference first; a tile that does not compile or does not match
+prints why.
 """
 import argparse
 
@@ -20,6 +21,7 @@ from atomlite.model_ops.triton.fp8.family import FP8_EXPERTS
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 from decode_attention import graph_us  # bench/ is on the path when a bench script runs
+from fp8_decode_sweep import rotating
 
 EXPERTS, HIDDEN, INNER, TOP_K = 128, 2816, 704, 8
 ROUTINGS = 16
@@ -87,13 +89,8 @@ def main() -> None:
                 label = f"{block_n}/{block_k}/{warps}/{stages}"
                 try:
                     check(x, weight, scale, raw, routes[0], rows_per_source)
-                    calls = [lambda ids=ids: projection(x, weight, scale, ids, rows_per_source) for ids in routes]
-                    state = {"i": 0}
-
-                    def rotate():
-                        calls[state["i"] % len(calls)]()
-                        state["i"] += 1
-                    us = graph_us(rotate)
+                    us = graph_us(rotating([lambda ids=ids: projection(x, weight, scale, ids, rows_per_source)
+                                            for ids in routes]))
                     cells.append(f"{label}: {us:.1f} ({us / ideal_us:.2f}x)")
                 except Exception as error:  # a tile Triton cannot build here, or a wrong result: say which
                     cells.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:80]}")

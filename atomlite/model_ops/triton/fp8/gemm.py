@@ -8,8 +8,8 @@ channel) multiply the tile once at the end; per-K-block scales (x groups, W bloc
 The weights are e4m3fn, or e4m3fnuz on gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
 
 Few rows (decode) are bound by streaming W: the K loop is split over programs until the GPU is full (split-K),
-each program storing its scaled fp32 partial, and a second kernel adds them (mxfp4.fp8_tiles.sum_splits). Many rows use
-tensor-core tiles (tuning.py).
+each program storing its scaled fp32 partial, and a second kernel adds them (mxfp4.fp8_tiles.add_partials). Many
+rows use tensor-core tiles (tuning.py).
 """
 import functools
 
@@ -23,7 +23,7 @@ from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, inte
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
 from atomlite.model_ops.triton.mxfp4 import blockwise
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import SplitLaunch, sum_splits
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import add_partials
 
 
 @triton.jit
@@ -156,8 +156,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
                num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits == 1:
         return y
-    # sum_splits reads the launch's output and partials alone (its grid and K split describe mxfp4's GEMM)
-    return sum_splits(SplitLaunch((), k_per_split, splits, y, target), pdl, summed)
+    return add_partials(target, y, pdl, summed)
 
 
 @functools.cache

@@ -353,14 +353,22 @@ def sum_splits(launch: SplitLaunch, pdl: bool, summed: bool = True) -> torch.Ten
     partials themselves, for a consumer that adds them). With pdl the GEMM let this kernel launch early
     (griddepcontrol): its programs wait for the GEMM's partials while the GEMM finishes. This measured 0.2-3.3 us
     faster than the split that arrived last summing the others behind an atomic counter (H100)."""
-    if launch.split_k > 1 and not summed:
-        return PartialSums(launch.partials, launch.out.dtype)
-    if launch.split_k > 1:
-        m, n = launch.out.shape
-        run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
-            launch.partials, launch.out, m, n, launch.out.stride(0), SPLIT_K=launch.split_k, BLOCK=SUM_BLOCK, PDL=pdl,
-            num_warps=SUM_WARPS, **pdl_launch(pdl))
-    return launch.out
+    if launch.split_k == 1:
+        return launch.out
+    return add_partials(launch.partials, launch.out, pdl, summed)
+
+
+def add_partials(partials: torch.Tensor, out: torch.Tensor, pdl: bool,
+                 summed: bool = True) -> torch.Tensor | PartialSums:
+    """out [M, N] = the sum of a split-K GEMM's fp32 partials [splits, M, N] (contiguous), by a kernel that waits
+    for that GEMM where pdl; summed=False: the partials themselves, as PartialSums in out's dtype."""
+    if not summed:
+        return PartialSums(partials, out.dtype)
+    m, n = out.shape
+    run_kernel(_sum_splits_kernel, (triton.cdiv(m * n, SUM_BLOCK),),
+        partials, out, m, n, out.stride(0), SPLIT_K=partials.shape[0], BLOCK=SUM_BLOCK, PDL=pdl,
+        num_warps=SUM_WARPS, **pdl_launch(pdl))
+    return out
 
 
 def quantize_activations(x: torch.Tensor, k_padded: int, period: int,
