@@ -1,7 +1,10 @@
 """Buffers every rank of a tensor-parallel group can read: each rank allocates its own and shares it through the
 GPU runtime's IPC (distributed.ipc), so the one-shot all-reduce kernel (model_ops.triton.all_reduce) sums
 the ranks' rows without a collective library: a decode step's all-reduce of [batch, hidden] rows took about 15 us
-through NCCL on two H100s (bench/all_reduce.py), a large share of a step that makes two per layer."""
+through NCCL on two H100s (bench/all_reduce.py), a large share of a step that makes two per layer. On two ranks it
+also sums a prefill graph's rows: [2048, 2816] bf16 took 46 us against NCCL's 68 on two H200s (bench/all_reduce.py);
+each rank reads its peer's whole share once, as much as NCCL's ring moves. With more ranks it would read world - 1
+shares against the ring's 2 (world - 1) / world, so large rows stay with the library there."""
 import contextlib
 from dataclasses import dataclass, replace
 
@@ -14,7 +17,8 @@ from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import RankPartials
 from atomlite.model_ops.platform import detect_platform
 
-MAX_BYTES = 1 << 20  # larger all-reduces (prefill) go through the collective library, which has the bandwidth
+MAX_BYTES = 1 << 20  # a buffer slot; larger all-reduces go through the collective library, except on two ranks:
+TWO_RANK_MAX_BYTES = 32 << 20  # the all-reduce's slot on two ranks: 2048 rows of hidden 5376 in bf16 (prefill graphs)
 MAX_RANKS = 8
 MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the kernel's BLOCK elements each)
 
@@ -65,7 +69,7 @@ def with_custom_all_reduce(tp: TensorParallel, device: torch.device,
 
 @dataclass(frozen=True)
 class PeerChannel:
-    """The peer memory of one kind of exchanging kernel: every rank's buffer (two slots of MAX_BYTES) and signal pad
+    """The peer memory of one kind of exchanging kernel: every rank's buffer (two slots of slot_bytes) and signal pad
     addresses (int64 [world] device tensors) and this rank's flag counters (int64 [MAX_SIGNALS]). Each kind has its
     own: a kernel's program p reuses its buffer region and flag only after the peers' program p of the same kind has
     passed the barrier of the call before."""
@@ -74,13 +78,14 @@ class PeerChannel:
     epochs: torch.Tensor
     rank: int
     world: int
+    slot_bytes: int = MAX_BYTES
 
     def slot_elems(self, dtype: torch.dtype) -> int:
-        return MAX_BYTES // dtype.itemsize
+        return self.slot_bytes // dtype.itemsize
 
     def holds(self, rows: int, dim: int, element_size: int) -> bool:
         """Whether a row-reading kernel's exchange of rows (one program each, a region of two rows of dim) fits."""
-        return rows <= MAX_SIGNALS and rows * 2 * dim * element_size <= MAX_BYTES
+        return rows <= MAX_SIGNALS and rows * 2 * dim * element_size <= self.slot_bytes
 
 
 class PeerMemory:
@@ -100,11 +105,12 @@ class PeerMemory:
         self.rank, self.size = rank, size
         self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
-        self.plain, self.rows = (self._channel(runtime, device, group) for _ in range(2))
+        self.plain = self._channel(runtime, device, group, TWO_RANK_MAX_BYTES if size == 2 else MAX_BYTES)
+        self.rows = self._channel(runtime, device, group, MAX_BYTES)
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
 
-    def _channel(self, runtime: Runtime, device: torch.device, group) -> PeerChannel:
-        pad_offset = 2 * MAX_BYTES
+    def _channel(self, runtime: Runtime, device: torch.device, group, slot_bytes: int) -> PeerChannel:
+        pad_offset = 2 * slot_bytes
         with torch.cuda.device(device):
             own = runtime.malloc(pad_offset + MAX_SIGNALS * self.size * 8)  # zeroed: no flag is up
             shared = [None] * self.size
@@ -112,11 +118,12 @@ class PeerMemory:
             bases = [own if r == self.rank else runtime.open_ipc_handle(handle) for r, handle in enumerate(shared)]
         return PeerChannel(torch.tensor(bases, dtype=torch.int64, device=device),
                            torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device),
-                           torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size)
+                           torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size,
+                           slot_bytes)
 
     def describe(self) -> str:
-        return (f"one-shot Triton kernel over peer memory in decode graphs (up to {MAX_BYTES >> 10} KiB; summed in "
-                f"the residual update where it reads the shares)")
+        return (f"one-shot Triton kernel over peer memory in graphs (up to {self.plain.slot_bytes >> 10} KiB; summed "
+                f"in the residual update where it reads the shares)")
 
     def capture(self):
         """Nothing to register: the kernels exchange through the buffers mapped at construction."""
@@ -126,10 +133,10 @@ class PeerMemory:
         """The mapped buffers stay for the process's life (the runtime unmaps them at exit)."""
 
     def fits(self, x: torch.Tensor) -> bool:
-        return x.is_contiguous() and x.numel() * x.element_size() <= MAX_BYTES
+        return x.is_contiguous() and x.numel() * x.element_size() <= self.plain.slot_bytes
 
     def serves(self, x: torch.Tensor) -> bool:
-        """Whether the one-shot kernel all-reduces x: it fits, in the forwards that make a decode graph
+        """Whether the one-shot kernel all-reduces x: it fits, in the forwards that make a graph
         (distributed.parallel.graph_steps: a decode step's collectives' latency is its time; an eager step's time
         is the host's)."""
         return in_graph_steps() and self.fits(x)

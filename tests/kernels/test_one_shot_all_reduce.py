@@ -12,15 +12,21 @@ WORLD, SLOT = 2, 8192
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
-def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call():
+@pytest.mark.parametrize("max_programs", [MAX_PROGRAMS, 2], ids=["a block each", "programs loop over blocks"])
+def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, monkeypatch):
+    """Three blocks: one a program, or (a prefill's rows: more blocks than programs) two programs, the first taking
+    blocks 0 and 2 under one flag."""
+    from atomlite.model_ops.triton import all_reduce
+    monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
     generator = torch.Generator().manual_seed(0)
     buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
     pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
     epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers])
     pad_ptrs = torch.tensor([p.data_ptr() for p in pads])
-    n = 5000  # three programs, the last one partial
+    n = 5000  # three blocks, the last one partial
     programs = programs_for(n)
+    assert programs == min(3, max_programs)
     for call in (1, 2, 3):
         x, peer = torch.randn(n, generator=generator), torch.randn(n, generator=generator)
         slot = (call % 2) * SLOT
@@ -100,6 +106,7 @@ def _check_rank(tp, shapes) -> None:
     device = torch.device("cuda", tp.rank)
     peers = PeerMemory(tp.rank, tp.size, device)
     for shape in shapes:
+        assert peers.fits(torch.empty(shape, dtype=torch.bfloat16, device=device))
         for call in range(3):  # eager
             inputs = _inputs(shape, call, tp.size)
             x = inputs[tp.rank].to(device)
@@ -173,7 +180,8 @@ def test_two_gpus_sum_exactly_eager_and_from_a_graph():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     from atomlite.distributed.local import run_local
-    run_local(_check_rank, 2, [(1, 5376), (64, 5376), (3, 1000)], backend="nccl")
+    # 2048 rows of 5376: a prefill graph's, more blocks than programs, in the two-rank slot
+    run_local(_check_rank, 2, [(1, 5376), (64, 5376), (3, 1000), (2048, 5376)], backend="nccl")
 
 
 def test_dispatch_gives_the_one_shot_kernel_to_nvidia_and_says_why_not_to_rocm():

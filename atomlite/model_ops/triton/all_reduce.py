@@ -1,8 +1,8 @@
 """One-shot all-reduce over peer memory, for the small rows of decode steps, where a collective's latency, not its
-bandwidth, sets the time.
+bandwidth, sets the time, and on two ranks for a prefill graph's rows too (model_ops.peer_memory says why).
 
 Every rank has mapped every other rank's buffer and signal pad (model_ops.peer_memory). Program p of each rank
-copies its slice of x into its own buffer, raises its flag in slot p of every rank's pad, waits until every rank's
+copies its slice of x (blocks p, p + P, ... of BLOCK elements, P programs) into its own buffer, raises its flag in slot p of every rank's pad, waits until every rank's
 flag in its own pad's slot p is up, then sums the ranks' slices itself, in rank order (so every rank gets the same
 bits) in fp32, into x. A flag is the call's epoch, which program p counts in `epochs`: it grows by one per call, on
 every rank alike, also across graph replays. Two buffer slots alternate by epoch: a rank that is one call ahead
@@ -37,19 +37,23 @@ def meet(signals, program, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
 @triton.jit
 def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
                                 WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    pid, programs = tl.program_id(0), tl.num_programs(0)
     epoch = tl.load(epochs + pid) + 1
     slot = (epoch % 2) * slot_elems
     mine = tl.load(buffers + RANK).to(tl.pointer_type(x.dtype.element_ty))
-    tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
+    for start in range(pid * BLOCK, n, programs * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
     meet(signals, pid, epoch, RANK, WORLD)
-    total = tl.zeros([BLOCK], dtype=tl.float32)
-    for r in tl.static_range(WORLD):
-        peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
-        total += tl.load(peer + slot + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
+    for start in range(pid * BLOCK, n, programs * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for r in tl.static_range(WORLD):
+            peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
+            total += tl.load(peer + slot + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
     tl.store(epochs + pid, epoch)
 
 
@@ -79,17 +83,17 @@ def peer_rows_sum(a, b, cols, mask, row, dim, buffers, signals, epochs, slot_ele
 
 
 def programs_for(numel: int) -> int:
-    return triton.cdiv(numel, BLOCK)
+    """One BLOCK a program, up to MAX_PROGRAMS programs, which then take every MAX_PROGRAMS-th block each."""
+    return min(MAX_PROGRAMS, triton.cdiv(numel, BLOCK))
 
 
 def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int, world: int):
-    """x (contiguous, at most slot_elems elements and MAX_PROGRAMS * BLOCK) summed over the ranks, in place.
+    """x (contiguous, at most slot_elems elements) summed over the ranks, in place.
     buffers, signals: int64 [world] device tensors of the ranks' buffer and pad addresses; epochs: this rank's int64
     [MAX_PROGRAMS] counters."""
     n = x.numel()
-    if n > slot_elems or programs_for(n) > MAX_PROGRAMS:
-        raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems}) or its "
-                         f"{MAX_PROGRAMS} programs")
+    if n > slot_elems:
+        raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems})")
     run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, buffers, signals, epochs, n, slot_elems,
                RANK=rank, WORLD=world, BLOCK=BLOCK, num_warps=8)
     return x
