@@ -177,6 +177,7 @@ stage() {
         decode-26b-b1) python bench/decode_profile.py --model examples/configs/gemma-4-26B-A4B-it --timeline 40 ;;
         prefill-attention) python bench/prefill_attention.py ;;  # issue 56: each layer shape's prefill tiles
         moe-tails) python bench/moe_layer.py --batches 512,1024,2048,4096 --tails ;;  # issue 56: tail tiles
+        moe-tp2) python bench/moe_layer.py --batches 512,2048 --projections -tp 2 ;;  # issue 56: one TP=2 rank's tiles
         moe-projections) python bench/moe_layer.py --batches 512,2048 --projections ;;  # prefill tiles, each projection
         ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
                       --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \

@@ -9,7 +9,7 @@ CUDA graph; then each is timed at every batch size:
 Ratios are the loop's eager time over each fused time; "roofline" is the expert weight bytes the batch must read
 (its distinct experts) over the measured copy bandwidth.
 
-    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep] [--projections] [--tails] [--kernels]
+    PYTHONPATH=. python bench/moe_layer.py [--batches 1,32,512] [--sweep] [--projections] [--tails] [--kernels] [-tp 2]
 """
 import argparse
 import statistics
@@ -63,10 +63,11 @@ FP8_GEMV_SWEEP = [F(64, 64), F(64, 64, gate_up_splits=1), F(64, 64, gate_up_spli
                   F(64, 64, 4, 2), F(64, 128), F(128, 64), F(64, 64, 4), F(64, 64, 2), F(128, 64, gate_up_splits=2)]
 
 
-def shapes() -> dict:
+def shapes(tensor_parallel_size: int = 1) -> dict:
+    """The layer's shapes, or one rank's under tensor parallelism (each expert's inner size split over the ranks)."""
     hf = load_model_spec(CONFIG).hf
-    return dict(hidden=hf["hidden_size"], inner=hf["moe_intermediate_size"], experts=hf["num_experts"],
-                top_k=hf["top_k_experts"])
+    return dict(hidden=hf["hidden_size"], inner=hf["moe_intermediate_size"] // tensor_parallel_size,
+                experts=hf["num_experts"], top_k=hf["top_k_experts"])
 
 
 def bf16_experts(s: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,9 +133,11 @@ def main() -> int:
                              "each bf16 projection alone")
     parser.add_argument("--kernels", action="store_true",
                         help="also time the few-pairs bf16 kernels one by one at batch 1 against the copy bandwidth")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="one rank's share of the layer under tensor parallelism (inner size / N)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    s = shapes()
+    s = shapes(args.tensor_parallel_size)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, s, flush=True)
     gate_up, down = bf16_experts(s)
     (fp4_gate_up, packed_gate_up, scale_gate_up), (fp4_down, packed_down, scale_down) = map(quantized, (gate_up, down))

@@ -19,8 +19,8 @@ class TensorParallel:
     size: int = 1
     group: object = None  # the torch.distributed process group; None: the default one
     # The group's custom all-reduce for small rows (model_ops.peer_memory.PeerMemory, or on ROCm
-    # model_ops.aiter.all_reduce.AiterAllReduce): serves(x), all_reduce(x), hand_over(parts),
-    # hands_over_rank_partials, capture() and close(). None: the collective library sums everything.
+    # model_ops.aiter.all_reduce.AiterAllReduce): serves(x), all_reduce(x), serves_pair(a, b), all_reduce_pair(a, b),
+    # hand_over(parts), hands_over_rank_partials, capture() and close(). None: the collective library sums everything.
     peers: object = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +45,8 @@ class TensorParallel:
                 return handed
         if len(xs) == 1:
             return (self.all_reduce(xs[0]),)
+        if len(xs) == 2 and self.peers is not None and self.peers.serves_pair(*xs):
+            return self.peers.all_reduce_pair(*xs)
         return tuple(self.all_reduce(torch.stack(xs)).unbind(0))
 
     def capturing(self):

@@ -23,6 +23,11 @@ MAX_RANKS = 8
 MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the kernel's BLOCK elements each)
 
 
+def plain_slot_bytes(size: int) -> int:
+    """The all-reduce's buffer slot on a group of size ranks (the module's docstring says why two differ)."""
+    return TWO_RANK_MAX_BYTES if size == 2 else MAX_BYTES
+
+
 def refusal(device: torch.device, size: int, disabled: bool = False) -> str | None:
     """Why a group of `size` ranks on device reduces through nccl/gloo alone, before asking dispatch for a custom
     all-reduce; None when one may serve. disabled: --disable-custom-all-reduce."""
@@ -105,7 +110,7 @@ class PeerMemory:
         self.rank, self.size = rank, size
         self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
-        self.plain = self._channel(runtime, device, group, TWO_RANK_MAX_BYTES if size == 2 else MAX_BYTES)
+        self.plain = self._channel(runtime, device, group, plain_slot_bytes(size))
         self.rows = self._channel(runtime, device, group, MAX_BYTES)
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
 
@@ -144,6 +149,16 @@ class PeerMemory:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         c = self.plain
         return self.kernel(x, c.buffers, c.signals, c.epochs, c.slot_elems(x.dtype), self.rank, self.size)
+
+    def serves_pair(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """Whether the one-shot kernel all-reduces a and b (one shape and dtype) in one exchange, as serves does for
+        one tensor: a MoE layer's two branches, which the library would take stacked (a copy of both)."""
+        return (in_graph_steps() and a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous()
+                and b.is_contiguous() and 2 * a.numel() * a.element_size() <= self.plain.slot_bytes)
+
+    def all_reduce_pair(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.plain
+        return self.kernel(a, c.buffers, c.signals, c.epochs, c.slot_elems(a.dtype), self.rank, self.size, y=b)
 
     def hand_over(self, parts: tuple[torch.Tensor, ...]) -> tuple[RankPartials, ...] | None:
         """parts (one or two [rows, dim] shares of the same shape) as RankPartials for a reading kernel to sum, where

@@ -85,6 +85,15 @@ def test_tensor_parallel_all_reduce_is_recorded_where_dispatch_gives_the_platfor
     assert reading == ranks
 
 
+def test_two_ranks_sum_a_moe_layers_branches_in_one_exchange_in_prefill_graphs():
+    """26B-A4B as rank 0 of 2 on NVIDIA: its prefill graphs' all-reduces go through the one-shot kernel, a MoE
+    layer's two branches as a pair (no stack); decode graphs hand the shares to the residual update instead."""
+    kernels = by_kernel(record(parse_platform("sm_90"), [EXAMPLE_CONFIGS / "gemma-4-26B-A4B-it"]))
+    pairs = {workload for workload, launch in kernels["_one_shot_all_reduce_kernel"]
+             if launch.kwargs["WORLD"] == 2 and launch.kwargs["PAIR"]}
+    assert pairs and all("rank 0 of 2" in workload and "prefill graph" in workload for workload in pairs)
+
+
 def test_unquantized_models_record_the_lora_kernels_and_quantized_ones_none():
     """--enable-lora attaches adapter slots to unquantized projections: their shrink and expand launch in prefill
     and every decode graph; MXFP4 projections take no adapters."""

@@ -40,6 +40,37 @@ def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, mo
         assert (epochs[:programs] == call).all() and not epochs[programs:].any()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
+@pytest.mark.parametrize("max_programs", [MAX_PROGRAMS, 1], ids=["a block each", "one program loops over both"])
+def test_a_pair_is_summed_in_one_exchange_each_half_of_the_slot(max_programs, monkeypatch):
+    """A MoE layer's two branches (PeerMemory.all_reduce_pair): x's slice then y's in the slot, one flag a program;
+    each comes back summed as it would alone."""
+    from atomlite.model_ops.triton import all_reduce
+    monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
+    generator = torch.Generator().manual_seed(2)
+    buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
+    pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
+    epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
+    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers])
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads])
+    n = 4090  # two blocks, the second partial: both halves fit the 8192-element slot
+    programs = programs_for(n)
+    for call in (1, 2):
+        x, y, peer_x, peer_y = (torch.randn(n, generator=generator) for _ in range(4))
+        slot = (call % 2) * SLOT
+        buffers[1][slot:slot + n], buffers[1][slot + n:slot + 2 * n] = peer_x, peer_y
+        pads[0][:programs, 1] = call
+        mine_x, mine_y = x.clone(), y.clone()
+        got = one_shot_all_reduce(x, buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=y)
+        assert got[0] is x and got[1] is y
+        assert torch.equal(x, mine_x + peer_x) and torch.equal(y, mine_y + peer_y)
+        assert torch.equal(buffers[0][slot:slot + 2 * n], torch.cat([mine_x, mine_y]))
+        assert (pads[1][:programs, 0] == call).all() and (epochs[:programs] == call).all()
+    with pytest.raises(ValueError, match="exceed"):
+        one_shot_all_reduce(torch.zeros(SLOT // 2 + 1), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD,
+                            y=torch.zeros(SLOT // 2 + 1))
+
+
 def _channel(rank: int, buffers, pads, epochs):
     from atomlite.model_ops.peer_memory import PeerChannel
     return PeerChannel(torch.tensor([b.data_ptr() for b in buffers]), torch.tensor([p.data_ptr() for p in pads]),
@@ -113,6 +144,12 @@ def _check_rank(tp, shapes) -> None:
             peers.all_reduce(x)
             want = torch.stack(inputs).float().sum(0).to(torch.bfloat16)
             assert torch.equal(x.cpu(), want), (shape, call)
+        if 2 * x.numel() * x.element_size() <= peers.plain.slot_bytes:  # a pair: each summed as it would be alone
+            pairs = [_inputs(shape, 20 + side, tp.size) for side in range(2)]
+            a, b = (p[tp.rank].to(device) for p in pairs)
+            peers.all_reduce_pair(a, b)
+            for got, p in zip((a, b), pairs):
+                assert torch.equal(got.cpu(), torch.stack(p).float().sum(0).to(torch.bfloat16)), shape
         static = torch.zeros(shape, dtype=torch.bfloat16, device=device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

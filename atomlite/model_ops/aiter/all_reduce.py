@@ -60,6 +60,10 @@ class AiterAllReduce:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return self.comm.custom_all_reduce(input=x)
 
+    def serves_pair(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        """AITER's all-reduce takes one tensor: a pair goes stacked (TensorParallel.all_reduced)."""
+        return False
+
     def hand_over(self, parts: tuple[torch.Tensor, ...]) -> None:
         return None
 

@@ -35,8 +35,19 @@ def meet(signals, program, epoch, RANK: tl.constexpr, WORLD: tl.constexpr):
 
 
 @triton.jit
-def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
-                                WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_over_ranks(x, buffers, at, offs, mask, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements at + offs of every rank's buffer, summed in rank order in fp32, stored into x + offs."""
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
+        total += tl.load(peer + at + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
+                                WORLD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr = False):
+    """PAIR: y (n elements too) is summed alongside, its slice n elements after x's in the buffer slot."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     epoch = tl.load(epochs + pid) + 1
     slot = (epoch % 2) * slot_elems
@@ -45,15 +56,15 @@ def _one_shot_all_reduce_kernel(x, buffers, signals, epochs, n, slot_elems, RANK
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
+        if PAIR:
+            tl.store(mine + slot + n + offs, tl.load(y + offs, mask=mask, other=0.0), mask=mask)
     meet(signals, pid, epoch, RANK, WORLD)
     for start in range(pid * BLOCK, n, programs * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
-        total = tl.zeros([BLOCK], dtype=tl.float32)
-        for r in tl.static_range(WORLD):
-            peer = tl.load(buffers + r).to(tl.pointer_type(x.dtype.element_ty))
-            total += tl.load(peer + slot + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
+        _sum_over_ranks(x, buffers, slot, offs, mask, WORLD, BLOCK)
+        if PAIR:
+            _sum_over_ranks(y, buffers, slot + n, offs, mask, WORLD, BLOCK)
     tl.store(epochs + pid, epoch)
 
 
@@ -87,16 +98,17 @@ def programs_for(numel: int) -> int:
     return min(MAX_PROGRAMS, triton.cdiv(numel, BLOCK))
 
 
-def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int, world: int):
-    """x (contiguous, at most slot_elems elements) summed over the ranks, in place.
+def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int, world: int, y=None):
+    """x (contiguous, at most slot_elems elements) summed over the ranks, in place; with y (x's shape and dtype,
+    contiguous; x and y at most slot_elems elements together), y too, in the same exchange.
     buffers, signals: int64 [world] device tensors of the ranks' buffer and pad addresses; epochs: this rank's int64
     [MAX_PROGRAMS] counters."""
     n = x.numel()
-    if n > slot_elems:
+    if n * (1 if y is None else 2) > slot_elems:
         raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems})")
-    run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, buffers, signals, epochs, n, slot_elems,
-               RANK=rank, WORLD=world, BLOCK=BLOCK, num_warps=8)
-    return x
+    run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, x if y is None else y, buffers, signals, epochs,
+               n, slot_elems, RANK=rank, WORLD=world, BLOCK=BLOCK, PAIR=y is not None, num_warps=8)
+    return x if y is None else (x, y)
 
 
 def _refuses(platform, shape: dict) -> str | None:

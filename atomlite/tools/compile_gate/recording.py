@@ -10,7 +10,7 @@ capture runs it) and every prefill graph's bucket (padding alone, as a capture r
 cache in the model's dtype and in fp8 (--kv-cache-dtype fp8). A model
 with a vision tower adds every tower graph's bucket and the prefills that carry an image's key ends; one with an audio
 tower every audio tower graph's bucket. Where dispatch
-gives the platform a custom all-reduce, the decode graphs again as rank 0 of 2 and of 8 ranks. A model whose
+gives the platform a custom all-reduce, the decode and prefill graphs again as rank 0 of 2 and of 8 ranks. A model whose
 projections take LoRA adapters (unquantized) adds a prefill and the decode graphs with adapter slots attached
 (--enable-lora at vLLM's defaults: one slot of rank 16).
 
@@ -39,7 +39,7 @@ from atomlite.engine.spec.drafters import AssistantDrafter
 from atomlite.engine.runner.step_inputs import StepInputs
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel, PeerMemory
+from atomlite.model_ops.peer_memory import MAX_BYTES, MAX_SIGNALS, PeerChannel, PeerMemory, plain_slot_bytes
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4 import family as mxfp4_family
@@ -194,8 +194,7 @@ def _model_steps(recorder: _Recorder, model, config: EngineConfig, platform: Pla
             if images and step.new > 1:
                 _eager(recorder, model, runner, kv, step, image=True)
         _graphs(recorder, runner, kv, config)
-        if eager:
-            _prefill_graphs(recorder, runner, config)
+        _prefill_graphs(recorder, runner, config)
         recorder.label = base
 
 
@@ -207,7 +206,8 @@ class _MetaPeerMemory(PeerMemory):
         self.kernel = dispatch.choose("one_shot_all_reduce", platform, world=size).fn
         int64 = dict(dtype=torch.int64, device=META)
         self.plain, self.rows = (PeerChannel(torch.empty(size, **int64), torch.empty(size, **int64),
-                                             torch.empty(MAX_SIGNALS, **int64), 0, size) for _ in range(2))
+                                             torch.empty(MAX_SIGNALS, **int64), 0, size, slot)
+                                 for slot in (plain_slot_bytes(size), MAX_BYTES))
 
 
 @dataclass(frozen=True)
