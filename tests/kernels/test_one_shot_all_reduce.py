@@ -11,19 +11,24 @@ from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_redu
 WORLD, SLOT = 2, 8192
 
 
+def _one_rank(max_programs: int, monkeypatch, seed: int):
+    """Rank 0 of WORLD in the interpreter: every rank's buffer (two slots of SLOT) and pad, its epochs, the address
+    tensors the kernel reads; the kernel launching at most max_programs programs."""
+    from atomlite.model_ops.triton import all_reduce
+    monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
+    buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
+    pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
+    epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
+    return (torch.Generator().manual_seed(seed), buffers, pads, epochs,
+            torch.tensor([b.data_ptr() for b in buffers]), torch.tensor([p.data_ptr() for p in pads]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
 @pytest.mark.parametrize("max_programs", [MAX_PROGRAMS, 2], ids=["a block each", "programs loop over blocks"])
 def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, monkeypatch):
     """Three blocks: one a program, or (a prefill's rows: more blocks than programs) two programs, the first taking
     blocks 0 and 2 under one flag."""
-    from atomlite.model_ops.triton import all_reduce
-    monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
-    generator = torch.Generator().manual_seed(0)
-    buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
-    pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
-    epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
-    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers])
-    pad_ptrs = torch.tensor([p.data_ptr() for p in pads])
+    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 0)
     n = 5000  # three blocks, the last one partial
     programs = programs_for(n)
     assert programs == min(3, max_programs)
@@ -45,14 +50,7 @@ def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, mo
 def test_a_pair_is_summed_in_one_exchange_each_half_of_the_slot(max_programs, monkeypatch):
     """A MoE layer's two branches (PeerMemory.all_reduce_pair): x's slice then y's in the slot, one flag a program;
     each comes back summed as it would alone."""
-    from atomlite.model_ops.triton import all_reduce
-    monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
-    generator = torch.Generator().manual_seed(2)
-    buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
-    pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
-    epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
-    buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers])
-    pad_ptrs = torch.tensor([p.data_ptr() for p in pads])
+    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 2)
     n = 4090  # two blocks, the second partial: both halves fit the 8192-element slot
     programs = programs_for(n)
     for call in (1, 2):
