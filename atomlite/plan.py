@@ -67,7 +67,7 @@ def all_reduce_lines(config: EngineConfig, platform: Platform) -> list[str]:
                                  world=config.tensor_parallel_size)
     except dispatch.NoKernel as e:
         return [f"all-reduce: {library} alone ({e})"]
-    return [f"all-reduce: {choice.backend} custom all-reduce in decode graphs ({choice.reason}), {library} otherwise"]
+    return [f"all-reduce: {choice.backend} custom all-reduce in graphs ({choice.reason}), {library} otherwise"]
 
 
 def weights_text(rank_bytes: int, size: int) -> str:

@@ -50,7 +50,7 @@ class TensorParallel:
         return tuple(self.all_reduce(torch.stack(xs)).unbind(0))
 
     def capturing(self):
-        """The block a rank captures its decode graphs in (all of one capture_all, warm-up passes included)."""
+        """The block a rank captures its graphs in (all of one capture_all, warm-up passes included)."""
         return self.peers.capture() if self.peers is not None else contextlib.nullcontext()
 
     def close_peers(self) -> None:
@@ -105,7 +105,7 @@ _graph_steps: ContextVar[bool] = ContextVar("atomlite_graph_steps", default=Fals
 
 @contextlib.contextmanager
 def graph_steps():
-    """The forwards that make a decode graph (its warm-up passes and its capture), which every rank runs alike: the
+    """The forwards that make a graph (its warm-up passes and its capture), which every rank runs alike: the
     small all-reduces in them may take the group's custom all-reduce (TensorParallel.peers), whose kernels the
     warm-up passes then load before the capture (the one-shot kernel; AITER's answers zeros there)."""
     token = _graph_steps.set(True)

@@ -26,7 +26,7 @@ OPS = {
     "lora_shrink": "each row's LoRA A: x @ A[slot]^T per row, its slot chosen per row, 0 where none "
                    "(torch_ref.lora)",
     "lora_expand": "each row's LoRA B added into a projection's output, per fused slice (torch_ref.lora)",
-    "one_shot_all_reduce": "tensor parallelism's decode all-reduce over peer memory (no reference: the collective "
-                           "library sums)",
+    "one_shot_all_reduce": "tensor parallelism's all-reduce in graphs over peer memory (no reference: the "
+                           "collective library sums)",
     "custom_all_reduce": "a tensor-parallel group's communicator for small all-reduces (a factory)",
 }

@@ -20,7 +20,16 @@ from atomlite.model_ops.platform import detect_platform
 MAX_BYTES = 1 << 20  # a buffer slot; larger all-reduces go through the collective library, except on two ranks:
 TWO_RANK_MAX_BYTES = 32 << 20  # the all-reduce's slot on two ranks: 2048 rows of hidden 5376 in bf16 (prefill graphs)
 MAX_RANKS = 8
-MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (the kernel's BLOCK elements each)
+MAX_SIGNALS = 512  # flags per rank: the most programs one call launches (each takes every MAX_SIGNALS-th block)
+# A pair's second tensor starts at a multiple of this many elements in the slot: a whole number of rounds of the
+# kernel's programs, so that each block of the slot is always exchanged by the same program (all_reduce.py checks).
+# A 1 MiB slot (more than two ranks) holds no pair: the pair is stacked and summed as one tensor there.
+PAIR_ALIGN = 1 << 20
+
+
+def pair_offset(n: int) -> int:
+    """Where a pair's second tensor of n elements starts in a buffer slot: the first multiple of PAIR_ALIGN from n."""
+    return -(-n // PAIR_ALIGN) * PAIR_ALIGN
 
 
 def plain_slot_bytes(size: int) -> int:
@@ -127,7 +136,7 @@ class PeerMemory:
                            slot_bytes)
 
     def describe(self) -> str:
-        return (f"one-shot Triton kernel over peer memory in graphs (up to {self.plain.slot_bytes >> 10} KiB; summed "
+        return (f"one-shot Triton kernel over peer memory in graphs (up to {self.plain.slot_bytes >> 20} MiB; summed "
                 f"in the residual update where it reads the shares)")
 
     def capture(self):
@@ -154,7 +163,7 @@ class PeerMemory:
         """Whether the one-shot kernel all-reduces a and b (one shape and dtype) in one exchange, as serves does for
         one tensor: a MoE layer's two branches, which the library would take stacked (a copy of both)."""
         return (in_graph_steps() and a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous()
-                and b.is_contiguous() and 2 * a.numel() * a.element_size() <= self.plain.slot_bytes)
+                and b.is_contiguous() and pair_offset(a.numel()) + a.numel() <= self.plain.slot_elems(a.dtype))
 
     def all_reduce_pair(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.plain
@@ -162,7 +171,7 @@ class PeerMemory:
 
     def hand_over(self, parts: tuple[torch.Tensor, ...]) -> tuple[RankPartials, ...] | None:
         """parts (one or two [rows, dim] shares of the same shape) as RankPartials for a reading kernel to sum, where
-        that kernel's exchange serves them: in the forwards that make a decode graph (as serves), at most
+        that kernel's exchange serves them: in the forwards that make a graph (as serves), at most
         MAX_SIGNALS rows and MAX_BYTES for two such rows; else None (all-reduce them)."""
         rows, dim = parts[0].reshape(-1, parts[0].shape[-1]).shape
         if (not in_graph_steps() or not self.rows.holds(rows, dim, parts[0].element_size())

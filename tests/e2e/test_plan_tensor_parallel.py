@@ -44,10 +44,10 @@ def test_every_rank_needs_what_rank_0_needs(size):
 
 
 @pytest.mark.parametrize("flags,line", [
-    (["--platform", "gfx942+aiter"], "all-reduce: aiter custom all-reduce in decode graphs (aiter on gfx942), rccl"),
+    (["--platform", "gfx942+aiter"], "all-reduce: aiter custom all-reduce in graphs (aiter on gfx942), rccl"),
     (["--platform", "gfx950"], "all-reduce: rccl alone (no backend implements custom_all_reduce here (triton: not "
                                "verified on ROCm"),
-    (["--platform", "sm_90"], "all-reduce: triton custom all-reduce in decode graphs (triton on cuda), nccl"),
+    (["--platform", "sm_90"], "all-reduce: triton custom all-reduce in graphs (triton on cuda), nccl"),
     (["--platform", "cpu"], "all-reduce: gloo alone (no backend implements custom_all_reduce here (torch: no "
                             "reference"),
 ])

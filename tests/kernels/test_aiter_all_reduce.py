@@ -96,7 +96,7 @@ def two_ranks(request, checkpoints, tmp_path_factory) -> tuple[dict, dict]:
 def test_the_group_attaches_aiters_all_reduce_and_says_so(two_ranks):
     seen = two_ranks[1]
     assert seen["attached"]
-    assert seen["note"] == "all-reduce: AITER's custom all-reduce in decode graphs (up to 8 MiB), gloo otherwise"
+    assert seen["note"] == "all-reduce: AITER's custom all-reduce in graphs (up to 8 MiB), gloo otherwise"
 
 
 def test_rows_go_to_aiter_only_in_graph_steps_and_within_the_adapters_own_bound(two_ranks):

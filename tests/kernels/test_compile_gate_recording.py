@@ -77,8 +77,8 @@ def test_decode_graphs_and_the_fp8_cache_are_recorded(vision_on_gfx950):
 
 @pytest.mark.parametrize("platform,ranks", [("sm_90", {2, 8}), ("gfx950", set())])
 def test_tensor_parallel_all_reduce_is_recorded_where_dispatch_gives_the_platform_one(platform, ranks):
-    """On NVIDIA the decode graphs of rank 0 of 2 and of 8 sum through the one-shot kernel and the residual update
-    reads the ranks' shares; dispatch gives ROCm no Triton all-reduce (AITER's, or the collective library)."""
+    """On NVIDIA the graphs of rank 0 of 2 and of 8 sum through the one-shot kernel and the residual update reads
+    the ranks' shares; dispatch gives ROCm no Triton all-reduce (AITER's, or the collective library)."""
     kernels = by_kernel(record(parse_platform(platform), [EXAMPLE_CONFIGS / "gemma-4-E2B-it"]))
     assert {launch.kwargs["WORLD"] for _, launch in kernels["_one_shot_all_reduce_kernel"]} == ranks
     reading = {launch.kwargs["WORLD"] for _, launch in kernels["_norm_residual_kernel"]} - {1}

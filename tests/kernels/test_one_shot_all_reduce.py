@@ -5,7 +5,7 @@ the exact sum, eager and replayed from a graph."""
 import pytest
 import torch
 
-from atomlite.model_ops.peer_memory import refusal
+from atomlite.model_ops.peer_memory import pair_offset, refusal
 from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_reduce, programs_for
 
 WORLD, SLOT = 2, 8192
@@ -46,27 +46,33 @@ def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, mo
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
-@pytest.mark.parametrize("max_programs", [MAX_PROGRAMS, 1], ids=["a block each", "one program loops over both"])
-def test_a_pair_is_summed_in_one_exchange_each_half_of_the_slot(max_programs, monkeypatch):
-    """A MoE layer's two branches (PeerMemory.all_reduce_pair): x's slice then y's in the slot, one flag a program;
-    each comes back summed as it would alone."""
+@pytest.mark.parametrize("max_programs", [2, 1], ids=["a block each", "one program loops over both"])
+def test_a_pair_is_summed_in_one_exchange_the_second_on_a_whole_round_of_programs(max_programs, monkeypatch):
+    """A MoE layer's two branches (PeerMemory.all_reduce_pair): x's blocks, then y's from the first multiple of
+    PAIR_ALIGN (here 4096, two blocks: a whole round of two programs), one flag a program; each comes back summed
+    as it would alone. An alignment that is not a whole round of programs is refused."""
+    from atomlite.model_ops import peer_memory
+    monkeypatch.setattr(peer_memory, "PAIR_ALIGN", 4096)
     generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 2)
-    n = 4090  # two blocks, the second partial: both halves fit the 8192-element slot
+    n = 3000  # two blocks, the second partial; y from 4096
     programs = programs_for(n)
     for call in (1, 2):
         x, y, peer_x, peer_y = (torch.randn(n, generator=generator) for _ in range(4))
         slot = (call % 2) * SLOT
-        buffers[1][slot:slot + n], buffers[1][slot + n:slot + 2 * n] = peer_x, peer_y
+        buffers[1][slot:slot + n], buffers[1][slot + 4096:slot + 4096 + n] = peer_x, peer_y
         pads[0][:programs, 1] = call
         mine_x, mine_y = x.clone(), y.clone()
         got = one_shot_all_reduce(x, buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=y)
         assert got[0] is x and got[1] is y
         assert torch.equal(x, mine_x + peer_x) and torch.equal(y, mine_y + peer_y)
-        assert torch.equal(buffers[0][slot:slot + 2 * n], torch.cat([mine_x, mine_y]))
+        assert torch.equal(buffers[0][slot:slot + n], mine_x)
+        assert torch.equal(buffers[0][slot + 4096:slot + 4096 + n], mine_y)
         assert (pads[1][:programs, 0] == call).all() and (epochs[:programs] == call).all()
     with pytest.raises(ValueError, match="exceed"):
-        one_shot_all_reduce(torch.zeros(SLOT // 2 + 1), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD,
-                            y=torch.zeros(SLOT // 2 + 1))
+        one_shot_all_reduce(torch.zeros(4097), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=torch.zeros(4097))
+    monkeypatch.setattr(peer_memory, "PAIR_ALIGN", 1024)  # y at 3072: no whole round of one or two programs
+    with pytest.raises(ValueError, match="whole round"):
+        one_shot_all_reduce(torch.zeros(n), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=torch.zeros(n))
 
 
 def _channel(rank: int, buffers, pads, epochs):
@@ -142,7 +148,7 @@ def _check_rank(tp, shapes) -> None:
             peers.all_reduce(x)
             want = torch.stack(inputs).float().sum(0).to(torch.bfloat16)
             assert torch.equal(x.cpu(), want), (shape, call)
-        if 2 * x.numel() * x.element_size() <= peers.plain.slot_bytes:  # a pair: each summed as it would be alone
+        if pair_offset(x.numel()) + x.numel() <= peers.plain.slot_elems(x.dtype):  # a pair: each summed as alone
             pairs = [_inputs(shape, 20 + side, tp.size) for side in range(2)]
             a, b = (p[tp.rank].to(device) for p in pairs)
             peers.all_reduce_pair(a, b)
@@ -215,8 +221,9 @@ def test_two_gpus_sum_exactly_eager_and_from_a_graph():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     from atomlite.distributed.local import run_local
-    # 2048 rows of 5376: a prefill graph's, more blocks than programs, in the two-rank slot
-    run_local(_check_rank, 2, [(1, 5376), (64, 5376), (3, 1000), (2048, 5376)], backend="nccl")
+    # 2048 rows of 5376: a prefill graph's, more blocks than programs, in the two-rank slot; 512 rows: a pair whose
+    # programs loop too
+    run_local(_check_rank, 2, [(1, 5376), (64, 5376), (3, 1000), (512, 5376), (2048, 5376)], backend="nccl")
 
 
 def test_dispatch_gives_the_one_shot_kernel_to_nvidia_and_says_why_not_to_rocm():

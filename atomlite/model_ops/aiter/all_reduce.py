@@ -49,7 +49,7 @@ class AiterAllReduce:
             raise CustomAllReduceUnavailable("AITER's CustomAllreduce disabled itself (its log says why)")
 
     def describe(self) -> str:
-        return f"AITER's custom all-reduce in decode graphs (up to {MAX_BYTES >> 20} MiB)"
+        return f"AITER's custom all-reduce in graphs (up to {MAX_BYTES >> 20} MiB)"
 
     def serves(self, x: torch.Tensor) -> bool:
         """In the forwards that make a decode graph (distributed.parallel.graph_steps), rows that fit the buffers

@@ -2,18 +2,20 @@
 bandwidth, sets the time, and on two ranks for a prefill graph's rows too (model_ops.peer_memory says why).
 
 Every rank has mapped every other rank's buffer and signal pad (model_ops.peer_memory). Program p of each rank
-copies its slice of x (blocks p, p + P, ... of BLOCK elements, P programs) into its own buffer, raises its flag in slot p of every rank's pad, waits until every rank's
-flag in its own pad's slot p is up, then sums the ranks' slices itself, in rank order (so every rank gets the same
-bits) in fp32, into x. A flag is the call's epoch, which program p counts in `epochs`: it grows by one per call, on
-every rank alike, also across graph replays. Two buffer slots alternate by epoch: a rank that is one call ahead
-writes the slot its peers are not reading (it passed this call's barrier only after they all finished the last one).
+copies its blocks of x (blocks p, p + MAX_PROGRAMS, ... of BLOCK elements) into its own buffer, raises its flag in
+slot p of every rank's pad, waits until every rank's flag in its own pad's slot p is up, then sums the ranks' blocks
+itself, in rank order (so every rank gets the same bits) in fp32, into x. A flag is the call's epoch, which program p
+counts in `epochs`: it grows by one per call, on every rank alike, also across graph replays. Two buffer slots
+alternate by epoch: a rank that is one call ahead writes the slot its peers are not reading (it passed this call's
+barrier only after they all finished the last one). That holds because each block of a slot is always the same
+program's, whatever the call's size; a pair's second tensor (PAIR) starts on a whole round of programs for that.
 """
 import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
 from atomlite.model_ops.kernels import declare
-from atomlite.model_ops.peer_memory import PeerMemory
+from atomlite.model_ops.peer_memory import PeerMemory, pair_offset
 
 BLOCK = 2048
 MAX_PROGRAMS = 512  # signal slots per rank (model_ops.peer_memory.MAX_SIGNALS)
@@ -45,9 +47,9 @@ def _sum_over_ranks(x, buffers, at, offs, mask, WORLD: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, RANK: tl.constexpr,
+def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, y_at, RANK: tl.constexpr,
                                 WORLD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr = False):
-    """PAIR: y (n elements too) is summed alongside, its slice n elements after x's in the buffer slot."""
+    """PAIR: y (n elements too) is summed alongside, its slice y_at elements after x's in the buffer slot."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     epoch = tl.load(epochs + pid) + 1
     slot = (epoch % 2) * slot_elems
@@ -57,14 +59,14 @@ def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, R
         mask = offs < n
         tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
         if PAIR:
-            tl.store(mine + slot + n + offs, tl.load(y + offs, mask=mask, other=0.0), mask=mask)
+            tl.store(mine + slot + y_at + offs, tl.load(y + offs, mask=mask, other=0.0), mask=mask)
     meet(signals, pid, epoch, RANK, WORLD)
     for start in range(pid * BLOCK, n, programs * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
         _sum_over_ranks(x, buffers, slot, offs, mask, WORLD, BLOCK)
         if PAIR:
-            _sum_over_ranks(y, buffers, slot + n, offs, mask, WORLD, BLOCK)
+            _sum_over_ranks(y, buffers, slot + y_at, offs, mask, WORLD, BLOCK)
     tl.store(epochs + pid, epoch)
 
 
@@ -100,14 +102,19 @@ def programs_for(numel: int) -> int:
 
 def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int, world: int, y=None):
     """x (contiguous, at most slot_elems elements) summed over the ranks, in place; with y (x's shape and dtype,
-    contiguous; x and y at most slot_elems elements together), y too, in the same exchange.
+    contiguous), y too, in the same exchange, its slice at peer_memory.pair_offset(n) in the slot.
     buffers, signals: int64 [world] device tensors of the ranks' buffer and pad addresses; epochs: this rank's int64
     [MAX_PROGRAMS] counters."""
     n = x.numel()
-    if n * (1 if y is None else 2) > slot_elems:
+    y_at = 0 if y is None else pair_offset(n)
+    # block b of the slot is always program b % MAX_PROGRAMS's (single calls and pairs alike, whatever n): a rank one
+    # call ahead then writes only what its peers' same program has finished reading (the module docstring)
+    if y_at % (MAX_PROGRAMS * BLOCK):
+        raise ValueError(f"a pair's second tensor at {y_at} does not start on a whole round of programs")
+    if y_at + n > slot_elems:
         raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems})")
     run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, x if y is None else y, buffers, signals, epochs,
-               n, slot_elems, RANK=rank, WORLD=world, BLOCK=BLOCK, PAIR=y is not None, num_warps=8)
+               n, slot_elems, y_at, RANK=rank, WORLD=world, BLOCK=BLOCK, PAIR=y is not None, num_warps=8)
     return x if y is None else (x, y)
 
 
