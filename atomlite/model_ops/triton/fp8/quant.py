@@ -8,9 +8,8 @@ those of the checkpoint's e4m3fn.
 
 x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
 kernel would have written it, so the down projection's input costs one launch, not two, where that is cheaper
-(quantizes_gated_cheaply). On sm_90 the kernel is a
-dependent launch: it waits for the kernel before, and lets the GEMM after it start (and stream its first weight tile)
-as it ends.
+(quantizes_gated_cheaply). On sm_90 the kernel is a dependent launch: it waits for the kernel before, and lets the
+GEMM after it start (and stream its first weight tile) as it ends.
 """
 import torch
 import triton
