@@ -196,18 +196,24 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
 
 
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
-@pytest.mark.parametrize("whole_row", [True, False])
+@pytest.mark.parametrize("whole_row", [True, False, "looped"])
 def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
-    """The quantization pass before the GEMM, a row one program's or spread over programs (chunks of ROW_BLOCK, each
-    reading the whole row for its amax; in groups, one group a program, or all three groups of 128 and a fourth past
+    """The quantization pass before the GEMM, a row one program's (whole, or looped 64 columns at a time) or spread
+    over programs (chunks of ROW_BLOCK, each reading the whole row for its amax; in groups, one group a program, or
+    all three groups of 128 and a fourth past
     K in one): the reference's e4m3 values times their scales, exactly; MoE rows repeated per slot with each its own
     static scale."""
     from atomlite.model_ops.triton.fp8 import quant
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not whole_row:
+    if whole_row == "looped":  # one program a row, 64 columns at a time (a prefill's many wide rows)
+        monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
+        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
+        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
+    elif not whole_row:
         monkeypatch.setattr(quant, "ROW_BLOCK", 64)
         monkeypatch.setattr(quant, "GROUP_STEP", 128)
     x = _x(5, 300, device)
+    x[2, -1] = 4 * x[2].abs().max()  # a row's peak in its last, partial block
     scales = torch.tensor([0.03, 0.5], device=device)
     per_pair = scales.repeat(x.shape[0])  # token t's slot j: scales[j]
     for static, repeat in ((scales[:1], 1), (per_pair, 2)) if activation == "static" else ((None, 1),):
@@ -221,14 +227,18 @@ def test_quantize_rows_is_the_references_quantization(activation, whole_row, mon
 
 
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
-@pytest.mark.parametrize("whole_row", [True, False])
+@pytest.mark.parametrize("whole_row", [True, False, "looped"])
 def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activation, whole_row, monkeypatch):
     """quantize_rows of [gate | up] (gated, the down projection's GatedInput) gives the bits and scales of the
     activation kernel's bf16 gelu_tanh(gate) * up quantized: one launch where there were two."""
     from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
     from atomlite.model_ops.triton.fp8 import quant
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not whole_row:
+    if whole_row == "looped":  # one program a row, 64 columns at a time (a prefill's many wide rows)
+        monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
+        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
+        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
+    elif not whole_row:
         monkeypatch.setattr(quant, "ROW_BLOCK", 64)
         monkeypatch.setattr(quant, "GROUP_STEP", 128)
     gate_up = _x(5, 600, device).to(torch.bfloat16)

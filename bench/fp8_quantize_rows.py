@@ -1,0 +1,60 @@
+"""FP8 activation quantization of a prefill's rows (quant.quantize_rows, per token), at Gemma-4 shapes: each way a
+row may be read (one program holding a whole row, or one program looping over it LOOPED_BLOCK at a time, twice),
+timed in a CUDA graph against its bytes at the probed copy rate; every way is first checked bit for bit against the
+whole-row way. quant.LOOPED_* pick the way for rows of at least LOOPED_MIN_K columns.
+
+    PYTHONPATH=. python bench/fp8_quantize_rows.py [--rows 512,2048]
+
+Shapes: o_proj's input (31B 8192, 26B-A4B 4096 wide) and the down projection's gated input [gate | up] (31B 21504,
+26B-A4B 2112 wide each). Each cell: microseconds per call, and that over the bytes (x read once, the fp8 rows
+written) at the copy rate.
+"""
+import argparse
+
+import torch
+
+from atomlite.benchmarks.roofline import probe
+from atomlite.model_ops.triton.fp8 import quant
+from decode_attention import graph_us  # bench/ is on the path when a bench script runs
+
+SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True),
+          ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True)]
+WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
+        ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8)]
+
+
+def way(block: int, warps: int) -> None:
+    """block 0: one program holds the whole row (no row is looped)."""
+    quant.LOOPED_BLOCK, quant.LOOPED_WARPS, quant.LOOPED_MIN_K = block, warps, 1 if block else 1 << 30
+
+
+def quantized(x: torch.Tensor, gated: bool, block: int, warps: int):
+    way(block, warps)
+    return quant.quantize_rows(x, "token", torch.float8_e4m3fn, gated=gated)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="512,2048")
+    row_counts = [int(r) for r in parser.parse_args().rows.split(",")]
+    copy_rate = probe(torch.device("cuda"), torch.bfloat16).copy_bytes_per_s
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}; copy {copy_rate / 1e12:.2f} TB/s")
+    for name, k, gated in SHAPES:
+        for rows in row_counts:
+            x = torch.randn(rows, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+            ideal_us = (x.numel() * 2 + rows * k) / copy_rate * 1e6
+            want_q, want_s = quantized(x, gated, 0, 4)
+            cells = []
+            for label, block, warps in WAYS:
+                q, s = quantized(x, gated, block, warps)
+                if not (torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)):
+                    cells.append(f"{label}: differs from the whole-row way")
+                    continue
+                way(block, warps)
+                us = graph_us(lambda: quant.quantize_rows(x, "token", torch.float8_e4m3fn, gated=gated))
+                cells.append(f"{label}: {us:.1f} ({us / ideal_us:.2f}x)")
+            print(f"{name}, {rows} rows ({ideal_us:.1f} us at the copy rate): " + "; ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
