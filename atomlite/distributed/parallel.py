@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from atomlite.model_ops.carriers import summed
+
 
 class CustomAllReduceUnavailable(RuntimeError):
     """A custom all-reduce could not be set up on this rank (the group then sums through its collective library)."""
@@ -43,6 +45,7 @@ class TensorParallel:
             handed = self.peers.hand_over(xs)
             if handed is not None:
                 return handed
+        xs = tuple(summed(x) for x in xs)  # split-K slices meant for a hand-over that did not take them
         if len(xs) == 1:
             return (self.all_reduce(xs[0]),)
         if len(xs) == 2 and self.peers is not None and self.peers.serves_pair(*xs):

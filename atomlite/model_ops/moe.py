@@ -41,3 +41,7 @@ class Experts(nn.Module):
 
 class ShardedExperts(ReducesOutput, Experts):
     """Experts holding a slice of the intermediate size (gate, up and down alike): the output is all-reduced."""
+
+    @property
+    def out_features(self) -> int:
+        return self.down_proj.shape[1]

@@ -79,3 +79,7 @@ class MXFP4Experts(nn.Module):
 class ShardedMXFP4Experts(ReducesOutput, MXFP4Experts):
     """MXFP4Experts holding a slice of the intermediate size, on 32-element block boundaries: the output is
     all-reduced."""
+
+    @property
+    def out_features(self) -> int:
+        return self.down_proj.shape[1]

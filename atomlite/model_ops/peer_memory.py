@@ -14,7 +14,7 @@ import torch.distributed as dist
 from atomlite.distributed.ipc import Runtime
 from atomlite.distributed.parallel import CustomAllReduceUnavailable, TensorParallel, in_graph_steps
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.carriers import RankPartials
+from atomlite.model_ops.carriers import PartialSums, RankPartials
 from atomlite.model_ops.platform import detect_platform
 
 MAX_BYTES = 1 << 20  # a buffer slot; larger all-reduces go through the collective library, except on two ranks:
@@ -169,12 +169,26 @@ class PeerMemory:
         c = self.plain
         return self.kernel(a, c.buffers, c.signals, c.epochs, c.slot_elems(a.dtype), self.rank, self.size, y=b)
 
-    def hand_over(self, parts: tuple[torch.Tensor, ...]) -> tuple[RankPartials, ...] | None:
-        """parts (one or two [rows, dim] shares of the same shape) as RankPartials for a reading kernel to sum, where
-        that kernel's exchange serves them: in the forwards that make a graph (as serves), at most
-        MAX_SIGNALS rows and MAX_BYTES for two such rows; else None (all-reduce them)."""
-        rows, dim = parts[0].reshape(-1, parts[0].shape[-1]).shape
-        if (not in_graph_steps() or not self.rows.holds(rows, dim, parts[0].element_size())
-                or not all(p.is_contiguous() for p in parts)):
+    def takes_rank_partials(self, rows: int, dim: int, element_size: int) -> bool:
+        """Whether hand_over takes shares of rows x dim (elements of element_size bytes): in the forwards that make a
+        graph (as serves), at most MAX_SIGNALS rows and MAX_BYTES for two such rows."""
+        return in_graph_steps() and self.rows.holds(rows, dim, element_size)
+
+    def hand_over(self, parts: tuple) -> tuple[RankPartials, ...] | None:
+        """parts (one or two [rows, dim] shares of the same shape, each a tensor or a split-K GEMM's PartialSums) as
+        RankPartials for a reading kernel to sum, where takes_rank_partials says so; else None (all-reduce them)."""
+        if not all(_row_major(p) for p in parts):
+            return None
+        share = parts[0].parts[0] if isinstance(parts[0], PartialSums) else parts[0]
+        rows, dim = share.numel() // share.shape[-1], share.shape[-1]
+        if not self.takes_rank_partials(rows, dim, parts[0].dtype.itemsize):
             return None
         return tuple(RankPartials(p, self.rows) for p in parts)
+
+
+def _row_major(share) -> bool:
+    """A share as the reading kernel takes it: a contiguous tensor, or PartialSums [slices, rows, dim] with unit
+    stride along dim."""
+    if isinstance(share, PartialSums):
+        return share.parts.dim() == 3 and share.parts.stride(-1) == 1
+    return share.is_contiguous()

@@ -3,8 +3,8 @@ read narrowed to the rank's shard.
 
 A row-parallel layer (o_proj, down_proj, the experts) holds a slice of its input dim, so each rank's output is a
 partial sum that the all-reduce completes; it must not hand on PartialSums to a fused consumer (model_ops.fusion),
-since those would skip the all-reduce: it never declares writes_partial_sums. It may hand on RankPartials, which
-the consumer's kernel sums over the ranks.
+since those would skip the all-reduce: it declares writes_partial_sums only where it hands on RankPartials, which
+the consumer's kernel sums over the ranks, and then its PartialSums go only inside them.
 
 The loader reads a parameter that has a read_shard(sliced, part) attribute through it, sliced being the checkpoint
 tensor (a safetensors slice, or a tensor), so a rank reads only the rows or columns it keeps.
@@ -21,26 +21,37 @@ class ReducesOutput:
     """Mixin before a layer class: forward's output is summed over the ranks of tp. Linked to a consumer whose kernel
     sums RankPartials itself (and where the group's custom all-reduce hands them over), it hands its share over as
     RankPartials instead, in the forwards that make decode graphs (TensorParallel.all_reduced,
-    distributed.parallel.graph_steps)."""
+    distributed.parallel.graph_steps). Where that consumer also adds PartialSums, the share may stay a split-K
+    GEMM's slices (or the experts' slots) inside the RankPartials: the consumer adds them, rounds the share as the
+    summing kernel would, then sums over the ranks, and the summing launch is saved. Only for a call whose share the
+    exchange takes (peers.takes_rank_partials): the slices are never all-reduced."""
 
     def __init__(self, *args, tp: TensorParallel, **kwargs):
         super().__init__(*args, **kwargs)
         self.tp = tp
         self.reduce_output = True  # False: the layer around it all-reduces this output together with another
         self.hands_rank_partials = False
+        self.shares_partial_sums = False  # linked: a call the exchange takes returns its share as PartialSums
 
     def forward(self, *args):
+        if self.shares_partial_sums:
+            x = args[0]
+            self.returns_partial_sums = (isinstance(x, torch.Tensor) and self.tp.peers.takes_rank_partials(
+                x.numel() // x.shape[-1], self.out_features, x.element_size()))
         out = super().forward(*args)
         return self.tp.all_reduced(out, hand_over=self.hands_rank_partials)[0] if self.reduce_output else out
 
     def can(self, capability: str) -> bool:
         if capability == f"writes_{RANK_PARTIALS}":
             return self.tp.peers is not None and self.tp.peers.hands_over_rank_partials
-        return capability != PARTIAL_OUTPUT and super().can(capability)
+        if capability == PARTIAL_OUTPUT:  # only inside RankPartials (link_consumer)
+            return self.can(f"writes_{RANK_PARTIALS}") and super().can(capability)
+        return super().can(capability)
 
     def link_consumer(self, consumer, forms: set[str]) -> None:
         self.hands_rank_partials = RANK_PARTIALS in forms
-        super().link_consumer(consumer, forms - {RANK_PARTIALS})
+        self.shares_partial_sums = self.hands_rank_partials and "partial_sums" in forms
+        super().link_consumer(consumer, forms - {RANK_PARTIALS, "partial_sums"})
 
 
 def along(dim: int, shard: Shard) -> tuple[slice, ...]:

@@ -127,4 +127,6 @@ def test_under_tensor_parallelism_row_parallel_shares_go_unsummed_to_a_residual_
         assert layer.self_attn.o_proj.hands_rank_partials is peers
         assert layer.mlp.down_proj.hands_rank_partials is peers and layer.experts.hands_rank_partials is peers
         assert layer._hands_rank_partials() is peers
-        assert not layer.self_attn.o_proj.returns_partial_sums  # a share's split-K slices are summed first
+        # a share's split-K slices (the experts' slots) go inside its RankPartials, in the calls the exchange takes
+        for share in (layer.self_attn.o_proj, layer.mlp.down_proj, layer.experts):
+            assert share.shares_partial_sums is peers and not share.returns_partial_sums

@@ -83,9 +83,11 @@ def _channel(rank: int, buffers, pads, epochs):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
 @pytest.mark.parametrize("pair", [False, True], ids=["one branch", "normed pair"])
-def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair):
+@pytest.mark.parametrize("slices", [1, 3], ids=["summed shares", "split-K slices"])
+def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair, slices):
+    """A share may be a split-K GEMM's slices (PartialSums): added, then exchanged."""
     from atomlite.model_ops import torch_ref
-    from atomlite.model_ops.carriers import NormedPair, RankPartials
+    from atomlite.model_ops.carriers import NormedPair, PartialSums, RankPartials
     from atomlite.model_ops.peer_memory import MAX_BYTES, MAX_SIGNALS
     from atomlite.model_ops.triton.norm.residual import rms_norm_residual
     rows, dim, slot, sides = 3, 40, MAX_BYTES // 4, 2 if pair else 1
@@ -103,7 +105,12 @@ def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair):
                 buffers[1][start:start + dim] = rows_of_side[row]
         pads[0][:rows, 1] = call  # the peer reached this call's barrier
         residual = torch.randn(rows, dim, generator=generator)
-        shares = [RankPartials(m, channel) for m in mine]
+        if slices > 1:  # the slices add up to the share, in slice order
+            split = [torch.randn(slices, rows, dim, generator=generator) for _ in mine]
+            mine = [s.sum(0) for s in split]
+            shares = [RankPartials(PartialSums(s, torch.float32), channel) for s in split]
+        else:
+            shares = [RankPartials(m, channel) for m in mine]
         totals = [m + p for m, p in zip(mine, peer)]
         x, want_x = ((NormedPair(*shares, weight_a, weight_b), NormedPair(*totals, weight_a, weight_b)) if pair
                      else (shares[0], totals[0]))
