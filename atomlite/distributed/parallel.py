@@ -6,8 +6,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from atomlite.model_ops.carriers import summed
-
 
 class CustomAllReduceUnavailable(RuntimeError):
     """A custom all-reduce could not be set up on this rank (the group then sums through its collective library)."""
@@ -22,7 +20,9 @@ class TensorParallel:
     group: object = None  # the torch.distributed process group; None: the default one
     # The group's custom all-reduce for small rows (model_ops.peer_memory.PeerMemory, or on ROCm
     # model_ops.aiter.all_reduce.AiterAllReduce): serves(x), all_reduce(x), serves_pair(a, b), all_reduce_pair(a, b),
-    # hand_over(parts), hands_over_rank_partials, capture() and close(). None: the collective library sums everything.
+    # hands_over_rank_partials and, where that is True, takes_rank_partials(rows, dim, element_size) and
+    # hand_over(parts) (model_ops.sharding.reduced); capture() and close(). None: the collective library sums
+    # everything.
     peers: object = None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,17 +35,10 @@ class TensorParallel:
         dist.all_reduce(x, group=self.group)
         return x
 
-    def all_reduced(self, *xs: torch.Tensor, hand_over: bool = False) -> tuple:
-        """xs (tensors of one shape) each summed over the ranks, in one collective; with hand_over, where the peer
-        memory's exchange serves them (peers.hand_over), they come back as RankPartials for the kernel that reads
-        them to sum (model_ops.carriers)."""
+    def all_reduced(self, *xs: torch.Tensor) -> tuple:
+        """xs (tensors of one shape) each summed over the ranks, in one collective."""
         if self.size == 1:
             return xs
-        if hand_over and self.peers is not None:
-            handed = self.peers.hand_over(xs)
-            if handed is not None:
-                return handed
-        xs = tuple(summed(x) for x in xs)  # split-K slices meant for a hand-over that did not take them
         if len(xs) == 1:
             return (self.all_reduce(xs[0]),)
         if len(xs) == 2 and self.peers is not None and self.peers.serves_pair(*xs):

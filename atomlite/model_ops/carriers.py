@@ -40,8 +40,9 @@ class NormedPair:
 class RankPartials:
     """y: the sum over the tensor-parallel ranks of part, this rank's share of a row-parallel product, left for the
     kernel that reads y to exchange through channel (a model_ops.peer_memory.PeerChannel) and add: the all-reduce's
-    launch is saved. A NormedPair's two sides are RankPartials together or not at all."""
-    part: torch.Tensor
+    launch is saved. part may be PartialSums (its split-K slices, for a kernel that also reads those: added, rounded,
+    then exchanged). A NormedPair's two sides are RankPartials together or not at all."""
+    part: "torch.Tensor | PartialSums"
     channel: object
 
     @property

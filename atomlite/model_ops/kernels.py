@@ -29,7 +29,8 @@ CAPABILITIES = {
     "reads_token_rows": "takes its input as TokenRows (FP8 per token) that the kernel before it wrote",
     "reads_gated_input": "takes a GatedInput and computes gelu_tanh(gate) * up as it quantizes its input",
     "reads_rank_partials": "takes RankPartials (a NormedPair's sides too) and sums them over the tensor-parallel ranks "
-                           "through peer memory as it reads them",
+                           "through peer memory as it reads them; with reads_partial_sums, a share that is itself "
+                           "PartialSums too",
     "writes_partial_sums": "returns its split-K slices unsummed (PartialSums) when called with summed=False",
     "writes_quantized_rows": "writes its output as the QuantizedRows the GEMM after it asks for (quantize=)",
     "writes_token_rows": "writes its output as the TokenRows the GEMM after it asks for (quantize=)",

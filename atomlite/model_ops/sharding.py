@@ -12,6 +12,7 @@ tensor (a safetensors slice, or a tensor), so a rank reads only the rows or colu
 import torch
 
 from atomlite.distributed import Shard, TensorParallel
+from atomlite.model_ops.carriers import summed
 
 PARTIAL_OUTPUT = "writes_partial_sums"
 RANK_PARTIALS = "rank_partials"
@@ -20,8 +21,7 @@ RANK_PARTIALS = "rank_partials"
 class ReducesOutput:
     """Mixin before a layer class: forward's output is summed over the ranks of tp. Linked to a consumer whose kernel
     sums RankPartials itself (and where the group's custom all-reduce hands them over), it hands its share over as
-    RankPartials instead, in the forwards that make decode graphs (TensorParallel.all_reduced,
-    distributed.parallel.graph_steps). Where that consumer also adds PartialSums, the share may stay a split-K
+    RankPartials instead, in the forwards that make decode graphs (reduced, distributed.parallel.graph_steps). Where that consumer also adds PartialSums, the share may stay a split-K
     GEMM's slices (or the experts' slots) inside the RankPartials: the consumer adds them, rounds the share as the
     summing kernel would, then sums over the ranks, and the summing launch is saved. Only for a call whose share the
     exchange takes (peers.takes_rank_partials): the slices are never all-reduced."""
@@ -39,7 +39,7 @@ class ReducesOutput:
             self.returns_partial_sums = (isinstance(x, torch.Tensor) and self.tp.peers.takes_rank_partials(
                 x.numel() // x.shape[-1], self.out_features, x.element_size()))
         out = super().forward(*args)
-        return self.tp.all_reduced(out, hand_over=self.hands_rank_partials)[0] if self.reduce_output else out
+        return reduced(self.tp, out, hand_over=self.hands_rank_partials)[0] if self.reduce_output else out
 
     def can(self, capability: str) -> bool:
         if capability == f"writes_{RANK_PARTIALS}":
@@ -52,6 +52,20 @@ class ReducesOutput:
         self.hands_rank_partials = RANK_PARTIALS in forms
         self.shares_partial_sums = self.hands_rank_partials and "partial_sums" in forms
         super().link_consumer(consumer, forms - {RANK_PARTIALS, "partial_sums"})
+
+
+def reduced(tp: TensorParallel, *shares, hand_over: bool = False) -> tuple:
+    """Row-parallel shares (of one shape) each summed over the ranks of tp, in one collective; with hand_over, where
+    the peer memory's exchange takes them (peers.hand_over), they come back as RankPartials for the kernel that
+    reads them to sum (model_ops.carriers). A share left as PartialSums for a hand-over that did not take it is
+    summed first."""
+    if tp.size == 1:
+        return shares
+    if hand_over and tp.peers is not None:
+        handed = tp.peers.hand_over(shares)
+        if handed is not None:
+            return handed
+    return tp.all_reduced(*(summed(share) for share in shares))
 
 
 def along(dim: int, shard: Shard) -> tuple[slice, ...]:

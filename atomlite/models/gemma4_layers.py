@@ -18,6 +18,7 @@ from atomlite.model_ops.linear_builder import LinearBuilder
 from atomlite.model_ops.mlp import GatedGeluMLP
 from atomlite.model_ops.norm import Residual, RMSNorm
 from atomlite.model_ops.rope import RotaryEmbedding
+from atomlite.model_ops.sharding import reduced
 
 
 def attention_heads_of_rank(cfg: dict, layer, tp: TensorParallel) -> tuple[Shard, Shard]:
@@ -190,7 +191,7 @@ class Gemma4DecoderLayer(nn.Module):
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), stream.device,
                                   overlap=stream.shape[0] <= OVERLAP_MAX_ROWS)
         if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
-            m, experts = self.tp.all_reduced(m, experts, hand_over=self._hands_rank_partials())
+            m, experts = reduced(self.tp, m, experts, hand_over=self._hands_rank_partials())
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)
 
     def _hands_rank_partials(self) -> bool:

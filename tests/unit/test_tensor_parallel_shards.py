@@ -2,12 +2,15 @@
 blocks, and the errors that name what cannot be split."""
 import pytest
 import torch
+from torch import nn
 
 from atomlite.distributed import Shard, TensorParallel, kv_heads_of_rank, split
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.carriers import PartialSums, RankPartials
 from atomlite.model_ops.linear import Linear, RowParallelLinear
 from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.sharding import ReducesOutput, reduced
 
 
 def test_split_gives_each_rank_its_equal_part():
@@ -39,11 +42,81 @@ def test_mxfp4_shards_must_fall_on_32_element_blocks():
         Shard(48, 48, 96).in_blocks(32, "down_proj")
 
 
-def test_a_row_parallel_linear_never_hands_on_partial_sums():
-    """Its split-K slices would reach the next kernel before the all-reduce: fusion must not link them."""
+class _Peers:
+    """The group's peer memory as a row-parallel layer sees it: takes each share or none; its all-reduce doubles x
+    (two ranks holding the same share)."""
+    hands_over_rank_partials = True
+
+    def __init__(self, takes: bool):
+        self.takes = takes
+
+    def takes_rank_partials(self, rows: int, dim: int, element_size: int) -> bool:
+        return self.takes
+
+    def hand_over(self, parts):
+        return tuple(RankPartials(p, "channel") for p in parts) if self.takes else None
+
+    def serves(self, x):
+        return True
+
+    def all_reduce(self, x):
+        return 2 * x
+
+
+class _Product(nn.Module):
+    """A product whose kernel splits K in two: returns the slices where told to (returns_partial_sums)."""
+    out_features = 4
+
+    def __init__(self):
+        super().__init__()
+        self.returns_partial_sums = False
+
+    def forward(self, x):
+        parts = torch.stack([x, 3 * x])
+        return PartialSums(parts, x.dtype) if self.returns_partial_sums else parts.sum(0)
+
+    def can(self, capability: str) -> bool:
+        return capability == "writes_partial_sums"
+
+    def link_consumer(self, consumer, forms: set[str]) -> None:
+        self.returns_partial_sums = "partial_sums" in forms
+
+
+class _Share(ReducesOutput, _Product):
+    """_Product holding a slice of its input dim."""
+
+
+def test_a_row_parallel_linear_hands_on_partial_sums_only_inside_rank_partials():
+    """Its split-K slices would reach the next kernel before the all-reduce: fusion links them only where the layer
+    hands its share over as RankPartials, which the group's peer memory does and a plain group does not."""
     with dispatch.use(Platform("cuda", "sm_90"), "triton"):
-        plain, sharded = Linear(64, 8), RowParallelLinear(32, 8, tp=TensorParallel(0, 2))
-    assert plain.can("writes_partial_sums") and not sharded.can("writes_partial_sums")
+        plain, alone = Linear(64, 8), RowParallelLinear(32, 8, tp=TensorParallel(0, 2))
+        handing = RowParallelLinear(32, 8, tp=TensorParallel(0, 2, peers=_Peers(True)))
+    assert plain.can("writes_partial_sums") and not alone.can("writes_partial_sums")
+    assert handing.can("writes_partial_sums") and handing.can("writes_rank_partials")
+    handing.link_consumer(None, {"partial_sums"})  # a consumer that reads PartialSums but not RankPartials
+    assert not handing.shares_partial_sums and not handing.returns_partial_sums
+
+
+@pytest.mark.parametrize("takes", [True, False], ids=["the exchange takes the call", "it does not"])
+def test_a_share_stays_split_k_slices_only_for_a_call_the_exchange_takes(takes):
+    x = torch.randn(2, 4)
+    layer = _Share(tp=TensorParallel(0, 2, peers=_Peers(takes)))
+    layer.link_consumer(None, {"partial_sums", "rank_partials"})
+    assert layer.shares_partial_sums and not layer.returns_partial_sums
+    out = layer(x)
+    if takes:
+        assert isinstance(out, RankPartials) and isinstance(out.part, PartialSums)
+        assert torch.equal(out.part.parts, torch.stack([x, 3 * x]))
+    else:  # summed by the layer's kernel, then all-reduced
+        assert not layer.returns_partial_sums and torch.equal(out, 2 * (4 * x))
+
+
+def test_shares_left_as_slices_for_a_hand_over_that_does_not_come_are_summed_before_the_all_reduce():
+    x = torch.randn(2, 4)
+    tp = TensorParallel(0, 2, peers=_Peers(False))
+    (y,) = reduced(tp, PartialSums(torch.stack([x, x]), x.dtype), hand_over=True)
+    assert torch.equal(y, 2 * (x + x))
 
 
 def test_collectives_of_a_single_process_return_their_input():

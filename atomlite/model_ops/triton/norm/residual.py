@@ -2,8 +2,8 @@
 optionally the next norm of it, rms_norm(summed) * w_next. Each step rounds to the activation dtype where the
 separate ops would, so the result equals theirs. x may be a split-K GEMM's PartialSums (the kernel adds its K
 slices as it reads the row), or a NormedPair: two branches' output norms summed, each side plain or PartialSums; and
-under tensor parallelism x (or both sides) may be RankPartials, this rank's share, which the program exchanges with
-the other ranks through peer memory and sums first.
+under tensor parallelism x (or both sides) may be RankPartials, this rank's share (a tensor, or PartialSums whose
+slices are added first), which the program exchanges with the other ranks through peer memory and sums first.
 The next norm's output may be written quantized for the GEMM that reads it, MXFP4's fp8 blocks (QuantizedRows) or
 FP8 per token (TokenRows): that GEMM's quantization launch is saved. One program per row; on sm_90 a dependent
 launch (it waits for the kernel before, which may let it start early).
