@@ -21,10 +21,11 @@ RANK_PARTIALS = "rank_partials"
 class ReducesOutput:
     """Mixin before a layer class: forward's output is summed over the ranks of tp. Linked to a consumer whose kernel
     sums RankPartials itself (and where the group's custom all-reduce hands them over), it hands its share over as
-    RankPartials instead, in the forwards that make decode graphs (reduced, distributed.parallel.graph_steps). Where that consumer also adds PartialSums, the share may stay a split-K
-    GEMM's slices (or the experts' slots) inside the RankPartials: the consumer adds them, rounds the share as the
-    summing kernel would, then sums over the ranks, and the summing launch is saved. Only for a call whose share the
-    exchange takes (peers.takes_rank_partials): the slices are never all-reduced."""
+    RankPartials instead, in the forwards that make graphs (reduced, distributed.parallel.graph_steps). Where that
+    consumer also adds PartialSums, the share may stay a split-K GEMM's slices (or the experts' slots) inside the
+    RankPartials: the consumer adds them, rounds the share as the summing kernel would, then sums over the ranks,
+    and the summing launch is saved. Only for a call whose share the exchange takes (peers.takes_rank_partials): the
+    slices are never all-reduced."""
 
     def __init__(self, *args, tp: TensorParallel, **kwargs):
         super().__init__(*args, **kwargs)
