@@ -195,6 +195,18 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
     assert all(not (r.stats or {}).get("spills") for r in results)
 
 
+def _read_rows(quant, whole_row, monkeypatch) -> None:
+    """How quantize_rows reads a row: whole (True), in chunks of 64 columns (groups: 128 a program) over several
+    programs (False), or one program a row looping 64 columns at a time ("looped", a prefill's many wide rows)."""
+    if whole_row == "looped":
+        monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
+        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
+        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
+    elif not whole_row:
+        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
+        monkeypatch.setattr(quant, "GROUP_STEP", 128)
+
+
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
 @pytest.mark.parametrize("whole_row", [True, False, "looped"])
 def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
@@ -205,13 +217,7 @@ def test_quantize_rows_is_the_references_quantization(activation, whole_row, mon
     static scale."""
     from atomlite.model_ops.triton.fp8 import quant
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if whole_row == "looped":  # one program a row, 64 columns at a time (a prefill's many wide rows)
-        monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
-        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
-        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
-    elif not whole_row:
-        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
-        monkeypatch.setattr(quant, "GROUP_STEP", 128)
+    _read_rows(quant, whole_row, monkeypatch)
     x = _x(5, 300, device)
     x[2, -1] = 4 * x[2].abs().max()  # a row's peak in its last, partial block
     scales = torch.tensor([0.03, 0.5], device=device)
@@ -234,13 +240,7 @@ def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activati
     from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
     from atomlite.model_ops.triton.fp8 import quant
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if whole_row == "looped":  # one program a row, 64 columns at a time (a prefill's many wide rows)
-        monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
-        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
-        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
-    elif not whole_row:
-        monkeypatch.setattr(quant, "ROW_BLOCK", 64)
-        monkeypatch.setattr(quant, "GROUP_STEP", 128)
+    _read_rows(quant, whole_row, monkeypatch)
     gate_up = _x(5, 600, device).to(torch.bfloat16)
     static = torch.tensor([0.03], device=device) if activation == "static" else None
     q, s = quant.quantize_rows(gate_up, activation, torch.float8_e4m3fn, static_scale=static, gated=True)

@@ -72,6 +72,21 @@ def load_activation(x_row, kk, K, GATED: tl.constexpr):
 
 
 @triton.jit
+def _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE: tl.constexpr, GATED: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """Row `row`'s scale per token or static (MODE 1: static_ptr[row * stride_static]; 2: the amax of the whole row,
+    read BLOCK columns at a time), fp32."""
+    if MODE == 1:
+        scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
+    else:
+        amax = tl.zeros((BLOCK,), tl.float32)
+        for k in range(0, K, BLOCK):
+            amax = tl.maximum(amax, tl.abs(load_activation(x_row, k + cols, K, GATED)))
+        scale = amax_scale(amax)
+    return scale
+
+
+@triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
                          WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1, GATED: tl.constexpr = False,
@@ -98,13 +113,7 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         tl.store(q_row + kk, quantize_fp8(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
     elif LOOPED:
-        if MODE == 1:
-            scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
-        else:
-            amax = tl.zeros((BLOCK,), tl.float32)
-            for k in range(0, K, BLOCK):
-                amax = tl.maximum(amax, tl.abs(load_activation(x_row, k + cols, K, GATED)))
-            scale = amax_scale(amax)
+        scale = _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE, GATED, BLOCK)
         for k in range(0, K, BLOCK):
             x = load_activation(x_row, k + cols, K, GATED)
             tl.store(q_row + k + cols, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=k + cols < K)
@@ -112,15 +121,10 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
     else:
         kk = chunk * BLOCK + cols
         x = load_activation(x_row, kk, K, GATED)
-        if MODE == 1:
-            scale = tl.load(static_ptr + row * stride_static).to(tl.float32)
-        elif WHOLE:
+        if MODE == 2 and WHOLE:  # the row is this chunk, already loaded
             scale = amax_scale(x)
         else:
-            amax = tl.zeros((BLOCK,), tl.float32)
-            for k in range(0, K, BLOCK):
-                amax = tl.maximum(amax, tl.abs(load_activation(x_row, k + cols, K, GATED)))
-            scale = amax_scale(amax)
+            scale = _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE, GATED, BLOCK)
         tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
         if chunk == 0:
             tl.store(s_row, scale * factor)
