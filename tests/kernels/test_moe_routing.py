@@ -56,6 +56,13 @@ def test_uneven_routing_with_experts_that_get_no_token():
     assert_tiles_match(ids, 8, 4)
 
 
+def test_placing_programs_read_the_chunk_counts_several_rows_a_step(monkeypatch):
+    """560 pairs, 9 chunks of 16 experts read 4 a step: the last step partial."""
+    from atomlite.model_ops.triton.moe import routing
+    monkeypatch.setattr(routing, "COUNT_ELEMENTS", 64)
+    assert_tiles_match(random_ids(70, 8, 16, seed=3), 16, 64)
+
+
 def test_every_pair_on_one_expert_over_the_one_program_limit():
     tokens = ONE_PROGRAM_MAX_PAIRS // 2 + 3
     ids = torch.stack([torch.full((tokens,), 5), torch.arange(tokens) % 3], dim=1)

@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import run_kernel
-from atomlite.model_ops.triton.moe.tuning import ONE_PROGRAM_MAX_PAIRS, PAIR_CHUNK, ROUTING_WARPS, TILE_CHUNK
+from atomlite.model_ops.triton.moe.tuning import (COUNT_ELEMENTS, ONE_PROGRAM_MAX_PAIRS, PAIR_CHUNK, ROUTING_WARPS,
+                                                  TILE_CHUNK)
 
 MAX_EXPERTS = 512  # the routing holds a one-hot [64, experts] per step
 
@@ -74,9 +75,10 @@ def _write_tile_table(tile_expert, tile_rows, totals, tiles, tile_end, MAX_TILES
 @triton.jit(do_not_specialize=["NUM_PAIRS", "NUM_CHUNKS", "MAX_TILES"])
 def _place_kernel(topk_ids, chunk_counts, pair_of_row, tile_expert, tile_rows, NUM_PAIRS, NUM_CHUNKS, MAX_TILES,
                   ONE_PROGRAM: tl.constexpr, BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr,
-                  TILE_CHUNK: tl.constexpr):
+                  TILE_CHUNK: tl.constexpr, COUNT_ROWS: tl.constexpr):
     """ONE_PROGRAM: this program counts and places every chunk. Else program c places chunk c, after the pairs of
-    earlier chunks (chunk_counts from _count_kernel), and writes its share of the tile table."""
+    earlier chunks (chunk_counts from _count_kernel, read COUNT_ROWS chunks at a time), and writes its share of the
+    tile table."""
     pid = tl.program_id(0)
     experts = tl.arange(0, EXPERTS)
     totals = tl.zeros((EXPERTS,), dtype=tl.int32)
@@ -87,10 +89,12 @@ def _place_kernel(topk_ids, chunk_counts, pair_of_row, tile_expert, tile_rows, N
             totals += tl.sum(one_hot, axis=0)
         first_chunk, end_chunk = 0, NUM_CHUNKS
     else:
-        for c in range(0, NUM_CHUNKS):
-            counts = tl.load(chunk_counts + c * EXPERTS + experts)
-            totals += counts
-            before += tl.where(c < pid, counts, 0)
+        for c0 in range(0, NUM_CHUNKS, COUNT_ROWS):
+            chunks = c0 + tl.arange(0, COUNT_ROWS)
+            counts = tl.load(chunk_counts + chunks[:, None] * EXPERTS + experts[None, :],
+                             mask=(chunks < NUM_CHUNKS)[:, None], other=0)
+            totals += tl.sum(counts, axis=0)
+            before += tl.sum(tl.where((chunks < pid)[:, None], counts, 0), axis=0)
         first_chunk, end_chunk = pid, pid + 1
     tiles = (totals + BLOCK_M - 1) // BLOCK_M
     tile_end = tl.cumsum(tiles, axis=0)
@@ -128,5 +132,6 @@ def group_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
                    num_warps=ROUTING_WARPS)
     run_kernel(_place_kernel, (1 if one_program else chunks,), ids, chunk_counts, out.pair_of_row,
                out.tile_expert, out.tile_rows, num_pairs, chunks, tiles, ONE_PROGRAM=one_program, BLOCK_M=block_m,
-               EXPERTS=experts, CHUNK=PAIR_CHUNK, TILE_CHUNK=TILE_CHUNK, num_warps=ROUTING_WARPS)
+               EXPERTS=experts, CHUNK=PAIR_CHUNK, TILE_CHUNK=TILE_CHUNK,
+               COUNT_ROWS=max(1, COUNT_ELEMENTS // experts), num_warps=ROUTING_WARPS)
     return out

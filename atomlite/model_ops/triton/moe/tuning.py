@@ -56,6 +56,9 @@ FP32_MAX_STAGES = 2
 
 PAIR_CHUNK = 64  # pairs per one-hot [PAIR_CHUNK, experts] step
 TILE_CHUNK = 64  # tile-table entries written per step
+# chunk counts each placing program reads a step: every program reads every chunk's counts (a prefill of 2048 tokens
+# of 26B-A4B: 256 chunks of 128 experts), COUNT_ELEMENTS // experts rows a step (32 there), not a row a step
+COUNT_ELEMENTS = 4096
 ONE_PROGRAM_MAX_PAIRS = 512  # up to this many pairs one program counts and places them all: a single launch
 ROUTING_WARPS = 4
 
