@@ -59,12 +59,12 @@ def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("tensor", "static")])
 def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, activation):
-    """Beyond LIBRARY_MIN_ROWS rows of bf16 x, per-token or static x on a per-channel or per-tensor W goes to
+    """Beyond tuning.library_min_rows rows of bf16 x, per-token or static x on a per-channel or per-tensor W goes to
     torch._scaled_mm with quantize_rows' e4m3 rows and scales (on CPU torch's own CPU kernel; on a GPU also through
     fp8_gemm, when its library takes row scales)."""
-    from atomlite.model_ops.triton.fp8 import gemm, quant
+    from atomlite.model_ops.triton.fp8 import gemm, quant, tuning
     spec, q, scale, input_scale = _layer(strategy, activation, 96, 160, device)
-    x = _x(gemm.LIBRARY_MIN_ROWS + 16, 160, device).bfloat16()
+    x = _x(tuning.library_min_rows(torch.device(device)) + 16, 160, device).bfloat16()
     xq, x_scale = quant.quantize_rows(x, activation, q.dtype, static_scale=input_scale)
     got = gemm.library_scaled_mm(xq, x_scale, q, scale, torch.bfloat16)
     assert_gemm_close(got, x, q, scale, spec, input_scale, torch.bfloat16)
@@ -164,15 +164,26 @@ def test_per_tensor_activation_scales_are_not_per_token():
     assert not torch.allclose(got[1], wrong[1], rtol=1e-2)
 
 
+def test_decode_batches_take_the_fewest_row_tiles_that_keep_the_gpu_busy():
+    """NVIDIA, 65-512 rows: one tile of x rows where W's tiles alone fill most of the GPU (W streams once), else up
+    to three tiles of rows, so that a short N still spreads; K blocks of 128 for block-scaled layers."""
+    from atomlite.model_ops.triton.fp8.tuning import row_tiles
+    sms = 132
+    assert [row_tiles(m, 43008, sms, False).block_m for m in (65, 128, 160, 256, 512)] == [128, 128, 256, 256, 256]
+    assert [row_tiles(m, 5376, sms, False).block_m for m in (65, 128, 160, 256, 512)] == [64, 64, 64, 128, 256]
+    assert row_tiles(100, 5376, sms, True).block_k == 128
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group"), ("tensor", "static"),
                                                   ("channel", None), ("block", "token")])
-@pytest.mark.parametrize("m", [1, 5, 16, 40, 64, 300])
-def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m):
-    """The GPU's tile paths (split-K decode, medium, large tiles) on a bf16 model: the reference on the same bf16
-    x, within the output's bf16 rounding and the fp32 summation order."""
+@pytest.mark.parametrize("m, n", [(1, 384), (5, 384), (16, 384), (40, 384), (64, 384), (300, 384), (100, 20480),
+                                  (200, 20480), (512, 384)])
+def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m, n):
+    """The GPU's tile paths (split-K decode, medium, the row tiles of decode batches, library) on a bf16 model: the
+    reference on the same bf16 x, within the output's bf16 rounding and the fp32 summation order."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
-    n, k = 384, 2048  # few N tiles and a long K: the decode path splits K
+    k = 2048  # a long K: the decode path splits K where N has few tiles
     spec, q, scale, input_scale = _layer(strategy, activation, n, k, "cuda")
     x = _x(m, k, "cuda").to(torch.bfloat16)
     got = fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
@@ -197,8 +208,13 @@ def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
 
 def _read_rows(quant, whole_row, monkeypatch) -> None:
     """How quantize_rows reads a row: whole (True), in chunks of 64 columns (groups: 128 a program) over several
-    programs (False), or one program a row looping 64 columns at a time ("looped", a prefill's many wide rows)."""
-    if whole_row == "looped":
+    programs (False), one program a row looping 64 columns at a time ("looped", a prefill's many wide rows), or per
+    token from the amaxes of chunks of 64 columns written by a launch before ("split", a decode batch's many rows).
+    """
+    if whole_row == "split":
+        monkeypatch.setattr(quant, "SPLIT_AMAX_BLOCK", 64)
+        monkeypatch.setattr(quant, "SPLIT_AMAX_MIN_ROWS", 1)
+    elif whole_row == "looped":
         monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
         monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
         monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
@@ -208,7 +224,7 @@ def _read_rows(quant, whole_row, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
-@pytest.mark.parametrize("whole_row", [True, False, "looped"])
+@pytest.mark.parametrize("whole_row", [True, False, "looped", "split"])
 def test_quantize_rows_is_the_references_quantization(activation, whole_row, monkeypatch):
     """The quantization pass before the GEMM, a row one program's (whole, or looped 64 columns at a time) or spread
     over programs (chunks of ROW_BLOCK, each reading the whole row for its amax; in groups, one group a program, or
@@ -233,7 +249,7 @@ def test_quantize_rows_is_the_references_quantization(activation, whole_row, mon
 
 
 @pytest.mark.parametrize("activation", ["token", "static", "group"])
-@pytest.mark.parametrize("whole_row", [True, False, "looped"])
+@pytest.mark.parametrize("whole_row", [True, False, "looped", "split"])
 def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activation, whole_row, monkeypatch):
     """quantize_rows of [gate | up] (gated, the down projection's GatedInput) gives the bits and scales of the
     activation kernel's bf16 gelu_tanh(gate) * up quantized: one launch where there were two."""

@@ -21,7 +21,7 @@ from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
                                               run_kernel)
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, tile_config
+from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, library_min_rows, tile_config
 from atomlite.model_ops.triton.mxfp4 import blockwise
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import add_partials
 
@@ -137,7 +137,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     fp32_dot = interpreting() or x.dtype == torch.float32
     x_blocks = x_scale is not None and x_scale.shape[1] > 1
     w_blocks = scale.shape[1] > 1
-    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks)
+    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n)
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
     tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
@@ -174,10 +174,10 @@ def library_takes_row_scales(device: torch.device, fp8_dtype: torch.dtype) -> bo
 
 
 def library_fits(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> bool:
-    """Many rows on a GPU whose library GEMM takes per-row x per-column scales: W per tensor or channel, N and K
-    multiples of 16 (its layout rule), a bf16 result."""
+    """Many rows (tuning.library_min_rows) on a GPU whose library GEMM takes per-row x per-column scales: W per
+    tensor or channel, N and K multiples of 16 (its layout rule), a bf16 result."""
     n, k = weight.shape
-    return (x.shape[0] > LIBRARY_MIN_ROWS and x.is_cuda and not interpreting() and scale.shape[1] == 1
+    return (x.is_cuda and x.shape[0] > library_min_rows(x.device) and not interpreting() and scale.shape[1] == 1
             and n % 16 == 0 and k % 16 == 0 and out_dtype == torch.bfloat16
             and library_takes_row_scales(x.device, weight.dtype))
 
@@ -240,9 +240,9 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM
     (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200). gated: x is [gate | up]
     [M, 2K] and the GEMM's input is gelu_tanh(gate) * up, computed as it is quantized (quantized activations only).
-    Beyond LIBRARY_MIN_ROWS rows, per-token or static x on a per-tensor or per-channel W goes to torch._scaled_mm,
-    and grouped x on block-scaled W to its 1x128 block scaling where the GPU's library has it, as bf16's many rows
-    go to F.linear."""
+    Beyond tuning.library_min_rows, per-token or static x on a per-tensor or per-channel W goes to
+    torch._scaled_mm, and beyond LIBRARY_MIN_ROWS grouped x on block-scaled W to its 1x128 block scaling where the
+    GPU's library has it, as bf16's many rows go to F.linear."""
     if activation is None:
         assert not gated, "weight-only layers take gelu_tanh(gate) * up computed"
         return scaled_mm(x, None, weight, scale, scale_block_k, x.dtype, summed=summed)

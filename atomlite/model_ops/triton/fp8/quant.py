@@ -30,6 +30,11 @@ GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at
 # holding a whole row (up to ROW_BLOCK) in registers keeps few. H200 (bench/fp8_quantize_rows.py): 31B's gated
 # down input, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096 wide slower.
 LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
+# Per token, more than SPLIT_AMAX_MIN_ROWS rows wider than SPLIT_AMAX_BLOCK: two launches over chunks of the rows,
+# the first writing each chunk's amax, the second quantizing each chunk with its row's scale from them. Every program
+# then reads its chunk once or twice, where one program a row (looped) or a chunk reading its whole row for the amax
+# kept too few loads in flight: 31B's 21504-wide down input at 160 rows took 14.1 us one program a row.
+SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 2048, 4
 
 
 @triton.jit
@@ -87,16 +92,30 @@ def _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE: tl.constexp
 
 
 @triton.jit
+def chunk_amax_kernel(x_ptr, amax_ptr, K, stride_x, stride_a, BLOCK: tl.constexpr, GATED: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    """Program (row, chunk): amax_ptr[row, chunk] = the largest |x| of the row's chunk of BLOCK columns."""
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        gdc_wait()  # for the kernel before, which wrote x
+    x = load_activation(x_ptr + row * stride_x, chunk * BLOCK + tl.arange(0, BLOCK), K, GATED)
+    tl.store(amax_ptr + row * stride_a + chunk, tl.max(tl.abs(x), axis=0))
+    if PDL:
+        gdc_launch_dependents()  # the quantization's programs may start; they wait for this grid's amaxes
+
+
+@triton.jit
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
                          WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1, GATED: tl.constexpr = False,
-                         PDL: tl.constexpr = False, LOOPED: tl.constexpr = False):
+                         PDL: tl.constexpr = False, LOOPED: tl.constexpr = False, AMAX_PARTS: tl.constexpr = 0):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
     own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. Program
     (row, chunk): chunk program_id(1) of BLOCK (modes 1, 2) or of GROUPS groups (mode 3) columns, so that a few
     rows spread over the GPU; per token, each program reads the whole row for its amax first. WHOLE: the row is
-    one chunk, read once. LOOPED: the row is one program's, read BLOCK at a time (modes 1, 2). GATED: x rows are
-    [gate | up] (load_activation)."""
+    one chunk, read once. LOOPED: the row is one program's, read BLOCK at a time (modes 1, 2). AMAX_PARTS (mode 2):
+    static_ptr holds each source row's chunk amaxes (chunk_amax_kernel), stride_static apart, AMAX_PARTS a power of
+    two >= the chunks. GATED: x rows are [gate | up] (load_activation)."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -123,6 +142,11 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         x = load_activation(x_row, kk, K, GATED)
         if MODE == 2 and WHOLE:  # the row is this chunk, already loaded
             scale = amax_scale(x)
+        elif AMAX_PARTS:
+            parts = tl.arange(0, AMAX_PARTS)
+            amaxes = tl.load(static_ptr + (row // rows_per_source) * stride_static + parts,
+                             mask=parts < tl.num_programs(1), other=0.0)
+            scale = amax_scale(amaxes)
         else:
             scale = _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE, GATED, BLOCK)
         tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
@@ -147,7 +171,7 @@ def quantizes_gated_cheaply(rows: int, k: int, activation: str | None, device: t
     about 5 us for the two kernels (H200)."""
     if activation is None:
         return False
-    return activation != "token" or row_chunk(rows, k, device) >= k
+    return activation != "token" or row_chunk(rows, k, device) >= k or splits_amax(rows, k, activation)
 
 
 def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, group_size: int = 128,
@@ -167,15 +191,35 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
         x = x.contiguous()
     static = static_scale if static_scale is not None else scales
     stride_static = 1 if static_scale is not None and static_scale.numel() > 1 else 0
-    looped = activation != "group" and rows >= LOOPED_MIN_ROWS and k >= LOOPED_MIN_K
-    block = group_size if activation == "group" else LOOPED_BLOCK if looped else row_chunk(rows, k, x.device)
+    pdl = dependent_launches(x.device)
+    split_amax = splits_amax(rows, k, activation)
+    if split_amax:
+        static, stride_static = chunk_amaxes(x, k, gated, pdl), triton.cdiv(k, SPLIT_AMAX_BLOCK)
+    looped = activation != "group" and rows >= LOOPED_MIN_ROWS and k >= LOOPED_MIN_K and not split_amax
+    block = (group_size if activation == "group" else LOOPED_BLOCK if looped else SPLIT_AMAX_BLOCK if split_amax
+             else row_chunk(rows, k, x.device))
     per_program = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
     width = block * per_program
     chunks = triton.cdiv(groups, per_program) if activation == "group" else 1 if looped else triton.cdiv(k, block)
     warps = LOOPED_WARPS if looped else 4 if width <= 2048 else 8 if width <= 8192 else 16
-    pdl = dependent_launches(x.device)
+    amax_parts = {"AMAX_PARTS": triton.next_power_of_2(chunks)} if split_amax else {}
     run_kernel(quantize_rows_kernel, (rows, chunks), x, q, scales, static, k,
                rows_per_source, x.stride(0), q.stride(0), scales.stride(0), stride_static, MODE=MODES[activation],
                FNUZ=fp8_dtype == torch.float8_e4m3fnuz, BLOCK=block, WHOLE=block >= k, GROUPS=per_program,
-               GATED=gated, PDL=pdl, LOOPED=looped, num_warps=warps, **pdl_launch(pdl))
+               GATED=gated, PDL=pdl, LOOPED=looped, num_warps=warps, **amax_parts, **pdl_launch(pdl))
     return q, scales
+
+
+def splits_amax(rows: int, k: int, activation: str | None) -> bool:
+    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token, many wide rows)."""
+    return activation == "token" and rows > SPLIT_AMAX_MIN_ROWS and k > SPLIT_AMAX_BLOCK
+
+
+def chunk_amaxes(x: torch.Tensor, k: int, gated: bool, pdl: bool) -> torch.Tensor:
+    """Each x row's amax per chunk of SPLIT_AMAX_BLOCK columns (of gelu_tanh(gate) * up where gated): float32
+    [rows of x, chunks]."""
+    chunks = triton.cdiv(k, SPLIT_AMAX_BLOCK)
+    amaxes = torch.empty(x.shape[0], chunks, dtype=torch.float32, device=x.device)
+    run_kernel(chunk_amax_kernel, (x.shape[0], chunks), x, amaxes, k, x.stride(0), amaxes.stride(0),
+               BLOCK=SPLIT_AMAX_BLOCK, GATED=gated, PDL=pdl, num_warps=SPLIT_AMAX_WARPS, **pdl_launch(pdl))
+    return amaxes

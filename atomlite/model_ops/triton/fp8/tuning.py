@@ -3,7 +3,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from atomlite.model_ops.triton.common import platform_of
+from atomlite.model_ops.triton.common import num_sms, platform_of
 
 
 @dataclass(frozen=True)
@@ -19,28 +19,55 @@ class FP8TileConfig:
 
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
-LIBRARY_MIN_ROWS = 64  # beyond, torch._scaled_mm where it takes the scales (gemm.library_fits); not yet timed
+# Beyond these rows, torch._scaled_mm where it takes the scales (gemm.library_fits, library_block_fits). On NVIDIA its
+# row-scaled GEMM ran 0.84-0.97x of bf16 at 160 rows on 31B's shapes, where the Triton tiles below ran 1.23-1.41x
+# (and 1.3-1.7x of bf16 at 128, 256 and 512 rows; bench/fp8_rows_sweep.py, H200); elsewhere not timed.
+LIBRARY_MIN_ROWS, NVIDIA_LIBRARY_MIN_ROWS = 64, 512
 # Decode tiles from bench/fp8_decode_sweep.py (H200, 31B's shapes, 1 and 16 rows): 256 fp8 bytes of K a step, the
 # bytes bf16 reads at BLOCK_K 128; scales per 128-wide K block take one block a step.
 DECODE = FP8TileConfig(16, 64, 256, 4, 3, split_k=True)
 DECODE_K_BLOCKS = FP8TileConfig(16, 128, 128, 4, 3, split_k=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
+# NVIDIA, 65 to NVIDIA_LIBRARY_MIN_ROWS rows: the fewest x-row tiles of these (W then streams once per tile), up to
+# one where W's tiles alone fill most of the GPU, else up to three (bench/fp8_rows_sweep.py, H200).
+NVIDIA_ROW_TILES = (FP8TileConfig(64, 128, 256, 4, 3), FP8TileConfig(128, 128, 128, 8, 4),
+                    FP8TileConfig(256, 128, 128, 8, 3))
+FILLING_TILES_PER_SM, MAX_ROW_TILES = 0.75, 3
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
 # the narrowest K block (or group) a scale may span: every tile that runs with K-block scales steps through one
 SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, MEDIUM, LARGE, EXACT))
 AMD_STAGES = 2  # LDS: 64 KiB on gfx942
 
 
-def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = False) -> FP8TileConfig:
-    """k_blocks: x or W has a scale per 128-wide block of K."""
+def library_min_rows(device: torch.device) -> int:
+    return NVIDIA_LIBRARY_MIN_ROWS if platform_of(device).kind == "cuda" else LIBRARY_MIN_ROWS
+
+
+def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = False, n: int = 0) -> FP8TileConfig:
+    """k_blocks: x or W has a scale per 128-wide block of K; n: W's rows."""
     if fp32_dot:
         return EXACT
     decode = DECODE_K_BLOCKS if k_blocks else DECODE
-    config = decode if m <= DECODE_ROWS else MEDIUM if m <= 64 else LARGE
-    if platform_of(device).kind == "rocm":
+    platform = platform_of(device)
+    if m <= DECODE_ROWS:
+        config = decode
+    elif m <= 64:
+        config = MEDIUM
+    elif platform.kind == "cuda":
+        config = row_tiles(m, n, num_sms(device), k_blocks)
+    else:
+        config = LARGE
+    if platform.kind == "rocm":
         config = replace(config, num_stages=AMD_STAGES)
     return config
+
+
+def row_tiles(m: int, n: int, sms: int, k_blocks: bool) -> FP8TileConfig:
+    n_tiles = -(-n // NVIDIA_ROW_TILES[0].block_n)
+    most = 1 if n_tiles >= FILLING_TILES_PER_SM * sms else MAX_ROW_TILES
+    config = next((c for c in NVIDIA_ROW_TILES if -(-m // c.block_m) <= most), NVIDIA_ROW_TILES[-1])
+    return replace(config, block_k=128) if k_blocks else config
 
 
 # Up to this many (token, slot) pairs the experts take one pair per block, unsorted (moe.PairLayout). Set from the
