@@ -37,6 +37,12 @@ def plain_slot_bytes(size: int) -> int:
     return TWO_RANK_MAX_BYTES if size == 2 else MAX_BYTES
 
 
+def row_slot_bytes(size: int) -> int:
+    """The pushed row exchange's slot: 2 MiB from each rank (its words are twice a value's width), as many rows as
+    a 1 MiB slot of plain values read by every rank held (48 rows of hidden 5376 in bf16)."""
+    return size * 2 * MAX_BYTES
+
+
 def refusal(device: torch.device, size: int, disabled: bool = False) -> str | None:
     """Why a group of `size` ranks on device reduces through nccl/gloo alone, before asking dispatch for a custom
     all-reduce; None when one may serve. disabled: --disable-custom-all-reduce."""
@@ -84,22 +90,29 @@ def with_custom_all_reduce(tp: TensorParallel, device: torch.device,
 @dataclass(frozen=True)
 class PeerChannel:
     """The peer memory of one kind of exchanging kernel: every rank's buffer (two slots of slot_bytes) and signal pad
-    addresses (int64 [world] device tensors) and this rank's flag counters (int64 [MAX_SIGNALS]). Each kind has its
-    own: a kernel's program p reuses its buffer region and flag only after the peers' program p of the same kind has
-    passed the barrier of the call before."""
+    addresses (int64 [world] device tensors) and this rank's call counters (int64 [MAX_SIGNALS], one a program).
+    Each kind has its own: a kernel's program p reuses its buffer region and flag only after the peers' program p of
+    the same kind has passed the call before. pushed: the row exchange (all_reduce.peer_rows_sum), where every rank
+    writes its rows, tagged, into every peer's buffer and no flag is raised."""
     buffers: torch.Tensor
     signals: torch.Tensor
     epochs: torch.Tensor
     rank: int
     world: int
     slot_bytes: int = MAX_BYTES
+    pushed: bool = False
 
     def slot_elems(self, dtype: torch.dtype) -> int:
         return self.slot_bytes // dtype.itemsize
 
+    def slot_words(self, dtype: torch.dtype) -> int:
+        """A pushed slot's words: each holds a dtype value and its call's tag, twice dtype's width."""
+        return self.slot_bytes // (2 * dtype.itemsize)
+
     def holds(self, rows: int, dim: int, element_size: int) -> bool:
-        """Whether a row-reading kernel's exchange of rows (one program each, a region of two rows of dim) fits."""
-        return rows <= MAX_SIGNALS and rows * 2 * dim * element_size <= self.slot_bytes
+        """Whether a pushed row exchange of rows (one program each; a region of two rows of dim words from each
+        rank) fits."""
+        return rows <= MAX_SIGNALS and rows * self.world * 2 * dim * 2 * element_size <= self.slot_bytes
 
 
 class PeerMemory:
@@ -120,10 +133,11 @@ class PeerMemory:
         self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
         self.plain = self._channel(runtime, device, group, plain_slot_bytes(size))
-        self.rows = self._channel(runtime, device, group, MAX_BYTES)
+        self.rows = self._channel(runtime, device, group, row_slot_bytes(size), pushed=True)
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
 
-    def _channel(self, runtime: Runtime, device: torch.device, group, slot_bytes: int) -> PeerChannel:
+    def _channel(self, runtime: Runtime, device: torch.device, group, slot_bytes: int,
+                 pushed: bool = False) -> PeerChannel:
         pad_offset = 2 * slot_bytes
         with torch.cuda.device(device):
             own = runtime.malloc(pad_offset + MAX_SIGNALS * self.size * 8)  # zeroed: no flag is up
@@ -133,7 +147,7 @@ class PeerMemory:
         return PeerChannel(torch.tensor(bases, dtype=torch.int64, device=device),
                            torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device),
                            torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size,
-                           slot_bytes)
+                           slot_bytes, pushed)
 
     def describe(self) -> str:
         return (f"one-shot Triton kernel over peer memory in graphs (up to {self.plain.slot_bytes >> 20} MiB; summed "

@@ -75,35 +75,38 @@ def test_a_pair_is_summed_in_one_exchange_the_second_on_a_whole_round_of_program
         one_shot_all_reduce(torch.zeros(n), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=torch.zeros(n))
 
 
-def _channel(rank: int, buffers, pads, epochs):
-    from atomlite.model_ops.peer_memory import PeerChannel
-    return PeerChannel(torch.tensor([b.data_ptr() for b in buffers]), torch.tensor([p.data_ptr() for p in pads]),
-                       epochs, rank, len(buffers))
+def _tagged(values: torch.Tensor, call: int) -> torch.Tensor:
+    """fp32 values as the pushed row exchange writes them: int64 words, the value's bits low, the call's tag high."""
+    return (values.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) | (call << 32)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
 @pytest.mark.parametrize("pair", [False, True], ids=["one branch", "normed pair"])
 @pytest.mark.parametrize("slices", [1, 3], ids=["summed shares", "split-K slices"])
-def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair, slices):
-    """A share may be a split-K GEMM's slices (PartialSums): added, then exchanged."""
+def test_the_residual_update_sums_rank_partials_with_the_rows_the_peer_pushed(pair, slices):
+    """Rank 0 of two: the peer's tagged words are set by hand in rank 0's buffer (source 1's region of each row), and
+    rank 0 pushes its own tagged rows into the peer's buffer; calls alternate the slots. A share may be a split-K
+    GEMM's slices (PartialSums): added, then exchanged."""
     from atomlite.model_ops import torch_ref
     from atomlite.model_ops.carriers import NormedPair, PartialSums, RankPartials
-    from atomlite.model_ops.peer_memory import MAX_BYTES, MAX_SIGNALS
+    from atomlite.model_ops.peer_memory import MAX_SIGNALS, PeerChannel
     from atomlite.model_ops.triton.norm.residual import rms_norm_residual
-    rows, dim, slot, sides = 3, 40, MAX_BYTES // 4, 2 if pair else 1
+    rows, dim, sides = 3, 40, 2 if pair else 1
+    slot_bytes = rows * WORLD * 2 * dim * 8
+    slot = slot_bytes // 8  # words (int64: an fp32 value and its tag)
     generator = torch.Generator().manual_seed(1)
-    buffers = [torch.zeros(2 * slot) for _ in range(WORLD)]
-    pads = [torch.zeros(MAX_SIGNALS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
-    channel = _channel(0, buffers, pads, torch.zeros(MAX_SIGNALS, dtype=torch.int64))
+    buffers = [torch.zeros(2 * slot, dtype=torch.int64) for _ in range(WORLD)]
+    channel = PeerChannel(torch.tensor([b.data_ptr() for b in buffers]), torch.zeros(WORLD, dtype=torch.int64),
+                          torch.zeros(MAX_SIGNALS, dtype=torch.int64), 0, WORLD, slot_bytes, pushed=True)
+    assert channel.holds(rows, dim, 4) and not channel.holds(rows + 1, dim, 4)
     weight, next_weight, weight_a, weight_b = (torch.rand(dim, generator=generator) + 0.5 for _ in range(4))
     for call in (1, 2, 3):
         mine, peer = ([torch.randn(rows, dim, generator=generator) for _ in range(sides)] for _ in range(2))
         region = (call % 2) * slot
-        for row in range(rows):  # a program's region holds two rows: a side's, then b side's
+        for row in range(rows):
+            received = region + (row * WORLD + 1) * 2 * dim  # source 1's region of the row: a side's, then b's
             for side, rows_of_side in enumerate(peer):
-                start = region + row * 2 * dim + side * dim
-                buffers[1][start:start + dim] = rows_of_side[row]
-        pads[0][:rows, 1] = call  # the peer reached this call's barrier
+                buffers[0][received + side * dim:received + (side + 1) * dim] = _tagged(rows_of_side[row], call)
         residual = torch.randn(rows, dim, generator=generator)
         if slices > 1:  # the slices add up to the share, in slice order
             split = [torch.randn(slices, rows, dim, generator=generator) for _ in mine]
@@ -118,9 +121,12 @@ def test_the_residual_update_sums_rank_partials_with_the_peer_rows(pair, slices)
         want = torch_ref.rms_norm_residual(want_x, residual, weight, 1e-6, None, next_weight)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
-        start = region + (rows - 1) * 2 * dim
-        assert torch.equal(buffers[0][start:start + dim], mine[0][-1])  # what the peer reads
-        assert (pads[1][:rows, 0] == call).all() and (channel.epochs[:rows] == call).all()
+        for row in range(rows):  # what rank 0 pushed: source 0's region of the row in the peer's buffer
+            sent = region + row * WORLD * 2 * dim
+            for side, rows_of_side in enumerate(mine):
+                assert torch.equal(buffers[1][sent + side * dim:sent + (side + 1) * dim],
+                                   _tagged(rows_of_side[row], call))
+        assert (channel.epochs[:rows] == call).all() and not channel.epochs[rows:].any()
 
 
 def test_a_normed_pair_of_one_share_and_one_sum_is_refused():

@@ -9,6 +9,11 @@ counts in `epochs`: it grows by one per call, on every rank alike, also across g
 alternate by epoch: a rank that is one call ahead writes the slot its peers are not reading (it passed this call's
 barrier only after they all finished the last one). That holds because each block of a slot is always the same
 program's, whatever the call's size; a pair's second tensor (PAIR) starts on a whole round of programs for that.
+
+The residual update's exchange of a decode step's rows (peer_rows_sum) is all latency. There each rank pushes its
+rows into every peer's buffer, every value in a word with the call's tag, and reads only its own buffer, where the
+tags say when a peer's words have landed: nothing waits on a round trip over the link (no flag, no fence, no load
+from another GPU's memory).
 """
 import triton
 import triton.language as tl
@@ -71,26 +76,68 @@ def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, y
 
 
 @triton.jit
-def peer_rows_sum(a, b, cols, mask, row, dim, buffers, signals, epochs, slot_elems, RANK: tl.constexpr,
-                  WORLD: tl.constexpr, PAIR: tl.constexpr, dtype: tl.constexpr):
+def _tagged(values, tag, dtype: tl.constexpr):
+    """values (fp32 holding dtype values) as words of twice dtype's width: the value's bits low, tag high."""
+    if dtype.primitive_bitwidth == 32:
+        return (values.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
+    bits = values.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return bits | ((tag.to(tl.int32) & 0xFFFF) << 16)
+
+
+@triton.jit
+def _untagged(words, dtype: tl.constexpr):
+    """The fp32 values of words that _tagged wrote."""
+    if dtype.primitive_bitwidth == 32:
+        return words.to(tl.int32).to(tl.float32, bitcast=True)
+    return (words & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _arrived(at, cols, mask, tag, dtype: tl.constexpr):
+    """The words at at + cols once every one (mask) carries tag: a peer's stores may land in any order."""
+    shift: tl.constexpr = dtype.primitive_bitwidth
+    low: tl.constexpr = (1 << shift) - 1
+    expected = tag & low
+    words = tl.load(at + cols, mask=mask, other=0, volatile=True)
+    while tl.sum((((words >> shift) & low) != expected).to(tl.int32) * mask.to(tl.int32)) > 0:
+        words = tl.load(at + cols, mask=mask, other=0, volatile=True)
+    return words
+
+
+@triton.jit
+def peer_rows_sum(a, b, cols, mask, row, dim, buffers, epochs, slot_words, RANK: tl.constexpr, WORLD: tl.constexpr,
+                  PAIR: tl.constexpr, dtype: tl.constexpr):
     """Rows a (and b with PAIR): this rank's shares of row `row`, fp32 holding dtype values; returns each summed over
-    the WORLD ranks in rank order in fp32, rounded to dtype (what the one-shot all-reduce gives). The same exchange
-    as _one_shot_all_reduce_kernel's, by the reading kernel's program `row`, whose region of a buffer slot is always
-    [row * 2 * dim, (row + 1) * 2 * dim): b's half follows a's."""
+    the WORLD ranks in rank order in fp32, rounded to dtype (what the one-shot all-reduce gives). The reading
+    kernel's program `row` pushes its shares into every peer's buffer, each value in a word with the call's tag
+    (the low bits of its epoch), and waits in its own buffer until every peer's words carry the tag: no flag, no
+    fence, no read from another GPU. Region of source rank s in a buffer slot: [(row * WORLD + s) * 2 * dim, + 2 *
+    dim), b's half after a's. Two slots alternate by epoch: a peer writes this slot again only two calls later,
+    after this program has read it (the peer needs this rank's next call's words first)."""
+    WORD: tl.constexpr = tl.int64 if dtype.primitive_bitwidth == 32 else tl.int32
     epoch = tl.load(epochs + row) + 1
-    region = (epoch % 2) * slot_elems + row * 2 * dim
-    mine = tl.load(buffers + RANK).to(tl.pointer_type(dtype))
-    tl.store(mine + region + cols, a.to(dtype), mask=mask)
-    if PAIR:
-        tl.store(mine + region + dim + cols, b.to(dtype), mask=mask)
-    meet(signals, row, epoch, RANK, WORLD)
+    slot = (epoch % 2) * slot_words
+    words_a = _tagged(a, epoch, dtype)
+    words_b = _tagged(b, epoch, dtype)
+    sent = slot + (row * WORLD + RANK) * 2 * dim
+    for r in tl.static_range(WORLD):
+        if r != RANK:
+            peer = tl.load(buffers + r).to(tl.pointer_type(WORD))
+            tl.store(peer + sent + cols, words_a, mask=mask)
+            if PAIR:
+                tl.store(peer + sent + dim + cols, words_b, mask=mask)
+    mine = tl.load(buffers + RANK).to(tl.pointer_type(WORD))
     total_a = tl.zeros_like(a)
     total_b = tl.zeros_like(b)
     for r in tl.static_range(WORLD):
-        peer = tl.load(buffers + r).to(tl.pointer_type(dtype))
-        total_a += tl.load(peer + region + cols, mask=mask, other=0.0).to(tl.float32)
-        if PAIR:
-            total_b += tl.load(peer + region + dim + cols, mask=mask, other=0.0).to(tl.float32)
+        if r == RANK:
+            total_a += a.to(dtype).to(tl.float32)
+            total_b += b.to(dtype).to(tl.float32)
+        else:
+            received = mine + slot + (row * WORLD + r) * 2 * dim
+            total_a += _untagged(_arrived(received, cols, mask, epoch, dtype), dtype)
+            if PAIR:
+                total_b += _untagged(_arrived(received + dim, cols, mask, epoch, dtype), dtype)
     tl.store(epochs + row, epoch)
     return total_a.to(dtype).to(tl.float32), total_b.to(dtype).to(tl.float32)
 

@@ -39,7 +39,8 @@ from atomlite.engine.spec.drafters import AssistantDrafter
 from atomlite.engine.runner.step_inputs import StepInputs
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.peer_memory import MAX_BYTES, MAX_SIGNALS, PeerChannel, PeerMemory, plain_slot_bytes
+from atomlite.model_ops.peer_memory import (MAX_SIGNALS, PeerChannel, PeerMemory, plain_slot_bytes,
+                                            row_slot_bytes)
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.triton.common import KernelLaunch, recording
 from atomlite.model_ops.triton.mxfp4 import family as mxfp4_family
@@ -206,8 +207,8 @@ class _MetaPeerMemory(PeerMemory):
         self.kernel = dispatch.choose("one_shot_all_reduce", platform, world=size).fn
         int64 = dict(dtype=torch.int64, device=META)
         self.plain, self.rows = (PeerChannel(torch.empty(size, **int64), torch.empty(size, **int64),
-                                             torch.empty(MAX_SIGNALS, **int64), 0, size, slot)
-                                 for slot in (plain_slot_bytes(size), MAX_BYTES))
+                                             torch.empty(MAX_SIGNALS, **int64), 0, size, slot, pushed)
+                                 for slot, pushed in ((plain_slot_bytes(size), False), (row_slot_bytes(size), True)))
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,9 @@ def _weight_row(weight, cols, mask):
 
 @triton.jit
 def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, weight_1, out_1,
-                          weight_2, out_2, x_b, weight_a, weight_b, peer_buffers, peer_signals, peer_epochs, dim, eps,
+                          weight_2, out_2, x_b, weight_a, weight_b, peer_buffers, peer_epochs, dim, eps,
                           stride_x, stride_r, stride_part, stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
-                          slot_elems, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
+                          slot_words, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
                           PDL: tl.constexpr, PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr,
                           PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr,
                           TOKEN: tl.constexpr = False, FNUZ: tl.constexpr = False):
@@ -92,8 +92,8 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
     if PAIR:
         xf_b = load_row(x_b, row * stride_xb + cols, mask, stride_part_b, PARTS_B, dtype)
     if WORLD > 1:
-        xf, xf_b = peer_rows_sum(xf, xf_b, cols, mask, row, dim, peer_buffers, peer_signals, peer_epochs, slot_elems,
-                                 RANK, WORLD, PAIR, dtype)
+        xf, xf_b = peer_rows_sum(xf, xf_b, cols, mask, row, dim, peer_buffers, peer_epochs, slot_words, RANK,
+                                 WORLD, PAIR, dtype)
     if PAIR:
         xf = _normed(xf, w_a, dim, eps, dtype) + _normed(xf_b, w_b, dim, eps, dtype)
         xf = xf.to(dtype).to(tl.float32)
@@ -180,7 +180,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
         outs[0] = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
         values, scales, k_padded, period = outs[0].values, outs[0].scales, quantize.k_padded, quantize.period
     channel = _peer_channel(x, pair, rows, dim, residual.element_size())
-    peer = (channel.buffers, channel.signals, channel.epochs) if channel is not None else (weight,) * 3
+    peer = (channel.buffers, channel.epochs) if channel is not None else (weight,) * 2
     if rows:
         block_d = triton.next_power_of_2(max(dim, k_padded))
         pdl, options = _launch_options(residual.device)
@@ -191,7 +191,7 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    values, scales, more[0], tensors[1], more[1], tensors[2], rows_b, weight_a, weight_b, *peer, dim,
                    eps, rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b,
                    values.stride(0), scales.stride(0), k_padded,
-                   channel.slot_elems(residual.dtype) if channel is not None else 0, HAS_SCALE=scale is not None,
+                   channel.slot_words(residual.dtype) if channel is not None else 0, HAS_SCALE=scale is not None,
                    HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
                    PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
                    WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d,
