@@ -1,6 +1,6 @@
 """All-reduce latency as a tensor-parallel decode step pays it: N all-reduces of [rows, hidden] bf16 captured in one
 CUDA/HIP graph, replayed; per all-reduce time = replay time / N; through the collective library (nccl) and through
-atomlite's one-shot kernel over peer memory, on the same rows. One process per GPU (atomlite.distributed.local).
+atomlite's one-shot kernel over peer memory (on two ranks also pushing into the peer's slot), on the same rows. One process per GPU (atomlite.distributed.local).
     python bench/all_reduce.py --size 2 --hidden 5376 --rows 1,16,64
 Run it under different NCCL_PROTO / NCCL_ALGO settings to compare them (keep NCCL_NVLS_ENABLE=0)."""
 import argparse
@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from atomlite.distributed.local import run_local
 from atomlite.model_ops.peer_memory import PeerMemory
+from atomlite.model_ops.triton import all_reduce
 
 CALLS, REPLAYS = 120, 20  # 120: two per layer of a 60-layer model
 
@@ -34,10 +35,12 @@ def _rank(tp, hidden: int, rows: list[int]) -> None:
         x = torch.ones(count, hidden, dtype=torch.bfloat16, device="cuda")
         dist.all_reduce(x)  # the communicator starts outside the capture
         torch.cuda.synchronize()
-        ways = {"nccl": dist.all_reduce}
-        if peers.fits(x):
-            ways["one-shot"] = peers.all_reduce
-        for name, reduce in ways.items():
+        ways = {"nccl": (dist.all_reduce, None)}
+        if peers.fits(x):  # on two ranks the kernel pushes its blocks into the peer's slot, or leaves them for it
+            pushes = (True, False) if tp.size == 2 else (False,)
+            ways.update({f"one-shot{' pushed' if push else ''}": (peers.all_reduce, push) for push in pushes})
+        for name, (reduce, push) in ways.items():
+            all_reduce.PUSH_TWO_RANKS = bool(push)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(CALLS):

@@ -11,11 +11,13 @@ from atomlite.model_ops.triton.all_reduce import MAX_PROGRAMS, one_shot_all_redu
 WORLD, SLOT = 2, 8192
 
 
-def _one_rank(max_programs: int, monkeypatch, seed: int):
+def _one_rank(max_programs: int, monkeypatch, seed: int, push: bool = False):
     """Rank 0 of WORLD in the interpreter: every rank's buffer (two slots of SLOT) and pad, its epochs, the address
-    tensors the kernel reads; the kernel launching at most max_programs programs."""
+    tensors the kernel reads; the kernel launching at most max_programs programs, pushing its blocks into the peer's
+    slot or leaving them in its own for the peer to read."""
     from atomlite.model_ops.triton import all_reduce
     monkeypatch.setattr(all_reduce, "MAX_PROGRAMS", max_programs)
+    monkeypatch.setattr(all_reduce, "PUSH_TWO_RANKS", push)
     buffers = [torch.zeros(2 * SLOT) for _ in range(WORLD)]
     pads = [torch.zeros(MAX_PROGRAMS, WORLD, dtype=torch.int64) for _ in range(WORLD)]
     epochs = torch.zeros(MAX_PROGRAMS, dtype=torch.int64)
@@ -25,48 +27,53 @@ def _one_rank(max_programs: int, monkeypatch, seed: int):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
 @pytest.mark.parametrize("max_programs", [MAX_PROGRAMS, 2], ids=["a block each", "programs loop over blocks"])
-def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, monkeypatch):
+@pytest.mark.parametrize("push", [True, False], ids=["pushed", "pulled"])
+def test_one_rank_sums_its_rows_with_the_peer_slot_of_each_call(max_programs, push, monkeypatch):
     """Three blocks: one a program, or (a prefill's rows: more blocks than programs) two programs, the first taking
-    blocks 0 and 2 under one flag."""
-    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 0)
+    blocks 0 and 2 under one flag. Pushed, the peer's blocks are in rank 0's slot and rank 0's go to the peer's;
+    pulled, each rank's blocks stay in its own slot."""
+    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 0, push)
+    received, sent = (buffers[0], buffers[1]) if push else (buffers[1], buffers[0])
     n = 5000  # three blocks, the last one partial
     programs = programs_for(n)
     assert programs == min(3, max_programs)
     for call in (1, 2, 3):
         x, peer = torch.randn(n, generator=generator), torch.randn(n, generator=generator)
         slot = (call % 2) * SLOT
-        buffers[1][slot:slot + n] = peer
+        received[slot:slot + n] = peer
         pads[0][:programs, 1] = call  # the peer reached this call's barrier
         mine = x.clone()
         one_shot_all_reduce(x, buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD)
         assert torch.equal(x, mine + peer)
-        assert torch.equal(buffers[0][slot:slot + n], mine)  # what the peer reads
+        assert torch.equal(sent[slot:slot + n], mine)  # what the peer reads
         assert (pads[1][:programs, 0] == call).all()  # the flag raised in the peer's pad
         assert (epochs[:programs] == call).all() and not epochs[programs:].any()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's test (CPU tensors); GPUs run the two-rank one")
 @pytest.mark.parametrize("max_programs", [2, 1], ids=["a block each", "one program loops over both"])
-def test_a_pair_is_summed_in_one_exchange_the_second_on_a_whole_round_of_programs(max_programs, monkeypatch):
+@pytest.mark.parametrize("push", [True, False], ids=["pushed", "pulled"])
+def test_a_pair_is_summed_in_one_exchange_the_second_on_a_whole_round_of_programs(max_programs, push, monkeypatch):
     """A MoE layer's two branches (PeerMemory.all_reduce_pair): x's blocks, then y's from the first multiple of
     PAIR_ALIGN (here 4096, two blocks: a whole round of two programs), one flag a program; each comes back summed
     as it would alone. An alignment that is not a whole round of programs is refused."""
     from atomlite.model_ops import peer_memory
     monkeypatch.setattr(peer_memory, "PAIR_ALIGN", 4096)
-    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 2)
+    generator, buffers, pads, epochs, buffer_ptrs, pad_ptrs = _one_rank(max_programs, monkeypatch, 2, push)
+    received, sent = (buffers[0], buffers[1]) if push else (buffers[1], buffers[0])
     n = 3000  # two blocks, the second partial; y from 4096
     programs = programs_for(n)
     for call in (1, 2):
         x, y, peer_x, peer_y = (torch.randn(n, generator=generator) for _ in range(4))
         slot = (call % 2) * SLOT
-        buffers[1][slot:slot + n], buffers[1][slot + 4096:slot + 4096 + n] = peer_x, peer_y
+        received[slot:slot + n], received[slot + 4096:slot + 4096 + n] = peer_x, peer_y
         pads[0][:programs, 1] = call
         mine_x, mine_y = x.clone(), y.clone()
         got = one_shot_all_reduce(x, buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=y)
         assert got[0] is x and got[1] is y
         assert torch.equal(x, mine_x + peer_x) and torch.equal(y, mine_y + peer_y)
-        assert torch.equal(buffers[0][slot:slot + n], mine_x)
-        assert torch.equal(buffers[0][slot + 4096:slot + 4096 + n], mine_y)
+        assert torch.equal(sent[slot:slot + n], mine_x)
+        assert torch.equal(sent[slot + 4096:slot + 4096 + n], mine_y)
         assert (pads[1][:programs, 0] == call).all() and (epochs[:programs] == call).all()
     with pytest.raises(ValueError, match="exceed"):
         one_shot_all_reduce(torch.zeros(4097), buffer_ptrs, pad_ptrs, epochs, SLOT, 0, WORLD, y=torch.zeros(4097))

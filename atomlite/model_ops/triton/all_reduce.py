@@ -9,6 +9,8 @@ counts in `epochs`: it grows by one per call, on every rank alike, also across g
 alternate by epoch: a rank that is one call ahead writes the slot its peers are not reading (it passed this call's
 barrier only after they all finished the last one). That holds because each block of a slot is always the same
 program's, whatever the call's size; a pair's second tensor (PAIR) starts on a whole round of programs for that.
+On two ranks a program writes its blocks into the peer's slot instead (PUSH) and sums its x with what the peer wrote
+into its own: a rank one call ahead then writes the peer's other slot, which the peer finished reading a call ago.
 
 The residual update's exchange of a decode step's rows (peer_rows_sum) is all latency. There each rank pushes its
 rows into every peer's buffer, every value in a word with the call's tag, and reads only its own buffer, where the
@@ -24,6 +26,7 @@ from atomlite.model_ops.peer_memory import PeerMemory, pair_offset
 
 BLOCK = 2048
 MAX_PROGRAMS = 512  # signal slots per rank (model_ops.peer_memory.MAX_SIGNALS)
+PUSH_TWO_RANKS = True  # on two ranks each program writes its blocks into the peer's slot (the kernel's PUSH)
 
 
 @triton.jit
@@ -52,26 +55,48 @@ def _sum_over_ranks(x, buffers, at, offs, mask, WORLD: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
+def _sum_with_pushed(x, received, offs, mask, RANK: tl.constexpr, BLOCK: tl.constexpr):
+    """Two ranks: x + offs and the peer's elements that it wrote at received + offs, summed in rank order in fp32,
+    stored into x + offs."""
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for r in tl.static_range(2):
+        source = x if r == RANK else received
+        total += tl.load(source + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(x + offs, total.to(x.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, y_at, RANK: tl.constexpr,
-                                WORLD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr = False):
-    """PAIR: y (n elements too) is summed alongside, its slice y_at elements after x's in the buffer slot."""
+                                WORLD: tl.constexpr, BLOCK: tl.constexpr, PAIR: tl.constexpr = False,
+                                PUSH: tl.constexpr = False):
+    """PAIR: y (n elements too) is summed alongside, its slice y_at elements after x's in the buffer slot. PUSH (two
+    ranks): each program writes its blocks into the peer's slot, not its own, and after the barrier reads only its
+    own buffer: the link carries writes, which wait on no round trip, and no local copy comes first."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     epoch = tl.load(epochs + pid) + 1
     slot = (epoch % 2) * slot_elems
     mine = tl.load(buffers + RANK).to(tl.pointer_type(x.dtype.element_ty))
+    target = mine
+    if PUSH:
+        target = tl.load(buffers + (1 - RANK)).to(tl.pointer_type(x.dtype.element_ty))
     for start in range(pid * BLOCK, n, programs * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(mine + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
+        tl.store(target + slot + offs, tl.load(x + offs, mask=mask, other=0.0), mask=mask)
         if PAIR:
-            tl.store(mine + slot + y_at + offs, tl.load(y + offs, mask=mask, other=0.0), mask=mask)
+            tl.store(target + slot + y_at + offs, tl.load(y + offs, mask=mask, other=0.0), mask=mask)
     meet(signals, pid, epoch, RANK, WORLD)
     for start in range(pid * BLOCK, n, programs * BLOCK):
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
-        _sum_over_ranks(x, buffers, slot, offs, mask, WORLD, BLOCK)
-        if PAIR:
-            _sum_over_ranks(y, buffers, slot + y_at, offs, mask, WORLD, BLOCK)
+        if PUSH:
+            _sum_with_pushed(x, mine + slot, offs, mask, RANK, BLOCK)
+            if PAIR:
+                _sum_with_pushed(y, mine + slot + y_at, offs, mask, RANK, BLOCK)
+        else:
+            _sum_over_ranks(x, buffers, slot, offs, mask, WORLD, BLOCK)
+            if PAIR:
+                _sum_over_ranks(y, buffers, slot + y_at, offs, mask, WORLD, BLOCK)
     tl.store(epochs + pid, epoch)
 
 
@@ -161,7 +186,8 @@ def one_shot_all_reduce(x, buffers, signals, epochs, slot_elems: int, rank: int,
     if y_at + n > slot_elems:
         raise ValueError(f"{n} elements exceed the one-shot all-reduce's buffer slot ({slot_elems})")
     run_kernel(_one_shot_all_reduce_kernel, (programs_for(n),), x, x if y is None else y, buffers, signals, epochs,
-               n, slot_elems, y_at, RANK=rank, WORLD=world, BLOCK=BLOCK, PAIR=y is not None, num_warps=8)
+               n, slot_elems, y_at, RANK=rank, WORLD=world, BLOCK=BLOCK, PAIR=y is not None,
+               PUSH=world == 2 and PUSH_TWO_RANKS, num_warps=8)
     return x if y is None else (x, y)
 
 
