@@ -103,18 +103,23 @@ def _one_shot_all_reduce_kernel(x, y, buffers, signals, epochs, n, slot_elems, y
 @triton.jit
 def _tagged(values, tag, dtype: tl.constexpr):
     """values (fp32 holding dtype values) as words of twice dtype's width: the value's bits low, tag high."""
+    # one return after both branches: a compiled kernel goes on past a return inside a constexpr branch
     if dtype.primitive_bitwidth == 32:
-        return (values.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
-    bits = values.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    return bits | ((tag.to(tl.int32) & 0xFFFF) << 16)
+        words = (values.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (tag.to(tl.int64) << 32)
+    else:
+        bits = values.to(dtype).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        words = bits | ((tag.to(tl.int32) & 0xFFFF) << 16)
+    return words
 
 
 @triton.jit
 def _untagged(words, dtype: tl.constexpr):
     """The fp32 values of words that _tagged wrote."""
     if dtype.primitive_bitwidth == 32:
-        return words.to(tl.int32).to(tl.float32, bitcast=True)
-    return (words & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+        values = words.to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        values = (words & 0xFFFF).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return values
 
 
 @triton.jit
