@@ -137,7 +137,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     fp32_dot = interpreting() or x.dtype == torch.float32
     x_blocks = x_scale is not None and x_scale.shape[1] > 1
     w_blocks = scale.shape[1] > 1
-    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n)
+    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n, fp8_x=x.element_size() == 1)
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
     tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))

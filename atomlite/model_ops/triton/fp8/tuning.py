@@ -44,8 +44,10 @@ def library_min_rows(device: torch.device) -> int:
     return NVIDIA_LIBRARY_MIN_ROWS if platform_of(device).kind == "cuda" else LIBRARY_MIN_ROWS
 
 
-def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = False, n: int = 0) -> FP8TileConfig:
-    """k_blocks: x or W has a scale per 128-wide block of K; n: W's rows."""
+def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = False, n: int = 0,
+                fp8_x: bool = True) -> FP8TileConfig:
+    """k_blocks: x or W has a scale per 128-wide block of K; n: W's rows; fp8_x: x is quantized (W8A16's 16-bit x
+    tiles would not fit the row tiles' shared memory)."""
     if fp32_dot:
         return EXACT
     decode = DECODE_K_BLOCKS if k_blocks else DECODE
@@ -54,7 +56,7 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
         config = decode
     elif m <= 64:
         config = MEDIUM
-    elif platform.kind == "cuda":
+    elif platform.kind == "cuda" and fp8_x:
         config = row_tiles(m, n, num_sms(device), k_blocks)
     else:
         config = LARGE
