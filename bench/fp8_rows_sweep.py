@@ -4,7 +4,10 @@ config, and both against bf16 on the same weights. Timed as decode runs them (be
 graphs, L2 flushed, best of 3 rounds); x is quantized beforehand (the quantization is timed on its own). Each
 Triton config is checked against the library's result first.
 
-    PYTHONPATH=. python bench/fp8_rows_sweep.py [--ms 64,128,192,256,512]
+    PYTHONPATH=. python bench/fp8_rows_sweep.py [--ms 64,128,192,256,512] [--block]
+
+--block: FP8-block weights (128 x 128 scales) and x in groups of 128, where the library is cuBLAS's 1x128 block
+scaling; each side's time then includes its x quantization (fp8_gemm's library path quantizes its padded rows).
 """
 import argparse
 import importlib
@@ -28,12 +31,48 @@ CONFIGS = [T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3), T(128, 128, 128, 8, 4)
            T(128, 128, 256, 8, 3), T(64, 128, 256, 4, 3)]
 
 
-def triton_gemm(xq, xs, w, ws, config):
+def triton_gemm(xq, xs, w, ws, config, scale_k=0):
     gemm.tile_config = lambda *args, **kwargs: config
     try:
-        return gemm.scaled_mm(xq, xs, w, ws, 0, torch.bfloat16)
+        return gemm.scaled_mm(xq, xs, w, ws, scale_k, torch.bfloat16)
     finally:
         gemm.tile_config = TILE_CONFIG
+
+
+def block_layer(n: int, k: int):
+    """W [N, K] e4m3 with a scale per 128 x 128 block, stored per row of W (unit stride along N) as fp8_linear
+    keeps them."""
+    w16 = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+    blocks = w16.float().reshape(n // 128, 128, k // 128, 128).abs().amax((1, 3)) / 448
+    ws = blocks.repeat_interleave(128, 0)  # [N, K / 128]
+    w = (w16.float() / ws.repeat_interleave(128, 1)).to(torch.float8_e4m3fn).contiguous()
+    return w16, w, ws.t().contiguous().t()
+
+
+def block_main(ms: list[int]) -> None:
+    configs = [c for c in CONFIGS if c.block_k == 128]
+    for name, (n, k) in SHAPES.items():
+        w16, w, ws = block_layer(n, k)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            want = gemm.library_block_mm(x, w, ws, 128).float()
+            fns = {"bf16": lambda: torch.nn.functional.linear(x, w16),
+                   "library": lambda: gemm.library_block_mm(x, w, ws, 128)}
+            for c in configs:
+                def call(c=c):
+                    xq, xs = quantize_rows(x, "group", torch.float8_e4m3fn, 128)
+                    return triton_gemm(xq, xs, w, ws, c, scale_k=128)
+                err = ((call().float() - want).norm() / want.norm()).item()
+                if err > 1e-2:
+                    print(f"  {c}: relative error {err:.2e} against the library")
+                    continue
+                fns[c] = call
+            us = {key: value * 1e3 for key, value in time_ms(fns).items()}
+            tiles = [c for c in fns if not isinstance(c, str)]
+            best = min(tiles, key=us.get)
+            print(f"block {name} {n}x{k} M={m}: bf16 {us['bf16']:.1f}  library {us['library']:.1f} "
+                  f"({us['bf16'] / us['library']:.2f}x)  best triton {us[best]:.1f} ({us['bf16'] / us[best]:.2f}x) "
+                  f"{best.block_m}x{best.block_n}x{best.block_k}w{best.num_warps}s{best.num_stages}", flush=True)
 
 
 TILE_CONFIG = gemm.tile_config
@@ -42,8 +81,11 @@ TILE_CONFIG = gemm.tile_config
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,192,256,512")
+    parser.add_argument("--block", action="store_true")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    if args.block:
+        return block_main([int(m) for m in args.ms.split(",")])
     for name, (n, k) in SHAPES.items():
         w16 = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         ws = (w16.float().abs().amax(1, keepdim=True) / 448).contiguous()

@@ -25,15 +25,16 @@ FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps
 ROW_BLOCK = 32768  # at most this many K elements a program per token or static (a row up to it may be read once)
 MIN_CHUNK = 1024  # at least this many K elements a program per token or static
 GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at once, each its own scale)
-# Many wide rows (a prefill's, per token or static): one program a row reads it LOOPED_BLOCK columns at a time, twice
+# Many wide rows with a static scale: one program a row reads it LOOPED_BLOCK columns at a time, twice
 # (its amax, then its values, the second read from L2). Small programs keep many rows in flight, where one program
 # holding a whole row (up to ROW_BLOCK) in registers keeps few. H200 (bench/fp8_quantize_rows.py): 31B's gated
-# down input, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096 wide slower.
+# down input per token, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096
+# wide slower. Per token such rows now take SPLIT_AMAX instead.
 LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
 # Per token, more than SPLIT_AMAX_MIN_ROWS rows wider than SPLIT_AMAX_BLOCK: two launches over chunks of the rows,
-# the first writing each chunk's amax, the second quantizing each chunk with its row's scale from them. Every program
-# then reads its chunk once or twice, where one program a row (looped) or a chunk reading its whole row for the amax
-# kept too few loads in flight: 31B's 21504-wide down input at 160 rows took 14.1 us one program a row.
+# the first writing each chunk's amax, the second quantizing each chunk with its row's scale from them, so that no
+# program reads a whole row. H200 (bench/fp8_rows_sweep.py, both launches): 21504 wide at 160 rows 14.1 -> 12.4 us,
+# at 256 rows 15.7 -> 16.6 (one program a row before); 5376 wide 7.3 -> 6.4 and 8.1 -> 8.8 us.
 SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 2048, 4
 
 
