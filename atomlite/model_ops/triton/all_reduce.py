@@ -143,7 +143,9 @@ def peer_rows_sum(a, b, cols, mask, row, dim, buffers, epochs, slot_words, RANK:
     (the low bits of its epoch), and waits in its own buffer until every peer's words carry the tag: no flag, no
     fence, no read from another GPU. Region of source rank s in a buffer slot: [(row * WORLD + s) * 2 * dim, + 2 *
     dim), b's half after a's. Two slots alternate by epoch: a peer writes this slot again only two calls later,
-    after this program has read it (the peer needs this rank's next call's words first)."""
+    after this program has read it (the peer needs this rank's next call's words first). Only PAIR calls write b's
+    half, so stale b words of a slot could pass for new ones if a row's PAIR calls on that slot were exactly a
+    multiple of 2^16 epochs apart (16-bit dtypes); a MoE model's every layer makes one, so they never are."""
     WORD: tl.constexpr = tl.int64 if dtype.primitive_bitwidth == 32 else tl.int32
     epoch = tl.load(epochs + row) + 1
     slot = (epoch % 2) * slot_words

@@ -9,7 +9,8 @@ those of the checkpoint's e4m3fn.
 x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
 kernel would have written it, so the down projection's input costs one launch, not two, where that is cheaper
 (quantizes_gated_cheaply). On sm_90 the kernel is a dependent launch: it waits for the kernel before, and lets the
-GEMM after it start (and stream its first weight tile) as it ends.
+GEMM after it start (and stream its first weight tile) as it ends. A decode batch's rows per token take two such
+launches (SPLIT_AMAX): the chunks' amaxes, then the values.
 """
 import torch
 import triton
@@ -31,11 +32,12 @@ GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at
 # down input per token, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096
 # wide slower. Per token such rows now take SPLIT_AMAX instead.
 LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
-# Per token, more than SPLIT_AMAX_MIN_ROWS rows wider than SPLIT_AMAX_BLOCK: two launches over chunks of the rows,
-# the first writing each chunk's amax, the second quantizing each chunk with its row's scale from them, so that no
-# program reads a whole row. H200 (bench/fp8_rows_sweep.py, both launches): 21504 wide at 160 rows 14.1 -> 12.4 us,
-# at 256 rows 15.7 -> 16.6 (one program a row before); 5376 wide 7.3 -> 6.4 and 8.1 -> 8.8 us.
-SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 2048, 4
+# Per token, more than SPLIT_AMAX_MIN_ROWS and at most SPLIT_AMAX_MAX_ROWS rows wider than SPLIT_AMAX_BLOCK: two
+# launches over chunks of the rows, the first writing each chunk's amax, the second quantizing each chunk with its
+# row's scale from them, so that no program reads a whole row. H200 (bench/fp8_rows_sweep.py, both launches):
+# 21504 wide at 160 rows 14.1 -> 12.4 us, 5376 wide 7.3 -> 6.4 us; at 256 rows slower (15.7 -> 16.6, 8.1 -> 8.8), so
+# more rows keep the ways above.
+SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_MAX_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 192, 2048, 4
 
 
 @triton.jit
@@ -113,10 +115,10 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
     own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. Program
     (row, chunk): chunk program_id(1) of BLOCK (modes 1, 2) or of GROUPS groups (mode 3) columns, so that a few
-    rows spread over the GPU; per token, each program reads the whole row for its amax first. WHOLE: the row is
-    one chunk, read once. LOOPED: the row is one program's, read BLOCK at a time (modes 1, 2). AMAX_PARTS (mode 2):
-    static_ptr holds each source row's chunk amaxes (chunk_amax_kernel), stride_static apart, AMAX_PARTS a power of
-    two >= the chunks. GATED: x rows are [gate | up] (load_activation)."""
+    rows spread over the GPU; per token, each program reads the whole row for its amax first, unless AMAX_PARTS
+    (mode 2): then static_ptr holds each source row's chunk amaxes (chunk_amax_kernel), stride_static apart,
+    AMAX_PARTS a power of two >= the chunks. WHOLE: the row is one chunk, read once. LOOPED: the row is one
+    program's, read BLOCK at a time (modes 1, 2). GATED: x rows are [gate | up] (load_activation)."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -166,10 +168,10 @@ def row_chunk(rows: int, k: int, device: torch.device) -> int:
 
 def quantizes_gated_cheaply(rows: int, k: int, activation: str | None, device: torch.device) -> bool:
     """Whether quantize_rows(gated=True) of rows [gate | up] (k wide each) beats the activation kernel followed by
-    quantize_rows: it computes gelu_tanh(gate) * up once an element where no program needs the whole row's amax
-    (static or group scales, or a row quantized whole by one program). Per token over several programs each would
-    compute the whole row for its amax: 31B's 21504-wide down_proj input at one row took 13.7 us that way, against
-    about 5 us for the two kernels (H200)."""
+    quantize_rows: where no program needs the whole row's amax (static or group scales, a row quantized whole by
+    one program, or the chunk amaxes of SPLIT_AMAX, which compute gelu_tanh(gate) * up twice an element, once in
+    each launch). Per token over several programs each would compute the whole row for its amax: 31B's 21504-wide
+    down_proj input at one row took 13.7 us that way, against about 5 us for the two kernels (H200)."""
     if activation is None:
         return False
     return activation != "token" or row_chunk(rows, k, device) >= k or splits_amax(rows, k, activation)
@@ -213,7 +215,7 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
 
 def splits_amax(rows: int, k: int, activation: str | None) -> bool:
     """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token, many wide rows)."""
-    return activation == "token" and rows > SPLIT_AMAX_MIN_ROWS and k > SPLIT_AMAX_BLOCK
+    return activation == "token" and SPLIT_AMAX_MIN_ROWS < rows <= SPLIT_AMAX_MAX_ROWS and k > SPLIT_AMAX_BLOCK
 
 
 def chunk_amaxes(x: torch.Tensor, k: int, gated: bool, pdl: bool) -> torch.Tensor:
