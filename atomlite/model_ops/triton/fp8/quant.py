@@ -26,11 +26,11 @@ FP32_EPS = 1.1920928955078125e-07  # a zero row's scale (compressed-tensors' eps
 ROW_BLOCK = 32768  # at most this many K elements a program per token or static (a row up to it may be read once)
 MIN_CHUNK = 1024  # at least this many K elements a program per token or static
 GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at once, each its own scale)
-# Many wide rows with a static scale: one program a row reads it LOOPED_BLOCK columns at a time, twice
+# Many wide rows (a prefill's, per token or static): one program a row reads it LOOPED_BLOCK columns at a time, twice
 # (its amax, then its values, the second read from L2). Small programs keep many rows in flight, where one program
 # holding a whole row (up to ROW_BLOCK) in registers keeps few. H200 (bench/fp8_quantize_rows.py): 31B's gated
 # down input per token, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096
-# wide slower. Per token such rows now take SPLIT_AMAX instead.
+# wide slower.
 LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
 # Per token, more than SPLIT_AMAX_MIN_ROWS and at most SPLIT_AMAX_MAX_ROWS rows wider than SPLIT_AMAX_BLOCK: two
 # launches over chunks of the rows, the first writing each chunk's amax, the second quantizing each chunk with its
