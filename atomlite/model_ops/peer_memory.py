@@ -92,15 +92,14 @@ class PeerChannel:
     """The peer memory of one kind of exchanging kernel: every rank's buffer (two slots of slot_bytes) and signal pad
     addresses (int64 [world] device tensors) and this rank's call counters (int64 [MAX_SIGNALS], one a program).
     Each kind has its own: a kernel's program p reuses its buffer region and flag only after the peers' program p of
-    the same kind has passed the call before. pushed: the row exchange (all_reduce.peer_rows_sum), where every rank
-    writes its rows, tagged, into every peer's buffer and no flag is raised."""
+    the same kind has passed the call before. The row channel's kernel (all_reduce.peer_rows_sum) pushes: every
+    rank writes its rows, tagged, into every peer's buffer and no flag is raised (slot_words, holds)."""
     buffers: torch.Tensor
     signals: torch.Tensor
     epochs: torch.Tensor
     rank: int
     world: int
     slot_bytes: int = MAX_BYTES
-    pushed: bool = False
 
     def slot_elems(self, dtype: torch.dtype) -> int:
         return self.slot_bytes // dtype.itemsize
@@ -133,11 +132,10 @@ class PeerMemory:
         self.kernel = kernel or dispatch.choose("one_shot_all_reduce", detect_platform(device), world=size).fn
         runtime = Runtime(device)
         self.plain = self._channel(runtime, device, group, plain_slot_bytes(size))
-        self.rows = self._channel(runtime, device, group, row_slot_bytes(size), pushed=True)
+        self.rows = self._channel(runtime, device, group, row_slot_bytes(size))
         dist.barrier(group=group)  # every rank has mapped every buffer before any kernel raises a flag
 
-    def _channel(self, runtime: Runtime, device: torch.device, group, slot_bytes: int,
-                 pushed: bool = False) -> PeerChannel:
+    def _channel(self, runtime: Runtime, device: torch.device, group, slot_bytes: int) -> PeerChannel:
         pad_offset = 2 * slot_bytes
         with torch.cuda.device(device):
             own = runtime.malloc(pad_offset + MAX_SIGNALS * self.size * 8)  # zeroed: no flag is up
@@ -147,7 +145,7 @@ class PeerMemory:
         return PeerChannel(torch.tensor(bases, dtype=torch.int64, device=device),
                            torch.tensor([base + pad_offset for base in bases], dtype=torch.int64, device=device),
                            torch.zeros(MAX_SIGNALS, dtype=torch.int64, device=device), self.rank, self.size,
-                           slot_bytes, pushed)
+                           slot_bytes)
 
     def describe(self) -> str:
         return (f"one-shot Triton kernel over peer memory in graphs (up to {self.plain.slot_bytes >> 20} MiB; summed "

@@ -104,7 +104,7 @@ def test_the_residual_update_sums_rank_partials_with_the_rows_the_peer_pushed(pa
     generator = torch.Generator().manual_seed(1)
     buffers = [torch.zeros(2 * slot, dtype=torch.int64) for _ in range(WORLD)]
     channel = PeerChannel(torch.tensor([b.data_ptr() for b in buffers]), torch.zeros(WORLD, dtype=torch.int64),
-                          torch.zeros(MAX_SIGNALS, dtype=torch.int64), 0, WORLD, slot_bytes, pushed=True)
+                          torch.zeros(MAX_SIGNALS, dtype=torch.int64), 0, WORLD, slot_bytes)
     assert channel.holds(rows, dim, 4) and not channel.holds(rows + 1, dim, 4)
     weight, next_weight, weight_a, weight_b = (torch.rand(dim, generator=generator) + 0.5 for _ in range(4))
     for call in (1, 2, 3):

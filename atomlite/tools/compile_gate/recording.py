@@ -207,8 +207,8 @@ class _MetaPeerMemory(PeerMemory):
         self.kernel = dispatch.choose("one_shot_all_reduce", platform, world=size).fn
         int64 = dict(dtype=torch.int64, device=META)
         self.plain, self.rows = (PeerChannel(torch.empty(size, **int64), torch.empty(size, **int64),
-                                             torch.empty(MAX_SIGNALS, **int64), 0, size, slot, pushed)
-                                 for slot, pushed in ((plain_slot_bytes(size), False), (row_slot_bytes(size), True)))
+                                             torch.empty(MAX_SIGNALS, **int64), 0, size, slot)
+                                 for slot in (plain_slot_bytes(size), row_slot_bytes(size)))
 
 
 @dataclass(frozen=True)
