@@ -19,13 +19,18 @@ from decode_attention import graph_us  # bench/ is on the path when a bench scri
 
 SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True),
           ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True)]
+SPLIT = -1  # a way's block: the chunk amaxes first, then the values (quant.SPLIT_AMAX), at every row count
 WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
-        ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8)]
+        ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8), ("split amax", SPLIT, 0)]
+SPLIT_ROWS = (quant.SPLIT_AMAX_MIN_ROWS, quant.SPLIT_AMAX_MAX_ROWS)
 
 
 def way(block: int, warps: int) -> None:
-    """block 0: one program holds the whole row (no row is looped)."""
-    quant.LOOPED_BLOCK, quant.LOOPED_WARPS, quant.LOOPED_MIN_K = block, warps, 1 if block else 1 << 30
+    """block 0: one program holds the whole row (no row is looped); SPLIT: the split amax for any rows."""
+    looped = block > 0
+    quant.LOOPED_BLOCK, quant.LOOPED_WARPS = (block, warps) if looped else (quant.LOOPED_BLOCK, quant.LOOPED_WARPS)
+    quant.LOOPED_MIN_K = 1 if looped else 1 << 30
+    quant.SPLIT_AMAX_MIN_ROWS, quant.SPLIT_AMAX_MAX_ROWS = (0, 1 << 30) if block == SPLIT else (1 << 30, 0)
 
 
 def quantized(x: torch.Tensor, gated: bool, block: int, warps: int):

@@ -22,7 +22,9 @@ DECODE_ROWS = 16  # up to this many rows: the split-K path
 # Beyond these rows, torch._scaled_mm where it takes the scales (gemm.library_fits, library_block_fits). On NVIDIA its
 # row-scaled GEMM ran 0.84-1.11x of bf16 at 160 rows on 31B's shapes, where the Triton tiles below ran 1.23-1.41x; at
 # 128, 256 and 512 rows the library was 3-18% faster than the tiles on most shapes (bench/fp8_rows_sweep.py, H200),
-# but a decode batch is rarely such a count. Elsewhere not timed.
+# but a decode batch is rarely such a count. Elsewhere not timed. Block-scaled rows take cuBLAS's 1x128 block scaling
+# beyond LIBRARY_MIN_ROWS everywhere: at 96-512 rows it ran 0.62-1.55x of bf16, these tiles with 128-wide K blocks
+# 0.46-0.92x (bench/fp8_rows_sweep.py --block, H200).
 LIBRARY_MIN_ROWS, NVIDIA_LIBRARY_MIN_ROWS = 64, 512
 # Decode tiles from bench/fp8_decode_sweep.py (H200, 31B's shapes, 1 and 16 rows): 256 fp8 bytes of K a step, the
 # bytes bf16 reads at BLOCK_K 128; scales per 128-wide K block take one block a step.
