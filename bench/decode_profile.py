@@ -21,6 +21,7 @@ from atomlite.config import EngineConfig
 from atomlite.engine.llm_engine import LLMEngine
 from atomlite.sampling_params import SamplingParams
 
+PROMPT_STEP = 1024  # the fewest prompt tokens a step takes while prompts wait (max_num_batched_tokens is larger)
 CATEGORIES = [("gemm", r"gemm|gemv|cutlass|sm90_|nvjet|splitK|cublas"), ("attention", r"_attention_kernel"),
               ("split-KV combine", r"_combine_kernel"), ("norm", r"rms_norm"), ("rope", r"rope"),
               ("kv write", r"write_kv"), ("gelu", r"gelu"), ("mxfp4", r"mxfp4|lookup|fp8|quant|sum_splits")]
@@ -85,8 +86,14 @@ def timeline(kernels, steps: int, count: int) -> list[str]:
     return lines
 
 
+def decode_tokens(batch: int, input_len: int, steps: int) -> int:
+    """Tokens each request asks for: enough to decode through the timed and profiled steps after the batch's last
+    prompt is in (an early request decodes one token in each later prompt step, of at least PROMPT_STEP tokens)."""
+    return 2 * steps + 8 + -(-batch * input_len // PROMPT_STEP)
+
+
 def profile_decode(engine, batch: int, input_len: int, steps: int, timeline_kernels: int = 0) -> list[str]:
-    seqs = submit(engine, batch, input_len, 2 * steps + 8, seed=1)  # decoding through the timed and profiled steps
+    seqs = submit(engine, batch, input_len, decode_tokens(batch, input_len, steps), seed=1)
     while not all(s.output_token_ids for s in seqs):
         engine.step()
     for _ in range(3):
@@ -120,6 +127,8 @@ def profile_decode(engine, batch: int, input_len: int, steps: int, timeline_kern
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - t0) * 1e6
     kernels = kernel_events(prof)
+    if not kernels:
+        raise SystemExit("the profiled decode steps ran no kernel: the batch finished before them")
     lines.append(f"  profiled {steps} steps: {wall_us / steps / 1e3:.2f} ms per step, GPU busy "
                  f"{busy_fraction(kernels, wall_us):.1%}")
     lines += summarize(kernels, steps)
@@ -169,7 +178,9 @@ def main():
                    help="also print K kernels of one step in start order, with the gaps between them")
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
-                                    max_num_seqs=max(args.batch, 16), max_model_len=2048,
+                                    max_num_seqs=max(args.batch, 16),
+                                    max_model_len=max(2048, args.input_len + decode_tokens(args.batch, args.input_len,
+                                                                                           args.steps)),
                                     enforce_eager=args.enforce_eager,
                                     tensor_parallel_size=args.tensor_parallel_size,
                                     gpu_memory_utilization=args.gpu_memory_utilization))
