@@ -94,7 +94,8 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
         return f"{took:.1f} us" + ("" if ok else " (CHECK FAILED)")
 
     results = []
-    for splits in sorted({chosen.num_splits, 1, 2, 4, 8, 16}):
+    tiles_walked = -(-min(context, window or context) // chosen.block_n)
+    for splits in sorted({chosen.num_splits} | {s for s in (1, 2, 4, 8, 16, 32, 64) if s <= tiles_walked}):
         label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
         results.append(f"{label}: {timed(f'splits={splits}', dataclasses.replace(chosen, num_splits=splits))}")
     cold = ", cold L2" if flush else ""

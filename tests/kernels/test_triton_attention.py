@@ -143,6 +143,20 @@ def test_decode_config_walks_few_tiles_unpipelined():
     assert windowed.num_splits == 16  # a 1024-key window still fills the splits
 
 
+def test_wide_heads_split_beyond_16_only_one_program_per_multiprocessor():
+    """Global layers (512-wide heads): up to 32 splits, beyond 16 only while the programs fit one per multiprocessor
+    (132 off the GPU), so 2 or 4 KV heads take 32 splits and 8 keep 16; 256-wide heads stop at 16."""
+    table = torch.empty(1, 256, dtype=torch.int32)  # 4096 keys in blocks of 16
+
+    def splits(kv_heads: int, head_dim: int) -> int:
+        q = torch.empty(1, 16, head_dim, dtype=torch.bfloat16)
+        cache = torch.empty(1, 16, kv_heads, head_dim, dtype=torch.bfloat16)
+        return tri.pick_config(q, cache, table, group=16 // kv_heads).num_splits
+
+    assert [splits(kv, 512) for kv in (2, 4, 8)] == [32, 32, 16]
+    assert splits(8, 256) == 16
+
+
 def test_attention_without_queries_returns_empty():
     args = paged_batch([0, 0], [3, 9], 2, 1, 64, 16, torch.float32, None, DEVICE)
     out, lse = tri.paged_attention(*args, 0.1, None, True)

@@ -25,7 +25,8 @@ from atomlite.model_ops.triton.attention.built_keys import (BuiltKeys, _key_rows
 from atomlite.model_ops.triton.attention.tuning import (DECODE_BLOCK_M, DECODE_BLOCK_N, DECODE_BLOCK_N_WIDE_VALUES,
                                                         DECODE_MAX_BLOCK_M, DECODE_MAX_QUERY_LEN,
                                                         DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
-                                                        DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
+                                                        DECODE_WIDE_HEAD_MAX_SPLITS, DECODE_WARPS,
+                                                        DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES, MAX_SPLITS,
                                                         NVIDIA_PREFILL_DERIVED_WIDE, PREFILL_TILES, ROCM_DECODE,
                                                         ROCM_DECODE_HEAVY_GFX942, ROCM_DECODE_WIDE,
                                                         ROCM_PREFILL_HEAVY, SHORT_WALK, SHORT_WALK_STAGES,
@@ -338,7 +339,8 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
     sequence's queries times the GQA group, which one program takes whole up to DECODE_MAX_BLOCK_M (each key tile
     then loaded once for all of them)."""
     block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
-    splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT)
+    splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT,
+                                 max_splits=DECODE_WIDE_HEAD_MAX_SPLITS if head_dim >= WIDE_HEAD_DIM else MAX_SPLITS)
     walk = triton.cdiv(keys, block_n * splits)
     block_m = max(DECODE_BLOCK_M, min(DECODE_MAX_BLOCK_M, triton.next_power_of_2(rows)))
     return AttnConfig(block_m, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,

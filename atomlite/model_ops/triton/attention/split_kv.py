@@ -13,14 +13,17 @@ from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
 
 
 def num_splits(device: torch.device, num_pairs: int, max_keys: int, block_n: int,
-               min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
-    """The most splits (a power of two) that keep all programs in one wave of about SPLIT_PROGRAMS_PER_SM per
-    multiprocessor, each still walking min_tiles key tiles: a partly filled second wave costs more than the splits
-    gain."""
+               min_tiles: int = MIN_TILES_PER_SPLIT, max_splits: int = MAX_SPLITS) -> int:
+    """The most splits (a power of two, at most max_splits) that keep all programs in one wave of about
+    SPLIT_PROGRAMS_PER_SM per multiprocessor, each still walking min_tiles key tiles: a partly filled second wave costs
+    more than the splits gain. Beyond MAX_SPLITS (where max_splits allows) only while the programs fit one per
+    multiprocessor."""
     splits = 1
     affordable = max_keys // (block_n * min_tiles)
-    while (splits * 2 <= min(affordable, MAX_SPLITS)
-           and num_pairs * splits * 2 <= SPLIT_PROGRAMS_PER_SM * num_sms(device)):
+    while splits * 2 <= min(affordable, max_splits):
+        per_sm = SPLIT_PROGRAMS_PER_SM if splits * 2 <= MAX_SPLITS else 1
+        if num_pairs * splits * 2 > per_sm * num_sms(device):
+            break
         splits *= 2
     return splits
 
@@ -68,7 +71,7 @@ def combine(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, l
     run_kernel(_combine_kernel, (num_tokens, num_heads),
         part_out, part_lse, out, lse if lse is not None else part_lse, values, scales, splits, num_heads,
         part_out.stride(0), part_lse.stride(0), out.stride(0), out.stride(1), values.stride(0), scales.stride(0),
-        SPLITS_P2=triton.next_power_of_2(max(splits, MAX_SPLITS)), HEAD_DIM=head_dim,
+        SPLITS_P2=max(MAX_SPLITS, triton.next_power_of_2(splits)), HEAD_DIM=head_dim,
         STORE_LSE=lse is not None, PERIOD=quantized.period if quantized is not None else 0, PDL=pdl,
         num_warps=COMBINE_WARPS,
         **pdl_launch(pdl))

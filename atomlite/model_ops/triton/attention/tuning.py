@@ -33,6 +33,13 @@ DECODE_BLOCK_N_WIDE_VALUES = 32  # 4-byte values (fp32, or any dtype under the i
 DECODE_WARPS = 4
 DECODE_WARPS_WIDE_HEAD = 8
 DECODE_MIN_TILES_PER_SPLIT = 1
+# Wide heads (the global layers: keys rebuilt from V in the kernel, 8 warps) split up to 32 ways, beyond MAX_SPLITS
+# while the programs fit one per multiprocessor (split_kv.num_splits): at batch 1 on an H200
+# (bench/decode_attention.py --table-tokens 4096) 26B-A4B's global layer (2 KV heads) took 9.1 us at 2048 keys and 14.2
+# at 4096 on 32 splits, against 13.1-14.0 and 21.1-23.3 on 16; 31B's (4) 9.8 and 15.0 against 13.6-14.9 and 23.5, and
+# 18.3-23.8 at 4096 on 64 splits (two programs per multiprocessor). At 544 keys in that table 32 splits cost 0.6-0.9
+# us more than 16 (empty splits).
+DECODE_WIDE_HEAD_MAX_SPLITS = 32
 SHORT_WALK = 2
 SHORT_WALK_STAGES, LONG_WALK_STAGES = 1, 2
 
@@ -62,7 +69,8 @@ NVIDIA_PREFILL_DERIVED_WIDE = AttnConfig(32, 32, 4, 2)
 
 # Split-KV: splits (a power of two, at most MAX_SPLITS) keep every program in one wave of about SPLIT_PROGRAMS_PER_SM
 # per multiprocessor, each split walking at least MIN_TILES_PER_SPLIT key tiles: a partly filled second wave costs
-# more than the splits gain. The merge kernel is compiled for MAX_SPLITS whatever the split count (one compile).
+# more than the splits gain. The merge kernel is compiled for MAX_SPLITS up to that many splits (one compile), beyond
+# for the split count's power of two.
 MAX_SPLITS = 16
 MIN_TILES_PER_SPLIT = 4
 SPLIT_PROGRAMS_PER_SM = 2
