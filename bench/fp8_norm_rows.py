@@ -1,6 +1,8 @@
 """The residual update's next norm written quantized per token (TokenRows, one launch) against the residual update
 followed by quant.quantize_rows (two launches), at 31B's and 26B-A4B's hidden sizes and decode-batch to prefill row
-counts: microseconds per call in a CUDA graph, after checking that both give the same bits.
+counts: microseconds per call in a CUDA graph, and how many quantized values the two ways give differently. On an H200
+that count was small but not zero from 128 rows of 5376: the residual sums of the two compiled variants of the kernel
+differed there too, so they round a norm differently (likely their own order of summing a row's squares).
 
     PYTHONPATH=. python bench/fp8_norm_rows.py [--rows 1,16,64,128,256,512,1024,2048]
 """
@@ -37,11 +39,10 @@ def main() -> None:
 
             rows_q = fused()[1]
             q, s = apart()
-            same = torch.equal(rows_q.values.view(torch.uint8), q.view(torch.uint8)) and torch.equal(
-                rows_q.scales, s)
+            differ = (rows_q.values.float() * rows_q.scales != q.float() * s).sum().item()
             one, two = graph_us(fused), graph_us(apart)
             print(f"{name} {dim} wide, {rows} rows: one launch {one:.1f} us, residual update + quantize_rows "
-                  f"{two:.1f} us ({one / two:.2f}x){'' if same else '; THE BITS DIFFER'}", flush=True)
+                  f"{two:.1f} us ({one / two:.2f}x); {differ} of {q.numel()} values differ", flush=True)
 
 
 if __name__ == "__main__":

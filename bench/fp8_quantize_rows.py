@@ -22,7 +22,6 @@ SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True),
 SPLIT = -1  # a way's block: the chunk amaxes first, then the values (quant.SPLIT_AMAX), at every row count
 WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
         ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8), ("split amax", SPLIT, 0)]
-SPLIT_ROWS = (quant.SPLIT_AMAX_MIN_ROWS, quant.SPLIT_AMAX_MAX_ROWS)
 
 
 def way(block: int, warps: int) -> None:
