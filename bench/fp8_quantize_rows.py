@@ -26,9 +26,9 @@ WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 /
 
 def way(block: int, warps: int) -> None:
     """block 0: one program holds the whole row (no row is looped); SPLIT: the split amax for any rows."""
-    looped = block > 0
-    quant.LOOPED_BLOCK, quant.LOOPED_WARPS = (block, warps) if looped else (quant.LOOPED_BLOCK, quant.LOOPED_WARPS)
-    quant.LOOPED_MIN_K = 1 if looped else 1 << 30
+    if block > 0:
+        quant.LOOPED_BLOCK, quant.LOOPED_WARPS = block, warps
+    quant.LOOPED_MIN_K = 1 if block > 0 else 1 << 30
     quant.SPLIT_AMAX_MIN_ROWS, quant.SPLIT_AMAX_MAX_ROWS = (0, 1 << 30) if block == SPLIT else (1 << 30, 0)
 
 

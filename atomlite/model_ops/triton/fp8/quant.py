@@ -197,7 +197,8 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
     pdl = dependent_launches(x.device)
     split_amax = splits_amax(rows, k, activation)
     if split_amax:
-        static, stride_static = chunk_amaxes(x, k, gated, pdl), triton.cdiv(k, SPLIT_AMAX_BLOCK)
+        static = chunk_amaxes(x, k, gated, pdl)
+        stride_static = static.stride(0)
     looped = activation != "group" and rows >= LOOPED_MIN_ROWS and k >= LOOPED_MIN_K and not split_amax
     block = (group_size if activation == "group" else LOOPED_BLOCK if looped else SPLIT_AMAX_BLOCK if split_amax
              else row_chunk(rows, k, x.device))
