@@ -9,7 +9,7 @@ from torch import nn
 from atomlite.distributed import Shard, TensorParallel, kv_heads_of_rank, split
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.attention import Attention
-from atomlite.model_ops.branches import OVERLAP_MAX_ROWS, side_by_side
+from atomlite.model_ops.branches import overlaps, side_by_side
 from atomlite.model_ops.carriers import as_heads, merged_heads, split_columns
 from atomlite.model_ops.context import ForwardContext
 from atomlite.model_ops.fusion import Feeds, NormedSum
@@ -185,11 +185,12 @@ class Gemma4DecoderLayer(nn.Module):
         x, experts_in = h.normed(self.pre_feedforward_layernorm), h.normed(self.pre_feedforward_layernorm_2)
         # At decode the router is latency-bound: beside the MLP's weight stream its loads queue behind the MLP's
         # (measured 11.8 against 5 us alone), and the experts wait for it; so it runs first, alone. The experts'
-        # chain of launches (gate_up, then down) then overlaps the MLP, which only streams weights.
+        # chain of launches (gate_up, then down) then overlaps the MLP, which only streams weights; at prefill
+        # the experts' weight reads overlap the MLP's multiplies (branches.overlaps).
         route = self.router(h)
         stream = h.stream
         experts, m = side_by_side(lambda: self.experts(experts_in, *route), lambda: self.mlp(x), stream.device,
-                                  overlap=stream.shape[0] <= OVERLAP_MAX_ROWS)
+                                  overlap=overlaps(stream.shape[0]))
         if self.tp.size > 1:  # one collective for both, on this stream, after the side stream has joined it
             m, experts = reduced(self.tp, m, experts, hand_over=self._hands_rank_partials())
         return self.post_feedforward_layernorm_1.joined(m, self.post_feedforward_layernorm_2, experts)

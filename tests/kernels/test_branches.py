@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from atomlite.model_ops.branches import side_by_side
+from atomlite.model_ops.branches import OVERLAP_MAX_ROWS, OVERLAP_MIN_PREFILL_ROWS, overlaps, side_by_side
 
 SLEEP_CYCLES = 50_000_000  # ~25 ms: the side branch is still running when the main one is launched
 
@@ -74,3 +74,8 @@ def test_a_fork_inside_the_main_branch_takes_its_own_lane_and_does_not_join_the_
     torch.cuda.synchronize()
     torch.testing.assert_close(inner, 4 * x + 2)
     torch.testing.assert_close(slow, 2 * x)
+
+
+def test_branches_overlap_at_decode_sized_batches_and_at_prefills():
+    assert overlaps(1) and overlaps(OVERLAP_MAX_ROWS) and overlaps(OVERLAP_MIN_PREFILL_ROWS) and overlaps(2048)
+    assert not overlaps(OVERLAP_MAX_ROWS + 1) and not overlaps(OVERLAP_MIN_PREFILL_ROWS - 1)

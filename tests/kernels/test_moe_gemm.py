@@ -8,7 +8,8 @@ from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
 from atomlite.model_ops.triton.moe.gemm import (DECODE, MEDIUM, PREFILL, ExpertWeights, MoeConfig, ProjectionTiles,
-                                                fused_experts, moe_experts, mxfp4_moe_experts, pick_config)
+                                                _tail_columns, fused_experts, moe_experts, mxfp4_moe_experts,
+                                                pick_config)
 from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant import mxfp4
 
@@ -79,6 +80,19 @@ def test_tiles_of_an_experts_last_rows_take_the_tail_path():
     x = torch.randn(ids.shape[0], 64, device=DEVICE)
     got = fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, config=TAILED)
     assert_close(got, reference(x, gate_up, down, weights, ids))
+
+
+def test_gate_ups_last_column_block_computes_the_remainder_alone():
+    """inner 80 on 64-wide column tiles: the last block's 16 columns on a 16-wide tile, beside the row tails."""
+    gate_up, down = random_experts(4, 64, 80, seed=11)
+    weights, ids = tailed_routing()
+    x = torch.randn(ids.shape[0], 64, device=DEVICE)
+    config = MoeConfig(32, gate_up=ProjectionTiles(64, 32, 4, 2), down=TAILED.down, tail_m=16)
+    got = fused_experts(x, ExpertWeights(gate_up), ExpertWeights(down), weights, ids, config=config)
+    assert_close(got, reference(x, gate_up, down, weights, ids))
+    assert _tail_columns(80, 64, False) == 16 and _tail_columns(704, 128, False) == 64  # Gemma-4-26B-A4B's inner
+    assert _tail_columns(704, 128, True) == 64 and _tail_columns(48, 32, True) == 32  # MXFP4 blocks stay whole
+    assert _tail_columns(704, 64, False) == 64 and _tail_columns(200, 128, False) == 128  # no remainder; no saving
 
 
 @pytest.mark.parametrize("tail", [8, 24, 64])

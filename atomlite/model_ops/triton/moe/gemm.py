@@ -5,7 +5,8 @@ for the whole layer: a program computes one tile's rows against one block of its
 active expert's weights are read once per step at decode. gate_up gathers x rows by token and writes
 gelu_tanh(gate) * up per row; down scales each row by its routing weight and writes it to that pair's row. A last
 launch sums each token's top_k rows in slot order: deterministic, no atomics. Tiles the routing leaves unused exit
-at once; a tile of at most tail_m rows (an expert's last) multiplies only those. Weights are float [E, N, K], or
+at once; a tile of at most tail_m rows (an expert's last) multiplies only those, and gate_up's last block of columns
+only the columns left (26B-A4B's 704 on 128-wide tiles: 64). Weights are float [E, N, K], or
 MXFP4 (packed e2m1 [E, N, K'/2] + e8m0 [E, N, K'/32], K' padded to K_ALIGN) expanded in registers as mxfp4_gemm's
 portable path does. The ops (moe_experts, mxfp4_moe_experts) hand
 batches of up to tuning.GEMV_MAX_PAIRS pairs to moe_gemv's kernels instead, which need no routing.
@@ -85,14 +86,14 @@ def _used_rows_tile(row_ptrs, used, k0, K, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt, stride_we,
+def _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt, stride_we,
                   stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
                   QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
-    """gelu_tanh(gate) * up of the first ROWS rows of a tile, for one block of output columns."""
+    """gelu_tanh(gate) * up of the first ROWS rows of a tile, for output columns n0 + [0, BLOCK_N)."""
     rows, used, pair = _tile_pairs(pair_of_row, tile_rows, tile, BLOCK_M, ROWS)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = n0 + tl.arange(0, BLOCK_N)
     rn_safe = rn % INNER  # rows past INNER re-read valid ones: no load mask; their columns are not stored
     gate_w, gate_s = weight_pointers(w, w_scale, expert, rn_safe, stride_we, stride_wn, stride_se, stride_sn,
                                       MXFP4, BLOCK_K)
@@ -115,25 +116,45 @@ def _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert
 
 
 @triton.jit
+def _gate_up_columns(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt,
+                     stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
+                     QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr,
+                     EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One block of BLOCK_N output columns; TAIL_M < BLOCK_M: a tile of at most TAIL_M rows (an expert's last)
+    computes only those."""
+    if TAIL_M < BLOCK_M:
+        if tl.load(tile_rows + tile) <= TAIL_M:
+            _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt,
+                          stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                          WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+            return
+    _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt, stride_we,
+                  stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32, WIDE_SCALES, EVEN_K,
+                  DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def _gate_up_kernel(x, w, w_scale, pair_of_row, tile_expert, tile_rows, inner_out, K, INNER, stride_xt, stride_we,
                     stride_wn, stride_se, stride_sn, stride_ir, TOP_K: tl.constexpr, MXFP4: tl.constexpr,
                     QUANTIZE_OUT: tl.constexpr, FP32: tl.constexpr, WIDE_SCALES: tl.constexpr, EVEN_K: tl.constexpr,
                     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """TAIL_M < BLOCK_M: a tile of at most TAIL_M rows (an expert's last) computes only those."""
+                    TAIL_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """TAIL_N < BLOCK_N: the last block of columns holds INNER's remainder, computed on TAIL_N columns alone."""
     tile = tl.program_id(0)
     expert = tl.load(tile_expert + tile)
     if expert < 0:
         return
-    if TAIL_M < BLOCK_M:
-        if tl.load(tile_rows + tile) <= TAIL_M:
-            _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt,
-                          stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
-                          WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
+    n0 = tl.program_id(1) * BLOCK_N
+    if TAIL_N < BLOCK_N:
+        if tl.program_id(1) == tl.num_programs(1) - 1:
+            _gate_up_columns(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt,
+                             stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                             WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, TAIL_N, BLOCK_K)
             return
-    _gate_up_rows(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, K, INNER, stride_xt, stride_we,
-                  stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32, WIDE_SCALES, EVEN_K,
-                  DOT_PRECISION, BLOCK_M, BLOCK_M, BLOCK_N, BLOCK_K)
+    _gate_up_columns(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, expert, n0, K, INNER, stride_xt,
+                     stride_we, stride_wn, stride_se, stride_sn, stride_ir, TOP_K, MXFP4, QUANTIZE_OUT, FP32,
+                     WIDE_SCALES, EVEN_K, DOT_PRECISION, BLOCK_M, TAIL_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -204,9 +225,19 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
                MXFP4=gate_up.mxfp4, QUANTIZE_OUT=quantize_out, FP32=_fp32(x.dtype), WIDE_SCALES=gate_up.wide_scales,
                EVEN_K=hidden % t.block_k == 0, DOT_PRECISION=dot_precision(torch.float32 if _fp32(x.dtype)
                                                                             else x.dtype),
-               BLOCK_M=config.block_m, TAIL_M=config.tail_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+               BLOCK_M=config.block_m, TAIL_M=config.tail_m, BLOCK_N=t.block_n,
+               TAIL_N=_tail_columns(inner, t.block_n, quantize_out), BLOCK_K=t.block_k,
                **_launch_options(t, x.device, _fp32(x.dtype)))
     return out
+
+
+def _tail_columns(inner: int, block_n: int, quantize_out: bool) -> int:
+    """The column tile of gate_up's last block: the power of two (from 16, a dot's least) holding inner's remainder,
+    block_n where none is smaller or the inner quantization needs whole blocks of mxfp4.BLOCK columns."""
+    tail = max(16, triton.next_power_of_2(inner % block_n))
+    if inner % block_n == 0 or tail >= block_n or (quantize_out and tail % mxfp4.BLOCK):
+        return block_n
+    return tail
 
 
 def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_weights: torch.Tensor,

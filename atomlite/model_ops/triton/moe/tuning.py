@@ -42,6 +42,9 @@ NVIDIA_PREFILL = MoeConfig(64, gate_up=ProjectionTiles(128, 64, 4, 4), down=Proj
 # Tail tiles (an expert's last, of at most tail_m rows, multiplying only those): at 2048 tokens of 26B-A4B the op
 # takes 666 us against 721 without (H200, bench/moe_layer.py --tails; gate_up 395 against 421). Little more: each
 # tile still streams its expert's whole weight block from L2, which bounds these kernels more than the multiplies.
+# gate_up's last column block multiplies only the columns left (gemm._tail_columns: 26B-A4B's 704 on 128-wide tiles
+# leaves 64), with the overlap of the dense MLP at prefill (branches.overlaps): TTFT of 2040 tokens 38.6 -> 37.4 ms
+# (H200, bench/README).
 NVIDIA_LARGE_PREFILL = MoeConfig(128, gate_up=ProjectionTiles(128, 64, 8, 4), down=ProjectionTiles(256, 64, 8, 4),
                                  tail_m=64)
 # 512 tokens of 26B-A4B (32 rows an expert): 445 against 479 us with tails of 16 rows (MXFP4 weights: 733 either way)
