@@ -6,10 +6,10 @@ import torch
 from helpers import assert_same_rounded_sum
 
 from atomlite.model_ops.platform import parse_platform
-from atomlite.model_ops.triton.common import recording
+from atomlite.model_ops.triton.common import num_sms, recording
 from atomlite.model_ops.carriers import PartialSums, summed
-from atomlite.model_ops.triton.gemm.skinny import (DEFAULT_CONFIG, NARROW_K_CONFIG, SkinnyConfig, config_for, fits, linear,
-                                                   num_splits, skinny_gemm)
+from atomlite.model_ops.triton.gemm.skinny import (DEFAULT_CONFIG, NARROW_K_CONFIG, ONE_WAVE_CONFIG, SkinnyConfig,
+                                                   config_for, fits, linear, num_splits, skinny_gemm)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = SkinnyConfig(32, 64, 4, 2, programs_per_sm=1)
@@ -52,13 +52,27 @@ def test_more_rows_or_unaligned_shapes_go_to_torch():
 
 def test_k_a_multiple_of_64_alone_takes_64_wide_k_tiles():
     """Gemma-4-26B-A4B's MLP down reads K = 2112 = 33 x 64: the skinny kernel, not torch's GEMM."""
-    assert config_for(2112) == NARROW_K_CONFIG and config_for(2816) == DEFAULT_CONFIG
+    device = torch.device(DEVICE)
+    assert config_for(128, 2112, device) == NARROW_K_CONFIG and config_for(128, 2816, device) == DEFAULT_CONFIG
     x = torch.randn(1, 2112).to(DEVICE, torch.bfloat16)
     w = torch.randn(128, 2112).to(DEVICE, torch.bfloat16)
     assert fits(x, w, NARROW_K_CONFIG) and not fits(x, w)
     unsummed = linear(x, w, summed=False)
     assert isinstance(unsummed, PartialSums)  # split over K, as torch's GEMM would not be
     assert rel_err(summed(unsummed), x, w) < 1e-2
+
+
+def test_n_tiles_past_one_wave_of_two_take_one_wave_of_three():
+    device = torch.device(DEVICE)
+    sms, block_n = num_sms(device), DEFAULT_CONFIG.block_n
+    assert config_for(2 * sms * block_n, 128, device) == DEFAULT_CONFIG
+    assert config_for((2 * sms + 1) * block_n, 128, device) == ONE_WAVE_CONFIG
+    assert config_for(3 * sms * block_n, 128, device) == ONE_WAVE_CONFIG
+    assert config_for((3 * sms + 1) * block_n, 128, device) == DEFAULT_CONFIG  # past one wave either way
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 128, generator=g).to(DEVICE, torch.bfloat16)
+    w = torch.randn((2 * sms + 1) * block_n, 128, generator=g).to(DEVICE, torch.bfloat16)
+    assert rel_err(linear(x, w), x, w) < 1e-2
 
 
 def test_unsummed_output_is_the_split_k_slices_that_add_up_to_the_summed_one():

@@ -10,14 +10,20 @@ import triton.language as tl
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, SUM_BLOCK, SUM_WARPS,
-                                                   SkinnyConfig)
+from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, ONE_WAVE_CONFIG,
+                                                   SUM_BLOCK, SUM_WARPS, SkinnyConfig)
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.gemm import tuning
 
 
-def config_for(k: int) -> SkinnyConfig:
-    return DEFAULT_CONFIG if k % DEFAULT_CONFIG.block_k == 0 else NARROW_K_CONFIG
+def config_for(n: int, k: int, device: torch.device) -> SkinnyConfig:
+    """The tiles for W [n, k]: ONE_WAVE_CONFIG where its one wave holds the N tiles that DEFAULT_CONFIG's does not."""
+    if k % DEFAULT_CONFIG.block_k:
+        return NARROW_K_CONFIG
+    tiles, sms = n // DEFAULT_CONFIG.block_n, num_sms(device)
+    if DEFAULT_CONFIG.programs_per_sm * sms < tiles <= ONE_WAVE_CONFIG.programs_per_sm * sms:
+        return ONE_WAVE_CONFIG
+    return DEFAULT_CONFIG
 
 
 @triton.jit
@@ -124,7 +130,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig = DE
 
 def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
     """Same contract as torch_ref.linear: the skinny kernel for decode-sized batches, torch's GEMM otherwise."""
-    config = config_for(weight.shape[1])
+    config = config_for(*weight.shape, x.device)
     if fits(x, weight, config):
         return skinny_gemm(x, weight, config, summed=summed)
     return F.linear(x, weight)
