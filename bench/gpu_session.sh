@@ -122,6 +122,10 @@ stage() {
         fp4-small) python bench/fp4_gemm.py --ms 1,2,4,16 ;;
         tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_mxfp4_gemm.py ;;
         moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
+        moe-decode-tiles) python bench/moe_decode_tiles.py ;;  # 26B-A4B batch-1 TPOT per few-pairs gate_up tile
+        decode-gemms) for m in gemma-4-31B-it gemma-4-26B-A4B-it; do
+                          python bench/decode_gemms.py --model examples/configs/$m --ms 1 --sweep --partial-sums; done
+                      python bench/decode_gemms.py --model examples/configs/gemma-4-31B-it --ms 1 --sweep --partial-sums --tp 2 ;;
         tests-new) python -m pytest -q -x -m "gpu or not gpu" tests/kernels/test_moe_gpu.py tests/kernels/test_k_from_v.py \
                        tests/kernels/test_kv_fp8.py tests/kernels/test_moe_gemv.py ;;
         tests-graphs) python -m pytest -q -n 4 -m gpu tests/e2e/test_decode_graphs.py tests/e2e/test_gemma3_parity.py \
