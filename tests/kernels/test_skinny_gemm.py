@@ -8,7 +8,7 @@ from helpers import assert_same_rounded_sum
 from atomlite.model_ops.platform import parse_platform
 from atomlite.model_ops.triton.common import num_sms, recording
 from atomlite.model_ops.carriers import PartialSums, summed
-from atomlite.model_ops.triton.gemm.skinny import (DEFAULT_CONFIG, NARROW_K_CONFIG, ONE_WAVE_CONFIG, SkinnyConfig,
+from atomlite.model_ops.triton.gemm.skinny import (DEFAULT_CONFIG, NARROW_K_CONFIG, WIDE_N_CONFIG, SkinnyConfig,
                                                    config_for, fits, linear, num_splits, skinny_gemm)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,13 +62,13 @@ def test_k_a_multiple_of_64_alone_takes_64_wide_k_tiles():
     assert rel_err(summed(unsummed), x, w) < 1e-2
 
 
-def test_n_tiles_past_one_wave_of_two_take_one_wave_of_three():
+def test_n_tiles_from_two_to_three_a_multiprocessor_take_three_stages():
     device = torch.device(DEVICE)
     sms, block_n = num_sms(device), DEFAULT_CONFIG.block_n
     assert config_for(2 * sms * block_n, 128, device) == DEFAULT_CONFIG
-    assert config_for((2 * sms + 1) * block_n, 128, device) == ONE_WAVE_CONFIG
-    assert config_for(3 * sms * block_n, 128, device) == ONE_WAVE_CONFIG
-    assert config_for((3 * sms + 1) * block_n, 128, device) == DEFAULT_CONFIG  # past one wave either way
+    assert config_for((2 * sms + 1) * block_n, 128, device) == WIDE_N_CONFIG
+    assert config_for(3 * sms * block_n, 128, device) == WIDE_N_CONFIG
+    assert config_for((3 * sms + 1) * block_n, 128, device) == DEFAULT_CONFIG
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2, 128, generator=g).to(DEVICE, torch.bfloat16)
     w = torch.randn((2 * sms + 1) * block_n, 128, generator=g).to(DEVICE, torch.bfloat16)

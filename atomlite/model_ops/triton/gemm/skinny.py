@@ -10,19 +10,20 @@ import triton.language as tl
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, ONE_WAVE_CONFIG,
-                                                   SUM_BLOCK, SUM_WARPS, SkinnyConfig)
+from atomlite.model_ops.triton.gemm.tuning import (DEFAULT_CONFIG, MAX_ROWS, NARROW_K_CONFIG, SUM_BLOCK, SUM_WARPS,
+                                                   WIDE_N_CONFIG, WIDE_N_MAX_TILES_PER_SM, SkinnyConfig)
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.gemm import tuning
 
 
 def config_for(n: int, k: int, device: torch.device) -> SkinnyConfig:
-    """The tiles for W [n, k]: ONE_WAVE_CONFIG where its one wave holds the N tiles that DEFAULT_CONFIG's does not."""
+    """The tiles for W [n, k]: NARROW_K_CONFIG for a K that 128-wide tiles do not divide; WIDE_N_CONFIG for more N
+    tiles than DEFAULT_CONFIG splits K for, up to WIDE_N_MAX_TILES_PER_SM a multiprocessor (tuning.py)."""
     if k % DEFAULT_CONFIG.block_k:
         return NARROW_K_CONFIG
     tiles, sms = n // DEFAULT_CONFIG.block_n, num_sms(device)
-    if DEFAULT_CONFIG.programs_per_sm * sms < tiles <= ONE_WAVE_CONFIG.programs_per_sm * sms:
-        return ONE_WAVE_CONFIG
+    if DEFAULT_CONFIG.programs_per_sm * sms < tiles <= WIDE_N_MAX_TILES_PER_SM * sms:
+        return WIDE_N_CONFIG
     return DEFAULT_CONFIG
 
 

@@ -16,12 +16,13 @@ class SkinnyConfig:
 MAX_ROWS = 16  # decode-sized batches; beyond, torch's GEMM (cuBLAS / hipBLASLt) wins
 DEFAULT_CONFIG = SkinnyConfig(64, 128, 4, 4)
 NARROW_K_CONFIG = SkinnyConfig(64, 64, 4, 4)  # K a multiple of 64 but not 128 (Gemma-4-26B-A4B's MLP down: 2112)
-# More N tiles than DEFAULT_CONFIG's one wave holds (no K split) leave a partial second wave; where three programs per
-# multiprocessor hold them all, they run in one wave on 3 stages. H200, bench/decode_gemms.py --sweep --partial-sums,
-# M = 1: 31B's global q+k 18432 x 5376 (288 tiles) 48.7 against 52.1 us, a TP=2 rank's gate_up 21504 x 5376 (336)
-# 54.6 against 56.3; 31B's gate_up 43008 x 5376 (672 tiles, past one wave either way) kept 4 stages: 107.9 against
-# 116.6.
-ONE_WAVE_CONFIG = SkinnyConfig(64, 128, 4, 3, programs_per_sm=3)
+# More N tiles than DEFAULT_CONFIG splits K for (two programs per SM), up to WIDE_N_MAX_TILES_PER_SM per SM: 3 stages.
+# Measured, not modelled (either depth keeps these tiles resident at once): H200, bench/decode_gemms.py --sweep
+# --partial-sums, M = 1: 31B's global q+k 18432 x 5376 (288 tiles) 48.7 against 52.1 us, a TP=2 rank's gate_up
+# 21504 x 5376 (336) 54.6 against 56.3; 256 tiles even (43.2 against 42.9); 31B's gate_up 43008 x 5376 (672) lost with
+# 3 stages (116.6 against 107.9).
+WIDE_N_CONFIG = SkinnyConfig(64, 128, 4, 3)
+WIDE_N_MAX_TILES_PER_SM = 3
 
 # The sum of the split-K partials: SUM_BLOCK outputs per program.
 SUM_BLOCK = 1024
