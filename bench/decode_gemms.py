@@ -139,6 +139,7 @@ def time_shape(m: int, n: int, k: int, sweep: list[SkinnyConfig], partial_sums: 
 
     def skinny(config: SkinnyConfig):
         return lambda i: skinny_gemm(x, weights[i], config, summed=not partial_sums)
+
     calls = 2 * copies
     times = {"cublas": time_us(rotating(lambda i: F.linear(x, weights[i])), calls),
              "copy": time_us(rotating(lambda i: targets[i].copy_(sources[i])), calls)}
@@ -151,6 +152,7 @@ def time_shape(m: int, n: int, k: int, sweep: list[SkinnyConfig], partial_sums: 
         else:
             times[key] = times["cublas"]
     return times, err
+
 
 if __name__ == "__main__":
     main()

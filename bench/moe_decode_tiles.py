@@ -49,12 +49,11 @@ def check(config: GemvConfig, hidden: int = 2816, inner: int = 704, experts: int
 def one(tile: GemvTiles, args) -> None:
     from atomlite import LLM
     from atomlite.benchmarks.offline import decode_step_times, random_prompts, warm_up
-    base = gemv.bf16_config(704)
-    config = GemvConfig(tile, base.down)
+    gemv.GEMV_BF16 = GemvConfig(tile, GEMV_BF16.down)  # what bf16_config hands the layers from here on
+    config = gemv.bf16_config(704)
+    assert config.gate_up == tile
     error = check(config)
     torch.cuda.empty_cache()  # the check's weights, before the engine sizes its KV cache
-    gemv.GEMV_BF16 = GemvConfig(tile, GEMV_BF16.down)  # what bf16_config hands the layers from here on
-    assert gemv.bf16_config(704).gate_up == tile
     llm = LLM(args.model, load_format="dummy", dtype="bfloat16", max_num_seqs=1, max_model_len=2048)
     engine = llm.engine
     warm_up(engine, 1, args.input_len, seed=0)
