@@ -28,7 +28,6 @@ from atomlite.model_ops import torch_ref  # noqa: E402
 from atomlite.model_ops.triton.moe import gemm as moe_gemm  # noqa: E402
 from atomlite.model_ops.triton.moe import gemv as moe_gemv
 from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
-from atomlite.model_ops.triton.moe import tuning as moe_tuning  # noqa: E402
 from atomlite.model_ops.triton.moe.gemm import ExpertWeights, MoeConfig, ProjectionTiles  # noqa: E402
 from atomlite.model_ops.triton.moe.routing import group_by_expert  # noqa: E402
 from atomlite.model_ops.triton.moe.gemv import GemvConfig, GemvTiles  # noqa: E402
@@ -46,9 +45,8 @@ SWEEP = [MoeConfig(16, T(32, 128, 4, 3), T(64, 64, 4, 3)), MoeConfig(16, T(64, 1
          MoeConfig(128, T(64, 64, 8, 3), T(128, 64, 8, 3)), MoeConfig(128, T(128, 64, 8, 3), T(128, 64, 8, 3)),
          MoeConfig(64, T(128, 64, 4, 4), T(128, 64, 4, 4)), MoeConfig(128, T(128, 64, 8, 4), T(128, 64, 8, 4)),
          MoeConfig(64, T(256, 64, 8, 3), T(256, 64, 8, 3)), MoeConfig(128, T(256, 64, 8, 3), T(128, 64, 8, 3))]
-PROJECTION_BLOCK_M = (64, 128)
 PROJECTION_SWEEP = {
-    "gate_up": [T(n, k, w, st) for n in (64, 128) for k, stages in ((64, (3, 4)), (128, (2, 3)))
+    "gate_up": [T(n, k, w, st) for n in (64, 128, 256) for k, stages in ((64, (3, 4)), (128, (2, 3)))
                 for w in (4, 8) for st in stages],
     "down": [T(n, k, w, st) for n in (64, 128, 256) for k, stages in ((64, (3, 4)), (128, (2, 3)))
              for w in (4, 8) for st in stages],
@@ -126,8 +124,8 @@ def main() -> int:
     parser.add_argument("--batches", default="1,4,32,512")
     parser.add_argument("--sweep", action="store_true", help="also time each SWEEP config of the fused kernels")
     parser.add_argument("--projections", action="store_true",
-                        help="time gate_up and down apart under each block_m and PROJECTION_SWEEP tile (bf16, "
-                             "grouped kernels): the prefill tiles' sweep")
+                        help="time gate_up and down apart under each PROJECTION_SWEEP tile, on the picked rows per "
+                             "tile (bf16, grouped kernels): the prefill tiles' sweep")
     parser.add_argument("--tails", action="store_true",
                         help="time the picked grouped config (bf16 and MXFP4) with each tail_m: the whole op, and "
                              "each bf16 projection alone")
@@ -224,36 +222,49 @@ def sweep(tokens, x, weights, ids, gate_up, down, fp4_gate_up, fp4_down, flush) 
 
 
 def sweep_projections(tokens, x, weights, ids, gate_up, down, s: dict, bandwidth: float, flush) -> None:
-    """Graph time of each grouped projection alone (routing outside the timed call) under every block_m of
-    PROJECTION_BLOCK_M and tile of PROJECTION_SWEEP, each against its touched experts' weight bytes at the copy
-    bandwidth; the best of each projection per block_m."""
+    """Graph time of each grouped projection alone (routing outside the timed call) on the rows per tile (block_m,
+    tail_m) that pick_config gives these tokens on NVIDIA, under each tile of PROJECTION_SWEEP, each against its
+    touched experts' weight bytes at the copy bandwidth; the best of each projection, and the picked tile's time.
+    Each tile's output is checked against the first tile's: one that computes something else is said and left out."""
     gu, dn = ExpertWeights(gate_up), ExpertWeights(down)
     flat_weights = weights.reshape(-1).contiguous()
     touched = ids.unique().numel()
     projection_bytes = touched * s["hidden"] * s["inner"] * 2
-    for block_m in PROJECTION_BLOCK_M:
-        tiles = group_by_expert(ids, s["experts"], block_m)
-        inner = moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, MoeConfig(block_m, moe_tuning.PREFILL.gate_up,
-                                                                                moe_tuning.PREFILL.down))
-        for name, weight_bytes in (("gate_up", 2 * projection_bytes), ("down", projection_bytes)):
-            times = {}
-            for t in PROJECTION_SWEEP[name]:
-                config = MoeConfig(block_m, t, t)
-                if name == "gate_up":
-                    def call(config=config):
-                        return moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, config)
-                else:
-                    def call(config=config):
-                        return moe_gemm._down(inner, dn, tiles, flat_weights, config)
-                try:
-                    times[t] = graph_ms(call, flush)
-                except Exception as e:  # noqa: BLE001 - a tile that does not fit this GPU is left out, said
-                    print(f"  {name} {block_m} {t}: {type(e).__name__}: {str(e)[:100]}", flush=True)
-            best = min(times, key=times.get)
-            roof = weight_bytes / bandwidth * 1e3
-            listing = " ".join(f"{ms * 1e3:.0f}" for ms in times.values())
-            print(f"  {tokens} tokens {name} block_m {block_m}: {listing} us; best {times[best] * 1e3:.1f} us "
-                  f"= {times[best] / roof:.2f}x its weight bytes, {best}", flush=True)
+    picked = moe_gemm.pick_config(ids.numel(), s["experts"], nvidia=True)
+    block_m = picked.block_m
+    tiles = group_by_expert(ids, s["experts"], block_m)
+    inner = moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, picked)
+    row = torch.arange(tiles.pair_of_row.numel(), device=x.device)
+    tile = row // block_m
+    written = (tiles.tile_expert[tile] >= 0) & (row % block_m < tiles.tile_rows[tile])  # gate_up's other rows: unset
+    for name, weight_bytes in (("gate_up", 2 * projection_bytes), ("down", projection_bytes)):
+        times, first = {}, None
+        for t in PROJECTION_SWEEP[name]:
+            config = MoeConfig(block_m, t, t, tail_m=picked.tail_m)
+            if name == "gate_up":
+                def call(config=config):
+                    return moe_gemm._gate_up(x, gu, tiles, s["top_k"], False, config)
+            else:
+                def call(config=config):
+                    return moe_gemm._down(inner, dn, tiles, flat_weights, config)
+            try:
+                got = call().float()
+                got = got[written] if name == "gate_up" else got
+                first = got if first is None else first
+                err = relative_error(got, first)
+                if not err < MAX_RELATIVE_ERROR:
+                    print(f"  {name} {t}: relative error {err:.2e} against the first tile, left out", flush=True)
+                    continue
+                times[t] = graph_ms(call, flush)
+            except Exception as e:  # noqa: BLE001 - a tile that does not fit this GPU is left out, said
+                print(f"  {name} {t}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        best = min(times, key=times.get)
+        now = getattr(picked, name)
+        roof = weight_bytes / bandwidth * 1e3
+        listing = " ".join(f"{ms * 1e3:.0f}" for ms in times.values())
+        print(f"  {tokens} tokens {name} block_m {block_m} tail_m {picked.tail_m}: {listing} us; best "
+              f"{times[best] * 1e3:.1f} us = {times[best] / roof:.2f}x its weight bytes, {best}; picked "
+              f"{times.get(now, float('nan')) * 1e3:.1f} us, {now}", flush=True)
 
 
 def sweep_tails(tokens, x, weights, ids, bf16, fp4, s: dict, flush) -> None:

@@ -2,6 +2,7 @@
 layer's FLOPs at the probed bf16 GEMM rate.
 
     PYTHONPATH=. python bench/prefill_attention.py [--tokens 512,2048] [--shapes 31B-global,26B-A4B-sliding]
+        [--block-size 16] [--chosen]
 
 One prompt of --tokens tokens per layer shape of 31B and 26B-A4B (bench/decode_attention.py's SHAPES): sliding layers
 read K and V over their window; global layers store V alone and rebuild K, either once for the step (build_keys, as an
@@ -62,9 +63,9 @@ def flops(tokens: int, heads: int, head_dim: int, window: int | None) -> float:
     return 4 * heads * head_dim * keys
 
 
-def measure(shape, tokens: int, rate: float) -> None:
+def measure(shape, tokens: int, rate: float, block_size: int = 16, chosen_only: bool = False) -> None:
     model, layer, heads, kv_heads, head_dim, window = shape
-    k_cache, v_cache, table, seq_lens = paged_cache(1, tokens, kv_heads, head_dim)
+    k_cache, v_cache, table, seq_lens = paged_cache(1, tokens, kv_heads, head_dim, block_size)
     q = torch.randn(tokens, heads, head_dim, device="cuda", dtype=torch.bfloat16)
     starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
     scale = head_dim ** -0.5
@@ -81,7 +82,7 @@ def measure(shape, tokens: int, rate: float) -> None:
         chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=way == "derived", window=window,
                                  max_query_len=tokens)
         results = []
-        tiles = TILES[head_dim] + SPLIT_VALUES[head_dim]
+        tiles = [] if chosen_only else TILES[head_dim] + SPLIT_VALUES[head_dim]
         for config in [chosen] + [c for c in tiles if c != dataclasses.replace(chosen, num_splits=1)]:
             def call(config=config):
                 built = None
@@ -105,6 +106,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="512,2048")
     parser.add_argument("--shapes", default="", help="model-layer pairs, e.g. 31B-global (default: every shape)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="the cache's tokens per block (the engine's --block-size; one block per prompt shows "
+                             "what the block-table gather costs)")
+    parser.add_argument("--chosen", action="store_true", help="time only the tile the launcher picks")
     args = parser.parse_args()
     torch.manual_seed(0)
     rate = gemm_rate()
@@ -113,7 +118,7 @@ def main():
     for tokens in (int(t) for t in args.tokens.split(",")):
         for shape in SHAPES:
             if not wanted or f"{shape[0]}-{shape[1]}" in wanted:
-                measure(shape, tokens, rate)
+                measure(shape, tokens, rate, args.block_size, args.chosen)
 
 
 if __name__ == "__main__":
