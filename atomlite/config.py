@@ -9,6 +9,7 @@ from atomlite.speculative_config import SpeculativeConfig
 from atomlite.errors import ConfigError
 from atomlite.generation_config import GenerationDefaults, load_generation_defaults
 from atomlite.hub import config_snapshot, is_repo_id
+from atomlite.model_ops.platform import Platform
 from atomlite.registry import MODELS, model_class
 
 
@@ -220,7 +221,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     kv_cache_memory: int | str | None = None
-    block_size: int = 16
+    block_size: int | None = None  # None: the platform's (Platform.block_size)
     enable_prefix_caching: bool = True
     kernel_backend: str = "auto"
     seed: int = 0
@@ -272,6 +273,8 @@ class EngineConfig:
                                                             self.override_generation_config)
         check_quantization(self.quantization, self.model_spec)
         self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        if self.block_size is None:
+            self.block_size = Platform(self.platform_kind).block_size
         self.encoder_cache_memory = parse_memory_size(self.encoder_cache_memory)
         if self.max_num_encoder_input_tokens is None:
             self.max_num_encoder_input_tokens = self.max_num_batched_tokens
@@ -370,6 +373,13 @@ class EngineConfig:
             raise ConfigError(f"--tokenizer {self.tokenizer}: no such folder (give a folder with tokenizer.json or "
                               f"tokenizer_config.json, or a hub repo id already in the cache)")
         return path
+
+    @property
+    def platform_kind(self) -> str:
+        """cpu, cuda or rocm: what --device picks, without asking the GPU anything."""
+        if self.device == "cpu" or not torch.cuda.is_available():
+            return "cpu"
+        return "rocm" if torch.version.hip else "cuda"
 
     @property
     def torch_device(self) -> torch.device:

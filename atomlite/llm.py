@@ -22,7 +22,8 @@ class LLM:
 
     LLM(model=DIR, dtype="auto"|"float32"|"bfloat16"|"float16", device="auto"|"cpu"|"cuda",
         max_model_len=None, max_num_seqs=64, max_num_batched_tokens=2048, kv_cache_memory=None ("20GiB"),
-        kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=16, seed=0,
+        kernel_backend="auto"|"triton"|"torch", enable_prefix_caching=True, block_size=None (64 on NVIDIA GPUs,
+        else 16), seed=0,
         load_format="auto"|"dummy", enforce_eager=False, max_graph_batch=None, gpu_memory_utilization=0.9,
         compilation_config=None ({"cudagraph_mode": "FULL_DECODE_ONLY"}),
         limit_mm_per_prompt=None ({"image": 2}), mm_processor_kwargs=None ({"max_soft_tokens": 560}),

@@ -26,7 +26,8 @@ ENGINE_OPTIONS = [
                  help="Bound of the cache of encoded images, e.g. 512MiB (default: the larger of the encoder budget "
                       "and one 1120-token image, in soft tokens of the model's width)."),
     click.option("--kv-cache-memory", default=None, help="KV cache budget, e.g. 20GiB (default: what fits; 2GiB cap on CPU)."),
-    click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block."),
+    click.option("--block-size", type=int, default=None,
+                 help="Tokens per KV block (default: 64 on NVIDIA GPUs, 16 on ROCm and the CPU)."),
     click.option("--kernel-backend", default="auto", type=click.Choice(["auto", "triton", "torch"]),
                  show_default=True, help="Kernel choice: auto = aiter > triton > torch by platform and shape."),
     click.option("--enable-prefix-caching/--no-enable-prefix-caching", " /--no-prefix-caching", "enable_prefix_caching",

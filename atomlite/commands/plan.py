@@ -30,8 +30,11 @@ def plan(seq_len, platform_text, kernels, compile_kernels, **kw):
         budget = parse_memory_size(args.pop("kv_cache_memory") or "20GiB")
         if args["device"] == "auto":
             args["device"] = "cpu"  # the model is built on meta: planning -tp 8 needs none of this machine's GPUs
+        platform = parse_platform(platform_text) if platform_text else None
+        if platform is not None and args.get("block_size") is None:
+            args["block_size"] = platform.block_size  # the blocks the engine would take there
         config = EngineConfig(model=model_dir(kw), **args)
-        platform = parse_platform(platform_text) if platform_text else detect_platform(config.torch_device)
+        platform = platform or detect_platform(config.torch_device)
         choices = KernelChoices()
         lines, _ = plan_report(config, budget, platform, choices, seq_len)
         if kernels:

@@ -2,7 +2,8 @@
 builds it (its kernels chosen by dispatch for the target platform, its layers linked by fusion), its KV cache laid
 out by the engine's KVCacheManager and bound by its ModelRunner, and its own forward run at the engine's default
 steps while the Triton launchers record their launches instead of making them (model_ops.triton.common.recording).
-Nothing here restates a model: the steps come from EngineConfig's defaults, the shapes from the model.
+Nothing here restates a model: the steps come from EngineConfig's defaults (the KV blocks the platform's,
+Platform.block_size), the shapes from the model.
 
 The steps: a first prefill chunk of --max-num-batched-tokens and four prompts' later chunks; eager decode of one
 sequence at --max-model-len (split-KV) and of --max-num-seqs sequences; every decode graph's bucket (replayed as a
@@ -252,7 +253,7 @@ def _lora_steps(recorder: _Recorder, path: Path, config: EngineConfig, platform:
 
 def record_model(path: Path, platform: Platform) -> Launches:
     """(workload, launch) of every Triton launch the model at path makes at the gate's steps on platform."""
-    config = EngineConfig(model=str(path), device="cpu")
+    config = EngineConfig(model=str(path), device="cpu", block_size=platform.block_size)  # the platform's blocks
     recorder = _Recorder(platform, path.name)
     model = _loaded(construct_model(config, META, platform), platform)
     _model_steps(recorder, model, config, platform)
@@ -327,7 +328,7 @@ def record_assistant(path: Path, platform: Platform) -> Launches:
     """(workload, launch) of every Triton launch speculative decoding with the assistant at path makes beside its
     target (the folder of the same name without -assistant): the target's verify steps and the draft rounds."""
     target = path.with_name(path.name.removesuffix(ASSISTANT_SUFFIX))
-    config = EngineConfig(model=str(target), device="cpu", speculative_config=dict(
+    config = EngineConfig(model=str(target), device="cpu", block_size=platform.block_size, speculative_config=dict(
         method="mtp", model=str(path), num_speculative_tokens=NUM_DRAFTS))
     spec = assistant_spec_for(config)
     model = _loaded(construct_model(config, META, platform), platform)
