@@ -33,10 +33,11 @@ class Platform:
     @property
     def block_size(self) -> int:
         """--block-size's default here. On NVIDIA a 64-token block holds a whole key tile of the Triton attention,
-        which then reads it with no block-table lookup per row: 26B-A4B TTFT of 2040 tokens 36.44, 36.53 -> 35.36,
-        35.85 ms, 31B of 2048 tokens 211.3, 212.2 -> 210.2, 209.0 ms; batch-1 TPOT and the 256-request load
-        unchanged (H200, `bench latency` / `throughput`, 16 and 64 alternating in one call). AITER's paged decode
-        reads 16-token blocks, so ROCm keeps 16, as does the CPU."""
+        which then finds the tile's keys in one block, not four (a 2048-token prefill of 26B-A4B's sliding layer:
+        110 us on 16-token blocks, 95 on one block, bench/prefill_attention.py --block-size). 26B-A4B TTFT of 2040
+        tokens 36.44, 36.53 -> 35.36, 35.85 ms, 31B of 2048 tokens 211.3, 212.2 -> 210.2, 209.0 ms; batch-1 TPOT
+        and the 256-request load unchanged (H200, `bench latency` / `throughput`, 16 and 64 alternating in one
+        call). AITER's paged decode reads 16-token blocks, so ROCm keeps 16, as does the CPU."""
         return 64 if self.kind == "cuda" else 16
 
     def describe(self) -> str:
