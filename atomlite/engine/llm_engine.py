@@ -106,6 +106,7 @@ class LLMEngine:
         self._ahead: LaunchedStep | None = None  # a decode step launched before the tokens it reads were taken
         self.iteration_tokens: list[int] = []  # tokens of each forward pass launched by the last step()
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
+        self.served_by = None  # the thread of an engine client's core that steps this engine, while it runs
 
     def _image_scheduling(self) -> ImageScheduling:
         """A model with an encoder (a vision or audio tower): rank 0's runner encodes each step's items through the

@@ -231,7 +231,8 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(server, body, param):
         assert "--allowed-media-domains is not set" in error["message"]
 
 
-def test_tools_without_a_tool_call_parser_are_a_400(engine):
+def test_tools_without_a_tool_call_parser_are_a_400():
+    engine = LLM(str(demo_model_dir()), device="cpu", max_model_len=2048).engine  # `server` runs the module's
     with running(make_app(engine, NAME, chat_options=ChatOptions(tool_call_parser="none"))) as base:
         r = httpx.post(f"{base}/v1/chat/completions", json={
             "model": NAME, "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}, timeout=30)

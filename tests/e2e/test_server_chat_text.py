@@ -22,8 +22,10 @@ def llm(random_model_dir):
 
 
 @pytest.fixture(scope="module")
-def server(llm):
-    with running(make_app(llm.engine, NAME)) as base:
+def server(random_model_dir):
+    """Over an engine of its own: `llm` generates offline, which the engine of a running server refuses."""
+    engine = LLM(str(random_model_dir), dtype="float32", device="cpu", max_model_len=1024).engine
+    with running(make_app(engine, NAME)) as base:
         yield base
 
 

@@ -9,6 +9,8 @@ import openai
 import pytest
 
 from atomlite import LLM
+from atomlite.engine.ipc.async_engine import AsyncEngine
+from atomlite.errors import ConfigError
 from atomlite.server import body_limit, timeouts
 from atomlite.server.app import build_app, engine_client, make_app
 from server_utils import running
@@ -32,6 +34,12 @@ def nested(depth: int) -> dict:
 
 @pytest.fixture(scope="module")
 def llm(random_model_dir):
+    return LLM(str(random_model_dir), dtype="float32", device="cpu", max_model_len=64)
+
+
+@pytest.fixture
+def own_llm(random_model_dir):
+    """An engine of the test's own, for an app of its own: `server` runs a core over `llm`'s."""
     return LLM(str(random_model_dir), dtype="float32", device="cpu", max_model_len=64)
 
 
@@ -99,7 +107,8 @@ def test_json_with_a_charset_is_json(server):
     assert resp.status_code == 200, resp.text
 
 
-def test_the_api_key_takes_any_scheme_case_and_guards_metrics(llm):
+def test_the_api_key_takes_any_scheme_case_and_guards_metrics(own_llm):
+    llm = own_llm
     # timeout: a completion on a busy 2-core machine can outlast httpx's 5 s default
     with running(make_app(llm.engine, NAME, api_key="s3cret")) as base:
         for scheme in ("Bearer", "bearer", "BEARER"):
@@ -113,6 +122,27 @@ def test_the_api_key_takes_any_scheme_case_and_guards_metrics(llm):
         assert httpx.get(f"{base}/health").status_code == 200
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="s3cret")
         assert client.models.list().data[0].id == NAME
+
+
+def test_a_second_client_over_an_engine_another_drives_is_refused(server, llm):
+    """Two core threads over one engine would each step it and split a request's updates between their clients
+    (the one that missed the first update then met a request without its queue time, and hung it)."""
+    with pytest.raises(ConfigError, match="already runs under another engine client"):
+        engine_client(llm.engine).start()
+    with pytest.raises(RuntimeError, match="served by a running server"):
+        llm.generate("Hi")
+    assert httpx.post(f"{server}/v1/completions", json=OK, timeout=60).status_code == 200
+
+
+def test_a_failure_on_a_steps_outputs_fails_the_open_requests_instead_of_hanging_them(own_llm, monkeypatch):
+    def broken(*args):
+        raise TypeError("a bug in the metrics")
+
+    monkeypatch.setattr(AsyncEngine, "_observe", broken)
+    with running(make_app(own_llm.engine, NAME)) as base:
+        resp = httpx.post(f"{base}/v1/completions", json=OK, timeout=60)
+        assert resp.status_code >= 500 and "a bug in the metrics" in resp.json()["error"]["message"], resp.text
+        assert httpx.get(f"{base}/health").status_code == 503
 
 
 def raw(base: str, data: bytes, timeout: float = 15) -> bytes:
@@ -138,8 +168,8 @@ def test_a_body_that_stops_halfway_is_a_408(server, monkeypatch):
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within" in answer, answer[:300]
 
 
-def test_responses_name_the_first_served_model_name_as_vllm(llm):
-    with running(build_app(engine_client(llm.engine), ["first", "second"])) as base:
+def test_responses_name_the_first_served_model_name_as_vllm(own_llm):
+    with running(build_app(engine_client(own_llm.engine), ["first", "second"])) as base:
         for name in ("first", "second"):
             assert httpx.post(f"{base}/v1/completions", json={**OK, "model": name}).json()["model"] == "first"
             chat = httpx.post(f"{base}/v1/chat/completions", json={**CHAT, "model": name, "stream": True})

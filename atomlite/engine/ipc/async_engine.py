@@ -97,16 +97,24 @@ class Generation:
 
 
 class CoreThread:
-    """The core over an engine built in this process, on a thread (tests, and servers made from an LLMEngine)."""
+    """The core over an engine built in this process, on a thread (tests, and servers made from an LLMEngine).
+    One core at a time per engine, and no offline generate beside it (engine.served_by says which thread serves
+    it): each would step the engine and take updates the other's requests wait for."""
+    _claim_lock = threading.Lock()
 
     def __init__(self, engine):
         self.engine = engine
         self._thread: threading.Thread | None = None
 
     def start(self, commands_addr: str, outputs_addr: str) -> None:
-        self._thread = threading.Thread(target=serve_engine, args=(self.engine, commands_addr, outputs_addr),
-                                        name="atomlite-engine-core", daemon=True)
-        self._thread.start()
+        with self._claim_lock:
+            if serving_thread(self.engine) is not None:
+                raise ConfigError("this LLMEngine already runs under another engine client (its core thread is "
+                                  "alive); shut that client (its server) down before starting another over it")
+            self._thread = threading.Thread(target=serve_engine, args=(self.engine, commands_addr, outputs_addr),
+                                            name="atomlite-engine-core", daemon=True)
+            self.engine.served_by = self._thread
+            self._thread.start()
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -116,6 +124,12 @@ class CoreThread:
 
     def exit_note(self) -> str:
         return "the engine core thread ended"
+
+
+def serving_thread(engine) -> threading.Thread | None:
+    """The live core thread that steps engine for an engine client, if one does."""
+    thread = engine.served_by
+    return thread if thread is not None and thread.is_alive() else None
 
 
 class CoreProcess:
@@ -192,7 +206,11 @@ class AsyncEngine:
         self._commands.bind(f"ipc://{self._dir}/commands")
         self._outputs = self._context.socket(zmq.PULL)
         self._outputs.bind(f"ipc://{self._dir}/outputs")
-        self.core.start(f"ipc://{self._dir}/commands", f"ipc://{self._dir}/outputs")
+        try:
+            self.core.start(f"ipc://{self._dir}/commands", f"ipc://{self._dir}/outputs")
+        except ConfigError:
+            self._close_sockets()
+            raise
         self._wait_until_ready()
         self._started = True
         self._receiver.start()
@@ -324,7 +342,11 @@ class AsyncEngine:
             if self._outputs.poll(POLL_MS):
                 message = pickle.loads(self._outputs.recv())
                 if message[0] == "step":
-                    self._on_step(message[1], message[2])
+                    try:
+                        self._on_step(message[1], message[2])
+                    except Exception as e:  # a bug here would leave every open request waiting forever
+                        logger.exception("the engine client failed on a step's outputs")
+                        return self._client_failed(e)
             elif self._stopping:
                 return
             elif not self.core.alive():
@@ -373,6 +395,12 @@ class AsyncEngine:
         self._dead = f"{self.core.exit_note()} unexpectedly; the server cannot serve"
         logger.error("%s: failing %d open requests", self._dead, len(self._streams))
         self._fail_all(EngineDead(self._dead))
+        if self.on_death is not None:
+            self.on_death()
+
+    def _client_failed(self, error: Exception) -> None:
+        self._dead = f"the engine client failed ({type(error).__name__}: {error}); the server cannot serve"
+        self._fail_all(EngineDead(self._dead), tell_core=True)
         if self.on_death is not None:
             self.on_death()
 
