@@ -214,6 +214,10 @@ stage() {
         fp8-b1) for model in gemma-4-31B-it gemma-4-31B-it-fp8-dynamic gemma-4-31B-it-fp8-block gemma-4-31B-it-quark-fp8 \
                              gemma-4-26B-A4B-it gemma-4-26B-A4B-it-fp8-dynamic gemma-4-26B-A4B-it-fp8-block; do
                     latency_b1 "$model"; done ;;  # issue 55: 31B FP8 <= 0.56x bf16, 26B-A4B FP8 <= 0.75x at batch 1
+        ab-fp8-b1) for model in gemma-4-31B-it-fp8-dynamic gemma-4-31B-it-quark-fp8 gemma-4-26B-A4B-it-fp8-dynamic; do
+                       echo "--- baseline: $model"; from_baseline bash -c "$(declare -f latency_b1); latency_b1 $model"
+                       echo "--- this tree: $model"; latency_b1 "$model"
+                   done ;;  # issue 55: FP8 batch 1, the baseline copy against this tree, model by model, one machine
         load-fp8) load gemma-4-31B-it; load gemma-4-31B-it-fp8-dynamic; load gemma-4-31B-it-fp8-block ;;
         26b) latency gemma-4-26B-A4B-it ;;
         26b-b1) latency_b1 gemma-4-26B-A4B-it ;;

@@ -7,9 +7,10 @@ from atomlite.model_ops.moe import Experts
 from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.torch_ref.moe import moe_experts as reference
 from atomlite.model_ops.torch_ref.moe import mxfp4_moe_experts as mxfp4_reference
-from atomlite.model_ops.triton.moe.gemm import (DECODE, MAX_GRID_TILES, MEDIUM, PREFILL, ExpertWeights, MoeConfig,
-                                                ProjectionTiles, _grid, _tail_columns, fused_experts, moe_experts,
-                                                mxfp4_moe_experts, pick_config)
+from atomlite.model_ops.triton.moe.common import MAX_GRID_TILES, column_first_grid
+from atomlite.model_ops.triton.moe.gemm import (DECODE, MEDIUM, PREFILL, ExpertWeights, MoeConfig, ProjectionTiles,
+                                                _tail_columns, fused_experts, moe_experts, mxfp4_moe_experts,
+                                                pick_config)
 from atomlite.model_ops.triton.mxfp4.gemm import needs_wide_scales, pad_to_k_align
 from atomlite.quant import mxfp4
 
@@ -96,9 +97,9 @@ def test_gate_ups_last_column_block_computes_the_remainder_alone():
 
 
 def test_the_grid_walks_a_tiles_column_blocks_first_and_refuses_more_tiles_than_its_axis_holds():
-    assert _grid(MAX_GRID_TILES, 11) == (11, MAX_GRID_TILES)
+    assert column_first_grid(MAX_GRID_TILES, 11) == (11, MAX_GRID_TILES)
     with pytest.raises(ValueError, match="--max-num-batched-tokens"):
-        _grid(MAX_GRID_TILES + 1, 11)
+        column_first_grid(MAX_GRID_TILES + 1, 11)
 
 
 @pytest.mark.parametrize("tail", [8, 24, 64])

@@ -13,6 +13,20 @@ from atomlite.model_ops.triton.moe.tuning import SUM_SLOTS_BLOCK, SUM_SLOTS_WARP
 from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
 
 
+MAX_GRID_TILES = 65535  # the grid's second axis (CUDA's limit, and HIP's)
+
+
+def column_first_grid(tiles: int, column_blocks: int) -> tuple[int, int]:
+    """The grouped GEMMs' grid (column blocks, row tiles): the programs of one row tile's column blocks launch
+    together, so the rows they all read stay in L2. At 2040 tokens of 26B-A4B the down projection's input rows (23
+    MB) otherwise left L2 between the column blocks that re-read them: TTFT 37.57, 37.19 -> 35.69, 35.78 ms (H200,
+    bench latency, alternating); 512 tokens, batch-16 decode and MXFP4 experts unchanged."""
+    if tiles > MAX_GRID_TILES:
+        raise ValueError(f"{tiles} expert tiles in one step: at most {MAX_GRID_TILES} (fewer batched tokens a step, "
+                         f"--max-num-batched-tokens)")
+    return column_blocks, tiles
+
+
 @dataclass(frozen=True)
 class ExpertWeights:
     """One projection of all experts: float [E, N, K], or MXFP4 packed [E, N, K'/2] with scale [E, N, K'/32]."""

@@ -18,7 +18,8 @@ import triton.language as tl
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import dot_precision, interpreting, platform_of, run_kernel
-from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
+from atomlite.model_ops.triton.moe.common import (ExpertWeights, column_first_grid, quantize_dequantize_rows, sum_slots,
+                                                  weight_pointers)
 from atomlite.model_ops.triton.moe import gemv_fp8 as moe_gemv_fp8
 from atomlite.model_ops.triton.moe.gemv import gemv_experts, use_gemv
 from atomlite.model_ops.triton.moe.routing import ExpertTiles, group_by_expert
@@ -136,8 +137,9 @@ def _gate_up_columns(x, w, w_scale, pair_of_row, tile_rows, inner_out, tile, exp
 
 @triton.jit
 def _tile_and_column_block():
-    """(tile, column block, column blocks) of this program: the launch order (_grid) walks a tile's column blocks
-    before the next tile's, so the programs that read one tile's input rows run together and find them in L2."""
+    """(tile, column block, column blocks) of this program: the launch order (common.column_first_grid) walks a
+    tile's column blocks before the next tile's, so the programs that read one tile's input rows run together and
+    find them in L2."""
     return tl.program_id(1), tl.program_id(0), tl.num_programs(0)
 
 
@@ -227,7 +229,7 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
     hidden = x.shape[1]
     out = torch.empty((tiles.pair_of_row.shape[0], inner), dtype=x.dtype, device=x.device)
     t = config.gate_up
-    grid = _grid(tiles.max_tiles, triton.cdiv(inner, t.block_n))
+    grid = column_first_grid(tiles.max_tiles, triton.cdiv(inner, t.block_n))
     run_kernel(_gate_up_kernel, grid, x, gate_up.weight, gate_up.scale, tiles.pair_of_row, tiles.tile_expert,
                tiles.tile_rows, out, hidden, inner, x.stride(0), *gate_up.strides(), out.stride(0), TOP_K=top_k,
                MXFP4=gate_up.mxfp4, QUANTIZE_OUT=quantize_out, FP32=_fp32(x.dtype), WIDE_SCALES=gate_up.wide_scales,
@@ -237,19 +239,6 @@ def _gate_up(x: torch.Tensor, gate_up: ExpertWeights, tiles: ExpertTiles, top_k:
                TAIL_N=_tail_columns(inner, t.block_n, quantize_out), BLOCK_K=t.block_k,
                **_launch_options(t, x.device, _fp32(x.dtype)))
     return out
-
-
-MAX_GRID_TILES = 65535  # the grid's second axis (CUDA's limit, and HIP's)
-
-
-def _grid(tiles: int, column_blocks: int) -> tuple[int, int]:
-    """Column blocks first (_tile_and_column_block): at 2040 tokens of 26B-A4B the down projection's input rows
-    (23 MB) otherwise leave L2 between the column blocks that re-read them. TTFT 37.57, 37.19 -> 35.69, 35.78 ms
-    (H200, bench latency, alternating); 512 tokens, batch-16 decode and MXFP4 experts unchanged."""
-    if tiles > MAX_GRID_TILES:
-        raise ValueError(f"{tiles} expert tiles in one step: at most {MAX_GRID_TILES} (fewer batched tokens a step, "
-                         f"--max-num-batched-tokens)")
-    return column_blocks, tiles
 
 
 def _tail_columns(inner: int, block_n: int, quantize_out: bool) -> int:
@@ -270,7 +259,7 @@ def _down(inner: torch.Tensor, down: ExpertWeights, tiles: ExpertTiles, topk_wei
     # the step's largest write (and read again by the sum), twice the bytes in fp32
     pair_out = torch.empty((topk_weights.numel(), hidden), dtype=torch.float32 if fp32 else inner.dtype,
                            device=inner.device)
-    grid = _grid(tiles.max_tiles, triton.cdiv(hidden, t.block_n))
+    grid = column_first_grid(tiles.max_tiles, triton.cdiv(hidden, t.block_n))
     run_kernel(_down_kernel, grid, inner, down.weight, down.scale, tiles.pair_of_row, tiles.tile_expert,
                tiles.tile_rows, topk_weights, pair_out, k, hidden, inner.stride(0), *down.strides(),
                pair_out.stride(0), MXFP4=down.mxfp4, FP32=fp32, WIDE_SCALES=down.wide_scales,
