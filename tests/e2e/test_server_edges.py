@@ -134,13 +134,15 @@ def test_a_second_client_over_an_engine_another_drives_is_refused(server, llm):
     assert httpx.post(f"{server}/v1/completions", json=OK, timeout=60).status_code == 200
 
 
-def test_a_failure_on_a_steps_outputs_fails_the_open_requests_instead_of_hanging_them(own_llm, monkeypatch):
+@pytest.mark.parametrize("max_tokens", [1, 2])  # the failing update is the request's last, or not
+def test_a_failure_on_a_steps_outputs_fails_the_open_requests_instead_of_hanging_them(own_llm, monkeypatch,
+                                                                                       max_tokens):
     def broken(*args):
         raise TypeError("a bug in the metrics")
 
     monkeypatch.setattr(AsyncEngine, "_observe", broken)
     with running(make_app(own_llm.engine, NAME)) as base:
-        resp = httpx.post(f"{base}/v1/completions", json=OK, timeout=60)
+        resp = httpx.post(f"{base}/v1/completions", json={**OK, "max_tokens": max_tokens}, timeout=60)
         assert resp.status_code >= 500 and "a bug in the metrics" in resp.json()["error"]["message"], resp.text
         assert httpx.get(f"{base}/health").status_code == 503
 

@@ -62,7 +62,8 @@ def test_each_grouped_projection_matches_the_reference_per_pair(device, spec, to
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: f"{s.weight}-{s.activation}")
-def test_pair_blocks_quantizing_their_row_themselves_give_the_quantization_launchs_result(device, spec,
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pair_blocks_quantizing_their_row_themselves_give_the_quantization_launchs_result(device, spec, dtype,
                                                                                          monkeypatch):
     """A pair block holds one row: per token or static (each expert's own scale), the GEMM quantizes it as it loads
     it, with the same values as quantize_pairs, so the same output bit for bit; grouped activations keep the
@@ -71,7 +72,7 @@ def test_pair_blocks_quantizing_their_row_themselves_give_the_quantization_launc
     experts, hidden, inner, top_k = 6, 256, 192, 2
     w, scale, input_scale = _experts(spec, experts, hidden, inner)["gate_up_proj"]
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(3, hidden, generator=gen)
+    x = torch.randn(3, hidden, generator=gen).to(dtype)
     x[1] = 0.0
     topk_ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(3)])
     on = [None if t is None else t.to(device) for t in (x, w, scale, input_scale, topk_ids)]

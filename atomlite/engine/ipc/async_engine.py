@@ -98,8 +98,8 @@ class Generation:
 
 class CoreThread:
     """The core over an engine built in this process, on a thread (tests, and servers made from an LLMEngine).
-    One core at a time per engine, and no offline generate beside it (engine.served_by says which thread serves
-    it): each would step the engine and take updates the other's requests wait for."""
+    One core at a time per engine (engine.served_by says which thread serves it), and LLM.generate refuses an engine
+    a running core steps: each would step the engine and take updates the other's requests wait for."""
     _claim_lock = threading.Lock()
 
     def __init__(self, engine):
@@ -355,19 +355,23 @@ class AsyncEngine:
     def _on_step(self, updates: list[SeqUpdate], stats: EngineStats | None) -> None:
         now = time.monotonic()
         by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
-        with self._streams_lock:
-            step = self._output.process(updates)
-            for u, item in step.outputs:
-                stream = self._streams[u.request_id]
-                if is_last(item):
-                    del self._streams[u.request_id]
-                if not isinstance(item, Exception):
-                    self._observe(stream, u, item, now)
-                by_loop[stream.loop].append((stream.queue, item))
-        if step.stopped:
-            self._send(("abort", step.stopped))
-        for loop, items in by_loop.items():
-            _deliver(loop, items)
+        stopped = []
+        try:
+            with self._streams_lock:
+                step = self._output.process(updates)
+                stopped = step.stopped
+                for u, item in step.outputs:
+                    stream = self._streams[u.request_id]
+                    if not isinstance(item, Exception):
+                        self._observe(stream, u, item, now)  # first: a stream it fails on is still open to fail
+                    if is_last(item):
+                        del self._streams[u.request_id]
+                    by_loop[stream.loop].append((stream.queue, item))
+        finally:  # what the step gave before a failure still reaches its clients (finished ones are no longer open)
+            if stopped:
+                self._send(("abort", stopped))
+            for loop, items in by_loop.items():
+                _deliver(loop, items)
         if stats is not None:
             if self.metrics:
                 self.metrics.update_engine(stats, self._stats)

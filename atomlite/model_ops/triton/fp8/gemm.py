@@ -186,7 +186,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
         return y
-    fp32_dot = interpreting() or x.dtype == torch.float32
+    fp32_dot = interpreting() or (x.dtype == torch.float32 and quantize is None)  # quantized x: fp8 dots
     x_blocks = quantize is None and x_scale is not None and x_scale.shape[1] > 1
     w_blocks = scale.shape[1] > 1
     config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n,
@@ -323,7 +323,8 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
     if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
         return library_block_mm(x, weight, scale, group_size, gated)
     if quantizes_in_the_gemm(x.shape[0], activation, gated):
-        return scaled_mm(x.contiguous(), input_scale, weight, scale, scale_k, x.dtype, summed, quantize=activation)
+        x = x if x.stride(-1) == 1 else x.contiguous()  # the kernel takes any row stride
+        return scaled_mm(x, input_scale, weight, scale, scale_k, x.dtype, summed, quantize=activation)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale, gated=gated)
     return gemm_on_rows(xq, x_scale, weight, scale, scale_k, x.dtype, summed)
 

@@ -125,8 +125,8 @@ def fp8_moe_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, inp
         a, a_scale, rows_per_source = quantize_pairs(x, layout.pair_experts, rows_per_source, input_scale,
                                                      activation, weight.dtype, group_size, gated)
     else:
-        a, a_scale = x.contiguous(), None
-    fp32_dot = interpreting() or a.dtype == torch.float32
+        a, a_scale = (x if x.stride(-1) == 1 else x.contiguous()), None
+    fp32_dot = interpreting() or (a.dtype == torch.float32 and quantize is None)  # quantized rows: fp8 dots
     config = moe_tile_config(layout.block_m, x.device, fp32_dot)
     x_blocks = a_scale is not None and a_scale.shape[1] > 1
     w_blocks = scale.shape[-1] > 1
