@@ -71,7 +71,7 @@ class LLM:
         loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         if len(loras) != len(prompts):
             raise ValueError(f"{len(loras)} LoRA requests for {len(prompts)} prompts")
-        if self.engine.served_by is not None and self.engine.served_by.is_alive():
+        if self.engine.served():
             raise RuntimeError("this LLM's engine is served by a running server (an engine client's core thread "
                                "steps it); generate with another LLM, or shut the server down first")
         processor, states = OutputProcessor(self.tokenizer), []

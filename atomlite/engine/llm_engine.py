@@ -108,6 +108,10 @@ class LLMEngine:
         self.step_prefilled = False  # whether the last step()'s forward passes held prompt tokens
         self.served_by = None  # the thread of an engine client's core that steps this engine, while it runs
 
+    def served(self) -> bool:
+        """Whether an engine client's core thread steps this engine now (served_by, while that thread runs)."""
+        return self.served_by is not None and self.served_by.is_alive()
+
     def _image_scheduling(self) -> ImageScheduling:
         """A model with an encoder (a vision or audio tower): rank 0's runner encodes each step's items through the
         encoder cache, which the scheduler reads to count the step's encoder budget."""

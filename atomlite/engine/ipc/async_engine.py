@@ -108,7 +108,7 @@ class CoreThread:
 
     def start(self, commands_addr: str, outputs_addr: str) -> None:
         with self._claim_lock:
-            if serving_thread(self.engine) is not None:
+            if self.engine.served():
                 raise ConfigError("this LLMEngine already runs under another engine client (its core thread is "
                                   "alive); shut that client (its server) down before starting another over it")
             self._thread = threading.Thread(target=serve_engine, args=(self.engine, commands_addr, outputs_addr),
@@ -124,12 +124,6 @@ class CoreThread:
 
     def exit_note(self) -> str:
         return "the engine core thread ended"
-
-
-def serving_thread(engine) -> threading.Thread | None:
-    """The live core thread that steps engine for an engine client, if one does."""
-    thread = engine.served_by
-    return thread if thread is not None and thread.is_alive() else None
 
 
 class CoreProcess:

@@ -106,7 +106,6 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     fp8 = w_rows.dtype.element_ty
-    x_scale = tl.zeros((BLOCK_M,), tl.float32)
     k_first = k_lo
     if PDL:
         kk = k_lo + rk
