@@ -35,6 +35,11 @@ latency_b1() {  # MODEL: batch 1 alone (one graph to capture, three TTFT repeats
         --input-len 512 --output-len 64 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 3
 }
 
+ttft_2040() {  # MODEL: TTFT of one 2040-token prompt (one 2048-token prefill step), issue 56's row
+    python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
+        --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 --repeats 5
+}
+
 tp_latency() {  # MODEL TP: the bench/README tensor-parallel rows (TTFT of 2048 tokens, TPOT at batch 1 and 16)
     python -m atomlite.cli bench latency --model "examples/configs/$1" --load-format dummy --dtype bfloat16 \
         --input-len 2048 --output-len 64 --batch-size 16 --max-num-seqs 16 --max-model-len 4096 --repeats 5 \
@@ -183,9 +188,12 @@ stage() {
         moe-tails) python bench/moe_layer.py --batches 512,1024,2048,4096 --tails ;;  # issue 56: tail tiles
         moe-tp2) python bench/moe_layer.py --batches 512,2048 --projections -tp 2 ;;  # issue 56: one TP=2 rank's tiles
         moe-projections) python bench/moe_layer.py --batches 512,2048 --projections ;;  # prefill tiles, each projection
-        ttft-26b) python -m atomlite.cli bench latency --model examples/configs/gemma-4-26B-A4B-it --load-format dummy \
-                      --dtype bfloat16 --input-len 2040 --output-len 4 --batch-size 1 --max-num-seqs 1 --max-model-len 2048 \
-                      --repeats 5 ;;  # TTFT: one 2048-token prefill step
+        ttft-26b) ttft_2040 gemma-4-26B-A4B-it ;;
+        ab-fp8-26b) for run in "ttft_2040 gemma-4-26B-A4B-it-fp8-dynamic" "latency_b1 gemma-4-26B-A4B-it-fp8-dynamic" \
+                               "ttft_2040 gemma-4-26B-A4B-it-fp8-dynamic"; do
+                        echo "--- baseline: $run"; from_baseline bash -c "$(declare -f ttft_2040 latency_b1); $run"
+                        echo "--- this tree: $run"; $run
+                    done ;;  # issue 55: 26B-A4B FP8 prefill and batch 1, the baseline copy against this tree
         lora-31b) python bench/lora_tpot.py --model examples/configs/gemma-4-31B-it ;;  # 4 rank-16 adapters in 16
         lora-26b) python bench/lora_tpot.py --model examples/configs/gemma-4-26B-A4B-it --targets attention ;;
         lora-kernels) python bench/lora_kernels.py --sweep-expand ;;  # each 31B projection's LoRA against its GEMM, batch 16

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.fp8.quant import quantize_rows, round_e4m3
+from atomlite.model_ops.triton.fp8.quant import round_e4m3
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
 from helpers import assert_gemm_close
@@ -106,36 +106,6 @@ def test_unsummed_split_k_slices_add_up_to_the_summed_output(device, strategy, a
     summed, parts = fp8_gemm(*args), fp8_gemm(*args, summed=False)
     assert isinstance(parts, PartialSums) and parts.parts.shape[0] > 1 and parts.dtype == torch.bfloat16
     torch.testing.assert_close(add_up(parts), summed, rtol=2 ** -7, atol=0)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("tensor", "static"), ("block", "token")])
-@pytest.mark.parametrize("m", [1, 4])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_gemm_quantizing_its_few_rows_itself_gives_the_quantization_launchs_result(device, strategy, activation,
-                                                                                     m, dtype, monkeypatch):
-    """Up to QUANTIZE_IN_GEMM_MAX_ROWS rows per token or static, the GEMM quantizes x as it loads it: the same e4m3
-    values and scales as quantize_rows, so the same output bit for bit (a zero row, a K that splits, a partial
-    last tile); beyond, the launch is back."""
-    from atomlite.model_ops.triton.fp8 import gemm
-    spec, q, scale, input_scale = _layer(strategy, activation, 96, 2000, device)
-    x = _x(max(m, 2), 2000, device)[-m:].to(dtype)  # one row: not the zero row
-    args = (x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
-    launches = []
-    monkeypatch.setattr(gemm, "quantize_rows", lambda *a, **kw: launches.append(1) or quantize_rows(*a, **kw))
-    fused = gemm.fp8_gemm(*args)
-    assert not launches and gemm.quantizes_in_the_gemm(m, activation)
-    monkeypatch.setattr(gemm, "QUANTIZE_IN_GEMM_MAX_ROWS", 0)
-    apart = gemm.fp8_gemm(*args)
-    assert launches and torch.equal(fused, apart)
-    assert_gemm_close(fused, x, q, scale, spec, input_scale, out_dtype=dtype)
-
-
-def test_grouped_and_gated_rows_keep_their_quantization_launch():
-    from atomlite.model_ops.triton.fp8.gemm import quantizes_in_the_gemm
-    assert quantizes_in_the_gemm(1, "token") and quantizes_in_the_gemm(1, "static")
-    assert not quantizes_in_the_gemm(1, "group") and not quantizes_in_the_gemm(1, None)
-    assert not quantizes_in_the_gemm(1, "token", gated=True) and not quantizes_in_the_gemm(64, "token")
 
 
 @triton.jit

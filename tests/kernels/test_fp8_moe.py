@@ -60,33 +60,6 @@ def test_each_grouped_projection_matches_the_reference_per_pair(device, spec, to
         assert_gemm_close(got, x[pair // top_k][None], w[expert], scale[expert], spec, own_scale)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("spec", SPECS[:3], ids=lambda s: f"{s.weight}-{s.activation}")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_pair_blocks_quantizing_their_row_themselves_give_the_quantization_launchs_result(device, spec, dtype,
-                                                                                         monkeypatch):
-    """A pair block holds one row: per token or static (each expert's own scale), the GEMM quantizes it as it loads
-    it, with the same values as quantize_pairs, so the same output bit for bit; grouped activations keep the
-    launch."""
-    from atomlite.model_ops.triton.fp8 import gemm, moe
-    experts, hidden, inner, top_k = 6, 256, 192, 2
-    w, scale, input_scale = _experts(spec, experts, hidden, inner)["gate_up_proj"]
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(3, hidden, generator=gen).to(dtype)
-    x[1] = 0.0
-    topk_ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(3)])
-    on = [None if t is None else t.to(device) for t in (x, w, scale, input_scale, topk_ids)]
-    layout = moe.PairLayout.of(on[4], experts)
-    args = (on[0], on[1], on[2], on[3], layout, top_k, spec.activation, spec.group_size, spec.block_k)
-    launches = []
-    original = moe.quantize_pairs
-    monkeypatch.setattr(moe, "quantize_pairs", lambda *a, **kw: launches.append(1) or original(*a, **kw))
-    fused = moe.fp8_moe_gemm(*args)
-    assert layout.rows is None and bool(launches) == (spec.activation == "group")
-    monkeypatch.setattr(gemm, "QUANTIZE_IN_GEMM_MAX_ROWS", 0)
-    assert torch.equal(fused, moe.fp8_moe_gemm(*args)) and launches
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="end to end only in the interpreter's exact fp32 sums: a GPU's "
                     "fp8 accumulation flips e4m3 roundings of the inner activation in a few rows (each projection: "
                     "test_each_grouped_projection_matches_the_reference_per_pair)")

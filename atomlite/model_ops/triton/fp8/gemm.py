@@ -2,12 +2,10 @@
 
 Activations are quantized first (quant.quantize_rows: per token, per group of 128, or with the static input scale;
 or per token by the kernel that computed them, TokenRows), so the K loop streams fp8 tiles of x and W straight into
-fp8 x fp8 tensor-core dots with fp32 accumulation. A few rows per token or static are quantized by the GEMM itself,
-each x tile as it is loaded (per token, each program reads its rows whole for their scales first): the same values,
-one launch fewer. Weight-only layers (W8A16) dot x in its own dtype with the weights widened (e4m3 values are exact
-in bf16). Scales: a per-row x scale and a per-column W scale (tensor, channel) multiply the tile once at the end;
-per-K-block scales (x groups, W blocks) multiply each K step's product. The weights are e4m3fn, or e4m3fnuz on
-gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
+fp8 x fp8 tensor-core dots with fp32 accumulation. Weight-only layers (W8A16) dot x in its own dtype with the
+weights widened (e4m3 values are exact in bf16). Scales: a per-row x scale and a per-column W scale (tensor,
+channel) multiply the tile once at the end; per-K-block scales (x groups, W blocks) multiply each K step's product.
+The weights are e4m3fn, or e4m3fnuz on gfx942 with their scales doubled at load (quant.fp8.to_e4m3fnuz).
 
 Few rows (decode) are bound by streaming W: the K loop is split over programs until the GPU is full (split-K),
 each program storing its scaled fp32 partial, and a second kernel adds them (mxfp4.fp8_tiles.add_partials). Many
@@ -22,10 +20,8 @@ import triton.language as tl
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, interpreting, num_sms, pdl_launch,
                                               run_kernel)
-from atomlite.model_ops.triton.fp8.quant import MODES, amax_scale, quantize_fp8, quantize_rows
-from atomlite.model_ops.triton.fp8.tuning import (LIBRARY_MIN_ROWS, QUANTIZE_IN_GEMM_AMAX_BLOCK,
-                                                  QUANTIZE_IN_GEMM_MAX_ROWS, FP8TileConfig, library_min_rows,
-                                                  tile_config)
+from atomlite.model_ops.triton.fp8.quant import quantize_rows
+from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, library_min_rows, tile_config
 from atomlite.model_ops.triton.mxfp4 import blockwise
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import add_partials
 
@@ -55,86 +51,43 @@ def _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS: tl.co
 
 
 @triton.jit
-def _token_scales(x_rows, m_ok, K, BLOCK_M: tl.constexpr, AMAX_BLOCK: tl.constexpr):
-    """Each x row's scale per token (quant.amax_scale of the whole row, K wide), fp32 [BLOCK_M]."""
-    cols = tl.arange(0, AMAX_BLOCK)
-    amax = tl.zeros((BLOCK_M,), tl.float32)
-    for k in range(0, K, AMAX_BLOCK):
-        kk = k + cols
-        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=1))
-    return amax_scale(amax[:, None], 1)
-
-
-@triton.jit
-def _x_tile(x_rows, kk, m_ok, k_ok, x_scale, X_QUANT: tl.constexpr, FNUZ: tl.constexpr, FP8: tl.constexpr):
-    """x's tile at columns kk; X_QUANT: quantized here with each row's scale, as quant.quantize_rows would have."""
-    x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    if X_QUANT:
-        x = quantize_fp8(x.to(tl.float32), x_scale[:, None], FNUZ, FP8)
-    return x
-
-
-@triton.jit
-def _row_scales(x_rows, xs_rows, m_ok, K, X_QUANT: tl.constexpr, BLOCK_M: tl.constexpr, AMAX_BLOCK: tl.constexpr):
-    """The scales a GEMM that quantizes x itself (X_QUANT) uses: per token (2), or static at xs_rows (1)."""
-    if X_QUANT == 2:
-        scale = _token_scales(x_rows, m_ok, K, BLOCK_M, AMAX_BLOCK)
-    elif X_QUANT == 1:
-        scale = tl.load(xs_rows, mask=m_ok, other=1.0).to(tl.float32)
-    else:
-        scale = tl.zeros((BLOCK_M,), tl.float32)
-    return scale
-
-
-@triton.jit
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, K=0,
-                X_QUANT: tl.constexpr = 0, FNUZ: tl.constexpr = False, AMAX_BLOCK: tl.constexpr = 0):
-    """(sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T, x's row scales): the tile transposed, fp32 [BLOCK_N,
-    BLOCK_M], so that W's rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows
-    point at each tile row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows +
-    k // SCALE_K, ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo
-    is a multiple of it. X_QUANT: x comes in its 16- or 32-bit dtype and each tile is quantized to W's e4m3 as it is
-    loaded, per token (2: the scale of each whole row, K wide, read first) or with static scales (1: at xs_rows);
-    those scales are returned, else x's row scales are the caller's. PDL: a dependent launch, which loads its first
-    W tile before it waits for the kernel ahead (that wrote x and its scales; no kernel writes W), so the tile
-    streams in while that kernel finishes. It does not let the kernel after it launch early: on 31B's FP8 decode
-    that chained early launches (GEMM, norm, next GEMM), and the next GEMM's programs, placed among this one's, ran
-    1.4x longer (H200)."""
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
+    rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
+    row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
+    ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a
+    multiple of it. PDL: a dependent launch, which loads its first W tile before it waits for the kernel ahead (that
+    wrote x and its scales; no kernel writes W), so the tile streams in while that kernel finishes. It does not let
+    the kernel after it launch early: on 31B's FP8 decode that chained early launches (GEMM, norm, next GEMM), and
+    the next GEMM's programs, placed among this one's, ran 1.4x longer (H200)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    fp8 = w_rows.dtype.element_ty
     k_first = k_lo
     if PDL:
         kk = k_lo + rk
         k_ok = kk < k_hi
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         gdc_wait()
-        x_scale = _row_scales(x_rows, xs_rows, m_ok, K, X_QUANT, BLOCK_M, AMAX_BLOCK)
-        x = _x_tile(x_rows, kk, m_ok, k_ok, x_scale, X_QUANT, FNUZ, fp8)
+        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k_lo, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
         k_first = k_lo + BLOCK_K
-    else:
-        x_scale = _row_scales(x_rows, xs_rows, m_ok, K, X_QUANT, BLOCK_M, AMAX_BLOCK)
     for k in range(k_first, k_hi, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_hi
         w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = _x_tile(x_rows, kk, m_ok, k_ok, x_scale, X_QUANT, FNUZ, fp8)
+        x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
-    return acc, x_scale
+    return acc
 
 
 @triton.jit
 def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
-               W_BLOCKS: tl.constexpr, x_scale=None, X_QUANT: tl.constexpr = 0, FNUZ: tl.constexpr = False):
-    """The once-per-tile scales of the transposed tile: x's per row (token, static; x_scale where the GEMM quantized
-    x itself, X_QUANT, doubled on fnuz as quant.quantize_rows stores it), W's per column (tensor, channel)."""
-    if X_QUANT:
-        acc = acc * (x_scale * (2.0 if FNUZ else 1.0))[None, :]
-    elif X_SCALED and not X_BLOCKS:
+               W_BLOCKS: tl.constexpr):
+    """The once-per-tile scales of the transposed tile: x's per row (token, static), W's per column (tensor,
+    channel)."""
+    if X_SCALED and not X_BLOCKS:
         acc = acc * tl.load(xs_rows, mask=m_ok, other=0.0)[None, :]
     if not W_BLOCKS:
         acc = acc * tl.load(ws_rows, mask=n_ok, other=0.0)[:, None]
@@ -145,11 +98,10 @@ def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOC
 def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
                     stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                    X_QUANT: tl.constexpr = 0, FNUZ: tl.constexpr = False, AMAX_BLOCK: tl.constexpr = 0):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
-    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). PDL: a dependent launch;
-    X_QUANT: x quantized in the K loop, per token or with the static scale at xs_ptr (scaled_tile)."""
+    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). PDL: a dependent launch
+    (scaled_tile)."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,10 +110,9 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     k_hi = tl.minimum(k_lo + k_per_split, K)
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
-    acc, x_scale = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok,
-                               n_ok, k_lo, k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL,
-                               K, X_QUANT, FNUZ, AMAX_BLOCK)
-    acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS, x_scale, X_QUANT, FNUZ)
+    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok, n_ok, k_lo,
+                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+    acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
@@ -174,22 +125,19 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
 
 
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
-              scale_k: int, out_dtype: torch.dtype, summed: bool = True,
-              quantize: str | None = None) -> torch.Tensor | PartialSums:
+              scale_k: int, out_dtype: torch.dtype, summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
     scale_k: K per scale column where G or G' > 1. summed=False: split-K slices are returned unsummed (PartialSums)
-    for a consumer that adds them as it reads them. quantize "token" or "static": x is 16/32-bit and the kernel
-    quantizes it to W's e4m3 as quant.quantize_rows would (per token, or with x_scale [1], the static input scale)."""
+    for a consumer that adds them as it reads them."""
     m, k = x.shape
     n = weight.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
         return y
-    fp32_dot = interpreting() or (x.dtype == torch.float32 and quantize is None)  # quantized x: fp8 dots
-    x_blocks = quantize is None and x_scale is not None and x_scale.shape[1] > 1
+    fp32_dot = interpreting() or x.dtype == torch.float32
+    x_blocks = x_scale is not None and x_scale.shape[1] > 1
     w_blocks = scale.shape[1] > 1
-    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n,
-                         fp8_x=x.element_size() == 1 or quantize is not None)
+    config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n, fp8_x=x.element_size() == 1)
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
     tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
@@ -198,34 +146,17 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     k_per_split = triton.cdiv(k_steps, splits) * config.block_k
     splits = triton.cdiv(k, k_per_split)
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
-    xs = x_scale if x_scale is not None else scale  # unread without X_SCALED or a static X_QUANT
-    xs_row_step = 0 if quantize == "static" else xs.stride(0)  # one static scale for every row
+    xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     pdl = dependent_launches(x.device)
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
-               x.stride(0), xs_row_step, weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
-               target.stride(0) if splits > 1 else 0, X_SCALED=quantize is None and x_scale is not None,
+               x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
+               target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
-               num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl),
-               **quantizing(quantize, weight.dtype))
+               num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits == 1:
         return y
     return add_partials(target, y, pdl, summed)
-
-
-def quantizing(activation: str | None, fp8_dtype: torch.dtype) -> dict:
-    """The constexprs of a GEMM that quantizes its x itself (X_QUANT: 1 static, 2 per token); none otherwise."""
-    if activation is None:
-        return {}
-    return {"X_QUANT": MODES[activation], "FNUZ": fp8_dtype == torch.float8_e4m3fnuz,
-            "AMAX_BLOCK": QUANTIZE_IN_GEMM_AMAX_BLOCK}
-
-
-def quantizes_in_the_gemm(rows: int, activation: str | None, gated: bool = False) -> bool:
-    """Whether the GEMM quantizes x itself, as it loads its tiles, rather than after a quantization launch: up to
-    tuning.QUANTIZE_IN_GEMM_MAX_ROWS rows, per token or static (a per-token scale needs the whole row, which each
-    program then reads first: cheap for a few rows)."""
-    return activation in ("token", "static") and not gated and rows <= QUANTIZE_IN_GEMM_MAX_ROWS
 
 
 @functools.cache
@@ -307,8 +238,9 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
              summed: bool = True, gated: bool = False) -> torch.Tensor | PartialSums:
     """x [M, K] @ W^T -> [M, N] in x's dtype; weight [N, K] fp8 (e4m3fn, or e4m3fnuz converted at load) with
     scales [N, G]; scale_block_k: K per scale column when G > 1. Activations are quantized once before the GEMM
-    (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200), or by the GEMM as it loads
-    them for a few rows per token or static (quantizes_in_the_gemm: one launch fewer). gated: x is [gate | up]
+    (quantizing groups inside its K loop measured 1.5-3x slower at decode on an H200; one row per token or static
+    quantized in the K loop, with the same roundings, 2.5-3.4x the two launches at 31B's shapes: each step quantizes
+    all 16 rows of the x tile). gated: x is [gate | up]
     [M, 2K] and the GEMM's input is gelu_tanh(gate) * up, computed as it is quantized (quantized activations only).
     Beyond tuning.library_min_rows, per-token or static x on a per-tensor or per-channel W goes to
     torch._scaled_mm, and beyond LIBRARY_MIN_ROWS grouped x on block-scaled W to its 1x128 block scaling where the
@@ -321,9 +253,6 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_s
         assert group_size == scale_block_k, "activation groups and weight blocks must span the same K"
     if library_block_fits(x, weight, scale, activation, group_size, scale_block_k):
         return library_block_mm(x, weight, scale, group_size, gated)
-    if quantizes_in_the_gemm(x.shape[0], activation, gated):
-        x = x if x.stride(-1) == 1 else x.contiguous()  # the kernel takes any row stride
-        return scaled_mm(x, input_scale, weight, scale, scale_k, x.dtype, summed, quantize=activation)
     xq, x_scale = quantize_rows(x, activation, weight.dtype, group_size, input_scale, gated=gated)
     return gemm_on_rows(xq, x_scale, weight, scale, scale_k, x.dtype, summed)
 

@@ -19,11 +19,6 @@ class FP8TileConfig:
 
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
-# Up to this many rows per token or static, the GEMM quantizes x itself (gemm.quantizes_in_the_gemm), saving the
-# quantization launch (5.2 us before 31B's o_proj at batch 1, 3.1 us before 26B-A4B's, H200 timelines); each program
-# then reads its rows whole, QUANTIZE_IN_GEMM_AMAX_BLOCK columns at a time, for their scales. Not yet timed.
-QUANTIZE_IN_GEMM_MAX_ROWS = 4
-QUANTIZE_IN_GEMM_AMAX_BLOCK = 1024
 # Beyond these rows, torch._scaled_mm where it takes the scales (gemm.library_fits, library_block_fits). On NVIDIA its
 # row-scaled GEMM ran 0.84-1.11x of bf16 at 160 rows on 31B's shapes, where the Triton tiles below ran 1.23-1.41x; at
 # 128, 256 and 512 rows the library was 3-18% faster than the tiles on most shapes (bench/fp8_rows_sweep.py, H200),
