@@ -264,3 +264,14 @@ def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activati
                                          static_scale=static)
     assert q.shape == (5, 300) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     assert torch.equal(s, want_s)
+
+
+def test_a_few_rows_split_their_amax_only_where_they_are_very_wide():
+    """Per token, a decode batch's 17-192 rows wider than SPLIT_AMAX_BLOCK split their amax, and fewer rows from
+    SPLIT_AMAX_WIDE columns (31B's o and down inputs; 26B-A4B's 4096 and 2112 keep their chunks): 31B's gated down
+    input is then quantized from [gate | up], without the activation kernel."""
+    from atomlite.model_ops.triton.fp8.quant import quantizes_gated_cheaply, splits_amax
+    assert splits_amax(1, 8192, "token") and splits_amax(4, 21504, "token") and splits_amax(17, 5376, "token")
+    assert not splits_amax(1, 4096, "token") and not splits_amax(4, 2112, "token")
+    assert not splits_amax(1, 21504, "static") and not splits_amax(193, 21504, "token")
+    assert quantizes_gated_cheaply(1, 21504, "token", torch.device("cpu"))

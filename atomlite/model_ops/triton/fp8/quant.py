@@ -9,8 +9,8 @@ those of the checkpoint's e4m3fn.
 x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
 kernel would have written it, so the down projection's input costs one launch, not two, where that is cheaper
 (quantizes_gated_cheaply). On sm_90 the kernel is a dependent launch: it waits for the kernel before, and lets the
-GEMM after it start (and stream its first weight tile) as it ends. A decode batch's rows per token take two such
-launches (SPLIT_AMAX): the chunks' amaxes, then the values.
+GEMM after it start (and stream its first weight tile) as it ends. A decode batch's rows per token (or a few very
+wide rows) take two such launches (SPLIT_AMAX): the chunks' amaxes, then the values.
 """
 import torch
 import triton
@@ -36,8 +36,12 @@ LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
 # launches over chunks of the rows, the first writing each chunk's amax, the second quantizing each chunk with its
 # row's scale from them, so that no program reads a whole row. H200 (bench/fp8_rows_sweep.py, both launches):
 # 21504 wide at 160 rows 14.1 -> 12.4 us, 5376 wide 7.3 -> 6.4 us; at 256 rows slower (15.7 -> 16.6, 8.1 -> 8.8), so
-# more rows keep the ways above.
+# more rows keep the ways above. Fewer rows split too where they are at least SPLIT_AMAX_WIDE columns: at 1 and 4 rows
+# 31B's o input (8192) took 2.8 -> 2.5 us, and its down input [gate | up] (21504 each) quantized gated 4.9-5.0 us
+# against 7.5-7.6 for the activation kernel and the chunks after it; 26B-A4B's 4096 and 2112 were slower split
+# (H200, a graph of calls, bench/fp8_quantize_rows.py --rows 1,4; not yet timed in a model's step).
 SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_MAX_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 192, 2048, 4
+SPLIT_AMAX_WIDE = 8192
 
 
 @triton.jit
@@ -215,8 +219,10 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
 
 
 def splits_amax(rows: int, k: int, activation: str | None) -> bool:
-    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token, many wide rows)."""
-    return activation == "token" and SPLIT_AMAX_MIN_ROWS < rows <= SPLIT_AMAX_MAX_ROWS and k > SPLIT_AMAX_BLOCK
+    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token: many wide rows, or a few
+    very wide ones)."""
+    many = rows > SPLIT_AMAX_MIN_ROWS or k >= SPLIT_AMAX_WIDE
+    return activation == "token" and many and rows <= SPLIT_AMAX_MAX_ROWS and k > SPLIT_AMAX_BLOCK
 
 
 def chunk_amaxes(x: torch.Tensor, k: int, gated: bool, pdl: bool) -> torch.Tensor:
