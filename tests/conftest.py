@@ -7,6 +7,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_calls  # noqa: E402
+    interpreter_calls.install()  # the interpreter's kernels, without re-patching triton.language at every helper call
 
 from pathlib import Path  # noqa: E402
 

@@ -9,11 +9,12 @@ import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.kv_spec import UNIT_SCALES
-from atomlite.model_ops.triton.attention.tuning import (MANY_TOKENS, MANY_TOKENS_WARP_FACTOR, QK_NORM_ROPE_WARPS,
+from atomlite.model_ops.triton.attention.tuning import (INTERPRETER_TOKENS_PER_PROGRAM, MANY_TOKENS,
+                                                        MANY_TOKENS_WARP_FACTOR, QK_NORM_ROPE_WARPS,
                                                         QK_NORM_ROPE_WARPS_WIDE_HEAD, QK_NORM_ROPE_WIDE_HEAD_DIM,
                                                         TOKENS_PER_PROGRAM)
 from atomlite.model_ops.triton.common import (cache_max, dependent_launches, gdc_launch_dependents, gdc_wait,
-                                              pdl_launch, run_kernel)
+                                              interpreting, pdl_launch, run_kernel)
 from atomlite.model_ops.triton.norm.residual import load_row
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.attention import tuning
@@ -150,6 +151,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         half = head_dim // 2
         pdl = dependent_launches(q.device)
         block_t = TOKENS_PER_PROGRAM if num_tokens >= MANY_TOKENS else 1
+        if interpreting():
+            block_t = min(INTERPRETER_TOKENS_PER_PROGRAM, triton.next_power_of_2(num_tokens))
         warps = QK_NORM_ROPE_WARPS_WIDE_HEAD if head_dim >= QK_NORM_ROPE_WIDE_HEAD_DIM else QK_NORM_ROPE_WARPS
         run_kernel(_prepare_kernel, (triton.cdiv(num_tokens, block_t), num_q_heads + 2 * num_kv_heads),
                    q, k, v, q_out, k_dst, v_dst, q if q_weight is None else q_weight,

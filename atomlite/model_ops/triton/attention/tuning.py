@@ -91,6 +91,8 @@ MANY_TOKENS, TOKENS_PER_PROGRAM = 64, 8
 QK_NORM_ROPE_WARPS, QK_NORM_ROPE_WARPS_WIDE_HEAD = 2, 4
 QK_NORM_ROPE_WIDE_HEAD_DIM = 512  # from this head_dim on, QK_NORM_ROPE_WARPS_WIDE_HEAD
 MANY_TOKENS_WARP_FACTOR = 2
+# Under TRITON_INTERPRET=1 a program costs Python time per operation, not GPU time: up to this many tokens a program.
+INTERPRETER_TOKENS_PER_PROGRAM = 64
 
 # Encoder attention (encoder.py: bidirectional within each packed sequence, no cache), by the head's dot columns
 # (encoder.padded_head_dim): (from this many on, 2-byte values on NVIDIA, 2-byte values on AMD, 4-byte values or the

@@ -3,7 +3,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from atomlite.model_ops.triton.common import num_sms, platform_of
+from atomlite.model_ops.triton.common import interpreting, num_sms, platform_of
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ NVIDIA_ROW_TILES = (FP8TileConfig(64, 128, 256, 4, 3), FP8TileConfig(128, 128, 1
                     FP8TileConfig(256, 128, 128, 8, 3))
 FILLING_TILES_PER_SM, MAX_ROW_TILES = 0.75, 3
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
+# Under TRITON_INTERPRET=1 a program costs Python time per operation: EXACT's K steps over more rows and columns a
+# program (the same sums, fewer programs).
+INTERPRETER = FP8TileConfig(64, 128, EXACT.block_k, 4, 1, split_k=True)
 # the narrowest K block (or group) a scale may span: every tile that runs with K-block scales steps through one
 SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, MEDIUM, LARGE, EXACT))
 AMD_STAGES = 2  # LDS: 64 KiB on gfx942
@@ -52,7 +55,7 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     """k_blocks: x or W has a scale per 128-wide block of K; n: W's rows; fp8_x: x is quantized (W8A16's 16-bit x
     tiles would not fit the row tiles' shared memory)."""
     if fp32_dot:
-        return EXACT
+        return INTERPRETER if interpreting() else EXACT
     decode = DECODE_K_BLOCKS if k_blocks else DECODE
     platform = platform_of(device)
     if m <= DECODE_ROWS:
@@ -87,6 +90,7 @@ def moe_block_m(pairs: int) -> int:
 
 def moe_tile_config(block_m: int, device: torch.device, fp32_dot: bool) -> FP8TileConfig:
     if fp32_dot:
-        return FP8TileConfig(block_m, EXACT.block_n, EXACT.block_k, EXACT.num_warps, EXACT.num_stages)
+        exact = INTERPRETER if interpreting() else EXACT
+        return FP8TileConfig(block_m, exact.block_n, exact.block_k, exact.num_warps, exact.num_stages)
     stages = AMD_STAGES if platform_of(device).kind == "rocm" else 4 if block_m <= 16 else 3
     return FP8TileConfig(block_m, 64 if block_m <= 16 else 128, 128, 4, stages)

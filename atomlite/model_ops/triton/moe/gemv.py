@@ -14,10 +14,10 @@ import triton.language as tl
 
 from atomlite.model_ops.carriers import PartialSums
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import run_kernel
+from atomlite.model_ops.triton.common import interpreting, run_kernel
 from atomlite.model_ops.triton.moe.common import ExpertWeights, quantize_dequantize_rows, sum_slots, weight_pointers
-from atomlite.model_ops.triton.moe.tuning import (GEMV_BF16, GEMV_MAX_PAIRS, GEMV_MXFP4, GEMV_ONE_TILE_DOWN, GemvConfig,
-                                                  GemvTiles)
+from atomlite.model_ops.triton.moe.tuning import (GEMV_BF16, GEMV_MAX_PAIRS, GEMV_MXFP4, GEMV_ONE_TILE_DOWN,
+                                                  INTERPRETER_GEMV_MAX_BLOCK_N, GemvConfig, GemvTiles)
 from atomlite.model_ops.triton.mxfp4.gemm import K_ALIGN, _expand_tile, _expansion_mode
 from atomlite.quant import mxfp4
 
@@ -128,6 +128,20 @@ def bf16_config(inner_size: int) -> GemvConfig:
     return GEMV_BF16
 
 
+def default_config(gate_up: ExpertWeights, down: ExpertWeights) -> GemvConfig:
+    """The tiles gemv_experts takes unless told. Under TRITON_INTERPRET=1 a program costs Python time per operation,
+    so a pair's outputs go to one program where they fit (the column block does not change a sum)."""
+    inner, hidden = gate_up.weight.shape[1] // 2, down.weight.shape[1]
+    config = GEMV_MXFP4 if gate_up.mxfp4 else bf16_config(inner)
+    if not interpreting():
+        return config
+    return GemvConfig(_all_columns(config.gate_up, inner), _all_columns(config.down, hidden))
+
+
+def _all_columns(tiles: GemvTiles, n: int) -> GemvTiles:
+    return GemvTiles(min(INTERPRETER_GEMV_MAX_BLOCK_N, triton.next_power_of_2(n)), tiles.block_k, tiles.num_warps)
+
+
 def _modes(x: torch.Tensor, weights: ExpertWeights) -> dict:
     """The weights' expansion flags, as mxfp4_gemm picks them (PTX only means something for MXFP4 weights)."""
     fp32, ptx = _expansion_mode(x, weights.wide_scales)
@@ -144,7 +158,7 @@ def gemv_experts(x: torch.Tensor, gate_up: ExpertWeights, down: ExpertWeights, t
     num_pairs = tokens * top_k
     if num_pairs == 0:
         return torch.empty_like(x)
-    config = config or (GEMV_MXFP4 if gate_up.mxfp4 else bf16_config(gate_up.weight.shape[1] // 2))
+    config = config or default_config(gate_up, down)
     for weights, tiles in ((gate_up, config.gate_up), (down, config.down)):
         if weights.mxfp4 and (K_ALIGN % tiles.block_k or tiles.block_k % mxfp4.BLOCK):
             raise ValueError(f"MXFP4 expert weights (padded along K to a multiple of {K_ALIGN}) are read in K tiles "

@@ -88,6 +88,7 @@ GEMV_MXFP4 = GemvConfig(GemvTiles(16, 256, 4), GemvTiles(32, 128, 4))
 # A float down whose K (the experts' inner size) fits one tile: each row in one load, nothing loaded ahead (26B-A4B's
 # K = 704 in 1024-wide tiles: 13.7 against 15.4 us alone, bench/moe_layer.py --kernels on an H100)
 GEMV_ONE_TILE_DOWN = GemvTiles(8, 1024, 4)
+INTERPRETER_GEMV_MAX_BLOCK_N = 256  # under TRITON_INTERPRET=1: output features a program takes at most
 
 
 @dataclass(frozen=True, slots=True)
