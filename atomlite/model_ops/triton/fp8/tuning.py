@@ -39,7 +39,8 @@ NVIDIA_ROW_TILES = (FP8TileConfig(64, 128, 256, 4, 3), FP8TileConfig(128, 128, 1
 FILLING_TILES_PER_SM, MAX_ROW_TILES = 0.75, 3
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
 # Under TRITON_INTERPRET=1 a program costs Python time per operation: EXACT's K steps over more rows and columns a
-# program (the same sums, fewer programs).
+# program. Not bit for bit EXACT's: the interpreter's fp32 dot (numpy's matmul) rounds the last bits by the tile's
+# shape, and with fewer tiles a long K may split in more parts (num_splits).
 INTERPRETER = FP8TileConfig(64, 128, EXACT.block_k, 4, 1, split_k=True)
 # the narrowest K block (or group) a scale may span: every tile that runs with K-block scales steps through one
 SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, MEDIUM, LARGE, EXACT))
