@@ -31,7 +31,7 @@ serve: $(SERVE_STAMP)
 	$(VENV)/bin/atomlite serve
 
 test: $(STAMP)
-	$(PY) -m pytest tests --durations=15  # about 40-60 min on 2 cores; the slowest tests are listed at the end
+	$(PY) -m pytest tests --durations=15  # about 40 min on 2 cores; the slowest tests are listed at the end
 
 test-vllm:
 	tools/vllm_venv.sh
