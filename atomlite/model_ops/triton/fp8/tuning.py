@@ -56,7 +56,7 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     """k_blocks: x or W has a scale per 128-wide block of K; n: W's rows; fp8_x: x is quantized (W8A16's 16-bit x
     tiles would not fit the row tiles' shared memory)."""
     if fp32_dot:
-        return INTERPRETER if interpreting() else EXACT
+        return fp32_tiles()
     decode = DECODE_K_BLOCKS if k_blocks else DECODE
     platform = platform_of(device)
     if m <= DECODE_ROWS:
@@ -70,6 +70,11 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     if platform.kind == "rocm":
         config = replace(config, num_stages=AMD_STAGES)
     return config
+
+
+def fp32_tiles() -> FP8TileConfig:
+    """The tiles of fp32 dots: the interpreter's larger ones under TRITON_INTERPRET=1, else EXACT."""
+    return INTERPRETER if interpreting() else EXACT
 
 
 def row_tiles(m: int, n: int, sms: int, k_blocks: bool) -> FP8TileConfig:
@@ -91,7 +96,6 @@ def moe_block_m(pairs: int) -> int:
 
 def moe_tile_config(block_m: int, device: torch.device, fp32_dot: bool) -> FP8TileConfig:
     if fp32_dot:
-        exact = INTERPRETER if interpreting() else EXACT
-        return FP8TileConfig(block_m, exact.block_n, exact.block_k, exact.num_warps, exact.num_stages)
+        return replace(fp32_tiles(), block_m=block_m, split_k=False)
     stages = AMD_STAGES if platform_of(device).kind == "rocm" else 4 if block_m <= 16 else 3
     return FP8TileConfig(block_m, 64 if block_m <= 16 else 128, 128, 4, stages)
