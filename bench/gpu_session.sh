@@ -212,6 +212,7 @@ stage() {
         tests-tp) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_one_shot_all_reduce.py \
                       tests/e2e/test_tensor_parallel_engine.py -k gpus ;;  # x2; each engine test takes over 100 s
         all-reduce) python bench/all_reduce.py ;;
+        sustained-gemm) python bench/sustained_gemm.py ;;  # the GEMM rate after 50-400 ms of load, against the probe
         31b) latency gemma-4-31B-it ;;
         31b-fp8kv) latency gemma-4-31B-it --kv-cache-dtype fp8 ;;
         31b-mxfp4) latency gemma-4-31B-it-mxfp4 ;;
