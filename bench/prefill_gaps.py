@@ -2,12 +2,13 @@
 the GPU's idle time inside it, and which host phase ran during each idle stretch.
 
     PYTHONPATH=. python bench/prefill_gaps.py --model examples/configs/gemma-4-31B-it --input-len 512,2048 \
-        [--max-model-len 4096] [--repeats 3] [--tensor-parallel-size 2]
+        [--max-model-len 4096] [--repeats 3] [--tensor-parallel-size 2] [--launches K]
 
 Random weights (--load-format dummy), bf16, the engine's defaults (prefill graphs on). The phases are the engine's
 own methods, wrapped here in profiler ranges; the innermost range running when a GPU gap starts takes the gap. Under
 tensor parallelism the profile is rank 0's: an all-reduce kernel's time includes its wait for the slowest rank. Last,
-the host time of each prefill graph's launch alone (replay(), the GPU idle before it), per token bucket.
+the host time of each prefill graph's launch alone (replay(), the GPU idle before it), per token bucket. --launches K
+lists each launch of the K kernels that take the most time, in start order.
 """
 import argparse
 import statistics
@@ -88,13 +89,21 @@ def innermost(ranges, at_us: float) -> str:
     return min(running, key=lambda r: r.time_range.end - r.time_range.start).name if running else "(no phase)"
 
 
-def report(prof, wall_us: float) -> list[str]:
-    events = prof.events()
-    ranges = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and "." in e.name
-              and e.name.split(".")[0] in PHASE_OWNERS]
-    # a range also shows on the GPU's timeline, spanning its kernels: not a kernel, and it would hide their gaps
+def phase_ranges(prof) -> list:
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU and "." in e.name
+            and e.name.split(".")[0] in PHASE_OWNERS]
+
+
+def kernels_of(prof, ranges: list) -> list:
+    """The profile's kernels: a phase's range also shows on the GPU's timeline, spanning its kernels, but it is not
+    one (and it would hide their gaps)."""
     labels = {r.name for r in ranges}
-    kernels = [e for e in kernel_events(prof) if e.name not in labels]
+    return [e for e in kernel_events(prof) if e.name not in labels]
+
+
+def report(prof, wall_us: float) -> list[str]:
+    ranges = phase_ranges(prof)
+    kernels = kernels_of(prof, ranges)
     t0 = min(r.time_range.start for r in ranges)
     idle = gaps(kernels, t0, t0 + wall_us)
     by_phase = defaultdict(float)
@@ -111,6 +120,19 @@ def report(prof, wall_us: float) -> list[str]:
     lines.append("  longest gaps (ms after the first phase, us):")
     lines += [f"    {(s - t0) / 1e3:8.3f} {g:8.1f}  {innermost(ranges, s + 0.5)}" for s, g in longest]
     return lines + summarize(kernels, 1)
+
+
+def launches(kernels, top: int) -> list[str]:
+    """The top kernels by total time, each with its launches' durations in start order: within one prefill the same
+    shapes repeat layer after layer, so their trend shows the GPU's clock over the prefill."""
+    by_name = defaultdict(list)
+    for e in sorted(kernels, key=lambda e: e.time_range.start):
+        by_name[e.name[:90]].append(e.device_time)
+    lines = ["  launches of the top kernels (us, in start order):"]
+    for name, times in sorted(by_name.items(), key=lambda x: -sum(x[1]))[:top]:
+        lines.append(f"    {sum(times) / 1e3:8.3f} ms {len(times):4d}  {name}")
+        lines.append("      " + " ".join(f"{t:.0f}" for t in times))
+    return lines
 
 
 def launch_times(graphs, repeats: int = 10) -> str:
@@ -139,6 +161,8 @@ def main():
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--launches", type=int, default=0, metavar="K",
+                   help="also list each launch's duration of the K kernels that take the most time")
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, load_format="dummy", dtype="bfloat16",
                                     max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
@@ -164,6 +188,8 @@ def main():
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 wall_us = time_to_first_token(engine, prompt()) * 1e6
         print("\n".join(report(prof, wall_us)), flush=True)
+        if args.launches:
+            print("\n".join(launches(kernels_of(prof, phase_ranges(prof)), args.launches)), flush=True)
     if args.tensor_parallel_size == 1:  # a graph with all-reduces replays only beside the other ranks' replays
         print(launch_times(engine.runner.prefill_graphs))
     engine.close()
