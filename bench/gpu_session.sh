@@ -125,6 +125,7 @@ stage() {
         moe-bench) python bench/moe_layer.py ;;
         moe-sweep) python bench/moe_layer.py --sweep ;;
         fp4-small) python bench/fp4_gemm.py --ms 1,2,4,16 ;;
+        fp4-row-copy) python bench/fp4_row_copy.py ;;  # many rows on the e4m3 weight copy against the packed path and bf16
         tests-fp4) python -m pytest -q -m "gpu or not gpu" tests/kernels/test_mxfp4_gemm.py ;;
         moe-sweep-small) python bench/moe_layer.py --sweep --batches 1,4 ;;
         moe-decode-tiles) python bench/moe_decode_tiles.py ;;  # 26B-A4B batch-1 TPOT per few-pairs gate_up tile

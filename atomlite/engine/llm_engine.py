@@ -165,6 +165,8 @@ class LLMEngine:
         fp8_line = fp8_note(self.model, detect_platform(self.device))
         if fp8_line:
             lines.append(fp8_line)
+        if getattr(self.model, "row_copy_note", None):
+            lines.append(self.model.row_copy_note)
         if self.config.speculative_config is not None:
             lines.append(self.config.speculative_config.describe())
         if self.workers is not None:

@@ -49,6 +49,19 @@ class MXFP4Linear(nn.Module):
         self.weight.data, self.weight_scale.data, self.prepared = self._family.prepare_weights(
             self.weight.data, self.weight_scale.data)
 
+    def copies_rows(self) -> bool:
+        """Whether the family would keep an e4m3 copy of this weight for GEMMs of many rows (make_row_copies)."""
+        copies = getattr(self._family, "copies_rows", None)
+        return copies is not None and copies(self.weight, self.spec.dynamic_fp4_input)
+
+    def row_copy_bytes(self) -> int:
+        return self._family.row_copy_bytes(self.weight)
+
+    def make_row_copy(self) -> bool:
+        """Makes the copy (copies_rows first); False where the weight's scales do not allow an exact one."""
+        self.prepared = self._family.with_row_copy(self.weight.data, self.weight_scale.data, self.prepared)
+        return self.prepared.row_copy is not None
+
     def can(self, capability: str) -> bool:
         return self.kernel.can(capability)
 
@@ -107,3 +120,22 @@ class MXFP4MergedLinear(MXFP4Linear):
 
 class RowParallelMXFP4Linear(ReducesOutput, MXFP4Linear):
     """An MXFP4Linear holding a slice of the input dim, on 32-element block boundaries: its output is all-reduced."""
+
+
+def make_row_copies(model: nn.Module, budget: int | None) -> str | None:
+    """e4m3 copies of the MXFP4 weights whose family keeps them (copies_rows), all of them if together they take at
+    most budget bytes (None: no limit), else none; the startup line that says so, or None without such weights."""
+    layers = [m for m in model.modules() if isinstance(m, MXFP4Linear) and m.copies_rows()]
+    if not layers:
+        return None
+    need = sum(layer.row_copy_bytes() for layer in layers)
+    if budget is not None and need > budget:
+        return (f"mxfp4: no e4m3 weight copies for GEMMs of many rows: {need / 2**30:.2f} GiB, more than half the "
+                f"{2 * budget / 2**30:.2f} GiB left beside the weights; those GEMMs expand the packed weights")
+    made = [layer for layer in layers if layer.make_row_copy()]
+    held = sum(layer.row_copy_bytes() for layer in made)
+    line = (f"mxfp4: e4m3 copies of {len(made)} of {len(layers)} weights ({held / 2**30:.2f} GiB beside the packed "
+            f"ones) for GEMMs of {layers[0]._family.ROW_COPY_MIN_ROWS}+ rows")
+    if len(made) < len(layers):
+        line += "; the others have blocks over 14 binades under their row's largest (no exact copy)"
+    return line

@@ -22,12 +22,15 @@ def built_for(backend: str):
     return dispatch.use(detect_platform(torch.device("cuda")), backend)
 
 
-def linear(backend: str, packed, scale) -> MXFP4Linear:
+def linear(backend: str, packed, scale, row_copy: bool = False) -> MXFP4Linear:
     with built_for(backend):
         layer = MXFP4Linear(K, N, LinearQuantSpec(dynamic_fp4_input=True))
     layer.weight.data, layer.weight_scale.data = packed.clone(), scale.clone()
     layer.process_after_loading()
-    return layer.cuda()
+    layer = layer.cuda()
+    if row_copy:  # as make_row_copies leaves it where the GPU has the memory
+        assert layer.copies_rows() and layer.make_row_copy()
+    return layer
 
 
 def relative(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -55,19 +58,21 @@ def close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return bool((torch.linalg.norm(got.float() - want.float()) <= 5e-2 * torch.linalg.norm(want.float())).item())
 
 
-def test_linear_takes_every_row_count():
+@pytest.mark.parametrize("row_copy", [False, True])
+def test_linear_takes_every_row_count(row_copy):
     gen = torch.Generator().manual_seed(0)
     packed, scale = mxfp4.quantize(torch.randn(N, K, generator=gen) * 0.05)
-    fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
+    fast, reference = linear("triton", packed, scale, row_copy), linear("torch", packed, scale)
     x_all = torch.randn(MAX_ROWS, K, generator=gen).to("cuda", torch.bfloat16)
     wrong = [m for m in range(1, MAX_ROWS + 1) if not close(fast(x_all[:m]), reference(x_all[:m]))]
     assert not wrong, f"row counts off the reference: {wrong[:20]}; {error_at(fast, reference, x_all, wrong[0])}"
 
 
-def test_gated_linear_takes_every_row_count():
+@pytest.mark.parametrize("row_copy", [False, True])
+def test_gated_linear_takes_every_row_count(row_copy):
     gen = torch.Generator().manual_seed(1)
     packed, scale = mxfp4.quantize(torch.randn(N, K, generator=gen) * 0.05)
-    fast, reference = linear("triton", packed, scale), linear("torch", packed, scale)
+    fast, reference = linear("triton", packed, scale, row_copy), linear("torch", packed, scale)
     act = lambda gate_up: torch.nn.functional.gelu(gate_up[:, :K], approximate="tanh") * gate_up[:, K:]  # noqa: E731
     with built_for("triton"):
         linked_act = GeluTanhAndMul(K)

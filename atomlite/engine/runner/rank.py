@@ -25,6 +25,7 @@ from atomlite.loader import load_dummy_weights, load_weights, resolve
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
 from atomlite.model_ops.fusion import link
+from atomlite.model_ops.mxfp4_linear import make_row_copies
 from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.models.construction import default_dtype
 from atomlite.registry import model_class, mtp_assistant
@@ -50,7 +51,17 @@ def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
         load_dummy_weights(model, config.seed)
     else:
         load_checkpoint(model, config.model_spec)
+    model.row_copy_note = make_row_copies(model, copy_budget(config, device))
     return model.eval()
+
+
+def copy_budget(config: EngineConfig, device: torch.device) -> int | None:
+    """What load-time weight copies may take on a GPU: half the memory --gpu-memory-utilization leaves beside the
+    weights, so that the KV cache keeps the other half at least; None (no limit) elsewhere."""
+    if torch.device(device).type != "cuda":
+        return None
+    usable = config.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory
+    return max(0, int(usable - torch.cuda.memory_allocated(device)) // 2)
 
 
 def assistant_spec_for(config: EngineConfig):

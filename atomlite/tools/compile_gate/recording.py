@@ -40,6 +40,7 @@ from atomlite.engine.spec.drafters import AssistantDrafter
 from atomlite.engine.runner.step_inputs import StepInputs
 from atomlite.errors import ConfigError
 from atomlite.model_ops import dispatch
+from atomlite.model_ops.mxfp4_linear import make_row_copies
 from atomlite.model_ops.peer_memory import (MAX_SIGNALS, PeerChannel, PeerMemory, plain_slot_bytes,
                                             row_slot_bytes)
 from atomlite.model_ops.platform import Platform
@@ -176,6 +177,7 @@ def _loaded(model, platform: Platform):
         for module in model.modules():
             if hasattr(module, "process_after_loading"):
                 module.process_after_loading()
+        make_row_copies(model, budget=None)  # as a GPU with the memory for them: their shapes on meta
     return model
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.common import interpreting, nvidia_capability, platform_of, run_kernel
-from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, quantize_blocks
+from atomlite.model_ops.triton.mxfp4.quant import e2m1_to_float_wide, pow2, quantize_blocks
 from atomlite.model_ops.triton.mxfp4.slabs import matmul_by_slabs
 from atomlite.model_ops.triton.mxfp4.tuning import (BLOCKWISE_EXPAND_ROWS, BLOCKWISE_EXPAND_WARPS,
                                                     BLOCKWISE_QUANTIZE_ROWS, BLOCKWISE_QUANTIZE_WARPS)
@@ -48,12 +48,6 @@ def supported(x: torch.Tensor, n: int) -> bool:
 
 
 @triton.jit
-def _pow2(biased_exponent):
-    """2^(biased_exponent - 127) as fp32 for int32 exponents; 0 where that is under 2^-126."""
-    return (tl.maximum(biased_exponent, 0) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _group_top(exponents, ROWS: tl.constexpr):
     """Block exponents [ROWS, 8] (one 256-K step) -> per block [ROWS, 2, 4] and their groups' largest [ROWS, 2]."""
     blocks = tl.reshape(exponents, (ROWS, 2, 4))
@@ -65,7 +59,7 @@ def _store_factors(factors, group_top_biased, step, rows, row_mask, count):
     """2^(group's largest - 6) [ROWS, 2] of this 256-K step into factors [K'/128, count] (the GEMM's scale layout:
     rows contiguous)."""
     group = step * 2 + tl.arange(0, 2)
-    tl.store(factors + group[None, :] * count + rows[:, None], _pow2(group_top_biased - 6), mask=row_mask[:, None])
+    tl.store(factors + group[None, :] * count + rows[:, None], pow2(group_top_biased - 6), mask=row_mask[:, None])
 
 
 @triton.jit
@@ -77,7 +71,7 @@ def _quantize_kernel(x, xq, factors, M, M_OUT, K, stride_xm, stride_qm, BLOCK_M:
     tile = tl.load(x + rm[:, None] * stride_xm + rk[None, :], mask=(rm < M)[:, None] & (rk < K)[None, :], other=0.0)
     q, exponent = quantize_blocks(tile.to(tl.float32), BLOCK_M, STEP)
     blocks, top = _group_top(exponent, BLOCK_M)
-    fold = _pow2(blocks - top[:, :, None] + 127 + FOLD_SHIFT)
+    fold = pow2(blocks - top[:, :, None] + 127 + FOLD_SHIFT)
     folded = tl.reshape(tl.reshape(q, (BLOCK_M, 2, 4, 32)) * fold[:, :, :, None], (BLOCK_M, STEP))
     tl.store(xq + rm[:, None] * stride_qm + rk[None, :], folded.to(tl.float8e4nv), mask=(rm < M_OUT)[:, None])
     _store_factors(factors, top + 127, tl.program_id(1), rm, rm < M_OUT, M_OUT)

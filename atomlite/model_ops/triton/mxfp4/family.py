@@ -1,6 +1,7 @@
 """The MXFP4 linear and experts on Triton as the layers call them (dispatch's mxfp4_linear and mxfp4_moe_experts):
 the weights laid out once at load (K padded to K_ALIGN, and what their scales allow: ScaleFacts), then the GEMMs,
 with the capabilities the ops table declares for them: quantized rows in, a gated input, partial sums out."""
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -11,6 +12,8 @@ from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantized_fp8_gemm
 from atomlite.model_ops.triton.mxfp4.gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
                                                   pad_to_k_align)
 from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
+from atomlite.model_ops.triton.mxfp4.row_copy import RowCopy, copy_bytes, make_row_copy, row_copy_gemm, runs_copy
+from atomlite.model_ops.triton.mxfp4.row_copy import supported as row_copy_supported
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.moe import tuning as moe_tuning
 from atomlite.model_ops.triton.moe.gemm import refuses_experts
@@ -19,16 +22,21 @@ from atomlite.model_ops.triton.mxfp4 import tuning
 
 @dataclass(frozen=True, slots=True)
 class ScaleFacts:
-    """What load time learns of a weight's e8m0 scales; each default is always right, the other value faster."""
+    """What load time learns of a weight's e8m0 scales, and makes of them; each default is always right, the other
+    value faster."""
     wide_scales: bool = True  # needs_wide_scales: a scale above 2 needs the exact expansion
     lookup_scales: bool = False  # scale_bytes_fit: the lookup kernel takes this weight
+    row_copy: RowCopy | None = None  # row_copy.make_row_copy: many rows of quantized x multiply it at fp8 rate
 
 
 UNCHECKED = ScaleFacts()
 
 
 class TritonMXFP4Linear:
-    """y = x W^T on the packed weight (mxfp4_gemm picks the kernel per call)."""
+    """y = x W^T on the packed weight (mxfp4_gemm picks the kernel per call), or on its row copy from
+    ROW_COPY_MIN_ROWS rows where load made one."""
+
+    ROW_COPY_MIN_ROWS = tuning.ROW_COPY_MIN_M
 
     def prepare_weights(self, weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                     ScaleFacts]:
@@ -40,8 +48,22 @@ class TritonMXFP4Linear:
         facts = facts or UNCHECKED
         if x.stride(-1) != 1:
             x = x.contiguous()
+        if quantize_x and facts.row_copy is not None and runs_copy(x.shape[0]):
+            return row_copy_gemm(x, facts.row_copy)
         return mxfp4_gemm(x, weight, scale, quantize_x, facts.wide_scales, lookup_scales=facts.lookup_scales,
                           summed=summed)
+
+    def copies_rows(self, weight: torch.Tensor, quantize_x: bool) -> bool:
+        """Whether this weight may get a row copy (with_row_copy): MXFP4-quantized activations on a GPU whose fp8
+        tensor cores the copy's GEMMs use."""
+        return quantize_x and row_copy_supported(weight.device)
+
+    def row_copy_bytes(self, weight: torch.Tensor) -> int:
+        return copy_bytes(weight)
+
+    def with_row_copy(self, weight: torch.Tensor, scale: torch.Tensor, facts: ScaleFacts | None) -> ScaleFacts:
+        """facts with the weight's row copy, where its scales allow one (row_copy.make_row_copy)."""
+        return dataclasses.replace(facts or UNCHECKED, row_copy=make_row_copy(weight, scale))
 
     def input_quantization(self, x: torch.Tensor, weight: torch.Tensor, facts: ScaleFacts | None,
                            quantize_x: bool) -> InputQuantization | None:

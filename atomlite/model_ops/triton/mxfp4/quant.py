@@ -10,13 +10,26 @@ from atomlite.model_ops.triton.mxfp4.tuning import (QUANTIZE_DEQUANTIZE_BLOCK_K,
 
 
 @triton.jit
+def block_exponent(amax):
+    """The shared exponent (int32, in [-127, 127]) of a block whose largest magnitude is amax (fp32): amax rounded to
+    a power of two ("even" rounding), less e2m1's largest exponent 2. It grows with amax, so the largest amax of
+    several blocks gives the largest of their exponents."""
+    rounded_exponent = ((amax.to(tl.int32, bitcast=True) + 0x200000) >> 23) & 0xFF
+    return tl.minimum(tl.maximum(rounded_exponent - 129, -127), 127)
+
+
+@triton.jit
+def pow2(biased_exponent):
+    """2^(biased_exponent - 127) as fp32 for int32 exponents; 0 where that is under 2^-126."""
+    return (tl.maximum(biased_exponent, 0) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def quantize_blocks(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """fp32 [ROWS, COLS] -> (signed e2m1 values [ROWS, COLS], block exponents int32 [ROWS, COLS/32]): x is about
     value * 2^exponent. Blocks whose amax is under ~2^-124 get exponent -127."""
     blocks = tl.reshape(x, (ROWS, COLS // 32, 32))
-    amax = tl.max(tl.abs(blocks), axis=2)
-    rounded_exponent = ((amax.to(tl.int32, bitcast=True) + 0x200000) >> 23) & 0xFF
-    exponent = tl.minimum(tl.maximum(rounded_exponent - 129, -127), 127)
+    exponent = block_exponent(tl.max(tl.abs(blocks), axis=2))
     inverse_scale = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
     a = tl.abs(blocks * inverse_scale[:, :, None])
     # Half-even ties go to the code with mantissa bit 0: 0, 1, 2, 4 (hence >= at 0.75, 1.75, 3.5).

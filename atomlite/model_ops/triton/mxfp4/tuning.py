@@ -10,6 +10,14 @@ LOOKUP_MIN_M = 5  # up to FP8_MAX_M rows; at 1-4 rows the fp8 tiles measured as 
 # At 128 rows the bf16 kernel measured as fast on 21504 x 5376, 2.7x slower on 5376 x 21504, 1.8x on 8192 x 5376.
 BLOCKWISE_MIN_M = 128
 DEQUANTIZE_MIN_M = 512
+# Where the weight has an e4m3 copy (row_copy.py), from this many rows. On 31B's four shapes (H200,
+# bench/fp4_row_copy.py) it ran 0.96-1.48x of bf16 at 65-96 rows, where the bf16-expanding kernel ran 0.18-0.57x,
+# and 0.79-1.81x at 128-2048, where the block-scaled slabs ran 0.46-1.24x; at 64 rows the lookup kernel was as fast
+# or faster.
+ROW_COPY_MIN_M = FP8_MAX_M + 1
+# rows per program of the activations' fold (one 256-K step each): 8 x 4 warps 1-8% faster than 16 x 4 and 32 x 8
+# at 160-2048 rows of 5376 and 21504 (H200)
+ROW_COPY_FOLD_ROWS, ROW_COPY_FOLD_WARPS = 8, 4
 
 
 # --- the bf16-expanding kernel (gemm.py) ---
