@@ -6,6 +6,7 @@ from atomlite.engine.kv.kv_planner import KVPlan, plan_kv_cache
 from atomlite.engine.llm_engine import construct_model
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.dispatch import KernelChoices
+from atomlite.model_ops.mxfp4_linear import row_copy_plan_line
 from atomlite.model_ops.platform import Platform, parse_platform
 
 
@@ -42,6 +43,8 @@ def plan_report(config: EngineConfig, budget: int, platform: Platform, kernels: 
     from atomlite.model_ops.fp8_linear import fp8_note
     note = fp8_note(model, platform)
     lines += [note] if note else []
+    copies = row_copy_plan_line(model, platform)
+    lines += [copies] if copies else []
     shared = sum(s.kind == "shared" for s in specs)
     if shared:
         lines.append(f"KV sharing: {shared} layers reuse an earlier layer's K/V and own no cache")

@@ -4,6 +4,7 @@ from torch import nn
 
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.carriers import GatedInput, InputQuantization, PartialSums, QuantizedRows
+from atomlite.model_ops.platform import Platform
 from atomlite.model_ops.sharding import ReducesOutput
 from atomlite.quant.quark import LinearQuantSpec
 
@@ -49,10 +50,11 @@ class MXFP4Linear(nn.Module):
         self.weight.data, self.weight_scale.data, self.prepared = self._family.prepare_weights(
             self.weight.data, self.weight_scale.data)
 
-    def copies_rows(self) -> bool:
-        """Whether the family would keep an e4m3 copy of this weight for GEMMs of many rows (make_row_copies)."""
+    def copies_rows(self, platform: Platform | None = None) -> bool:
+        """Whether the family would keep an e4m3 copy of this weight for GEMMs of many rows (make_row_copies), on
+        platform (default the weight's)."""
         copies = getattr(self._family, "copies_rows", None)
-        return copies is not None and copies(self.weight, self.spec.dynamic_fp4_input)
+        return copies is not None and copies(self.weight, self.spec.dynamic_fp4_input, platform)
 
     def row_copy_bytes(self) -> int:
         return self._family.row_copy_bytes(self.weight)
@@ -139,3 +141,14 @@ def make_row_copies(model: nn.Module, budget: int | None) -> str | None:
     if len(made) < len(layers):
         line += "; the others have blocks over 14 binades under their row's largest (no exact copy)"
     return line
+
+
+def row_copy_plan_line(model: nn.Module, platform: Platform) -> str | None:
+    """`atomlite plan`'s line for the copies make_row_copies would make on platform; None where it makes none."""
+    layers = [m for m in model.modules() if isinstance(m, MXFP4Linear) and m.copies_rows(platform)]
+    if not layers:
+        return None
+    need = sum(layer.row_copy_bytes() for layer in layers)
+    return (f"mxfp4: e4m3 copies of {len(layers)} weights for GEMMs of {layers[0]._family.ROW_COPY_MIN_ROWS}+ rows, "
+            f"{need / 2**30:.2f} GiB beside the weights above, made at load where they fit in half the memory left "
+            f"beside the weights")

@@ -103,3 +103,15 @@ def test_unquantized_models_record_the_lora_kernels_and_quantized_ones_none():
         workloads = {workload for workload, _ in launches[kernel]}
         assert "gemma-4-31B-it lora prefill" in workloads and "gemma-4-31B-it lora decode graph 1" in workloads
         assert not any("mxfp4" in workload for workload in workloads)
+
+
+def test_mxfp4_weight_copies_are_recorded_where_the_gpu_has_fp8_tensor_cores():
+    """31B MXFP4 on sm_90 keeps e4m3 weight copies (as a GPU with the memory for them): its steps of 65+ rows fold
+    their activations and run the FP8 GEMM, its decode graphs of up to 64 keep the packed weight's kernels; gfx942
+    makes no copies."""
+    model = [EXAMPLE_CONFIGS / "gemma-4-31B-it-mxfp4"]
+    nvidia = by_kernel(record(parse_platform("sm_90"), model))
+    folds = {workload for workload, _ in nvidia["_fold_rows_kernel"]}
+    assert folds and "fp8_gemm_kernel" in nvidia
+    assert not [w for w in folds if " decode graph " in w and int(w.rsplit(" ", 1)[1]) <= 64]
+    assert "_fold_rows_kernel" not in by_kernel(record(parse_platform("gfx942"), model))

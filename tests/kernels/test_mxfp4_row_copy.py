@@ -1,22 +1,27 @@
 """MXFP4 GEMMs of many rows on an e4m3 copy of the weight (row_copy.py): the weight and activations folded per row,
 against the torch reference (on CPU under TRITON_INTERPRET=1), the layers that take the copy from 65 rows, the memory
 rule that decides whether copies are made, and the GEMM on a GPU with fp8 tensor cores."""
+from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 from torch import nn
 
+from atomlite.config import EngineConfig
 from atomlite.model_ops import dispatch
 from atomlite.model_ops.mxfp4_linear import MXFP4Linear, make_row_copies
-from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.platform import Platform, detect_platform
 from atomlite.model_ops.triton.mxfp4 import family, row_copy
 from atomlite.model_ops.triton.mxfp4.gemm import mxfp4_gemm, pad_to_k_align
 from atomlite.quant import mxfp4
+from atomlite.plan import plan_report
 from atomlite.quant.quark import LinearQuantSpec
 
+EXAMPLES = Path(__file__).parents[2] / "examples" / "configs"
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FP8_GPU = torch.cuda.is_available() and row_copy.supported(torch.device("cuda"))
+FP8_GPU = torch.cuda.is_available() and row_copy.supported(detect_platform(torch.device("cuda")))
 
 
 def spread_blocks(rows: int, k: int, low: int, high: int, seed: int) -> torch.Tensor:
@@ -132,6 +137,18 @@ def test_copies_are_made_for_all_layers_within_the_budget_or_for_none():
     assert line.startswith("mxfp4: e4m3 copies of 1 of 2 weights") and "65+ rows" in line and "14 binades" in line
     assert model.layers[0].prepared.row_copy is not None and model.layers[1].prepared.row_copy is None
     assert make_row_copies(model, budget=None) is None  # this CPU has no fp8 tensor cores: no copies, no line
+
+
+@pytest.mark.parametrize("platform, copies", [(Platform("cuda", "sm_90"), True), (Platform("cuda", "sm_80"), False),
+                                               (Platform("rocm", "gfx950"), False), (Platform("cpu"), False)])
+def test_plan_says_what_the_copies_would_take(platform, copies):
+    config = EngineConfig(model=str(EXAMPLES / "gemma-4-31B-it-mxfp4"))
+    lines, _ = plan_report(config, 20 * 2**30, platform)
+    weights = next(float(line.split("weights ")[1].split(" GiB")[0]) for line in lines if "weights " in line)
+    copy_lines = [line for line in lines if line.startswith("mxfp4: e4m3 copies of 240 weights for GEMMs of 65+ rows")]
+    assert len(copy_lines) == copies
+    if copies:  # one byte a weight: about 1.6 times the packed weights' 4.25 bits and the bf16 embedding
+        assert 1.5 * weights < float(copy_lines[0].split("rows, ")[1].split(" GiB")[0]) < 1.7 * weights
 
 
 @pytest.mark.gpu

@@ -96,7 +96,11 @@ def platform_of(device: torch.device) -> Platform:
 
 def nvidia_capability(device: torch.device) -> tuple[int, int]:
     """The NVIDIA compute capability kernels on `device` are built for; (0, 0) off NVIDIA GPUs."""
-    platform = platform_of(device)
+    return capability_of(platform_of(device))
+
+
+def capability_of(platform: Platform) -> tuple[int, int]:
+    """platform's NVIDIA compute capability; (0, 0) for other platforms."""
     if platform.kind != "cuda" or not platform.arch:
         return (0, 0)
     digits = platform.arch.removeprefix("sm_")

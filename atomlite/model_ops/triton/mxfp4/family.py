@@ -15,6 +15,8 @@ from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
 from atomlite.model_ops.triton.mxfp4.row_copy import RowCopy, copy_bytes, make_row_copy, row_copy_gemm, runs_copy
 from atomlite.model_ops.triton.mxfp4.row_copy import supported as row_copy_supported
 from atomlite.model_ops.kernels import declare
+from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.triton.common import platform_of
 from atomlite.model_ops.triton.moe import tuning as moe_tuning
 from atomlite.model_ops.triton.moe.gemm import refuses_experts
 from atomlite.model_ops.triton.mxfp4 import tuning
@@ -53,10 +55,10 @@ class TritonMXFP4Linear:
         return mxfp4_gemm(x, weight, scale, quantize_x, facts.wide_scales, lookup_scales=facts.lookup_scales,
                           summed=summed)
 
-    def copies_rows(self, weight: torch.Tensor, quantize_x: bool) -> bool:
+    def copies_rows(self, weight: torch.Tensor, quantize_x: bool, platform: Platform | None = None) -> bool:
         """Whether this weight may get a row copy (with_row_copy): MXFP4-quantized activations on a GPU whose fp8
-        tensor cores the copy's GEMMs use."""
-        return quantize_x and row_copy_supported(weight.device)
+        tensor cores the copy's GEMMs use (platform, default the weight's)."""
+        return quantize_x and row_copy_supported(platform or platform_of(weight.device))
 
     def row_copy_bytes(self, weight: torch.Tensor) -> int:
         return copy_bytes(weight)

@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.triton.common import dependent_launches, gdc_wait, nvidia_capability, pdl_launch, run_kernel
+from atomlite.model_ops.platform import Platform
+from atomlite.model_ops.triton.common import capability_of, dependent_launches, gdc_wait, pdl_launch, run_kernel
 from atomlite.model_ops.triton.fp8.gemm import gemm_on_rows, library_takes_row_scales
 from atomlite.model_ops.triton.fp8.quant import chunk_amaxes, round_e4m3
 from atomlite.model_ops.triton.mxfp4.blockwise import FOLD_SHIFT, STEP, STEP_K
@@ -38,9 +39,9 @@ class RowCopy:
     factors: torch.Tensor
 
 
-def supported(device: torch.device) -> bool:
-    """fp8 e4m3 tensor cores on NVIDIA (sm_89 and newer), where the copy's GEMMs were measured (H200)."""
-    return nvidia_capability(device) >= (8, 9)
+def supported(platform: Platform) -> bool:
+    """fp8 e4m3 tensor cores on NVIDIA (sm_89 and newer); the copy's GEMMs were measured on an H200."""
+    return capability_of(platform) >= (8, 9)
 
 
 def copy_bytes(weight: torch.Tensor) -> int:
