@@ -1,7 +1,7 @@
 """MXFP4 GEMMs of many rows on the weight's e4m3 copy (row_copy.py) against the packed weight's own path and bf16, at
 Gemma-4-31B's four projection shapes, timed as bench/fp4_gemm.py times (CUDA graphs, L2 flushed before every call).
 
-    PYTHONPATH=. python bench/fp4_row_copy.py [--ms 64,65,96,128,160,256,512,2048]
+    PYTHONPATH=. python bench/fp4_row_copy.py [--ms 65,96,128,160,256,512,2048]
 
 Per shape and row count: the path the packed weight takes (gemm.pick_path), the copy's (the activations' fold
 included) and the fold alone, bf16's F.linear on the dequantized weight, and the copy's relative error against the

@@ -139,7 +139,8 @@ def make_row_copies(model: nn.Module, budget: int | None) -> str | None:
     line = (f"mxfp4: e4m3 copies of {len(made)} of {len(layers)} weights ({held / 2**30:.2f} GiB beside the packed "
             f"ones) for GEMMs of {layers[0]._family.ROW_COPY_MIN_ROWS}+ rows")
     if len(made) < len(layers):
-        line += "; the others have blocks over 14 binades under their row's largest (no exact copy)"
+        line += ("; the others' scales allow no exact copy (a nonzero block over 14 binades under its row's largest, "
+                 "a NaN scale, or a row's largest under 2^-120)")
     return line
 
 

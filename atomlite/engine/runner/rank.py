@@ -56,12 +56,14 @@ def build_model(config: EngineConfig, kernels: KernelChoices | None = None):
 
 
 def copy_budget(config: EngineConfig, device: torch.device) -> int | None:
-    """What load-time weight copies may take on a GPU: half the memory --gpu-memory-utilization leaves beside the
-    weights, so that the KV cache keeps the other half at least; None (no limit) elsewhere."""
+    """What load-time weight copies may take on a GPU: half of what --gpu-memory-utilization leaves beside the
+    weights (less --kv-cache-memory where given), the other half for the KV cache, activations, graphs and what
+    loads after the model; None (no limit) elsewhere."""
     if torch.device(device).type != "cuda":
         return None
     usable = config.gpu_memory_utilization * torch.cuda.get_device_properties(device).total_memory
-    return max(0, int(usable - torch.cuda.memory_allocated(device)) // 2)
+    left = usable - torch.cuda.memory_allocated(device) - (config.kv_cache_memory or 0)
+    return max(0, int(left) // 2)
 
 
 def assistant_spec_for(config: EngineConfig):

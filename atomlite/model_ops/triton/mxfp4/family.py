@@ -9,8 +9,8 @@ import torch
 from atomlite.model_ops.carriers import InputQuantization, PartialSums, QuantizedRows
 from atomlite.model_ops.triton.moe.gemm import mxfp4_moe_experts
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import quantized_fp8_gemm
-from atomlite.model_ops.triton.mxfp4.gemm import (gated_path, input_quantization, mxfp4_gemm, needs_wide_scales,
-                                                  pad_to_k_align)
+from atomlite.model_ops.triton.mxfp4.gemm import (K_ALIGN, gated_path, input_quantization, mxfp4_gemm,
+                                                  needs_wide_scales, pad_to_k_align)
 from atomlite.model_ops.triton.mxfp4.lookup import scale_bytes_fit
 from atomlite.model_ops.triton.mxfp4.row_copy import RowCopy, copy_bytes, make_row_copy, row_copy_gemm, runs_copy
 from atomlite.model_ops.triton.mxfp4.row_copy import supported as row_copy_supported
@@ -50,7 +50,7 @@ class TritonMXFP4Linear:
         facts = facts or UNCHECKED
         if x.stride(-1) != 1:
             x = x.contiguous()
-        if quantize_x and facts.row_copy is not None and runs_copy(x.shape[0]):
+        if quantize_x and facts.row_copy is not None and x.dtype == torch.bfloat16 and runs_copy(x.shape[0]):
             return row_copy_gemm(x, facts.row_copy)
         return mxfp4_gemm(x, weight, scale, quantize_x, facts.wide_scales, lookup_scales=facts.lookup_scales,
                           summed=summed)
@@ -61,7 +61,8 @@ class TritonMXFP4Linear:
         return quantize_x and row_copy_supported(platform or platform_of(weight.device))
 
     def row_copy_bytes(self, weight: torch.Tensor) -> int:
-        return copy_bytes(weight)
+        """What the copy of this weight takes, as loaded or before load (K then padded as prepare_weights pads it)."""
+        return copy_bytes(weight.shape[0], -(-weight.shape[1] * 2 // K_ALIGN) * K_ALIGN)
 
     def with_row_copy(self, weight: torch.Tensor, scale: torch.Tensor, facts: ScaleFacts | None) -> ScaleFacts:
         """facts with the weight's row copy, where its scales allow one (row_copy.make_row_copy)."""

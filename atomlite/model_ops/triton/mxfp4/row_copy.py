@@ -44,9 +44,9 @@ def supported(platform: Platform) -> bool:
     return capability_of(platform) >= (8, 9)
 
 
-def copy_bytes(weight: torch.Tensor) -> int:
-    """What the copy of a packed weight [N, K'/2] takes: one byte a value and a factor a row."""
-    return weight.shape[0] * (weight.shape[1] * 2 + 4)
+def copy_bytes(n: int, k_padded: int) -> int:
+    """What the copy of an [N, K'] weight takes: one byte a value and a factor a row."""
+    return n * (k_padded + 4)
 
 
 def runs_copy(m: int) -> bool:
@@ -60,7 +60,7 @@ def make_row_copy(weight: torch.Tensor, weight_scale: torch.Tensor) -> RowCopy |
     n, k_padded = weight.shape[0], weight.shape[1] * 2
     if weight.device.type == "meta":
         return RowCopy(torch.empty(n, k_padded, dtype=torch.float8_e4m3fn, device=weight.device),
-                       torch.empty(n, 1, device=weight.device))
+                       torch.empty(n, 1, dtype=torch.float32, device=weight.device))
     if weight.is_cuda:
         library_takes_row_scales(weight.device, torch.float8_e4m3fn)  # asked now, before any graph capture
     values = torch.empty(n, k_padded, dtype=torch.float8_e4m3fn, device=weight.device)
