@@ -124,13 +124,18 @@ class RowParallelMXFP4Linear(ReducesOutput, MXFP4Linear):
     """An MXFP4Linear holding a slice of the input dim, on 32-element block boundaries: its output is all-reduced."""
 
 
+def _copied_layers(model: nn.Module, platform: Platform | None = None) -> tuple[list[MXFP4Linear], int]:
+    """The MXFP4 layers whose family keeps a row copy on platform (default their weights'), and its bytes."""
+    layers = [m for m in model.modules() if isinstance(m, MXFP4Linear) and m.copies_rows(platform)]
+    return layers, sum(layer.row_copy_bytes() for layer in layers)
+
+
 def make_row_copies(model: nn.Module, budget: int | None) -> str | None:
     """e4m3 copies of the MXFP4 weights whose family keeps them (copies_rows), all of them if together they take at
     most budget bytes (None: no limit), else none; the startup line that says so, or None without such weights."""
-    layers = [m for m in model.modules() if isinstance(m, MXFP4Linear) and m.copies_rows()]
+    layers, need = _copied_layers(model)
     if not layers:
         return None
-    need = sum(layer.row_copy_bytes() for layer in layers)
     if budget is not None and need > budget:
         return (f"mxfp4: no e4m3 weight copies for GEMMs of many rows: {need / 2**30:.2f} GiB, more than half the "
                 f"{2 * budget / 2**30:.2f} GiB left beside the weights; those GEMMs expand the packed weights")
@@ -146,10 +151,9 @@ def make_row_copies(model: nn.Module, budget: int | None) -> str | None:
 
 def row_copy_plan_line(model: nn.Module, platform: Platform) -> str | None:
     """`atomlite plan`'s line for the copies make_row_copies would make on platform; None where it makes none."""
-    layers = [m for m in model.modules() if isinstance(m, MXFP4Linear) and m.copies_rows(platform)]
+    layers, need = _copied_layers(model, platform)
     if not layers:
         return None
-    need = sum(layer.row_copy_bytes() for layer in layers)
     return (f"mxfp4: e4m3 copies of {len(layers)} weights for GEMMs of {layers[0]._family.ROW_COPY_MIN_ROWS}+ rows, "
             f"{need / 2**30:.2f} GiB beside the weights above, made at load where they fit in half the memory left "
             f"beside the weights")

@@ -17,18 +17,12 @@ from atomlite.model_ops.triton.mxfp4.gemm import mxfp4_gemm, pad_to_k_align
 from atomlite.quant import mxfp4
 from atomlite.plan import plan_report
 from atomlite.quant.quark import LinearQuantSpec
+from test_mxfp4_blockwise import spread_blocks
 
 EXAMPLES = Path(__file__).parents[2] / "examples" / "configs"
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8_GPU = torch.cuda.is_available() and row_copy.supported(detect_platform(torch.device("cuda")))
-
-
-def spread_blocks(rows: int, k: int, low: int, high: int, seed: int) -> torch.Tensor:
-    """Random values whose 32-blocks have magnitudes 2^low .. 2^high."""
-    gen = torch.Generator().manual_seed(seed)
-    exponents = torch.randint(low, high + 1, (rows, k // 32), generator=gen).float()
-    return torch.randn(rows, k, generator=gen) * torch.exp2(exponents).repeat_interleave(32, dim=1)
 
 
 def packed_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

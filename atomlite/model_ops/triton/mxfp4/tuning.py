@@ -13,7 +13,7 @@ DEQUANTIZE_MIN_M = 512
 # Where the weight has an e4m3 copy (row_copy.py), from this many rows. On 31B's four shapes (H200,
 # bench/fp4_row_copy.py) it ran 1.03-1.49x of bf16 at 65-96 rows, where the bf16-expanding kernel ran 0.18-0.56x,
 # and 0.80-1.77x at 128-2048, where the block-scaled slabs ran 0.46-1.23x; at 64 rows the lookup kernel was as fast
-# or faster (a probe the same day, the four shapes: 28.9, 26.3, 74.7, 49.2 against 41.9, 30.3, 76.2, 50.8 us).
+# or faster (the four shapes: 28.9, 26.3, 74.7, 49.2 against 41.9, 30.3, 76.2, 50.8 us).
 ROW_COPY_MIN_M = FP8_MAX_M + 1
 # rows per program of the activations' fold (one 256-K step each), H200: 8 x 4 warps 1-8% faster than 16 x 4 at
 # 160 x 21504, 512 x 21504, 2048 x 5376 and 2048 x 21504 rows x K, 5.7 against 5.4 us at 160 x 5376; 4 x 4, 32 x 8
