@@ -25,13 +25,16 @@ blockwise = importlib.import_module("atomlite.model_ops.triton.mxfp4.blockwise")
 
 SHAPES = [(21504, 5376), (5376, 21504), (8192, 5376)]  # N x K: gate/up, down, qkv-sized
 MS = [1, 2, 16, 64, 256, 512, 2048]
+SHOWN_CANDIDATES = 8  # --sweep prints the fastest of each shape and M
 C, F, D, L, B = fp4.GemmConfig, fp8.Fp8Config, fp4.DequantizeConfig, lookup.LookupConfig, blockwise.BlockwiseConfig
 CANDIDATES = {
     "decode": [F(2, 64, 4, 3, period=8), F(2, 64, 4, 4, period=8), F(2, 64, 4, 3, split_k=2, period=8),
                F(2, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, period=8), F(4, 64, 4, 3, split_k=2, period=8),
                F(4, 64, 4, 3, split_k=4, period=8), F(4, 64, 4, 3, split_k=4, period=4), F(8, 64, 4, 3, period=4),
                L(16, 64, 4, 3), L(16, 64, 4, 3, split_k=2), L(16, 64, 4, 3, split_k=4),
-               C(16, 64, 256, 4, 4, prefetch=True)],
+               C(16, 64, 256, 4, 4, prefetch=True)]
+              + [F(2, n, 4, 3, split_k=k, period=8, tma=t) for n in (64, 128) for k in (1, 2, 3, 4, 6, 8)
+                 for t in (False, True)],
     "fp8": [F(8, 64, 4, 3, period=4), F(8, 64, 4, 3, split_k=2, period=4), F(8, 64, 4, 3, split_k=4, period=4),
             F(8, 64, 4, 3, period=2), F(8, 64, 4, 3, split_k=4, period=2), F(8, 64, 4, 3, period=8),
             F(16, 64, 4, 3, period=2), F(16, 64, 4, 3, split_k=2, period=2), F(16, 64, 4, 3, split_k=4, period=2),
@@ -54,7 +57,8 @@ def describe(config) -> str:
     if isinstance(config, B):
         return f"e4m3 slabs of {config.rows} rows + blockwise scaled_mm"
     kind = f"fp8 period {config.period}" if isinstance(config, F) else "lookup" if isinstance(config, L) else "bf16"
-    tile = (f"{config.block_m}x{config.block_n}" if isinstance(config, (F, L))
+    tma = " tma" if getattr(config, "tma", False) else ""
+    tile = (f"{config.block_m}x{config.block_n}{tma}" if isinstance(config, (F, L))
             else f"{config.block_m}x{config.block_n}x{config.block_k}")
     extra = " prefetch" if getattr(config, "prefetch", False) else ""
     return f"{kind} {tile} w{config.num_warps} s{config.num_stages} split{config.split_k}{extra}"
@@ -196,14 +200,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated row counts M to time")
+    parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES),
+                        help="comma-separated N x K weight shapes, e.g. 43008x5376 (the first also gets extra checks)")
+    parser.add_argument("--unsummed", action="store_true",
+                        help="time split-K outputs unsummed (PartialSums), as a consumer that adds them gets them")
     parser.add_argument("--compile-stats", action="store_true", help="print each compiled variant's PTX statistics")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     rows, failures = [], []
     ms = list(map(int, args.ms.split(",")))
+    summed = not args.unsummed
     swept = {regime(m) for m in ms} if args.sweep else set()
-    for i, (n, k) in enumerate(SHAPES):
+    shapes = [tuple(map(int, shape.split("x"))) for shape in args.shapes.split(",")]
+    for i, (n, k) in enumerate(shapes):
         packed, scale, w_ref = make_weight(n, k, seed=i)
         wide, lookup_ok = fp4.needs_wide_scales(scale), lookup.scale_bytes_fit(packed, scale)
         failures += check(packed, scale, w_ref, wide, lookup_ok, seed=i, regimes=swept)
@@ -218,10 +228,12 @@ def main() -> int:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             path = fp4.pick_path(m, n, x, True, wide, lookup_ok)
             fns = {"bf16": lambda: torch.nn.functional.linear(x, w_bf16),
-                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok),
+                   "fp4": lambda: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, lookup_scales=lookup_ok,
+                                                 summed=summed),
                    "quant": lambda: quantize_activations(x, weight.shape[1] * 2, path)}
             candidates = [c for c in CANDIDATES[regime(m)] if lookup_ok or not isinstance(c, L)] if args.sweep else []
-            fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c, lookup_scales=lookup_ok)
+            fns.update({c: lambda c=c: fp4.mxfp4_gemm(x, weight, weight_scale, True, wide, c, lookup_scales=lookup_ok,
+                                                       summed=summed)
                         for c in candidates})
             times = time_ms(fns)
             t_bf16, t_fp4, t_quant = times["bf16"], times["fp4"], times["quant"]
@@ -230,7 +242,8 @@ def main() -> int:
                 c = min(candidates, key=times.get)
                 t_best = times[c]
                 best = f"  best {t_bf16 / t_best:5.2f}x {describe(c)}"
-                print("   ", n, k, m, " ".join(f"{times[c] * 1e3:.1f}" for c in candidates), flush=True)
+                for c in sorted(candidates, key=times.get)[:SHOWN_CANDIDATES]:
+                    print(f"    {n} {k} {m}: {times[c] * 1e3:.1f} us {describe(c)}", flush=True)
             gbps = (n * k * 17 / 32) / (t_fp4 * 1e-3) / 1e9
             rows.append(f"{n:>6} {k:>6} {m:>5} {t_bf16 * 1e3:9.1f} {t_fp4 * 1e3:9.1f} {t_bf16 / t_fp4:7.2f}x "
                         f"{gbps:8.0f} {t_quant * 1e3:8.1f}  {describe(path)}{best}")

@@ -1,4 +1,6 @@
 """The Triton MXFP4 GEMM and MXFP4Linear against the torch reference (on CPU under TRITON_INTERPRET=1)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -223,20 +225,31 @@ def test_paths_by_rows():
     x = torch.empty(0, 5376)
     assert pick_path(1, 21504, x, True) == DECODE  # CPU: no fp8 MMAs, and the slab path is GPU-only
     assert pick_path(4096, 21504, x, True) == LARGE_PREFILL
-    assert mxfp4_gemm_fp8.pick_config(1, 21504) == mxfp4_tuning.BLOCK_DIAGONAL_2
-    assert mxfp4_gemm_fp8.pick_config(3, 21504) == mxfp4_tuning.BLOCK_DIAGONAL_4
-    assert mxfp4_gemm_fp8.pick_config(5, 21504) == mxfp4_tuning.QUAD_DIAGONAL_8
-    assert mxfp4_gemm_fp8.pick_config(16, 21504) == mxfp4_tuning.PAIR_DIAGONAL_16
-    assert mxfp4_gemm_fp8.pick_config(32, 21504) == mxfp4_tuning.PAIR_DIAGONAL_16
-    assert mxfp4_gemm_fp8.pick_config(40, 21504) == mxfp4_tuning.PER_BLOCK_32
-    assert mxfp4_gemm_fp8.pick_config(1, 5376).split_k == 4
-    assert mxfp4_gemm_fp8.pick_config(1, 8192).split_k == 2
-    assert mxfp4_gemm_fp8.pick_config(16, 5376).split_k == 4
-    assert mxfp4_gemm_fp8.pick_config(16, 8192).split_k == 2
-    assert mxfp4_gemm_fp8.pick_config(40, 5376).split_k == 1
-    assert mxfp4_gemm_fp8.pick_config(4, 5376).split_k == 4  # 1 row tile x 84 N tiles
-    assert mxfp4_gemm_fp8.pick_config(24, 5376).split_k == 2  # 2 row tiles x 84 N tiles
-    assert mxfp4_gemm_fp8.pick_config(32, 8192).split_k == 1
+    assert mxfp4_gemm_fp8.pick_config(3, 21504, 5376) == mxfp4_tuning.BLOCK_DIAGONAL_4
+    assert mxfp4_gemm_fp8.pick_config(5, 21504, 5376) == mxfp4_tuning.QUAD_DIAGONAL_8
+    assert mxfp4_gemm_fp8.pick_config(16, 21504, 5376) == mxfp4_tuning.PAIR_DIAGONAL_16
+    assert mxfp4_gemm_fp8.pick_config(32, 21504, 5376) == mxfp4_tuning.PAIR_DIAGONAL_16
+    assert mxfp4_gemm_fp8.pick_config(40, 21504, 5376) == mxfp4_tuning.PER_BLOCK_32
+    assert mxfp4_gemm_fp8.pick_config(4, 5376, 21504).split_k == 4  # 1 row tile x 84 N tiles
+    assert mxfp4_gemm_fp8.pick_config(16, 5376, 21504).split_k == 4
+    assert mxfp4_gemm_fp8.pick_config(16, 8192, 5376).split_k == 2
+    assert mxfp4_gemm_fp8.pick_config(40, 5376, 21504).split_k == 1
+    assert mxfp4_gemm_fp8.pick_config(24, 5376, 21504).split_k == 2  # 2 row tiles x 84 N tiles
+    assert mxfp4_gemm_fp8.pick_config(32, 8192, 5376).split_k == 1
+
+
+@pytest.mark.parametrize("n, k, split_k", [
+    (43008, 5376, 2),  # 21 K steps in parts of at most 14
+    (16384, 5376, 2),  # 128 tiles: 2 parts for 252 programs
+    (5376, 21504, 6),  # 84 steps
+    (5376, 8192, 6),  # 42 tiles: 6 parts for 252 programs
+    (5376, 512, 2),  # never more parts than K steps
+])
+def test_one_or_two_rows_split_k_by_steps_and_programs(n, k, split_k):
+    for rows in (1, 2):
+        config = mxfp4_gemm_fp8.pick_config(rows, n, k)
+        assert dataclasses.replace(config, split_k=1) == mxfp4_tuning.BLOCK_DIAGONAL_2
+        assert config.split_k == split_k
     assert mxfp4_gemm_lookup.pick_config(5, 21504) == mxfp4_gemm_lookup.ROWS_16  # 336 tiles: no split
     assert mxfp4_gemm_lookup.pick_config(17, 21504) == mxfp4_gemm_lookup.ROWS_32
     assert mxfp4_gemm_lookup.pick_config(33, 21504) == mxfp4_gemm_lookup.ROWS_64
@@ -252,7 +265,7 @@ def test_paths_by_rows():
             assert pick_path(127, 21504, cuda_bf16, True) == PREFILL
             assert pick_path(4096, 21504, cuda_bf16, False) == dequantize_config(5376)  # x not quantized
         if mxfp4_gemm_fp8.supported(cuda):
-            assert pick_path(1, 21504, cuda, True) == mxfp4_tuning.BLOCK_DIAGONAL_2
+            assert pick_path(1, 21504, cuda, True) == mxfp4_gemm_fp8.pick_config(1, 21504, 5376)
             assert pick_path(1, 21504, cuda, False) == DECODE
             assert pick_path(4, 21504, cuda, True, lookup_scales=True) == mxfp4_tuning.BLOCK_DIAGONAL_4
             assert pick_path(5, 21504, cuda, True, lookup_scales=True) == mxfp4_gemm_lookup.ROWS_16
@@ -398,7 +411,7 @@ def test_gemm_on_rows_quantized_by_the_norm_equals_the_gemm_on_the_norms_output(
     x, residual, norm_w = (torch.randn(*shape, generator=g).to(DEVICE, torch.bfloat16)
                            for shape in ((rows, 544), (rows, 544), (544,)))
     _, out = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w)
-    form = InputQuantization(fp8.pick_config(rows, 72).period, weight.shape[1] * 2)
+    form = InputQuantization(fp8.pick_config(rows, 72, weight.shape[1] * 2).period, weight.shape[1] * 2)
     _, quantized = rms_norm_residual(x, residual, norm_w, 1e-6, None, norm_w, quantize=form)
     expected = fp8.mxfp4_gemm_fp8(out, weight, weight_scale)
     assert torch.equal(fp8.quantized_fp8_gemm(quantized, weight, weight_scale), expected)

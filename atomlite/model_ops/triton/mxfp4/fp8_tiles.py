@@ -37,17 +37,22 @@ from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
                                               nvidia_capability, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
-from atomlite.model_ops.triton.mxfp4.tuning import (FP8_QUANTIZE_ROWS, FP8_QUANTIZE_WARPS, GROUP_N, PER_BLOCK_32,
-                                                    SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES, SPLIT_K_FEWEST_TILES,
-                                                    SUM_BLOCK, SUM_WARPS, TILES, Fp8Config)
+from atomlite.model_ops.triton.mxfp4.tuning import (DIAGONAL_MIN_PROGRAMS, FP8_QUANTIZE_ROWS, FP8_QUANTIZE_WARPS,
+                                                    GROUP_N, PER_BLOCK_32, SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES,
+                                                    SPLIT_K_FEWEST_TILES, SUM_BLOCK, SUM_WARPS, TILES, Fp8Config)
 
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
 
 
-def pick_config(m: int, n: int) -> Fp8Config:
-    """The tile of TILES that holds m rows; K split where the output has few tiles (tuning.py)."""
+def pick_config(m: int, n: int, k_padded: int) -> Fp8Config:
+    """The tile of TILES that holds m rows of an [n, k_padded] weight; K split by the tile's split_steps, else where
+    the output has few tiles (tuning.py)."""
     config = next((config for rows, config in TILES if m <= rows), PER_BLOCK_32)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    if config.split_steps:
+        steps = k_padded // STEP_K
+        parts = max(triton.cdiv(steps, config.split_steps), triton.cdiv(DIAGONAL_MIN_PROGRAMS, tiles))
+        return dataclasses.replace(config, split_k=max(1, min(steps, parts)))
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
     split_k = SPLIT_K_FEWEST_TILES if tiles < SPLIT_K_BELOW_TILES // 2 else SPLIT_K_FEW_TILES
@@ -217,10 +222,14 @@ def store_quantized(xq, x_scale, tile, rm, k0, M, K_PADDED, stride_qm, stride_sm
         tl.store(xq + rm[:, None] * stride_qm + rk[None, :], low_then_high,
                  mask=(rm < M)[:, None] & (rk < K_PADDED)[None, :])
     else:  # one row, rm; each of its PERIOD rows in xq holds every PERIOD-th block
+        # The values and the zeros go by two masked stores of tensors laid out once: a tl.where per row made each
+        # row's store convert its own tile's layout through shared memory (16 barriers more at 31B's batch 1).
+        zeros = tl.zeros_like(low_then_high)
         for j in tl.static_range(PERIOD):
-            diagonal = tl.where((rk // 32 % PERIOD)[None, :] == j, low_then_high, 0.0).to(tl.float8e4nv)
-            tl.store(xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :], diagonal,
-                     mask=(rk < K_PADDED)[None, :])
+            at = xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :]
+            block_j = (rk // 32 % PERIOD)[None, :]
+            tl.store(at, low_then_high, mask=(block_j == j) & (rk < K_PADDED)[None, :])
+            tl.store(at, zeros, mask=(block_j != j) & (rk < K_PADDED)[None, :])
     tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :], factor,
              mask=(rm < M)[:, None] & (rb < K_PADDED // 32)[None, :])
 
@@ -397,7 +406,7 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     """MXFP4-quantized x [M, K] (bf16 or fp32, unit last stride) @ W^T -> [M, N] in x's dtype.
     weight [N, K'/2] and weight_scale [N, K'/32] with K' a multiple of 256 (mxfp4_gemm.pad_to_k_align).
     gated: x is [gate | up] [M, 2K]; the GEMM takes gelu_tanh(gate) * up. summed: as sum_splits."""
-    config = config or pick_config(x.shape[0], weight.shape[0])
+    config = config or pick_config(x.shape[0], weight.shape[0], weight.shape[1] * 2)
     quantized = quantize_activations(x, weight.shape[1] * 2, config.period, gated)
     return fp8_gemm(quantized, x.shape[0], x.dtype, weight, weight_scale, config, pdl=_dependent_launch(x),
                     summed=summed)
@@ -406,7 +415,7 @@ def mxfp4_gemm_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
 def quantized_fp8_gemm(x: QuantizedRows, weight: torch.Tensor, weight_scale: torch.Tensor,
                        summed: bool = True) -> torch.Tensor | PartialSums:
     """The GEMM on x quantized by the kernel just before it (which let it launch early where PDL exists)."""
-    config = pick_config(x.rows, weight.shape[0])
+    config = pick_config(x.rows, weight.shape[0], weight.shape[1] * 2)
     if config.period != x.period or x.values.shape[1] != weight.shape[1] * 2:
         raise ValueError(f"x was quantized with period {x.period} and K {x.values.shape[1]}; this GEMM reads period "
                          f"{config.period} and K {weight.shape[1] * 2}: ask input_quantization for the form")

@@ -278,14 +278,15 @@ Config = GemmConfig | Fp8Config | LookupConfig | DequantizeConfig | BlockwiseCon
 
 
 def pick_path(m: int, n: int, x: torch.Tensor, quantize_x: bool, wide_scales: bool = True,
-              lookup_scales: bool = False) -> Config:
+              lookup_scales: bool = False, k: int | None = None) -> Config:
     """The kernel and tile config for this call: for small M where x is MXFP4-quantized and fp8 MMAs exist, the
     lookup kernel (5-64 rows, lookup_scales) or the fp8 tiles; for large M the block-scaled fp8 GEMM (quantized
-    bf16 x on sm_90) or the vendor GEMM on bf16 slabs; the bf16-expanding kernel otherwise."""
+    bf16 x on sm_90) or the vendor GEMM on bf16 slabs; the bf16-expanding kernel otherwise. k: the GEMM's K where x
+    is wider (a gated [gate | up]); x's width by default."""
     if quantize_x and m <= FP8_MAX_M and mxfp4_gemm_fp8.supported(x):
         if m >= LOOKUP_MIN_M and lookup_scales:
             return mxfp4_gemm_lookup.pick_config(m, n)
-        return mxfp4_gemm_fp8.pick_config(m, n)
+        return mxfp4_gemm_fp8.pick_config(m, n, triton.cdiv(k or x.shape[1], K_ALIGN) * K_ALIGN)
     if m >= BLOCKWISE_MIN_M and quantize_x and mxfp4_gemm_blockwise.supported(x, n):
         return blockwise_config(x.shape[1])
     if m >= DEQUANTIZE_MIN_M and platform_of(x.device).is_gpu:
@@ -297,7 +298,7 @@ def input_quantization(m: int, weight: torch.Tensor, x: torch.Tensor, quantize_x
                        lookup_scales: bool = False) -> InputQuantization | None:
     """Where this call (m rows of x-like activations, a pad_to_k_align weight) runs the fp8 tiles: the form in which
     the kernel computing x may write it quantized (QuantizedRows, for quantized_fp8_gemm); else None."""
-    config = pick_path(m, weight.shape[0], x, quantize_x, lookup_scales=lookup_scales)
+    config = pick_path(m, weight.shape[0], x, quantize_x, lookup_scales=lookup_scales, k=weight.shape[1] * 2)
     return InputQuantization(config.period, weight.shape[1] * 2) if isinstance(config, Fp8Config) else None
 
 
@@ -330,7 +331,7 @@ def mxfp4_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if k_padded % K_ALIGN or k_padded < k:
         raise ValueError(f"weight K {k_padded} must cover x's K {k} and be a multiple of {K_ALIGN}: "
                          f"prepare weights with pad_to_k_align")
-    config = config or pick_path(m, out_features, x, quantize_x, wide_scales, lookup_scales)
+    config = config or pick_path(m, out_features, x, quantize_x, wide_scales, lookup_scales, k)
     if isinstance(config, (Fp8Config, LookupConfig)) and not quantize_x:
         raise ValueError(f"{type(config).__name__} kernels multiply MXFP4-quantized activations: "
                          "quantize_x must be True")

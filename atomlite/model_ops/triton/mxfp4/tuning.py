@@ -68,9 +68,12 @@ class Fp8Config:
     num_stages: int
     split_k: int = 1
     period: int = 1  # P of fp8_tiles' docstring: 1, 2, 4 or 8
-    # Weight tiles by TMA where there is one (weight_loads): for these tiles 1 us slower to 2 us faster than
-    # pointer loads, by shape and rows (H100), so off.
+    # Weight tiles by TMA where there is one (weight_loads): for the tiles of 4-64 rows 1 us slower to 2 us faster
+    # than pointer loads, by shape and rows (H100), so off there.
     tma: bool = False
+    # K split into parts of at most this many 256-K steps, and into enough for DIAGONAL_MIN_PROGRAMS programs; 0: K
+    # split by the output's tile count (SPLIT_K_BELOW_TILES)
+    split_steps: int = 0
 
     def __post_init__(self):
         if self.period not in (1, 2, 4, 8) or self.period * self.block_m < 16 or self.period * self.block_m > 128:
@@ -78,8 +81,14 @@ class Fp8Config:
                              f"got period {self.period}, block_m {self.block_m}")
 
 
+# 1-2 rows (decode at batch 1-2), H200, bench/fp4_gemm.py --sweep --unsummed --ms 1 on 31B's six weights: 128-row
+# weight tiles by TMA with K split by split_steps took 37.8 / 21.1 / 17.1 / 20.5 / 12.1 / 17.7 us for gate_up,
+# down, sliding and global qkv, sliding and global o, where 64-row tiles split by tile count took 42.2 / 22.8 / 19.5
+# / 21.8 / 11.9 / 18.6 (unsummed: the layers' consumers add split-K parts as they read them). 31B MXFP4 TPOT at
+# batch 1 (bench latency, one machine): 7.21 against 7.96 ms.
+BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=128, num_warps=4, num_stages=3, period=8, tma=True, split_steps=14)
+DIAGONAL_MIN_PROGRAMS = 252  # about 2 per SM of an H200
 # Best of the sweep on an H100 for Gemma-4-31B shapes.
-BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
 BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
 QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
 PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)  # 2 tiles at 32 rows
