@@ -90,6 +90,7 @@ def test_triton_gemm_matches_reference(m, n, k, config, dtype, quantize_x, wide)
     (17, 40, 512, Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=2, split_k=2)),
     (3, 72, 544, Fp8Config(4, 64, 4, 2, split_k=2, period=8, tma=True)),   # weight tiles by TMA
     (19, 40, 544, Fp8Config(16, 64, 4, 2, period=2, tma=True)),
+    (2, 200, 1056, dataclasses.replace(mxfp4_tuning.WIDE_DIAGONAL_2, split_k=3)),  # 128-row TMA tiles, 72 past N
     (7, 40, 96, DequantizeConfig(rows=32)),                                      # slabs of 32 weight rows
     (3, 72, 96, DequantizeConfig(rows=16)),                                      # 5 slabs: both buffers reused
 ])
@@ -242,14 +243,20 @@ def test_paths_by_rows():
     (43008, 5376, 2),  # 21 K steps in parts of at most 14
     (16384, 5376, 2),  # 128 tiles: 2 parts for 252 programs
     (5376, 21504, 6),  # 84 steps
-    (5376, 8192, 6),  # 42 tiles: 6 parts for 252 programs
-    (5376, 512, 2),  # never more parts than K steps
+    (5376, 8192, 6),  # 42 tiles: 6 parts for 252 programs, of 5-6 steps
 ])
-def test_one_or_two_rows_split_k_by_steps_and_programs(n, k, split_k):
+def test_one_or_two_rows_of_long_k_split_k_by_steps_and_programs(n, k, split_k):
     for rows in (1, 2):
         config = mxfp4_gemm_fp8.pick_config(rows, n, k)
-        assert dataclasses.replace(config, split_k=1) == mxfp4_tuning.BLOCK_DIAGONAL_2
+        assert dataclasses.replace(config, split_k=1) == mxfp4_tuning.WIDE_DIAGONAL_2
         assert config.split_k == split_k
+
+
+@pytest.mark.parametrize("n, k", [(2816, 4096), (8192, 2816), (5376, 512)])
+def test_one_or_two_rows_of_short_k_keep_the_narrow_tiles(n, k):
+    """Parts of fewer than 4 K steps: 26B-A4B's shapes were not timed with the wide tiles."""
+    assert dataclasses.replace(mxfp4_gemm_fp8.pick_config(1, n, k), split_k=1) == mxfp4_tuning.BLOCK_DIAGONAL_2
+    assert mxfp4_gemm_fp8.pick_config(1, 2816, 4096).split_k == 4  # 44 tiles
     assert mxfp4_gemm_lookup.pick_config(5, 21504) == mxfp4_gemm_lookup.ROWS_16  # 336 tiles: no split
     assert mxfp4_gemm_lookup.pick_config(17, 21504) == mxfp4_gemm_lookup.ROWS_32
     assert mxfp4_gemm_lookup.pick_config(33, 21504) == mxfp4_gemm_lookup.ROWS_64

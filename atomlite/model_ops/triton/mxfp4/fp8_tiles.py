@@ -37,26 +37,36 @@ from atomlite.model_ops.triton.activation import gelu_tanh
 from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, interpreting,
                                               nvidia_capability, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.triton.mxfp4.quant import quantize_blocks
-from atomlite.model_ops.triton.mxfp4.tuning import (DIAGONAL_MIN_PROGRAMS, FP8_QUANTIZE_ROWS, FP8_QUANTIZE_WARPS,
-                                                    GROUP_N, PER_BLOCK_32, SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES,
-                                                    SPLIT_K_FEWEST_TILES, SUM_BLOCK, SUM_WARPS, TILES, Fp8Config)
+from atomlite.model_ops.triton.mxfp4.tuning import (FP8_QUANTIZE_ROWS, FP8_QUANTIZE_WARPS, GROUP_N, PER_BLOCK_32,
+                                                    SPLIT_K_BELOW_TILES, SPLIT_K_FEW_TILES, SPLIT_K_FEWEST_TILES,
+                                                    SUM_BLOCK, SUM_WARPS, TILES, WIDE_DIAGONAL_2, WIDE_MIN_PART_STEPS,
+                                                    WIDE_MIN_PROGRAMS, Fp8Config)
 
 STEP_K = 256  # K per loop step; weights are padded to a multiple of it at load time
 
 
 def pick_config(m: int, n: int, k_padded: int) -> Fp8Config:
-    """The tile of TILES that holds m rows of an [n, k_padded] weight; K split by the tile's split_steps, else where
-    the output has few tiles (tuning.py)."""
+    """The tiles for m rows of an [n, k_padded] weight (tuning.py): at 1-2 rows WIDE_DIAGONAL_2 where K is long enough,
+    else the tile of TILES that holds m rows, K split where the output has few tiles."""
+    if m <= WIDE_DIAGONAL_2.block_m:
+        wide = _long_k_split(WIDE_DIAGONAL_2, m, n, k_padded)
+        if wide is not None:
+            return wide
     config = next((config for rows, config in TILES if m <= rows), PER_BLOCK_32)
     tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-    if config.split_steps:
-        steps = k_padded // STEP_K
-        parts = max(triton.cdiv(steps, config.split_steps), triton.cdiv(DIAGONAL_MIN_PROGRAMS, tiles))
-        return dataclasses.replace(config, split_k=max(1, min(steps, parts)))
     if tiles >= SPLIT_K_BELOW_TILES or config is PER_BLOCK_32:  # 32 rows: splitting measured slower
         return config
     split_k = SPLIT_K_FEWEST_TILES if tiles < SPLIT_K_BELOW_TILES // 2 else SPLIT_K_FEW_TILES
     return dataclasses.replace(config, split_k=split_k)
+
+
+def _long_k_split(config: Fp8Config, m: int, n: int, k_padded: int) -> Fp8Config | None:
+    """config with K split into parts of at most config.split_steps steps, and into enough parts for
+    WIDE_MIN_PROGRAMS programs; None where that leaves a part fewer than WIDE_MIN_PART_STEPS steps."""
+    steps = k_padded // STEP_K
+    tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+    parts = max(triton.cdiv(steps, config.split_steps), triton.cdiv(WIDE_MIN_PROGRAMS, tiles))
+    return dataclasses.replace(config, split_k=parts) if steps >= parts * WIDE_MIN_PART_STEPS else None
 
 
 def supported(x: torch.Tensor) -> bool:

@@ -71,8 +71,7 @@ class Fp8Config:
     # Weight tiles by TMA where there is one (weight_loads): for the tiles of 4-64 rows 1 us slower to 2 us faster
     # than pointer loads, by shape and rows (H100), so off there.
     tma: bool = False
-    # K split into parts of at most this many 256-K steps, and into enough for DIAGONAL_MIN_PROGRAMS programs; 0: K
-    # split by the output's tile count (SPLIT_K_BELOW_TILES)
+    # K split into parts of at most this many 256-K steps, and into enough for WIDE_MIN_PROGRAMS programs (pick_config)
     split_steps: int = 0
 
     def __post_init__(self):
@@ -85,10 +84,12 @@ class Fp8Config:
 # weight tiles by TMA with K split by split_steps took 37.8 / 21.1 / 17.1 / 20.5 / 12.1 / 17.7 us for gate_up,
 # down, sliding and global qkv, sliding and global o, where 64-row tiles split by tile count took 42.2 / 22.8 / 19.5
 # / 21.8 / 11.9 / 18.6 (unsummed: the layers' consumers add split-K parts as they read them). 31B MXFP4 TPOT at
-# batch 1 (bench latency, one machine): 7.21 against 7.96 ms.
-BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=128, num_warps=4, num_stages=3, period=8, tma=True, split_steps=14)
-DIAGONAL_MIN_PROGRAMS = 252  # about 2 per SM of an H200
+# batch 1 (bench latency, one machine): 7.21 against 7.96 ms. Only where each part keeps WIDE_MIN_PART_STEPS steps
+# (31B's: 5-14); shorter K (26B-A4B's 2816-4096) was not timed with these tiles and keeps BLOCK_DIAGONAL_2.
+WIDE_DIAGONAL_2 = Fp8Config(block_m=2, block_n=128, num_warps=4, num_stages=3, period=8, tma=True, split_steps=14)
+WIDE_MIN_PROGRAMS, WIDE_MIN_PART_STEPS = 252, 4  # about 2 programs per SM of an H200
 # Best of the sweep on an H100 for Gemma-4-31B shapes.
+BLOCK_DIAGONAL_2 = Fp8Config(block_m=2, block_n=64, num_warps=4, num_stages=3, period=8)
 BLOCK_DIAGONAL_4 = Fp8Config(block_m=4, block_n=64, num_warps=4, num_stages=3, period=8)
 QUAD_DIAGONAL_8 = Fp8Config(block_m=8, block_n=64, num_warps=4, num_stages=3, period=4)
 PAIR_DIAGONAL_16 = Fp8Config(block_m=16, block_n=64, num_warps=4, num_stages=3, period=2)  # 2 tiles at 32 rows
