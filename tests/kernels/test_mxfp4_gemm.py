@@ -252,11 +252,13 @@ def test_one_or_two_rows_of_long_k_split_k_by_steps_and_programs(n, k, split_k):
         assert config.split_k == split_k
 
 
-@pytest.mark.parametrize("n, k", [(2816, 4096), (8192, 2816), (5376, 512)])
-def test_one_or_two_rows_of_short_k_keep_the_narrow_tiles(n, k):
-    """Parts of fewer than 4 K steps: 26B-A4B's shapes were not timed with the wide tiles."""
-    assert dataclasses.replace(mxfp4_gemm_fp8.pick_config(1, n, k), split_k=1) == mxfp4_tuning.BLOCK_DIAGONAL_2
-    assert mxfp4_gemm_fp8.pick_config(1, 2816, 4096).split_k == 4  # 44 tiles
+@pytest.mark.parametrize("n, k, split_k", [(2816, 4096, 4), (8192, 2816, 2), (5376, 512, 4)])
+def test_one_or_two_rows_of_short_k_keep_the_narrow_tiles(n, k, split_k):
+    """Parts of fewer than 4 K steps (26B-A4B's shapes were not timed with the wide tiles): 64-row tiles, K split by
+    their count (44, 128 and 84 tiles)."""
+    config = mxfp4_gemm_fp8.pick_config(1, n, k)
+    assert dataclasses.replace(config, split_k=1) == mxfp4_tuning.BLOCK_DIAGONAL_2
+    assert config.split_k == split_k
     assert mxfp4_gemm_lookup.pick_config(5, 21504) == mxfp4_gemm_lookup.ROWS_16  # 336 tiles: no split
     assert mxfp4_gemm_lookup.pick_config(17, 21504) == mxfp4_gemm_lookup.ROWS_32
     assert mxfp4_gemm_lookup.pick_config(33, 21504) == mxfp4_gemm_lookup.ROWS_64
