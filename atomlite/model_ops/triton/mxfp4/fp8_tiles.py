@@ -236,11 +236,12 @@ def store_quantized(xq, x_scale, tile, rm, k0, M, K_PADDED, stride_qm, stride_sm
         # row's store convert its own tile's layout through shared memory (sm_90, 31B's residual update at batch 1:
         # 23 barriers with it, 9 without).
         zeros = tl.zeros_like(low_then_high)
+        diagonal = (rk // 32 % PERIOD)[None, :]  # the row of xq that holds each column's block
+        inside = (rk < K_PADDED)[None, :]
         for j in tl.static_range(PERIOD):
             at = xq + (rm * PERIOD + j)[:, None] * stride_qm + rk[None, :]
-            block_j = (rk // 32 % PERIOD)[None, :]
-            tl.store(at, low_then_high, mask=(block_j == j) & (rk < K_PADDED)[None, :])
-            tl.store(at, zeros, mask=(block_j != j) & (rk < K_PADDED)[None, :])
+            tl.store(at, low_then_high, mask=(diagonal == j) & inside)
+            tl.store(at, zeros, mask=(diagonal != j) & inside)
     tl.store(x_scale + rm[:, None] * stride_sm + rb[None, :], factor,
              mask=(rm < M)[:, None] & (rb < K_PADDED // 32)[None, :])
 
