@@ -57,6 +57,31 @@ def test_fp8_gemm_matches_reference(device, strategy, activation, m, n, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy, activation, n, k", [("channel", "token", 200, 400), ("block", "group", 72, 384),
+                                                        ("tensor", "static", 136, 1040)])
+def test_weight_tiles_by_tma_in_k_parts_match_reference(device, strategy, activation, n, k, monkeypatch):
+    """W's tiles by TMA (zeros past N and K, rows starting at each tile's first) with K split into parts of one
+    step each (TMA on Hopper and in the interpreter)."""
+    from atomlite.model_ops.triton.fp8 import gemm, tuning
+    from atomlite.model_ops.triton.common import nvidia_capability
+    spec, q, scale, input_scale = _layer(strategy, activation, n, k, device)
+    # more programs per SM than tiles and K steps: one K step a split
+    tile = tuning.FP8TileConfig(16, 64, 128, 4, 1, split_k=True, programs_per_sm=64, min_k_steps=1, tma=True)
+    for name in ("INTERPRETER", "EXACT", "DECODE", "DECODE_K_BLOCKS", "DECODE_K_BLOCKS_WIDE"):
+        monkeypatch.setattr(tuning, name, tile)  # fp32 dots (the interpreter), or fp8 x's decode tiles on a GPU
+    launches = []
+    run_kernel = gemm.run_kernel
+    monkeypatch.setattr(gemm, "run_kernel", lambda kernel, grid, *args, **kw: (
+        launches.append((kernel, grid, kw.get("TMA"))), run_kernel(kernel, grid, *args, **kw))[1])
+    x = _x(3, k, device)
+    got = gemm.fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
+    assert_gemm_close(got, x, q, scale, spec, input_scale)
+    (kernel, grid, tma), = launches
+    assert grid[2] == -(-k // 128)
+    assert tma is (device == "cpu" or nvidia_capability(q.device) >= (9, 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("tensor", "static")])
 def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, activation):
     """Beyond tuning.library_min_rows rows of bf16 x, per-token or static x on a per-channel or per-tensor W goes to
@@ -174,14 +199,23 @@ def test_decode_batches_take_the_fewest_row_tiles_that_keep_the_gpu_busy():
     assert row_tiles(100, 5376, sms, True).block_k == 128
 
 
+def test_block_scaled_decode_takes_wide_tiles_only_where_narrow_ones_overfill_the_gpu():
+    """Block-scaled decode: 64-row tiles, or 128-row ones by TMA where W has more 64-row tiles than the GPU holds
+    programs (31B's gate_up: 672 against 4 x 132)."""
+    from atomlite.model_ops.triton.fp8.tuning import DECODE_K_BLOCKS, DECODE_K_BLOCKS_WIDE, decode_k_blocks
+    assert decode_k_blocks(43008, 132) is DECODE_K_BLOCKS_WIDE and DECODE_K_BLOCKS_WIDE.tma
+    assert all(decode_k_blocks(n, 132) is DECODE_K_BLOCKS for n in (5376, 16384, 18432, 33792))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group"), ("tensor", "static"),
                                                   ("channel", None), ("block", "token")])
 @pytest.mark.parametrize("m, n", [(1, 384), (5, 384), (16, 384), (40, 384), (64, 384), (100, 384), (300, 384),
-                                  (100, 20480), (200, 20480), (512, 384)])
+                                  (100, 20480), (200, 20480), (512, 384), (1, 40960), (16, 40960)])
 def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m, n):
-    """The GPU's tile paths (split-K decode, medium, the row tiles of decode batches, library) on a bf16 model: the
-    reference on the same bf16 x, within the output's bf16 rounding and the fp32 summation order."""
+    """The GPU's tile paths (split-K decode, its wide block-scaled tiles, medium, the row tiles of decode batches,
+    library) on a bf16 model: the reference on the same bf16 x, within the output's bf16 rounding and the fp32
+    summation order."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
     k = 2048  # a long K: the decode path splits K where N has few tiles
     spec, q, scale, input_scale = _layer(strategy, activation, n, k, "cuda")

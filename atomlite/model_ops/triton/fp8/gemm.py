@@ -23,7 +23,7 @@ from atomlite.model_ops.triton.common import (dependent_launches, gdc_wait, inte
 from atomlite.model_ops.triton.fp8.quant import quantize_rows
 from atomlite.model_ops.triton.fp8.tuning import LIBRARY_MIN_ROWS, FP8TileConfig, library_min_rows, tile_config
 from atomlite.model_ops.triton.mxfp4 import blockwise
-from atomlite.model_ops.triton.mxfp4.fp8_tiles import add_partials
+from atomlite.model_ops.triton.mxfp4.fp8_tiles import add_partials, weight_loads
 
 
 @triton.jit
@@ -51,24 +51,38 @@ def _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS: tl.co
 
 
 @triton.jit
+def _weight_tile(w_rows, k, kk, n_ok, k_ok, TMA: tl.constexpr, n_first):
+    """W's tile at columns kk (from k): through the rows' pointers w_rows, or with TMA from descriptor w_rows at row
+    n_first (zeros past W's edges)."""
+    if TMA:
+        tile = w_rows.load([n_first, k])
+    else:
+        tile = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
+                n_first=0):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
-    row's start. X_BLOCKS / W_BLOCKS: x's and W's scale of each SCALE_K-wide block of K (xs_rows + k // SCALE_K,
-    ws_rows + k // SCALE_K * ws_step) multiplies that block's product; BLOCK_K divides SCALE_K and k_lo is a
-    multiple of it. PDL: a dependent launch, which loads its first W tile before it waits for the kernel ahead (that
-    wrote x and its scales; no kernel writes W), so the tile streams in while that kernel finishes. It does not let
-    the kernel after it launch early: on 31B's FP8 decode that chained early launches (GEMM, norm, next GEMM), and
-    the next GEMM's programs, placed among this one's, ran 1.4x longer (H200)."""
+    row's start; with TMA, w_rows is W's tensor descriptor and the tile's rows start at n_first (k_hi must then be a
+    multiple of BLOCK_K or W's K: the descriptor reads whole tiles). X_BLOCKS / W_BLOCKS: x's and W's scale of each
+    SCALE_K-wide block of K (xs_rows + k // SCALE_K, ws_rows + k // SCALE_K * ws_step) multiplies that block's
+    product; BLOCK_K divides SCALE_K and k_lo is a multiple of it. PDL: a dependent launch, which loads its first W
+    tile before it waits for the kernel ahead (that wrote x and its scales; no kernel writes W), so the tile streams
+    in while that kernel finishes. It does not let the kernel after it launch early: on 31B's FP8 decode that chained
+    early launches (GEMM, norm, next GEMM), and the next GEMM's programs, placed among this one's, ran 1.4x longer
+    (H200)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     k_first = k_lo
     if PDL:
         kk = k_lo + rk
         k_ok = kk < k_hi
-        w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = _weight_tile(w_rows, k_lo, kk, n_ok, k_ok, TMA, n_first)
         gdc_wait()
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k_lo, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
@@ -76,7 +90,7 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
     for k in range(k_first, k_hi, BLOCK_K):
         kk = k + rk
         k_ok = kk < k_hi
-        w = tl.load(w_rows[:, None] + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        w = _weight_tile(w_rows, k, kk, n_ok, k_ok, TMA, n_first)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
     return acc
@@ -98,10 +112,11 @@ def scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED: tl.constexpr, X_BLOC
 def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, stride_xm, stride_xsm, stride_wn,
                     stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+                    TMA: tl.constexpr = False):
     """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
     stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). PDL: a dependent launch
-    (scaled_tile)."""
+    (scaled_tile). TMA: w_ptr is W's tensor descriptor."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,8 +125,9 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
     k_hi = tl.minimum(k_lo + k_per_split, K)
     xs_rows = xs_ptr + rm * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
-    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_ptr + rn * stride_wn, ws_rows, stride_wsk, m_ok, n_ok, k_lo,
-                      k_hi, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL)
+    w_rows = w_ptr if TMA else w_ptr + rn * stride_wn
+    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_rows, ws_rows, stride_wsk, m_ok, n_ok, k_lo, k_hi,
+                      X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL, TMA, pid_n * BLOCK_N)
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
     out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
     tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
@@ -122,6 +138,12 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
     least config.min_k_steps steps of BLOCK_K: 1 when the tiles alone fill it."""
     slots = config.programs_per_sm * num_sms(device)
     return max(1, min(slots // max(tiles, 1), k_steps // config.min_k_steps))
+
+
+def tma_aligned(weight: torch.Tensor) -> bool:
+    """Whether a tensor descriptor can address W: rows of unit stride, 16-byte aligned (TMA's rule)."""
+    row_bytes = weight.stride(0) * weight.element_size()
+    return weight.stride(1) == 1 and row_bytes % 16 == 0 and weight.data_ptr() % 16 == 0
 
 
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
@@ -148,11 +170,12 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     pdl = dependent_launches(x.device)
-    run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, weight, scale, target, m, n, k, k_per_split,
+    w, tma = weight_loads(weight, config.tma and tma_aligned(weight), [config.block_n, config.block_k])
+    run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, w, scale, target, m, n, k, k_per_split,
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
-               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
+               BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl, TMA=tma,
                num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits == 1:
         return y

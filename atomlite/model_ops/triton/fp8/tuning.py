@@ -16,6 +16,7 @@ class FP8TileConfig:
     split_k: bool = False  # split K over programs until the GPU is full (decode: bound by streaming W)
     programs_per_sm: int = 2
     min_k_steps: int = 4
+    tma: bool = False  # W's tiles by TMA where there is one (mxfp4.fp8_tiles.weight_loads)
 
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
@@ -27,9 +28,14 @@ DECODE_ROWS = 16  # up to this many rows: the split-K path
 # 0.46-0.92x (bench/fp8_rows_sweep.py --block, H200).
 LIBRARY_MIN_ROWS, NVIDIA_LIBRARY_MIN_ROWS = 64, 512
 # Decode tiles from bench/fp8_decode_sweep.py (H200, 31B's shapes, 1 and 16 rows): 256 fp8 bytes of K a step, the
-# bytes bf16 reads at BLOCK_K 128; scales per 128-wide K block take one block a step.
+# bytes bf16 reads at BLOCK_K 128 (W's tiles by TMA measured the same, 0.1 us either way).
 DECODE = FP8TileConfig(16, 64, 256, 4, 3, split_k=True)
-DECODE_K_BLOCKS = FP8TileConfig(16, 128, 128, 4, 3, split_k=True)
+# Scales per 128-wide K block take one block a step: 64-row tiles, 4 programs per SM, unless W has more such tiles
+# than that fills; then 128-row tiles by TMA (4 stages). 1 row, quantization included: qkv 28.1, o 17.0, gate_up 63.2,
+# down 35.0 us, against 30.9 / 18.2 / 67.0 / 38.7 for 128-row tiles by pointers, 3 stages (16 rows: 29.9 / 18.6 /
+# 65.1 / 37.6 against 33.2 / 20.1 / 68.3 / 42.4); 64-row tiles took 77.8 us on gate_up.
+DECODE_K_BLOCKS = FP8TileConfig(16, 64, 128, 4, 4, split_k=True, programs_per_sm=4)
+DECODE_K_BLOCKS_WIDE = FP8TileConfig(16, 128, 128, 4, 4, split_k=True, tma=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
 # NVIDIA, 65 to NVIDIA_LIBRARY_MIN_ROWS rows: the fewest x-row tiles of these (W then streams once per tile), up to
@@ -43,7 +49,7 @@ EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpr
 # shape, and with fewer tiles a long K may split in more parts (num_splits).
 INTERPRETER = FP8TileConfig(64, 128, EXACT.block_k, 4, 1, split_k=True)
 # the narrowest K block (or group) a scale may span: every tile that runs with K-block scales steps through one
-SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, MEDIUM, LARGE, EXACT))
+SCALE_K_STEP = max(config.block_k for config in (DECODE_K_BLOCKS, DECODE_K_BLOCKS_WIDE, MEDIUM, LARGE, EXACT))
 AMD_STAGES = 2  # LDS: 64 KiB on gfx942
 
 
@@ -57,8 +63,8 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     tiles would not fit the row tiles' shared memory)."""
     if fp32_dot:
         return fp32_tiles()
-    decode = DECODE_K_BLOCKS if k_blocks else DECODE
     platform = platform_of(device)
+    decode = decode_k_blocks(n, num_sms(device)) if k_blocks else DECODE
     if m <= DECODE_ROWS:
         config = decode
     elif m <= 64:
@@ -70,6 +76,12 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     if platform.kind == "rocm":
         config = replace(config, num_stages=AMD_STAGES)
     return config
+
+
+def decode_k_blocks(n: int, sms: int) -> FP8TileConfig:
+    """The decode tiles of block-scaled W (or x in groups) with n rows."""
+    narrow = DECODE_K_BLOCKS
+    return DECODE_K_BLOCKS_WIDE if -(-n // narrow.block_n) > narrow.programs_per_sm * sms else narrow
 
 
 def fp32_tiles() -> FP8TileConfig:
