@@ -75,6 +75,16 @@ def test_attention_at_gemma4_shapes_spills_no_vgprs(rocm_results, platform):
 
 
 @pytest.mark.parametrize("platform", ROCM)
+def test_fp8_kernels_spill_no_vgprs(rocm_results, platform):
+    """The FP8 configs' fp8_linear and fp8_moe_experts launches (dynamic per token, per group of 128, static per
+    tensor), on gfx942's e4m3fnuz weights and gfx950's e4m3fn."""
+    fp8 = [r for r in rocm_results if r.platform == platform and r.kernel.startswith("fp8.")]
+    assert {r.kernel for r in fp8} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
+    spilled = [f"{r.describe()}: {r.stats}" for r in fp8 if (r.stats or {}).get("spills")]
+    assert not spilled, "\n".join(spilled)
+
+
+@pytest.mark.parametrize("platform", ROCM)
 def test_the_prefill_with_image_blocks_compiles_at_the_sliding_head_dim(rocm_results, platform):
     """31B with its vision tower (use_bidirectional_attention "vision"): its sliding layers' prefill with key ends,
     on a 16-bit and an fp8 cache (ROCm tiles them apart); decode steps never carry key ends, nor models without a

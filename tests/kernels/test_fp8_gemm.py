@@ -224,22 +224,6 @@ def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m, n):
     assert_gemm_close(got, x, q, scale, spec, input_scale, torch.bfloat16)
 
 
-@pytest.mark.slow
-def test_fp8_kernels_compile_for_gfx942_fnuz_and_gfx950_without_spills():
-    """The fp8_linear and fp8_moe_experts launches the FP8 configs of examples/configs make (dynamic per token,
-    dynamic per group of 128, static per tensor), with gfx942's e4m3fnuz weights and gfx950's e4m3fn (the full gate:
-    tests/kernels/test_compile_gate.py)."""
-    from pathlib import Path
-
-    from atomlite.tools.compile_gate import failures, run_gate
-    source = Path(__file__).with_name("compile_gate_fp8.py")
-    run = run_gate(["gfx942", "gfx950"], launches=f"{source}:launches")
-    results = run.results
-    assert not failures(run), "\n\n".join(failures(run))
-    assert {r.kernel for r in results} >= {"fp8.gemm.fp8_gemm_kernel", "fp8.moe.fp8_moe_gemm_kernel"}
-    assert all(not (r.stats or {}).get("spills") for r in results)
-
-
 def _read_rows(quant, whole_row, monkeypatch) -> None:
     """How quantize_rows reads a row: whole (True), in chunks of 64 columns (groups: 128 a program) over several
     programs (False), one program a row looping 64 columns at a time ("looped", a prefill's many wide rows), or per

@@ -28,7 +28,7 @@ DECODE_ROWS = 16  # up to this many rows: the split-K path
 # 0.46-0.92x (bench/fp8_rows_sweep.py --block, H200).
 LIBRARY_MIN_ROWS, NVIDIA_LIBRARY_MIN_ROWS = 64, 512
 # Decode tiles from bench/fp8_decode_sweep.py (H200, 31B's shapes, 1 and 16 rows): 256 fp8 bytes of K a step, the
-# bytes bf16 reads at BLOCK_K 128 (W's tiles by TMA measured the same, 0.1 us either way).
+# bytes bf16 reads at BLOCK_K 128 (W's tiles by TMA within 1 us of these, quantization included).
 DECODE = FP8TileConfig(16, 64, 256, 4, 3, split_k=True)
 # Scales per 128-wide K block take one block a step: 64-row tiles, 4 programs per SM, unless W has more such tiles
 # than that fills; then 128-row tiles by TMA (4 stages). 1 row, quantization included: qkv 28.1, o 17.0, gate_up 63.2,
