@@ -1,5 +1,6 @@
 """FP8 decode GEMMs at Gemma-4-31B's shapes, 1 and 16 rows, against the bf16 skinny GEMM in the same run, each way
-the FP8 path can be launched and at each decode tile: what to set in fp8/tuning.py (DECODE, DECODE_K_BLOCKS).
+the FP8 path can be launched and at each decode tile: what to set in fp8/tuning.py (DECODE, DECODE_K_BLOCKS and
+DECODE_K_BLOCKS_WIDE).
 
     PYTHONPATH=. python bench/fp8_decode_sweep.py [--ms 1,16] [--top 6]
 
@@ -24,8 +25,8 @@ from decode_attention import graph_us  # bench/ is on the path when a bench scri
 from fp8_gemm import layer
 
 SHAPES = [("qkv", 16384, 5376), ("o", 5376, 8192), ("gate_up", 43008, 5376), ("down", 5376, 21504)]
-L2_BYTES = 3 * (50 << 20)
-STATIC_INPUT_SCALE = 0.02  # weights rotated through copies of at least this many bytes together
+L2_BYTES = 3 * (50 << 20)  # weights rotated through copies of at least this many bytes together
+STATIC_INPUT_SCALE = 0.02  # the static way's calibrated input scale
 # (BLOCK_N, BLOCK_K, num_warps, num_stages, programs_per_sm, TMA) at BLOCK_M 16, split-K on; the block semantics
 # take BLOCK_K 128 only (one scale block a step); TMA tiles are at most 256 wide
 TILES = [(128, 128, 4, 3, 2, False), (64, 128, 4, 4, 4, False), (64, 256, 4, 3, 2, False), (64, 256, 4, 4, 2, False),
