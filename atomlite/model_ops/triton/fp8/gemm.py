@@ -140,12 +140,6 @@ def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileCo
     return max(1, min(slots // max(tiles, 1), k_steps // config.min_k_steps))
 
 
-def tma_aligned(weight: torch.Tensor) -> bool:
-    """Whether a tensor descriptor can address W: rows of unit stride, 16-byte aligned (TMA's rule)."""
-    row_bytes = weight.stride(0) * weight.element_size()
-    return weight.stride(1) == 1 and row_bytes % 16 == 0 and weight.data_ptr() % 16 == 0
-
-
 def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tensor, scale: torch.Tensor,
               scale_k: int, out_dtype: torch.dtype, summed: bool = True) -> torch.Tensor | PartialSums:
     """x [M, K] (e4m3 with x_scale [M, G], or 16/32-bit with x_scale None) @ weight [N, K]^T with scales [N, G'];
@@ -170,7 +164,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else y
     xs = x_scale if x_scale is not None else scale  # unread without X_SCALED
     pdl = dependent_launches(x.device)
-    w, tma = weight_loads(weight, config.tma and tma_aligned(weight), [config.block_n, config.block_k])
+    w, tma = weight_loads(weight, config.tma, [config.block_n, config.block_k])
     run_kernel(fp8_gemm_kernel, (*tiles, splits), x, xs, w, scale, target, m, n, k, k_per_split,
                x.stride(0), xs.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), target.stride(-2),
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,

@@ -81,10 +81,18 @@ def _dependent_launch(x: torch.Tensor) -> bool:
 
 def weight_loads(weight: torch.Tensor, tma: bool, block: list[int]) -> tuple[object, bool]:
     """The GEMM kernels' weight argument and TMA flag: with tma on Hopper (and in the interpreter), a tensor
-    descriptor whose tiles land swizzled in shared memory; else the tensor, read through pointers."""
-    if tma and TensorDescriptor is not None and (interpreting() or nvidia_capability(weight.device) >= (9, 0)):
+    descriptor whose tiles land swizzled in shared memory, where one can address the weight; else the tensor, read
+    through pointers."""
+    if (tma and TensorDescriptor is not None and _tma_addressable(weight)
+            and (interpreting() or nvidia_capability(weight.device) >= (9, 0))):
         return TensorDescriptor.from_tensor(weight, block), True
     return weight, False
+
+
+def _tma_addressable(weight: torch.Tensor) -> bool:
+    """TMA's rule: rows of unit stride, their starts 16-byte aligned."""
+    row_bytes = weight.stride(0) * weight.element_size()
+    return weight.stride(1) == 1 and row_bytes % 16 == 0 and weight.data_ptr() % 16 == 0
 
 
 @triton.jit
