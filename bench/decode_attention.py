@@ -1,6 +1,7 @@
-"""Batch-1 decode attention at real layer shapes, as a graph replays it: per-layer GPU time against the KV bytes.
+"""Decode attention at real layer shapes, as a graph replays it: per-layer GPU time against the KV bytes.
 
     PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192] [--cold] [--tiles]
+        [--batch 1]
 
 Issues 18 and 19 measured 19-25 us per attention layer at batch 1 and 544 tokens of context, where the KV bytes
 take under 3 us. This times each layer shape of 31B and 26B-A4B (sliding: K+V over the window; global: V alone,
@@ -8,6 +9,8 @@ keys rebuilt) with the launcher's own split-KV choice and with each split count 
 times in one CUDA graph (no host launch cost, as decode graphs run it); an empty kernel's per-launch time in the
 same graph is the floor. The block table is sized for --table-tokens, as a captured decode step's is for
 --max-model-len (the split count follows it). Every configuration is checked against the torch reference first.
+--batch N decodes N sequences of the same context at once, as a step under load does (256 x 512 in / 256 out holds
+about 150 sequences of 31B FP8 at a mean context of 640).
 """
 import argparse
 import dataclasses
@@ -57,12 +60,13 @@ def key_rule(head_dim: int, max_positions: int) -> KFromV:
     return KFromV(weight, rope.cos_table, rope.sin_table, rotary_pairs(inv_freq))
 
 
-def batch(heads: int, kv_heads: int, head_dim: int, context: int, table_tokens: int):
-    """One decoding sequence at `context` keys, its block table as wide as `table_tokens` (the rest unused)."""
-    k_cache, v_cache, table, seq_lens = paged_cache(1, max(context, table_tokens), kv_heads, head_dim)
+def batch(heads: int, kv_heads: int, head_dim: int, context: int, table_tokens: int, num_seqs: int = 1):
+    """num_seqs decoding sequences at `context` keys each, their block tables as wide as `table_tokens` (the rest
+    unused)."""
+    k_cache, v_cache, table, seq_lens = paged_cache(num_seqs, max(context, table_tokens), kv_heads, head_dim)
     seq_lens.fill_(context)
-    q = torch.randn(1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    starts = torch.tensor([0, 1], dtype=torch.int32, device="cuda")
+    q = torch.randn(num_seqs, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32, device="cuda")
     return q, k_cache, v_cache, table, seq_lens, starts
 
 
@@ -72,9 +76,10 @@ def cold_us(fn, flush) -> float:
     return graph_us(fn, flush) - graph_us(flush)
 
 
-def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None, tiles: bool = False) -> None:
+def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None, tiles: bool = False,
+            num_seqs: int = 1) -> None:
     model, layer, heads, kv_heads, head_dim, window = shape
-    q, k_cache, v_cache, table, seq_lens, starts = batch(heads, kv_heads, head_dim, context, table_tokens)
+    q, k_cache, v_cache, table, seq_lens, starts = batch(heads, kv_heads, head_dim, context, table_tokens, num_seqs)
     scale = head_dim ** -0.5
     rule = key_rule(head_dim, max(context, table_tokens) + 1) if window is None else None
     k_cache = None if rule is not None else k_cache
@@ -83,7 +88,7 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
     ref = torch_ref.paged_attention(upcast[0], upcast[1], upcast[2], table, seq_lens, starts, scale, window,
                                     k_from_v=rule32)
     chosen = tri.pick_config(q, v_cache, table, heads // kv_heads, derive_k=rule is not None, window=window)
-    read = min(context, window or context) * kv_heads * head_dim * 2 * (1 if rule is not None else 2)
+    read = num_seqs * min(context, window or context) * kv_heads * head_dim * 2 * (1 if rule is not None else 2)
 
     def timed(name: str, config: tri.AttnConfig) -> str:
         """us per call of config, checked against the reference first."""
@@ -99,7 +104,7 @@ def measure(shape, context: int, table_tokens: int, bandwidth: float, flush=None
         label = f"{splits}{' (chosen)' if splits == chosen.num_splits else ''}"
         results.append(f"{label}: {timed(f'splits={splits}', dataclasses.replace(chosen, num_splits=splits))}")
     cold = ", cold L2" if flush else ""
-    print(f"{model} {layer} layer, batch 1, context {context}{cold} ({read / 1e6:.2f} MB of KV, "
+    print(f"{model} {layer} layer, batch {num_seqs}, context {context}{cold} ({read / 1e6:.2f} MB of KV, "
           f"{read / bandwidth * 1e6:.1f} us at the copy bandwidth): splits " + ", ".join(results), flush=True)
     if tiles:
         tiled = [f"{n}/{w}/{st}: " + timed(f"{n}/{w}/{st}", dataclasses.replace(chosen, block_n=n, num_warps=w,
@@ -115,6 +120,7 @@ def main():
     parser.add_argument("--table-tokens", type=int, default=8192)
     parser.add_argument("--cold", action="store_true", help="empty the L2 cache before each call")
     parser.add_argument("--tiles", action="store_true", help="also time other tiles, warps and pipeline stages")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoding at once, each at the context")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -127,7 +133,7 @@ def main():
         flush = scratch.zero_
     for context in (int(c) for c in args.contexts.split(",")):
         for shape in SHAPES:
-            measure(shape, context, args.table_tokens, bandwidth, flush, args.tiles)
+            measure(shape, context, args.table_tokens, bandwidth, flush, args.tiles, args.batch)
 
 
 if __name__ == "__main__":
