@@ -124,7 +124,9 @@ def main():
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
-    bandwidth = copy_bandwidth() / 2  # bytes read per second (the probe counts read + write)
+    # the rate bench latency's roofline takes for bytes: a copy's reads and writes together (a kernel that only
+    # reads runs at about it, not at half of it)
+    bandwidth = copy_bandwidth()
     empty = torch.empty(1, device="cuda")
     print(f"floor: an empty kernel takes {graph_us(lambda: empty.zero_()):.1f} us per launch in a graph", flush=True)
     flush = None
