@@ -25,7 +25,8 @@ from kernels import check, copy_bandwidth, paged_cache
 
 CALLS = 20
 # --tiles: (keys per tile, warps, stages) timed at the launcher's split count
-TILES = [(32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (64, 8, 1), (64, 8, 2)]
+TILES = [(16, 4, 2), (32, 4, 1), (32, 4, 2), (32, 4, 3), (64, 4, 1), (64, 4, 2), (64, 4, 3), (64, 8, 1),
+         (64, 8, 2)]
 FLUSH_BYTES = 256 << 20  # several times any GPU's L2
 # (model, layer, query heads, KV heads, head_dim, window or None for a V-only global layer)
 SHAPES = [("31B", "sliding", 32, 16, 256, 1024), ("31B", "global", 32, 4, 512, None),
