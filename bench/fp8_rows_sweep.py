@@ -28,7 +28,15 @@ gemm = importlib.import_module("atomlite.model_ops.triton.fp8.gemm")
 SHAPES = {"qkv": (16384, 5376), "o": (5376, 8192), "gate_up": (43008, 5376), "down": (5376, 21504)}
 CONFIGS = [T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3), T(128, 128, 128, 8, 4), T(128, 64, 128, 4, 4),
            T(256, 128, 128, 8, 3), T(128, 256, 128, 8, 3), T(256, 64, 128, 8, 3), T(64, 256, 128, 8, 3),
-           T(128, 128, 256, 8, 3), T(64, 128, 256, 4, 3)]
+           T(128, 128, 256, 8, 3), T(64, 128, 256, 4, 3),
+           # 256 W rows a tile, K split until the GPU holds one program per multiprocessor: each tile re-reads x from
+           # L2 (M x K bytes), so fewer, wider tiles leave more of each multiprocessor's loads in flight to W
+           T(128, 256, 128, 8, 3, split_k=True, programs_per_sm=1), T(128, 256, 64, 8, 4, split_k=True,
+                                                                     programs_per_sm=1)]
+
+
+def tile_name(c) -> str:
+    return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}" + ("/split-K" if c.split_k else "")
 
 
 def triton_gemm(xq, xs, w, ws, config, scale_k=0):
@@ -72,7 +80,7 @@ def block_main(ms: list[int]) -> None:
             best = min(tiles, key=us.get)
             print(f"block {name} {n}x{k} M={m}: bf16 {us['bf16']:.1f}  library {us['library']:.1f} "
                   f"({us['bf16'] / us['library']:.2f}x)  best triton {us[best]:.1f} ({us['bf16'] / us[best]:.2f}x) "
-                  f"{best.block_m}x{best.block_n}x{best.block_k}w{best.num_warps}s{best.num_stages}", flush=True)
+                  f"{tile_name(best)}", flush=True)
 
 
 TILE_CONFIG = gemm.tile_config
@@ -115,8 +123,7 @@ def main() -> None:
             print(f"{name} {n}x{k} M={m}: bf16 {us['bf16']:.1f}  quantize {us['quantize']:.1f}  library "
                   f"{us['library']:.1f} ({us['bf16'] / us['library']:.2f}x)  best triton {us.get(best, 0):.1f} "
                   f"({us['bf16'] / us[best]:.2f}x) {best}", flush=True)
-            print("    " + "  ".join(f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}:{us[c]:.1f}"
-                                     for c in configs), flush=True)
+            print("    " + "  ".join(f"{tile_name(c)}:{us[c]:.1f}" for c in configs), flush=True)
 
 
 if __name__ == "__main__":
