@@ -1,7 +1,7 @@
 """Decode attention at real layer shapes, as a graph replays it: per-layer GPU time against the KV bytes.
 
     PYTHONPATH=. python bench/decode_attention.py [--contexts 544,4096,32768] [--table-tokens 8192] [--cold] [--tiles]
-        [--batch 1]
+        [--batch 1,128] [--layers sliding,global]
 
 Issues 18 and 19 measured 19-25 us per attention layer at batch 1 and 544 tokens of context, where the KV bytes
 take under 3 us. This times each layer shape of 31B and 26B-A4B (sliding: K+V over the window; global: V alone,
@@ -9,7 +9,7 @@ keys rebuilt) with the launcher's own split-KV choice and with each split count 
 times in one CUDA graph (no host launch cost, as decode graphs run it); an empty kernel's per-launch time in the
 same graph is the floor. The block table is sized for --table-tokens, as a captured decode step's is for
 --max-model-len (the split count follows it). Every configuration is checked against the torch reference first.
---batch N decodes N sequences of the same context at once, as a step under load does (256 x 512 in / 256 out holds
+--batch N[,M...] decodes N sequences of the same context at once, as a step under load does (256 x 512 in / 256 out holds
 about 150 sequences of 31B FP8 at a mean context of 640).
 """
 import argparse
@@ -121,7 +121,8 @@ def main():
     parser.add_argument("--table-tokens", type=int, default=8192)
     parser.add_argument("--cold", action="store_true", help="empty the L2 cache before each call")
     parser.add_argument("--tiles", action="store_true", help="also time other tiles, warps and pipeline stages")
-    parser.add_argument("--batch", type=int, default=1, help="sequences decoding at once, each at the context")
+    parser.add_argument("--batch", default="1", help="sequences decoding at once, each at the context (a list)")
+    parser.add_argument("--layers", default="sliding,global", help="the layer kinds to time")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"device: {torch.cuda.get_device_name()}")
@@ -134,9 +135,11 @@ def main():
     if args.cold:
         scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
         flush = scratch.zero_
-    for context in (int(c) for c in args.contexts.split(",")):
-        for shape in SHAPES:
-            measure(shape, context, args.table_tokens, bandwidth, flush, args.tiles, args.batch)
+    layers = args.layers.split(",")
+    for num_seqs in (int(b) for b in args.batch.split(",")):
+        for context in (int(c) for c in args.contexts.split(",")):
+            for shape in (s for s in SHAPES if s[1] in layers):
+                measure(shape, context, args.table_tokens, bandwidth, flush, args.tiles, num_seqs)
 
 
 if __name__ == "__main__":
