@@ -159,19 +159,22 @@ def test_wide_heads_split_beyond_16_only_one_program_per_multiprocessor():
 
 def test_wide_heads_take_shared_tiles_when_programs_outnumber_multiprocessors(monkeypatch):
     """Global layers (512-wide bf16 heads, off the interpreter): batch 1's 32 splits of 4 KV heads (128 programs for
-    132 multiprocessors) keep 64-key tiles on 8 warps; a batch of 128 (512 programs) takes DECODE_SHARED_WIDE_HEAD."""
+    132 multiprocessors) keep 64-key tiles on 8 warps; a batch of 128 (512 programs) takes DECODE_SHARED_WIDE_HEAD,
+    unless a program holds a verify step's 5 queries (40 rows)."""
     from atomlite.model_ops.triton.attention.tuning import DECODE_SHARED_WIDE_HEAD
     monkeypatch.setattr(tri, "interpreting", lambda: False)
     cache = torch.empty(1, 16, 4, 512, dtype=torch.bfloat16)
 
-    def config(num_seqs: int) -> tri.AttnConfig:
-        q, table = torch.empty(num_seqs, 32, 512, dtype=torch.bfloat16), torch.empty(num_seqs, 64, dtype=torch.int32)
-        return tri.pick_config(q, cache, table, group=8)
+    def config(num_seqs: int, query_len: int = 1) -> tri.AttnConfig:
+        q = torch.empty(num_seqs * query_len, 32, 512, dtype=torch.bfloat16)
+        table = torch.empty(num_seqs, 64, dtype=torch.int32)
+        return tri.pick_config(q, cache, table, group=8, max_query_len=query_len)
 
-    alone, loaded = config(1), config(128)
+    alone, loaded, verify = config(1), config(128), config(128, 5)
     assert (alone.block_n, alone.num_warps, alone.num_splits) == (64, 8, 16)
     assert (loaded.block_n, loaded.num_warps, loaded.num_stages) == DECODE_SHARED_WIDE_HEAD
     assert loaded.num_splits == 1
+    assert (verify.block_m, verify.block_n, verify.num_warps) == (64, 64, 8)
 
 
 def test_attention_without_queries_returns_empty():

@@ -339,13 +339,14 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
     LONG_WALK_STAGES (tuning.py). keys: the most keys a query sees (the table's width, or the window). rows: a
     sequence's queries times the GQA group, which one program takes whole up to DECODE_MAX_BLOCK_M (each key tile
     then loaded once for all of them). Wide heads with more programs than multiprocessors take tiles two of which
-    share one (DECODE_SHARED_WIDE_HEAD)."""
+    share one (DECODE_SHARED_WIDE_HEAD), where a program holds one query's rows (a verify step's 64-row accumulator
+    of 512 columns needs the 8 warps)."""
     block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
     splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT,
                                  max_splits=DECODE_WIDE_HEAD_MAX_SPLITS if head_dim >= WIDE_HEAD_DIM else MAX_SPLITS)
     walk = triton.cdiv(keys, block_n * splits)
     block_m = max(DECODE_BLOCK_M, min(DECODE_MAX_BLOCK_M, triton.next_power_of_2(rows)))
-    if head_dim >= WIDE_HEAD_DIM and not wide and num_pairs * splits > num_sms(device):
+    if head_dim >= WIDE_HEAD_DIM and not wide and block_m == DECODE_BLOCK_M and num_pairs * splits > num_sms(device):
         return AttnConfig(block_m, *DECODE_SHARED_WIDE_HEAD, splits)
     return AttnConfig(block_m, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,
                       SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
