@@ -177,6 +177,19 @@ def test_wide_heads_take_shared_tiles_when_programs_outnumber_multiprocessors(mo
     assert (verify.block_m, verify.block_n, verify.num_warps) == (64, 64, 8)
 
 
+def test_narrow_heads_take_eight_warps_only_where_each_program_has_a_multiprocessor(monkeypatch):
+    """Sliding layers at batch 1, 16 splits: 8 KV heads (128 programs for 132 multiprocessors) take 8 warps, 16 KV
+    heads (256 programs, two a multiprocessor) keep 4."""
+    monkeypatch.setattr(tri, "interpreting", lambda: False)
+    q, table = torch.empty(1, 32, 256, dtype=torch.bfloat16), torch.empty(1, 128, dtype=torch.int32)
+
+    def config(kv_heads: int) -> tri.AttnConfig:
+        cache = torch.empty(1, 16, kv_heads, 256, dtype=torch.bfloat16)
+        return tri.pick_config(q, cache, table, group=32 // kv_heads, window=1024)
+
+    assert [(c.num_splits, c.num_warps) for c in (config(8), config(16))] == [(16, 8), (16, 4)]
+
+
 def test_attention_without_queries_returns_empty():
     args = paged_batch([0, 0], [3, 9], 2, 1, 64, 16, torch.float32, None, DEVICE)
     out, lse = tri.paged_attention(*args, 0.1, None, True)

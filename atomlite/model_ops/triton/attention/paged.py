@@ -26,12 +26,11 @@ from atomlite.model_ops.triton.attention.tuning import (DECODE_BLOCK_M, DECODE_B
                                                         DECODE_MAX_BLOCK_M, DECODE_MAX_QUERY_LEN,
                                                         DECODE_MIN_TILES_PER_SPLIT, DECODE_QUERIES_PER_SEQ,
                                                         DECODE_SHARED_WIDE_HEAD, DECODE_WIDE_HEAD_MAX_SPLITS,
-                                                        DECODE_WARPS, DECODE_WARPS_WIDE_HEAD, LONG_WALK_STAGES,
-                                                        MAX_SPLITS,
-                                                        NVIDIA_PREFILL_DERIVED_WIDE, PREFILL_TILES, ROCM_DECODE,
-                                                        ROCM_DECODE_HEAVY_GFX942, ROCM_DECODE_WIDE,
-                                                        ROCM_PREFILL_HEAVY, SHORT_WALK, SHORT_WALK_STAGES,
-                                                        WIDE_HEAD_DIM, AttnConfig)
+                                                        DECODE_WARPS, DECODE_WARPS_ALONE, DECODE_WARPS_WIDE_HEAD,
+                                                        LONG_WALK_STAGES, MAX_SPLITS, NVIDIA_PREFILL_DERIVED_WIDE,
+                                                        PREFILL_TILES, ROCM_DECODE, ROCM_DECODE_HEAVY_GFX942,
+                                                        ROCM_DECODE_WIDE, ROCM_PREFILL_HEAVY, SHORT_WALK,
+                                                        SHORT_WALK_STAGES, WIDE_HEAD_DIM, AttnConfig)
 from atomlite.model_ops.triton.common import (dependent_launches, dot_precision, gdc_wait, interpreting,
                                               is_power_of_two, num_sms, pdl_launch, platform_of, run_kernel)
 from atomlite.model_ops.carriers import InputQuantization, QuantizedRows
@@ -340,16 +339,18 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
     sequence's queries times the GQA group, which one program takes whole up to DECODE_MAX_BLOCK_M (each key tile
     then loaded once for all of them). Wide heads with more programs than multiprocessors take tiles two of which
     share one (DECODE_SHARED_WIDE_HEAD), where a program holds one query's rows (a verify step's 64-row accumulator
-    of 512 columns needs the 8 warps)."""
+    of 512 columns needs the 8 warps); other heads take DECODE_WARPS_ALONE where each program has a multiprocessor
+    to itself."""
     block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
     splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT,
                                  max_splits=DECODE_WIDE_HEAD_MAX_SPLITS if head_dim >= WIDE_HEAD_DIM else MAX_SPLITS)
     walk = triton.cdiv(keys, block_n * splits)
     block_m = max(DECODE_BLOCK_M, min(DECODE_MAX_BLOCK_M, triton.next_power_of_2(rows)))
-    if head_dim >= WIDE_HEAD_DIM and not wide and block_m == DECODE_BLOCK_M and num_pairs * splits > num_sms(device):
+    alone = num_pairs * splits <= num_sms(device)  # each program has a multiprocessor to itself
+    if head_dim >= WIDE_HEAD_DIM and not wide and block_m == DECODE_BLOCK_M and not alone:
         return AttnConfig(block_m, *DECODE_SHARED_WIDE_HEAD, splits)
-    return AttnConfig(block_m, block_n, DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS,
-                      SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
+    warps = DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS_ALONE if alone else DECODE_WARPS
+    return AttnConfig(block_m, block_n, warps, SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
 
 
 def launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, window, return_lse,

@@ -32,6 +32,11 @@ DECODE_BLOCK_N = 64
 DECODE_BLOCK_N_WIDE_VALUES = 32  # 4-byte values (fp32, or any dtype under the interpreter)
 DECODE_WARPS = 4
 DECODE_WARPS_WIDE_HEAD = 8
+# A launch of no more programs than multiprocessors (26B-A4B's sliding layers at batch 1: 8 KV heads x 16 splits):
+# 8 warps. H200, batch 1, 16 splits (bench/decode_attention.py --tiles): 26B-A4B with 1024 keys in its window 6.5-6.7
+# against 7.5-7.6 us, at 544 keys 6.4 against 6.3; 31B's 256 programs (16 KV heads) keep 4 warps, two programs a
+# multiprocessor (8 warps: 10.4-11.0 against 8.3-8.6 us).
+DECODE_WARPS_ALONE = 8
 DECODE_MIN_TILES_PER_SPLIT = 1
 # Wide heads (the global layers: keys rebuilt from V in the kernel, 8 warps) split up to 32 ways, beyond MAX_SPLITS
 # while the programs fit one per multiprocessor (split_kv.num_splits): at batch 1 on an H200
