@@ -64,9 +64,8 @@ def tile_config(m: int, device: torch.device, fp32_dot: bool, k_blocks: bool = F
     if fp32_dot:
         return fp32_tiles()
     platform = platform_of(device)
-    decode = decode_k_blocks(n, num_sms(device)) if k_blocks else DECODE
     if m <= DECODE_ROWS:
-        config = decode
+        config = decode_k_blocks(n, num_sms(device)) if k_blocks else DECODE
     elif m <= 64:
         config = MEDIUM
     elif platform.kind == "cuda" and fp8_x:
