@@ -47,7 +47,7 @@ DECODE_MIN_TILES_PER_SPLIT = 1
 DECODE_WIDE_HEAD_MAX_SPLITS = 32
 # Wide heads where a launch holds more programs than multiprocessors: (keys per tile, warps, stages) whose shared
 # memory lets two programs share one, so one's loads overlap the other's math (the key loop's copies are single
-# buffered). Compiled for sm_90, 64 keys on 8 warps hold 134 KB (one a multiprocessor), 32 on 4 warps 77 KB. H200,
+# buffered). Compiled for sm_90, 64 keys on 8 warps hold 134 KB (one a multiprocessor), 32 on 4 warps 78 KB. H200,
 # 640 keys, 64/8/2 against these (bench/decode_attention.py --tiles): at batch 128, one split, 31B's global layer 196.2
 # against 142.5 us, 26B-A4B's 104.4 against 74.1.
 DECODE_SHARED_WIDE_HEAD = (32, 4, 2)
