@@ -114,9 +114,9 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
                     TMA: tl.constexpr = False):
-    """Program (n tile, m tile, K split): the m tiles of one n tile run together, so W's tile is read once while x
-    stays in cache. SPLIT: y is float32 [splits, M, N] partials (stride_split apart). PDL: a dependent launch
-    (scaled_tile). TMA: w_ptr is W's tensor descriptor."""
+    """Program (n tile, m tile, K split), n tiles first: where the programs take more than one wave, W's tiles stream
+    again for each m tile (tuning.row_tiles keeps the m tiles few). SPLIT: y is float32 [splits, M, N] partials
+    (stride_split apart). PDL: a dependent launch (scaled_tile). TMA: w_ptr is W's tensor descriptor."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
