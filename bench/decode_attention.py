@@ -9,8 +9,8 @@ keys rebuilt) with the launcher's own split-KV choice and with each split count 
 times in one CUDA graph (no host launch cost, as decode graphs run it); an empty kernel's per-launch time in the
 same graph is the floor. The block table is sized for --table-tokens, as a captured decode step's is for
 --max-model-len (the split count follows it). Every configuration is checked against the torch reference first.
---batch N[,M...] decodes N sequences of the same context at once, as a step under load does (256 x 512 in / 256 out holds
-about 150 sequences of 31B FP8 at a mean context of 640).
+--batch N[,M...] decodes N sequences of the same context at once, as a step under load does (256 x 512 in / 256 out
+holds about 150 sequences of 31B FP8 at a mean context of 640).
 """
 import argparse
 import dataclasses

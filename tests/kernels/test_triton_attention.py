@@ -158,7 +158,7 @@ def test_wide_heads_split_beyond_16_only_one_program_per_multiprocessor():
 
 
 def test_wide_heads_take_shared_tiles_when_programs_outnumber_multiprocessors(monkeypatch):
-    """Global layers (512-wide bf16 heads, off the interpreter): batch 1's 32 splits of 4 KV heads (128 programs for
+    """Global layers (512-wide bf16 heads, off the interpreter): batch 1's 16 splits of 4 KV heads (64 programs for
     132 multiprocessors) keep 64-key tiles on 8 warps; a batch of 128 (512 programs) takes DECODE_SHARED_WIDE_HEAD,
     unless a program holds a verify step's 5 queries (40 rows)."""
     from atomlite.model_ops.triton.attention.tuning import DECODE_SHARED_WIDE_HEAD
