@@ -341,15 +341,19 @@ def _decode_config(device: torch.device, head_dim: int, wide: bool, num_pairs: i
     share one (DECODE_SHARED_WIDE_HEAD), where a program holds one query's rows (a verify step's 64-row accumulator
     of 512 columns needs the 8 warps); other heads take DECODE_WARPS_ALONE where each program has a multiprocessor
     to itself."""
+    wide_head = head_dim >= WIDE_HEAD_DIM
     block_n = DECODE_BLOCK_N_WIDE_VALUES if wide else DECODE_BLOCK_N
     splits = split_kv.num_splits(device, num_pairs, keys, block_n, min_tiles=DECODE_MIN_TILES_PER_SPLIT,
-                                 max_splits=DECODE_WIDE_HEAD_MAX_SPLITS if head_dim >= WIDE_HEAD_DIM else MAX_SPLITS)
+                                 max_splits=DECODE_WIDE_HEAD_MAX_SPLITS if wide_head else MAX_SPLITS)
     walk = triton.cdiv(keys, block_n * splits)
     block_m = max(DECODE_BLOCK_M, min(DECODE_MAX_BLOCK_M, triton.next_power_of_2(rows)))
     alone = num_pairs * splits <= num_sms(device)  # each program has a multiprocessor to itself
-    if head_dim >= WIDE_HEAD_DIM and not wide and block_m == DECODE_BLOCK_M and not alone:
+    if wide_head and not wide and block_m == DECODE_BLOCK_M and not alone:
         return AttnConfig(block_m, *DECODE_SHARED_WIDE_HEAD, splits)
-    warps = DECODE_WARPS_WIDE_HEAD if head_dim >= WIDE_HEAD_DIM else DECODE_WARPS_ALONE if alone else DECODE_WARPS
+    if wide_head:
+        warps = DECODE_WARPS_WIDE_HEAD
+    else:
+        warps = DECODE_WARPS_ALONE if alone else DECODE_WARPS
     return AttnConfig(block_m, block_n, warps, SHORT_WALK_STAGES if walk <= SHORT_WALK else LONG_WALK_STAGES, splits)
 
 
