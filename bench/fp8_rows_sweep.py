@@ -32,11 +32,20 @@ CONFIGS = [T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3), T(128, 128, 128, 8, 4)
            # 256 W rows a tile, K split until the GPU holds one program per multiprocessor: each tile re-reads x from
            # L2 (M x K bytes), so fewer, wider tiles leave more of each multiprocessor's loads in flight to W
            T(128, 256, 128, 8, 3, split_k=True, programs_per_sm=1), T(128, 256, 64, 8, 4, split_k=True,
-                                                                     programs_per_sm=1)]
+                                                                     programs_per_sm=1),
+           # x rows as 128 + 32 (or 64): at 129-192 rows the MMAs multiply no more than 31 padded rows, where the
+           # 256-row tile multiplies 64-127 (gemm.scaled_tile's TAIL_M)
+           T(128, 128, 128, 8, 3, tail_m=32), T(128, 128, 128, 8, 4, tail_m=32), T(128, 128, 128, 4, 2, tail_m=32),
+           T(128, 128, 128, 8, 3, tail_m=64), T(64, 128, 128, 4, 4, tail_m=32), T(128, 256, 128, 8, 3, tail_m=32),
+           # o and down (N = 5376: 42 W tiles of 128 rows) fill the GPU by splitting K
+           T(128, 128, 128, 8, 3, split_k=True, programs_per_sm=1, tail_m=32),
+           T(128, 64, 128, 4, 3, split_k=True, programs_per_sm=2, tail_m=32),
+           T(128, 64, 128, 4, 3, split_k=True, programs_per_sm=2), T(64, 64, 128, 4, 3, split_k=True, programs_per_sm=2)]
 
 
 def tile_name(c) -> str:
-    return f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}" + ("/split-K" if c.split_k else "")
+    rows = f"{c.block_m}+{c.tail_m}" if c.tail_m else f"{c.block_m}"
+    return f"{rows}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}" + ("/split-K" if c.split_k else "")
 
 
 def triton_gemm(xq, xs, w, ws, config, scale_k=0):
@@ -90,11 +99,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ms", default="64,128,192,256,512")
     parser.add_argument("--block", action="store_true")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help="of " + ",".join(SHAPES))
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     if args.block:
         return block_main([int(m) for m in args.ms.split(",")])
-    for name, (n, k) in SHAPES.items():
+    for name in args.shapes.split(","):
+        n, k = SHAPES[name]
         w16 = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         ws = (w16.float().abs().amax(1, keepdim=True) / 448).contiguous()
         w = (w16.float() / ws).to(torch.float8_e4m3fn).contiguous()

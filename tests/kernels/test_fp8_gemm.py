@@ -82,6 +82,30 @@ def test_weight_tiles_by_tma_in_k_parts_match_reference(device, strategy, activa
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("strategy, activation, m, split", [("channel", "token", 53, False),
+                                                            ("block", "group", 40, False),
+                                                            ("tensor", "static", 100, True),
+                                                            ("channel", None, 45, True)])
+def test_tiles_with_tail_rows_match_reference(device, strategy, activation, m, split, monkeypatch):
+    """Tiles of 32 + 16 x rows (a second, narrower product against the same W tile): the tail's rows, the next
+    tile's, and rows past M where the last tail is partial or empty, as one tile of 64 would compute them; split:
+    K split over programs too (one step each), the tail's partials summed with the rest."""
+    from atomlite.model_ops.triton.fp8 import gemm, tuning
+    spec, q, scale, input_scale = _layer(strategy, activation, 136, 384, device)
+    tile = tuning.FP8TileConfig(32, 64, 128, 4, 1, tail_m=16, split_k=split, programs_per_sm=64, min_k_steps=1)
+    monkeypatch.setattr(gemm, "tile_config", lambda *args, **kwargs: tile)
+    launches = []
+    run_kernel = gemm.run_kernel
+    monkeypatch.setattr(gemm, "run_kernel", lambda kernel, grid, *args, **kw: (
+        launches.append(grid), run_kernel(kernel, grid, *args, **kw))[1])
+    x = _x(m, 384, device)
+    got = gemm.fp8_gemm(x, q, scale, input_scale, activation, spec.group_size, spec.block_k)
+    assert_gemm_close(got, x, q, scale, spec, input_scale)
+    gemm_grid = next(grid for grid in launches if len(grid) == 3)
+    assert gemm_grid[1:] == (-(-m // 48), 3 if split else 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("tensor", "static")])
 def test_many_rows_through_torchs_scaled_mm_match_reference(device, strategy, activation):
     """Beyond tuning.library_min_rows rows of bf16 x, per-token or static x on a per-channel or per-tensor W goes to
@@ -190,12 +214,17 @@ def test_per_tensor_activation_scales_are_not_per_token():
 
 
 def test_decode_batches_take_the_fewest_row_tiles_that_keep_the_gpu_busy():
-    """NVIDIA, 65-512 rows: one tile of x rows where W's tiles alone fill most of the GPU (W streams once), else up
-    to three tiles of rows, so that a short N still spreads; K blocks of 128 for block-scaled layers."""
-    from atomlite.model_ops.triton.fp8.tuning import row_tiles
-    sms = 132
-    assert [row_tiles(m, 43008, sms, False).block_m for m in (65, 128, 160, 256, 512)] == [128, 128, 256, 256, 256]
-    assert [row_tiles(m, 5376, sms, False).block_m for m in (65, 128, 160, 256, 512)] == [64, 64, 64, 128, 256]
+    """NVIDIA, 65-512 rows: one tile of x rows where W's tiles alone fill most of the GPU (W streams once); else up
+    to 160 rows one tile with K split, beyond that up to three tiles of rows, so that a short N still spreads; K
+    blocks of 128 for block-scaled layers."""
+    from atomlite.model_ops.triton.fp8.tuning import row_tiles, rows_per_tile
+    sms, ms = 132, (65, 128, 160, 161, 256, 512)
+    filling = [row_tiles(m, 43008, sms, False) for m in ms]
+    assert [rows_per_tile(c) for c in filling] == [128, 128, 160, 256, 256, 256]
+    assert not any(c.split_k for c in filling)
+    short_n = [row_tiles(m, 5376, sms, False) for m in ms]
+    assert [rows_per_tile(c) for c in short_n] == [128, 128, 160, 64, 128, 256]
+    assert [c.split_k for c in short_n] == [True] * 3 + [False] * 3
     assert row_tiles(100, 5376, sms, True).block_k == 128
 
 
@@ -210,11 +239,12 @@ def test_block_scaled_decode_takes_wide_tiles_only_where_narrow_ones_overfill_th
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy, activation", [("channel", "token"), ("block", "group"), ("tensor", "static"),
                                                   ("channel", None), ("block", "token")])
-@pytest.mark.parametrize("m, n", [(1, 384), (5, 384), (16, 384), (40, 384), (64, 384), (100, 384), (300, 384),
-                                  (100, 20480), (200, 20480), (512, 384), (1, 40960), (16, 40960)])
+@pytest.mark.parametrize("m, n", [(1, 384), (5, 384), (16, 384), (40, 384), (64, 384), (100, 384), (150, 384),
+                                  (300, 384), (100, 20480), (150, 20480), (200, 20480), (512, 384), (1, 40960),
+                                  (16, 40960)])
 def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m, n):
-    """The GPU's tile paths (split-K decode, its wide block-scaled tiles, medium, the row tiles of decode batches,
-    library) on a bf16 model: the reference on the same bf16 x, within the output's bf16 rounding and the fp32
+    """The GPU's tile paths (split-K decode, its wide block-scaled tiles, medium, the row tiles of decode batches
+    with and without a tail of rows, library) on a bf16 model: the reference on the same bf16 x, within the output's bf16 rounding and the fp32
     summation order."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
     k = 2048  # a long K: the decode path splits K where N has few tiles

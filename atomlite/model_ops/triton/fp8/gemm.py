@@ -65,7 +65,7 @@ def _weight_tile(w_rows, k, kk, n_ok, k_ok, TMA: tl.constexpr, n_first):
 def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_hi, X_BLOCKS: tl.constexpr,
                 W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False, TMA: tl.constexpr = False,
-                n_first=0):
+                n_first=0, tail_rows=None, tail_xs_rows=None, tail_ok=None, TAIL_M: tl.constexpr = 0):
     """sum over k in [k_lo, k_hi) of W[:, k] x[:, k]^T: the tile transposed, fp32 [BLOCK_N, BLOCK_M], so that W's
     rows fill the MMA's 64+ rows and a few rows of x (decode) its narrow side. x_rows / w_rows point at each tile
     row's start; with TMA, w_rows is W's tensor descriptor and the tile's rows start at n_first (k_hi must then be a
@@ -75,9 +75,13 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
     tile before it waits for the kernel ahead (that wrote x and its scales; no kernel writes W), so the tile streams
     in while that kernel finishes. It does not let the kernel after it launch early: on 31B's FP8 decode that chained
     early launches (GEMM, norm, next GEMM), and the next GEMM's programs, placed among this one's, ran 1.4x longer
-    (H200)."""
+    (H200).
+    TAIL_M: TAIL_M more rows of x (tail_rows, tail_xs_rows, tail_ok, as x_rows, xs_rows, m_ok) take a second,
+    narrower product with the same W tile, so that a program holds BLOCK_M + TAIL_M rows (160 as 128 + 32, where a
+    256-row tile would multiply 96 padded rows); returns (the tile, the tail's tile: one zero column without one)."""
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    tail = tl.zeros((BLOCK_N, TAIL_M if TAIL_M > 0 else 1), tl.float32)
     k_first = k_lo
     if PDL:
         kk = k_lo + rk
@@ -86,6 +90,10 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
         gdc_wait()
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k_lo, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
+        if TAIL_M > 0:
+            x = tl.load(tail_rows[:, None] + kk[None, :], mask=tail_ok[:, None] & k_ok[None, :], other=0.0)
+            tail = _k_step(tail, w, x, k_lo, tail_xs_rows, ws_rows, ws_step, tail_ok, n_ok, X_BLOCKS, W_BLOCKS,
+                           SCALE_K, FP32_DOT)
         k_first = k_lo + BLOCK_K
     for k in range(k_first, k_hi, BLOCK_K):
         kk = k + rk
@@ -93,7 +101,11 @@ def scaled_tile(x_rows, xs_rows, w_rows, ws_rows, ws_step, m_ok, n_ok, k_lo, k_h
         w = _weight_tile(w_rows, k, kk, n_ok, k_ok, TMA, n_first)
         x = tl.load(x_rows[:, None] + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         acc = _k_step(acc, w, x, k, xs_rows, ws_rows, ws_step, m_ok, n_ok, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT)
-    return acc
+        if TAIL_M > 0:
+            x = tl.load(tail_rows[:, None] + kk[None, :], mask=tail_ok[:, None] & k_ok[None, :], other=0.0)
+            tail = _k_step(tail, w, x, k, tail_xs_rows, ws_rows, ws_step, tail_ok, n_ok, X_BLOCKS, W_BLOCKS,
+                           SCALE_K, FP32_DOT)
+    return acc, tail
 
 
 @triton.jit
@@ -113,24 +125,37 @@ def fp8_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, k_per_split, s
                     stride_wsn, stride_wsk, stride_ym, stride_split, X_SCALED: tl.constexpr, X_BLOCKS: tl.constexpr,
                     W_BLOCKS: tl.constexpr, SCALE_K: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
-                    TMA: tl.constexpr = False):
+                    TMA: tl.constexpr = False, TAIL_M: tl.constexpr = 0):
     """Program (n tile, m tile, K split), n tiles first: where the programs take more than one wave, W's tiles stream
     again for each m tile (tuning.row_tiles keeps the m tiles few). SPLIT: y is float32 [splits, M, N] partials
-    (stride_split apart). PDL: a dependent launch (scaled_tile). TMA: w_ptr is W's tensor descriptor."""
+    (stride_split apart). PDL: a dependent launch (scaled_tile). TMA: w_ptr is W's tensor descriptor. TAIL_M: an m
+    tile is BLOCK_M + TAIL_M rows (scaled_tile)."""
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rm = pid_m * (BLOCK_M + TAIL_M) + tl.arange(0, BLOCK_M)
+    rt = pid_m * (BLOCK_M + TAIL_M) + BLOCK_M + tl.arange(0, TAIL_M if TAIL_M > 0 else 1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok, n_ok = rm < M, rn < N
+    m_ok, t_ok, n_ok = rm < M, (rt < M) & (TAIL_M > 0), rn < N
     k_lo = split * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    xs_rows = xs_ptr + rm * stride_xsm
+    xs_rows, ts_rows = xs_ptr + rm * stride_xsm, xs_ptr + rt * stride_xsm
     ws_rows = ws_ptr + rn * stride_wsn
     w_rows = w_ptr if TMA else w_ptr + rn * stride_wn
-    acc = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_rows, ws_rows, stride_wsk, m_ok, n_ok, k_lo, k_hi,
-                      X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL, TMA, pid_n * BLOCK_N)
+    acc, tail = scaled_tile(x_ptr + rm * stride_xm, xs_rows, w_rows, ws_rows, stride_wsk, m_ok, n_ok, k_lo, k_hi,
+                            X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K, PDL, TMA,
+                            pid_n * BLOCK_N, x_ptr + rt * stride_xm, ts_rows, t_ok, TAIL_M)
+    _store_tile(acc, y_ptr + split * stride_split, rm, rn, xs_rows, ws_rows, m_ok, n_ok, stride_ym, X_SCALED,
+                X_BLOCKS, W_BLOCKS)
+    if TAIL_M > 0:
+        _store_tile(tail, y_ptr + split * stride_split, rt, rn, ts_rows, ws_rows, t_ok, n_ok, stride_ym, X_SCALED,
+                    X_BLOCKS, W_BLOCKS)
+
+
+@triton.jit
+def _store_tile(acc, y, rm, rn, xs_rows, ws_rows, m_ok, n_ok, stride_ym, X_SCALED: tl.constexpr,
+                X_BLOCKS: tl.constexpr, W_BLOCKS: tl.constexpr):
+    """The transposed tile of x rows rm and W rows rn, scaled once (scale_tile), into y [M, N]."""
     acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
-    out = y_ptr + split * stride_split + rm[None, :] * stride_ym + rn[:, None]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+    tl.store(y + rm[None, :] * stride_ym + rn[:, None], acc.to(y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
 def num_splits(tiles: int, k_steps: int, device: torch.device, config: FP8TileConfig) -> int:
@@ -156,7 +181,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
     config = tile_config(m, x.device, fp32_dot, k_blocks=x_blocks or w_blocks, n=n, fp8_x=x.element_size() == 1)
     if x_blocks or w_blocks:
         assert scale_k % config.block_k == 0, f"BLOCK_K {config.block_k} must divide the scale blocks ({scale_k})"
-    tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m))
+    tiles = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m + config.tail_m))
     k_steps = triton.cdiv(k, config.block_k)
     splits = num_splits(tiles[0] * tiles[1], k_steps, x.device, config) if config.split_k else 1
     k_per_split = triton.cdiv(k_steps, splits) * config.block_k
@@ -170,7 +195,7 @@ def scaled_mm(x: torch.Tensor, x_scale: torch.Tensor | None, weight: torch.Tenso
                target.stride(0) if splits > 1 else 0, X_SCALED=x_scale is not None,
                X_BLOCKS=x_blocks, W_BLOCKS=w_blocks, SCALE_K=scale_k or k, SPLIT=splits > 1, FP32_DOT=fp32_dot,
                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl, TMA=tma,
-               num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
+               TAIL_M=config.tail_m, num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(pdl))
     if splits == 1:
         return y
     return add_partials(target, y, pdl, summed)

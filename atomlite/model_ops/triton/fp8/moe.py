@@ -54,8 +54,8 @@ def fp8_moe_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, rows_ptr, block_exp
         n_ok = rn < N
         xs_rows = xs_ptr + src * stride_xsm
         ws_rows = ws_ptr + expert * stride_wse + rn * stride_wsn
-        acc = scaled_tile(x_ptr + src * stride_xm, xs_rows, w_ptr + expert * stride_we + rn * stride_wn, ws_rows, 1,
-                          m_ok, n_ok, 0, K, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        acc, _ = scaled_tile(x_ptr + src * stride_xm, xs_rows, w_ptr + expert * stride_we + rn * stride_wn, ws_rows, 1,
+                             m_ok, n_ok, 0, K, X_BLOCKS, W_BLOCKS, SCALE_K, FP32_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
         acc = scale_tile(acc, xs_rows, ws_rows, m_ok, n_ok, X_SCALED, X_BLOCKS, W_BLOCKS)
         if ROUTED:
             acc = acc * tl.load(pair_weights_ptr + pairs, mask=m_ok, other=0.0).to(tl.float32)[None, :]

@@ -17,6 +17,7 @@ class FP8TileConfig:
     programs_per_sm: int = 2
     min_k_steps: int = 4
     tma: bool = False  # W's tiles by TMA where there is one (mxfp4.fp8_tiles.weight_loads)
+    tail_m: int = 0  # x rows beyond block_m a program takes in a second, narrower product (gemm.scaled_tile)
 
 
 DECODE_ROWS = 16  # up to this many rows: the split-K path
@@ -39,9 +40,16 @@ DECODE_K_BLOCKS_WIDE = FP8TileConfig(16, 128, 128, 4, 4, split_k=True, tma=True)
 MEDIUM = FP8TileConfig(64, 128, 128, 4, 4, split_k=True)  # up to 64 rows: split K where the tiles are few
 LARGE = FP8TileConfig(128, 128, 128, 8, 3)
 # NVIDIA, 65 to NVIDIA_LIBRARY_MIN_ROWS rows: the fewest x-row tiles of these (W then streams once per tile), up to
-# one where W's tiles alone fill most of the GPU, else up to three (bench/fp8_rows_sweep.py, H200).
+# one where W's tiles alone fill most of the GPU, else up to three (bench/fp8_rows_sweep.py, H200). 128 + 32 rows
+# (gemm.scaled_tile's tail) at 152 and 160 rows: qkv 33.3-34.6, gate_up 95.7-99.1 us, against 35.3-35.8 and
+# 102.5-104.3 for 256 rows.
 NVIDIA_ROW_TILES = (FP8TileConfig(64, 128, 256, 4, 3), FP8TileConfig(128, 128, 128, 8, 4),
-                    FP8TileConfig(256, 128, 128, 8, 3))
+                    FP8TileConfig(128, 128, 128, 8, 4, tail_m=32), FP8TileConfig(256, 128, 128, 8, 3))
+# Where W's tiles fill less of the GPU, up to 160 rows: one x-row tile, narrow W tiles, K split to fill the GPU. At
+# 72-128 rows o took 21.9-24.5 us and down 42.8-47.4 (24.1-25.7 and 54.4-55.7 with the tiles above); at 152 and 160
+# rows (128 + 32) down 47.6-48.6 (57.2-58.4), o 26.9-27.1 (25.7-25.9).
+NVIDIA_SPLIT_ROW_TILES = (FP8TileConfig(128, 64, 128, 4, 3, split_k=True),
+                          FP8TileConfig(128, 64, 128, 4, 3, split_k=True, tail_m=32))
 FILLING_TILES_PER_SM, MAX_ROW_TILES = 0.75, 3
 EXACT = FP8TileConfig(16, 32, 128, 4, 1, split_k=True)  # fp32 dots (the interpreter, fp32 models): small tiles
 # Under TRITON_INTERPRET=1 a program costs Python time per operation: EXACT's K steps over more rows and columns a
@@ -89,10 +97,18 @@ def fp32_tiles() -> FP8TileConfig:
 
 
 def row_tiles(m: int, n: int, sms: int, k_blocks: bool) -> FP8TileConfig:
-    n_tiles = -(-n // NVIDIA_ROW_TILES[0].block_n)
-    most = 1 if n_tiles >= FILLING_TILES_PER_SM * sms else MAX_ROW_TILES
-    config = next((c for c in NVIDIA_ROW_TILES if -(-m // c.block_m) <= most), NVIDIA_ROW_TILES[-1])
+    filling = -(-n // NVIDIA_ROW_TILES[0].block_n) >= FILLING_TILES_PER_SM * sms
+    split = next((c for c in NVIDIA_SPLIT_ROW_TILES if m <= rows_per_tile(c)), None)
+    if split and not filling:
+        config = split
+    else:
+        most = 1 if filling else MAX_ROW_TILES
+        config = next((c for c in NVIDIA_ROW_TILES if -(-m // rows_per_tile(c)) <= most), NVIDIA_ROW_TILES[-1])
     return replace(config, block_k=128) if k_blocks else config
+
+
+def rows_per_tile(config: FP8TileConfig) -> int:
+    return config.block_m + config.tail_m
 
 
 # Up to this many (token, slot) pairs the experts take one pair per block, unsorted (moe.PairLayout). Set from the
