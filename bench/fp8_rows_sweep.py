@@ -4,7 +4,7 @@ config, and both against bf16 on the same weights. Timed as decode runs them (be
 graphs, L2 flushed, best of 3 rounds); x is quantized beforehand (the quantization is timed on its own). Each
 Triton config is checked against the library's result first.
 
-    PYTHONPATH=. python bench/fp8_rows_sweep.py [--ms 64,128,192,256,512] [--block]
+    PYTHONPATH=. python bench/fp8_rows_sweep.py [--ms 64,128,192,256,512] [--shapes qkv,o,gate_up,down] [--block]
 
 --block: FP8-block weights (128 x 128 scales) and x in groups of 128, where the library is cuBLAS's 1x128 block
 scaling; each side's time then includes its x quantization (fp8_gemm's library path quantizes its padded rows).

@@ -47,7 +47,7 @@ NVIDIA_ROW_TILES = (FP8TileConfig(64, 128, 256, 4, 3), FP8TileConfig(128, 128, 1
                     FP8TileConfig(128, 128, 128, 8, 4, tail_m=32), FP8TileConfig(256, 128, 128, 8, 3))
 # Where W's tiles fill less of the GPU, up to 160 rows: one x-row tile, narrow W tiles, K split to fill the GPU. At
 # 72-128 rows o took 21.9-24.5 us and down 42.8-47.4 (24.1-25.7 and 54.4-55.7 with the tiles above); at 152 and 160
-# rows (128 + 32) down 47.6-48.6 (57.2-58.4), o 26.9-27.1 (25.7-25.9).
+# rows (128 + 32) down 47.6-48.6 (58.4-58.6), o 26.9-27.1 (26.2-26.3).
 NVIDIA_SPLIT_ROW_TILES = (FP8TileConfig(128, 64, 128, 4, 3, split_k=True),
                           FP8TileConfig(128, 64, 128, 4, 3, split_k=True, tail_m=32))
 FILLING_TILES_PER_SM, MAX_ROW_TILES = 0.75, 3
