@@ -99,7 +99,7 @@ def fp32_tiles() -> FP8TileConfig:
 def row_tiles(m: int, n: int, sms: int, k_blocks: bool) -> FP8TileConfig:
     filling = -(-n // NVIDIA_ROW_TILES[0].block_n) >= FILLING_TILES_PER_SM * sms
     split = next((c for c in NVIDIA_SPLIT_ROW_TILES if m <= rows_per_tile(c)), None)
-    if split and not filling:
+    if split is not None and not filling:
         config = split
     else:
         most = 1 if filling else MAX_ROW_TILES
