@@ -40,7 +40,8 @@ CONFIGS = [T(64, 128, 128, 4, 4), T(128, 128, 128, 8, 3), T(128, 128, 128, 8, 4)
            # o and down (N = 5376: 42 W tiles of 128 rows) fill the GPU by splitting K
            T(128, 128, 128, 8, 3, split_k=True, programs_per_sm=1, tail_m=32),
            T(128, 64, 128, 4, 3, split_k=True, programs_per_sm=2, tail_m=32),
-           T(128, 64, 128, 4, 3, split_k=True, programs_per_sm=2), T(64, 64, 128, 4, 3, split_k=True, programs_per_sm=2)]
+           T(128, 64, 128, 4, 3, split_k=True, programs_per_sm=2),
+           T(64, 64, 128, 4, 3, split_k=True, programs_per_sm=2)]
 
 
 def tile_name(c) -> str:

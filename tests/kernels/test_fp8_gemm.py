@@ -244,8 +244,8 @@ def test_block_scaled_decode_takes_wide_tiles_only_where_narrow_ones_overfill_th
                                   (16, 40960)])
 def test_fp8_gemm_tile_paths_in_bf16(strategy, activation, m, n):
     """The GPU's tile paths (split-K decode, its wide block-scaled tiles, medium, the row tiles of decode batches
-    with and without a tail of rows, library) on a bf16 model: the reference on the same bf16 x, within the output's bf16 rounding and the fp32
-    summation order."""
+    with and without a tail of rows, library) on a bf16 model: the reference on the same bf16 x, within the output's
+    bf16 rounding and the fp32 summation order."""
     from atomlite.model_ops.triton.fp8.gemm import fp8_gemm
     k = 2048  # a long K: the decode path splits K where N has few tiles
     spec, q, scale, input_scale = _layer(strategy, activation, n, k, "cuda")
