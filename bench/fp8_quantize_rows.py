@@ -1,13 +1,14 @@
-"""FP8 activation quantization of a prefill's rows (quant.quantize_rows, per token), at Gemma-4 shapes: each way a
-row may be read (one program holding a whole row, or one program looping over it LOOPED_BLOCK at a time, twice),
-timed in a CUDA graph against its bytes at the probed copy rate; every way is first checked bit for bit against the
-whole-row way. quant.LOOPED_* pick the way for rows of at least LOOPED_MIN_K columns.
+"""FP8 activation quantization per token (quant.quantize_rows) of decode and prefill rows, at Gemma-4 shapes: each
+way a row may be read (one program holding a whole row, one program looping over it LOOPED_BLOCK at a time, twice,
+or the split amax: the chunks' amaxes first, then the values), timed in a CUDA graph against its bytes at the probed
+copy rate; every way is first checked bit for bit against the whole-row way. quant.loops_over_rows and
+quant.splits_amax pick the way.
 
     PYTHONPATH=. python bench/fp8_quantize_rows.py [--rows 512,2048]
 
-Shapes: o_proj's input (31B 8192, 26B-A4B 4096 wide) and the down projection's gated input [gate | up] (31B 21504,
-26B-A4B 2112 wide each). Each cell: microseconds per call, and that over the bytes (x read once, the fp8 rows
-written) at the copy rate.
+Shapes: o_proj's input (31B 8192, 26B-A4B 4096 wide), the down projection's gated input [gate | up] (31B 21504,
+26B-A4B 2112 wide each) and the hidden width (31B 5376, 26B-A4B 2816: the experts' input). Each cell: microseconds
+per call, and that over the bytes (x read once, the fp8 rows written) at the copy rate.
 """
 import argparse
 
@@ -17,8 +18,9 @@ from atomlite.benchmarks.roofline import probe
 from atomlite.model_ops.triton.fp8 import quant
 from decode_attention import graph_us  # bench/ is on the path when a bench script runs
 
-SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True),
-          ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True)]
+SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True), ("31B hidden", 5376, False),
+          ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True),
+          ("26B-A4B hidden (the experts' input)", 2816, False)]
 SPLIT = -1  # a way's block: the chunk amaxes first, then the values (quant.SPLIT_AMAX), at every row count
 WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
         ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8), ("split amax", SPLIT, 0)]
@@ -28,8 +30,10 @@ def way(block: int, warps: int) -> None:
     """block 0: one program holds the whole row (no row is looped); SPLIT: the split amax for any rows."""
     if block > 0:
         quant.LOOPED_BLOCK, quant.LOOPED_WARPS = block, warps
-    quant.LOOPED_MIN_K = 1 if block > 0 else 1 << 30
-    quant.SPLIT_AMAX_MIN_ROWS, quant.SPLIT_AMAX_MAX_ROWS = (0, 1 << 30) if block == SPLIT else (1 << 30, 0)
+    quant.loops_over_rows = lambda rows, k: block > 0
+    split = block == SPLIT
+    quant.SPLIT_AMAX_FEW_ROWS, quant.SPLIT_AMAX_WIDE = (1 << 30, 0) if split else (0, 1 << 30)
+    quant.SPLIT_AMAX_VERY_WIDE = 1 << 30
 
 
 def quantized(x: torch.Tensor, gated: bool, block: int, warps: int):

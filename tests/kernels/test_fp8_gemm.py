@@ -261,11 +261,10 @@ def _read_rows(quant, whole_row, monkeypatch) -> None:
     """
     if whole_row == "split":
         monkeypatch.setattr(quant, "SPLIT_AMAX_BLOCK", 64)
-        monkeypatch.setattr(quant, "SPLIT_AMAX_MIN_ROWS", 1)
+        monkeypatch.setattr(quant, "SPLIT_AMAX_WIDE", 1)
     elif whole_row == "looped":
         monkeypatch.setattr(quant, "LOOPED_BLOCK", 64)
-        monkeypatch.setattr(quant, "LOOPED_MIN_ROWS", 1)
-        monkeypatch.setattr(quant, "LOOPED_MIN_K", 1)
+        monkeypatch.setattr(quant, "loops_over_rows", lambda rows, k: True)
     elif not whole_row:
         monkeypatch.setattr(quant, "ROW_BLOCK", 64)
         monkeypatch.setattr(quant, "GROUP_STEP", 128)
@@ -315,11 +314,100 @@ def test_gated_quantization_quantizes_what_the_activation_kernel_writes(activati
 
 
 def test_a_few_rows_split_their_amax_only_where_they_are_very_wide():
-    """Per token, a decode batch's 17-192 rows wider than SPLIT_AMAX_BLOCK split their amax, and fewer rows from
-    SPLIT_AMAX_WIDE columns (31B's o and down inputs; 26B-A4B's 4096 and 2112 keep their chunks): 31B's gated down
-    input is then quantized from [gate | up], without the activation kernel."""
+    """Per token, up to 16 rows from SPLIT_AMAX_WIDE columns (31B's o and down inputs) and up to 512 rows from
+    SPLIT_AMAX_VERY_WIDE (31B's down input) split their amax; 26B-A4B's 4096 and 2112, and the hidden widths, keep
+    their chunks: 31B's gated down input is then quantized from [gate | up], without the activation kernel."""
     from atomlite.model_ops.triton.fp8.quant import quantizes_gated_cheaply, splits_amax
-    assert splits_amax(1, 8192, "token") and splits_amax(4, 21504, "token") and splits_amax(17, 5376, "token")
+    assert splits_amax(1, 8192, "token") and splits_amax(16, 8192, "token") and splits_amax(4, 21504, "token")
+    assert splits_amax(512, 21504, "token") and not splits_amax(513, 21504, "token")
+    assert not splits_amax(17, 8192, "token") and not splits_amax(17, 5376, "token")
     assert not splits_amax(1, 4096, "token") and not splits_amax(4, 2112, "token")
-    assert not splits_amax(1, 21504, "static") and not splits_amax(193, 21504, "token")
+    assert not splits_amax(1, 21504, "static")
     assert quantizes_gated_cheaply(1, 21504, "token", torch.device("cpu"))
+
+
+def test_many_rows_loop_over_wide_rows_unless_a_power_of_two_fills_the_block():
+    """A prefill's rows from LOOPED_MIN_K columns are read LOOPED_BLOCK at a time, unless their width is a power of
+    two (31B's o input, 8192): those stay whole, as do fewer rows and narrower ones."""
+    from atomlite.model_ops.triton.fp8.quant import LOOPED_MIN_K, LOOPED_MIN_ROWS, loops_over_rows
+    assert loops_over_rows(LOOPED_MIN_ROWS, 5376) and loops_over_rows(2048, 21504)
+    assert not loops_over_rows(2048, 8192) and not loops_over_rows(2048, LOOPED_MIN_K)
+    assert not loops_over_rows(LOOPED_MIN_ROWS - 1, 5376) and not loops_over_rows(2048, 2816)
+
+
+def test_the_cast_alone_rounds_only_where_the_gpu_casts_half_to_even(monkeypatch):
+    """NVIDIA sm_89+ casts fp32 to e4m3fn half to even itself (cvt.rn.satfinite), so the quantization skips its own
+    rounding there; elsewhere, and in the interpreter, the rounding stays (the GPU tests above compare the bits)."""
+    from atomlite.model_ops.platform import Platform
+    from atomlite.model_ops.triton import common
+    device = torch.device("cuda")
+    rounds = {}
+    for platform in (Platform("cuda", "sm_90"), Platform("cuda", "sm_89"), Platform("cuda", "sm_80"),
+                     Platform("rocm", "gfx950"), Platform("cpu")):
+        monkeypatch.setattr(common, "platform_of", lambda _device, p=platform: p)
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        rounds[platform.arch or platform.kind] = common.fp8_cast_rounds(device)
+    assert rounds == {"sm_90": True, "sm_89": True, "sm_80": False, "gfx950": False, "cpu": False}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(common, "platform_of", lambda _device: Platform("cuda", "sm_90"))
+    assert not common.fp8_cast_rounds(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("activation", ["token", "group"])
+def test_dynamic_scales_divide_every_bf16_value_as_torch_does(device, activation):
+    """Scales from the values' own amax divide through their reciprocal on a GPU (quant.divided_by): every bf16
+    value from 2^-12 of its row's amax up to it, either sign, under amaxes with all-ones significands, random ones
+    and tiny ones (their scales lifted by 2^64 first), quantizes per token and per group of 128 as torch's division
+    does, with the same scales."""
+    from atomlite.model_ops.triton.fp8 import quant
+    positive = torch.arange(0x0080, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    gen = torch.Generator().manual_seed(0)
+    all_ones = [((e << 7) | 0x7F) for e in range(60, 200, 10)]
+    amaxes = torch.tensor(all_ones + torch.randint(0x3000, 0x4F00, (12,), generator=gen).tolist(),
+                          dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    amaxes = torch.cat([amaxes, torch.tensor([1e-25, 3e-30, 2e-36]).to(torch.bfloat16).float()])
+    rows = []
+    for amax in amaxes:
+        values = positive[(positive >= amax / 4096) & (positive <= amax)]
+        rows.append(torch.cat([values, -values]))
+    width = max(len(r) for r in rows)
+    x = torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+    q, s = quant.quantize_rows(x.to(device), activation, torch.float8_e4m3fn)
+    spec = FP8Spec("channel", activation)
+    want = fp8.quantize_dequantize_input(x, spec)
+    assert torch.equal(q.float().cpu() * fp8._per_element(s.cpu(), width, spec.group_size), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quotients_next_to_e4m3_midpoints_round_as_torch_divides(device):
+    """Per token, values whose quotient by the row's scale lies within a few fp32 steps of a point halfway between
+    two e4m3 values, where a quotient one step off rounds the other way: torch's division's e4m3 values, under 256
+    random row maxima (the reciprocal's correction is what gets these right; quant.divided_by)."""
+    from atomlite.model_ops.triton.fp8 import quant
+    grid = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    midpoints = (grid[:-1] + grid[1:]) / 2
+    gen = torch.Generator().manual_seed(1)
+    amaxes = torch.rand(256, generator=gen, dtype=torch.float64).mul(40).sub(20).exp2().float()
+    scales = amaxes / 448
+    near = (midpoints[None, :] * scales[:, None])[..., None].expand(-1, -1, 7).contiguous()
+    steps = torch.arange(-3, 4, dtype=torch.int32)
+    near = (near.view(torch.int32) + steps).view(torch.float32).flatten(1)
+    x = torch.cat([amaxes[:, None], near, -near], dim=1)
+    q, s = quant.quantize_rows(x.to(device), "token", torch.float8_e4m3fn)
+    assert torch.equal(s.cpu()[:, 0], scales)
+    assert torch.equal(q.float().cpu(), fp8.round_e4m3(x / scales[:, None]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_halfway_between_e4m3_steps_round_to_even(device):
+    """Every value halfway between two neighbouring e4m3fn values (subnormal steps included), either sign, and the
+    grid itself, quantized with a static scale of 1: the bits torch's cast gives, half to even, on the quantization's
+    own rounding (the interpreter, ROCm) and on the cast's alone (NVIDIA sm_89+, common.fp8_cast_rounds). Compared
+    as values: what rounds to zero keeps its sign in the cast, not in the quantization's rounding."""
+    from atomlite.model_ops.triton.fp8 import quant
+    grid = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    halfway = (grid[:-1] + grid[1:]) / 2
+    x = torch.cat([grid, halfway, -grid, -halfway])[None].to(device)
+    q, _ = quant.quantize_rows(x, "static", torch.float8_e4m3fn, static_scale=torch.ones(1, device=device))
+    assert torch.equal(q.float().cpu(), x.cpu().to(torch.float8_e4m3fn).float())

@@ -99,6 +99,12 @@ def nvidia_capability(device: torch.device) -> tuple[int, int]:
     return capability_of(platform_of(device))
 
 
+def fp8_cast_rounds(device: torch.device) -> bool:
+    """Whether a kernel's fp32 -> e4m3fn cast on `device` rounds half to even itself (sm_89+: cvt.rn.satfinite), so
+    that values need not be rounded onto the grid before it; not in the interpreter, whose cast rounds wrongly."""
+    return not interpreting() and nvidia_capability(device) >= (8, 9)
+
+
 def capability_of(platform: Platform) -> tuple[int, int]:
     """platform's NVIDIA compute capability; (0, 0) for other platforms."""
     if platform.kind != "cuda" or not platform.arch:

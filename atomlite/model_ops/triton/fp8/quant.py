@@ -2,23 +2,24 @@
 before the GEMM, so the GEMM's K loop streams fp8 tiles into the tensor cores untouched.
 
 Rounding to e4m3 is done in fp32 on the bits (round half to even on the e4m3fn grid, then an exact cast): the
-same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. On an e4m3fnuz GPU (gfx942) the
-same bits are half the value, so the quantized x is halved before the cast and its scale doubled: the products are
-those of the checkpoint's e4m3fn.
+same on every GPU and in the interpreter, whose fp8 conversion rounds wrongly. Where the cast itself rounds half to
+even (NVIDIA sm_89+) the cast alone gives the same bits. On an e4m3fnuz GPU (gfx942) the same bits are half the
+value, so the quantized x is halved before the cast and its scale doubled: the products are those of the
+checkpoint's e4m3fn.
 
 x may also be [gate | up] (GATED): the row quantized is gelu_tanh(gate) * up rounded to x's dtype, as the activation
 kernel would have written it, so the down projection's input costs one launch, not two, where that is cheaper
 (quantizes_gated_cheaply). On sm_90 the kernel is a dependent launch: it waits for the kernel before, and lets the
-GEMM after it start (and stream its first weight tile) as it ends. A decode batch's rows per token (or a few very
-wide rows) take two such launches (SPLIT_AMAX): the chunks' amaxes, then the values.
+GEMM after it start (and stream its first weight tile) as it ends. A few wide rows per token (or a decode batch's very
+wide ones) take two such launches (SPLIT_AMAX): the chunks' amaxes, then the values.
 """
 import torch
 import triton
 import triton.language as tl
 
 from atomlite.model_ops.triton.activation import gelu_tanh
-from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, num_sms,
-                                              pdl_launch, run_kernel)
+from atomlite.model_ops.triton.common import (dependent_launches, fp8_cast_rounds, gdc_launch_dependents, gdc_wait,
+                                              interpreting, num_sms, pdl_launch, run_kernel)
 
 MODES = {"static": 1, "token": 2, "group": 3}
 E4M3_MAX = 448.0
@@ -27,21 +28,20 @@ ROW_BLOCK = 32768  # at most this many K elements a program per token or static 
 MIN_CHUNK = 1024  # at least this many K elements a program per token or static
 GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at once, each its own scale)
 # Many wide rows (a prefill's, per token or static): one program a row reads it LOOPED_BLOCK columns at a time, twice
-# (its amax, then its values, the second read from L2). Small programs keep many rows in flight, where one program
-# holding a whole row (up to ROW_BLOCK) in registers keeps few. H200 (bench/fp8_quantize_rows.py): 31B's gated
-# down input per token, 21504 wide, 512 rows 61 -> 44 us, 2048 rows 228 -> 139 us; 8192 wide a few percent; 4096
-# wide slower.
-LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 8192
-# Per token, more than SPLIT_AMAX_MIN_ROWS and at most SPLIT_AMAX_MAX_ROWS rows wider than SPLIT_AMAX_BLOCK: two
-# launches over chunks of the rows, the first writing each chunk's amax, the second quantizing each chunk with its
-# row's scale from them, so that no program reads a whole row. H200 (bench/fp8_rows_sweep.py, both launches):
-# 21504 wide at 160 rows 14.1 -> 12.4 us, 5376 wide 7.3 -> 6.4 us; at 256 rows slower (15.7 -> 16.6, 8.1 -> 8.8), so
-# more rows keep the ways above. Fewer rows split too where they are at least SPLIT_AMAX_WIDE columns: at 1 and 4 rows
-# 31B's o input (8192) took 2.8 -> 2.5 us, and its down input [gate | up] (21504 each) quantized gated 4.9-5.0 us
-# against 7.5-7.6 for the activation kernel and the chunks after it; 26B-A4B's 4096 and 2112 were slower split
-# (H200, graphs of calls, bench/fp8_quantize_rows.py --rows 1,4); 31B FP8-Dynamic batch-1 TPOT 10.43 -> 10.27 ms.
-SPLIT_AMAX_MIN_ROWS, SPLIT_AMAX_MAX_ROWS, SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 16, 192, 2048, 4
-SPLIT_AMAX_WIDE = 8192
+# (its amax, then its values, the second read from L2), where a program holding the whole row in registers would pad
+# it to a power of two. H200 (bench/fp8_quantize_rows.py, the cast rounding, common.fp8_cast_rounds): 128-512 rows
+# 5376 wide 3.4-6.0 us against 4.4-6.9 whole; 31B's gated down input 21504 wide, 2048 rows 124.8 against 198.4. Rows
+# of a power of two fill their block and stay whole (8192 wide: 3.0-4.8 us at 128-512 rows against 3.3-5.6 looped,
+# 2048 rows 16.6 against 19.8); so do narrower rows, whose difference was under a microsecond either way.
+LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 4096
+# Per token, a few rows from SPLIT_AMAX_WIDE columns, and up to SPLIT_AMAX_MAX_ROWS rows from SPLIT_AMAX_VERY_WIDE:
+# two launches over chunks of SPLIT_AMAX_BLOCK columns, the first writing each chunk's amax, the second quantizing
+# each chunk with its row's scale from them, so that no program reads a whole row. H200 (bench/fp8_quantize_rows.py,
+# graphs of calls, the cast rounding): 31B's down input [gate | up] (21504 each), quantized gated, 1-512 rows
+# 5.1-35.2 us against 9.4-39.5 the best other way; its o input (8192) 2.4-2.6 against 2.8-3.0 at 1-16 rows, slower
+# from 32. 5376, 4096, 2816 and 2112 wide rows were slower split at every count from 1 to 512.
+SPLIT_AMAX_FEW_ROWS, SPLIT_AMAX_WIDE, SPLIT_AMAX_MAX_ROWS, SPLIT_AMAX_VERY_WIDE = 16, 8192, 512, 16384
+SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 2048, 4
 
 
 @triton.jit
@@ -57,11 +57,36 @@ def round_e4m3(v):
 
 
 @triton.jit
-def quantize_fp8(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr):
-    q = round_e4m3(tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0))
+def quantize_fp8(x, scale, FNUZ: tl.constexpr, FP8: tl.constexpr, CAST_ROUNDS: tl.constexpr = False,
+                 RECIPROCAL: tl.constexpr = False):
+    """x / scale as FP8; CAST_ROUNDS: the cast itself rounds half to even onto the e4m3fn grid (common.fp8_cast_rounds),
+    which saves round_e4m3's integer work per value; RECIPROCAL: divided_by's."""
+    q = tl.minimum(tl.maximum(divided_by(x, scale, RECIPROCAL), -448.0), 448.0)
+    if not CAST_ROUNDS:
+        q = round_e4m3(q)
     if FNUZ:
         q = q * 0.5
     return q.to(FP8)
+
+
+@triton.jit
+def divided_by(x, scale, RECIPROCAL: tl.constexpr):
+    """x / scale rounded to nearest (fp32). RECIPROCAL, for scales from x's own amax (|x| <= 448 scale) in compiled
+    code: x times scale's rounded reciprocal, corrected once by an fma (Markstein's step, as the GPU's own division
+    does after its range check), which saves that division's per-value branch. A scale below 2^-60 is first raised
+    with x by 2^64 (exact), so that the reciprocal stays finite. Checked exactly against the division for every
+    bf16 value over scales with all-ones significands, and for random fp32 values, wherever the quotient is at least
+    2^-12 (below, both quantize to zero)."""
+    if RECIPROCAL:
+        lift = tl.where(scale < 8.673617379884035e-19, 1.8446744073709552e19, 1.0)
+        s = scale * lift
+        v = x * lift
+        inverse = tl.div_rn(1.0, s)
+        q = v * inverse
+        quotient = tl.where(q == 0.0, q, tl.fma(tl.fma(-q, s, v), inverse, q))
+    else:
+        quotient = tl.div_rn(x, scale)
+    return quotient
 
 
 @triton.jit
@@ -115,14 +140,16 @@ def chunk_amax_kernel(x_ptr, amax_ptr, K, stride_x, stride_a, BLOCK: tl.constexp
 def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, stride_x, stride_q, stride_s,
                          stride_static, MODE: tl.constexpr, FNUZ: tl.constexpr, BLOCK: tl.constexpr,
                          WHOLE: tl.constexpr, GROUPS: tl.constexpr = 1, GATED: tl.constexpr = False,
-                         PDL: tl.constexpr = False, LOOPED: tl.constexpr = False, AMAX_PARTS: tl.constexpr = 0):
+                         PDL: tl.constexpr = False, LOOPED: tl.constexpr = False, AMAX_PARTS: tl.constexpr = 0,
+                         CAST_ROUNDS: tl.constexpr = False, RECIPROCAL: tl.constexpr = False):
     """Row r of q is x row r // rows_per_source quantized: MODE 1 with static_ptr[r * stride_static], 2 with its
     own amax, 3 per BLOCK-wide group (BLOCK = the group size), each group's scale at s[r, group]. Program
     (row, chunk): chunk program_id(1) of BLOCK (modes 1, 2) or of GROUPS groups (mode 3) columns, so that a few
     rows spread over the GPU; per token, each program reads the whole row for its amax first, unless AMAX_PARTS
     (mode 2): then static_ptr holds each source row's chunk amaxes (chunk_amax_kernel), stride_static apart,
     AMAX_PARTS a power of two >= the chunks. WHOLE: the row is one chunk, read once. LOOPED: the row is one
-    program's, read BLOCK at a time (modes 1, 2). GATED: x rows are [gate | up] (load_activation)."""
+    program's, read BLOCK at a time (modes 1, 2). GATED: x rows are [gate | up] (load_activation). CAST_ROUNDS,
+    RECIPROCAL (modes 2, 3): quantize_fp8's."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -136,13 +163,15 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
         kk = group[:, None] * BLOCK + cols[None, :]
         x = load_activation(x_row, kk, K, GATED)
         scale = amax_scale(x, 1)
-        tl.store(q_row + kk, quantize_fp8(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        tl.store(q_row + kk, quantize_fp8(x, scale[:, None], FNUZ, q_ptr.dtype.element_ty, CAST_ROUNDS, RECIPROCAL),
+                 mask=kk < K)
         tl.store(s_row + group, scale * factor, mask=group * BLOCK < K)
     elif LOOPED:
         scale = _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE, GATED, BLOCK)
         for k in range(0, K, BLOCK):
             x = load_activation(x_row, k + cols, K, GATED)
-            tl.store(q_row + k + cols, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=k + cols < K)
+            q = quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty, CAST_ROUNDS, RECIPROCAL)
+            tl.store(q_row + k + cols, q, mask=k + cols < K)
         tl.store(s_row, scale * factor)
     else:
         kk = chunk * BLOCK + cols
@@ -156,7 +185,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
             scale = amax_scale(amaxes)
         else:
             scale = _row_scale(x_row, cols, K, static_ptr, row, stride_static, MODE, GATED, BLOCK)
-        tl.store(q_row + kk, quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty), mask=kk < K)
+        q = quantize_fp8(x, scale, FNUZ, q_ptr.dtype.element_ty, CAST_ROUNDS, RECIPROCAL)
+        tl.store(q_row + kk, q, mask=kk < K)
         if chunk == 0:
             tl.store(s_row, scale * factor)
     if PDL:
@@ -203,7 +233,7 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
     if split_amax:
         static = chunk_amaxes(x, k, gated, pdl)
         stride_static = static.stride(0)
-    looped = activation != "group" and rows >= LOOPED_MIN_ROWS and k >= LOOPED_MIN_K and not split_amax
+    looped = activation != "group" and not split_amax and loops_over_rows(rows, k)
     block = (group_size if activation == "group" else LOOPED_BLOCK if looped else SPLIT_AMAX_BLOCK if split_amax
              else row_chunk(rows, k, x.device))
     per_program = max(1, min(GROUP_STEP // block, triton.next_power_of_2(groups))) if activation == "group" else 1
@@ -214,15 +244,23 @@ def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, grou
     run_kernel(quantize_rows_kernel, (rows, chunks), x, q, scales, static, k,
                rows_per_source, x.stride(0), q.stride(0), scales.stride(0), stride_static, MODE=MODES[activation],
                FNUZ=fp8_dtype == torch.float8_e4m3fnuz, BLOCK=block, WHOLE=block >= k, GROUPS=per_program,
-               GATED=gated, PDL=pdl, LOOPED=looped, num_warps=warps, **amax_parts, **pdl_launch(pdl))
+               GATED=gated, PDL=pdl, LOOPED=looped, CAST_ROUNDS=fp8_cast_rounds(x.device),
+               RECIPROCAL=activation != "static" and not interpreting(), num_warps=warps,
+               **amax_parts, **pdl_launch(pdl))
     return q, scales
 
 
+def loops_over_rows(rows: int, k: int) -> bool:
+    """Whether one program a row reads it LOOPED_BLOCK columns at a time (per token or static; see LOOPED_MIN_K)."""
+    return rows >= LOOPED_MIN_ROWS and k >= LOOPED_MIN_K and triton.next_power_of_2(k) != k
+
+
 def splits_amax(rows: int, k: int, activation: str | None) -> bool:
-    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token: many wide rows, or a few
-    very wide ones)."""
-    many = rows > SPLIT_AMAX_MIN_ROWS or k >= SPLIT_AMAX_WIDE
-    return activation == "token" and many and rows <= SPLIT_AMAX_MAX_ROWS and k > SPLIT_AMAX_BLOCK
+    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token: a few wide rows, or up to
+    SPLIT_AMAX_MAX_ROWS very wide ones)."""
+    wide = k >= SPLIT_AMAX_WIDE and rows <= SPLIT_AMAX_FEW_ROWS
+    very_wide = k >= SPLIT_AMAX_VERY_WIDE and rows <= SPLIT_AMAX_MAX_ROWS
+    return activation == "token" and k > SPLIT_AMAX_BLOCK and (wide or very_wide)
 
 
 def chunk_amaxes(x: torch.Tensor, k: int, gated: bool, pdl: bool) -> torch.Tensor:

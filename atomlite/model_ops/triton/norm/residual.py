@@ -15,8 +15,8 @@ import triton.language as tl
 from atomlite.model_ops.carriers import (InputQuantization, NormedPair, PartialSums, QuantizedRows, RankPartials,
                                          TokenQuantization, TokenRows)
 from atomlite.model_ops.triton.all_reduce import peer_rows_sum
-from atomlite.model_ops.triton.common import (dependent_launches, gdc_launch_dependents, gdc_wait, pdl_launch,
-                                              run_kernel)
+from atomlite.model_ops.triton.common import (dependent_launches, fp8_cast_rounds, gdc_launch_dependents, gdc_wait,
+                                              interpreting, pdl_launch, run_kernel)
 from atomlite.model_ops.triton.fp8.quant import amax_scale, quantize_fp8
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
 from atomlite.model_ops.triton.norm.tuning import MAX_WARPS, RESIDUAL_VALUES_PER_WARP
@@ -56,9 +56,11 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
                           slot_words, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
                           PDL: tl.constexpr, PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr,
                           PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr,
-                          TOKEN: tl.constexpr = False, FNUZ: tl.constexpr = False):
+                          TOKEN: tl.constexpr = False, FNUZ: tl.constexpr = False, CAST_ROUNDS: tl.constexpr = False,
+                          RECIPROCAL: tl.constexpr = False):
     """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out;
-    TOKEN: quantized per token as fp8.quant.quantize_rows writes it (FNUZ: e4m3fnuz).
+    TOKEN: quantized per token as fp8.quant.quantize_rows writes it (FNUZ: e4m3fnuz; CAST_ROUNDS, RECIPROCAL:
+    quantize_fp8's).
     MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
     row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. WORLD > 1: x (and x_b) are this rank's shares, summed
     over the ranks through peer memory first (RankPartials). The weights (no kernel writes them) load before a
@@ -115,7 +117,7 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         elif TOKEN:
             of = o.to(tl.float32)
             token_scale = amax_scale(of)
-            q = quantize_fp8(of, token_scale, FNUZ, xq.dtype.element_ty)
+            q = quantize_fp8(of, token_scale, FNUZ, xq.dtype.element_ty, CAST_ROUNDS, RECIPROCAL)
             tl.store(xq + row * stride_qm + cols, q, mask=mask)
             tl.store(x_scale + row * stride_sm, token_scale * (2.0 if FNUZ else 1.0))
         else:
@@ -173,7 +175,8 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
     summed = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
     outs = [torch.empty_like(summed) for _ in weights]
     values, scales, k_padded, period = summed, summed, dim, 0
-    if isinstance(quantize, TokenQuantization) and weights:
+    token = isinstance(quantize, TokenQuantization) and bool(weights)
+    if token:
         outs[0] = TokenRows.empty(rows, dim, quantize, residual.dtype, residual.device)
         values, scales = outs[0].values, outs[0].scales
     elif quantize is not None and weights:
@@ -195,7 +198,8 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
                    HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
                    PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
                    WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d,
-                   TOKEN=isinstance(quantize, TokenQuantization), FNUZ=values.dtype == torch.float8_e4m3fnuz,
+                   TOKEN=token, FNUZ=values.dtype == torch.float8_e4m3fnuz,
+                   CAST_ROUNDS=token and fp8_cast_rounds(residual.device), RECIPROCAL=token and not interpreting(),
                    num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
