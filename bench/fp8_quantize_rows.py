@@ -1,8 +1,9 @@
 """FP8 activation quantization per token (quant.quantize_rows) of decode and prefill rows, at Gemma-4 shapes: each
-way a row may be read (one program holding a whole row, one program looping over it LOOPED_BLOCK at a time, twice,
-or the split amax: the chunks' amaxes first, then the values), timed in a CUDA graph against its bytes at the probed
-copy rate; every way is first checked bit for bit against the whole-row way. quant.loops_over_rows and
-quant.splits_amax pick the way.
+way a row may be read (one pass: one program holding the whole row, or, with fewer rows than multiprocessors, the
+row's chunks over several programs that each read the whole row for its amax (quant.row_chunk); one program looping
+over it LOOPED_BLOCK at a time, twice; or the split amax: the chunks' amaxes first, then the values), timed in a
+CUDA graph against its bytes at the probed copy rate; every way is first checked bit for bit against the one-pass
+way. quant.loops_over_rows and quant.splits_amax pick the way.
 
     PYTHONPATH=. python bench/fp8_quantize_rows.py [--rows 512,2048]
 
@@ -22,12 +23,12 @@ SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True),
           ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True),
           ("26B-A4B hidden (the experts' input)", 2816, False)]
 SPLIT = -1  # a way's block: the chunk amaxes first, then the values (quant.SPLIT_AMAX), at every row count
-WAYS = [("whole row", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
+WAYS = [("one pass", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
         ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8), ("split amax", SPLIT, 0)]
 
 
 def way(block: int, warps: int) -> None:
-    """block 0: one program holds the whole row (no row is looped); SPLIT: the split amax for any rows."""
+    """block 0: one pass (no row is looped or split); SPLIT: the split amax for any rows."""
     if block > 0:
         quant.LOOPED_BLOCK, quant.LOOPED_WARPS = block, warps
     quant.loops_over_rows = lambda rows, k: block > 0
@@ -56,7 +57,7 @@ def main() -> None:
             for label, block, warps in WAYS:
                 q, s = quantized(x, gated, block, warps)
                 if not (torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)):
-                    cells.append(f"{label}: differs from the whole-row way")
+                    cells.append(f"{label}: differs from the one-pass way")
                     continue
                 way(block, warps)
                 us = graph_us(lambda: quant.quantize_rows(x, "token", torch.float8_e4m3fn, gated=gated))

@@ -30,17 +30,19 @@ GROUP_STEP = 1024  # K elements a program quantizes in groups (several groups at
 # Many wide rows (a prefill's, per token or static): one program a row reads it LOOPED_BLOCK columns at a time, twice
 # (its amax, then its values, the second read from L2), where a program holding the whole row in registers would pad
 # it to a power of two. H200 (bench/fp8_quantize_rows.py, the cast rounding, common.fp8_cast_rounds): 128-512 rows
-# 5376 wide 3.4-6.0 us against 4.4-6.9 whole; 31B's gated down input 21504 wide, 2048 rows 124.8 against 198.4. Rows
-# of a power of two fill their block and stay whole (8192 wide: 3.0-4.8 us at 128-512 rows against 3.3-5.6 looped,
-# 2048 rows 16.6 against 19.8); so do narrower rows, whose difference was under a microsecond either way.
+# 5376 wide 3.4-6.0 us against 4.4-6.9 whole; 31B's gated down input, 21504 wide, 2048 rows 124.8 against 198.4 (it
+# splits its amax instead, below). Rows of a power of two fill their block and stay whole (8192 wide: 3.0-4.8 us at
+# 128-512 rows against 3.3-5.6 looped, 2048 rows 16.6 against 19.8); so do narrower rows, whose difference was under
+# a microsecond either way.
 LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 4096
-# Per token, a few rows from SPLIT_AMAX_WIDE columns, and up to SPLIT_AMAX_MAX_ROWS rows from SPLIT_AMAX_VERY_WIDE:
-# two launches over chunks of SPLIT_AMAX_BLOCK columns, the first writing each chunk's amax, the second quantizing
-# each chunk with its row's scale from them, so that no program reads a whole row. H200 (bench/fp8_quantize_rows.py,
-# graphs of calls, the cast rounding): 31B's down input [gate | up] (21504 each), quantized gated, 1-512 rows
-# 5.1-35.2 us against 9.4-39.5 the best other way; its o input (8192) 2.4-2.6 against 2.8-3.0 at 1-16 rows, slower
-# from 32. 5376, 4096, 2816 and 2112 wide rows were slower split at every count from 1 to 512.
-SPLIT_AMAX_FEW_ROWS, SPLIT_AMAX_WIDE, SPLIT_AMAX_MAX_ROWS, SPLIT_AMAX_VERY_WIDE = 16, 8192, 512, 16384
+# Per token, a few rows from SPLIT_AMAX_WIDE columns, and any number of rows from SPLIT_AMAX_VERY_WIDE: two launches
+# over chunks of SPLIT_AMAX_BLOCK columns, the first writing each chunk's amax, the second quantizing each chunk with
+# its row's scale from them, so that no program reads a whole row. H200 (bench/fp8_quantize_rows.py, graphs of
+# calls, the cast rounding): 31B's down input [gate | up] (21504 each), quantized gated, 1-512 rows 5.1-35.2 us
+# against 9.4-39.5 the best other way, 2048 rows 121.8 against 124.1 looped (with the reciprocal 107.3 against
+# 110.7); its o input (8192) 2.4-2.6 against 2.8-3.0 at 1-16 rows, slower from 32. 5376, 4096, 2816 and 2112 wide
+# rows were slower split at every count from 1 to 512.
+SPLIT_AMAX_FEW_ROWS, SPLIT_AMAX_WIDE, SPLIT_AMAX_VERY_WIDE = 16, 8192, 16384
 SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 2048, 4
 
 
@@ -148,8 +150,8 @@ def quantize_rows_kernel(x_ptr, q_ptr, s_ptr, static_ptr, K, rows_per_source, st
     rows spread over the GPU; per token, each program reads the whole row for its amax first, unless AMAX_PARTS
     (mode 2): then static_ptr holds each source row's chunk amaxes (chunk_amax_kernel), stride_static apart,
     AMAX_PARTS a power of two >= the chunks. WHOLE: the row is one chunk, read once. LOOPED: the row is one
-    program's, read BLOCK at a time (modes 1, 2). GATED: x rows are [gate | up] (load_activation). CAST_ROUNDS,
-    RECIPROCAL (modes 2, 3): quantize_fp8's."""
+    program's, read BLOCK at a time (modes 1, 2). GATED: x rows are [gate | up] (load_activation). CAST_ROUNDS, and
+    RECIPROCAL (modes 2, 3 only): quantize_fp8's."""
     row, chunk = tl.program_id(0), tl.program_id(1)
     x_row = x_ptr + (row // rows_per_source) * stride_x
     q_row = q_ptr + row * stride_q
@@ -256,11 +258,10 @@ def loops_over_rows(rows: int, k: int) -> bool:
 
 
 def splits_amax(rows: int, k: int, activation: str | None) -> bool:
-    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token: a few wide rows, or up to
-    SPLIT_AMAX_MAX_ROWS very wide ones)."""
+    """Whether quantize_rows takes a row's amax from chunk_amax_kernel's chunks (per token: a few wide rows, or very
+    wide ones)."""
     wide = k >= SPLIT_AMAX_WIDE and rows <= SPLIT_AMAX_FEW_ROWS
-    very_wide = k >= SPLIT_AMAX_VERY_WIDE and rows <= SPLIT_AMAX_MAX_ROWS
-    return activation == "token" and k > SPLIT_AMAX_BLOCK and (wide or very_wide)
+    return activation == "token" and k > SPLIT_AMAX_BLOCK and (wide or k >= SPLIT_AMAX_VERY_WIDE)
 
 
 def chunk_amaxes(x: torch.Tensor, k: int, gated: bool, pdl: bool) -> torch.Tensor:
