@@ -8,20 +8,26 @@ way. quant.loops_over_rows and quant.splits_amax pick the way.
     PYTHONPATH=. python bench/fp8_quantize_rows.py [--rows 512,2048]
 
 Shapes: o_proj's input (31B 8192, 26B-A4B 4096 wide), the down projection's gated input [gate | up] (31B 21504,
-26B-A4B 2112 wide each) and the hidden width (31B 5376, 26B-A4B 2816: the experts' input). Each cell: microseconds
-per call, and that over the bytes (x read once, the fp8 rows written) at the copy rate.
+26B-A4B 2112 wide each, its experts' 704, a row per token and expert) and the hidden width (31B 5376, 26B-A4B 2816:
+the experts' input). Each cell: microseconds per call, and that over the bytes (x read once, the fp8 rows written)
+at the copy rate; a gated input also through the activation kernel and then quantized, as where
+quant.quantizes_gated_cheaply does not take the gated way.
 """
 import argparse
 
 import torch
 
 from atomlite.benchmarks.roofline import probe
+from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.fp8 import quant
 from decode_attention import graph_us  # bench/ is on the path when a bench script runs
 
 SHAPES = [("31B o input", 8192, False), ("31B down input (gated)", 21504, True), ("31B hidden", 5376, False),
           ("26B-A4B o input", 4096, False), ("26B-A4B dense down input (gated)", 2112, True),
-          ("26B-A4B hidden (the experts' input)", 2816, False)]
+          ("26B-A4B hidden (the experts' input)", 2816, False),
+          ("26B-A4B experts' down input (gated)", 704, True)]
+CHOSEN = (quant.loops_over_rows, quant.LOOPED_BLOCK, quant.LOOPED_WARPS, quant.SPLIT_AMAX_FEW_ROWS,
+          quant.SPLIT_AMAX_WIDE, quant.SPLIT_AMAX_VERY_WIDE)
 SPLIT = -1  # a way's block: the chunk amaxes first, then the values (quant.SPLIT_AMAX), at every row count
 WAYS = [("one pass", 0, 4), ("looped 1024 / 4 warps", 1024, 4), ("looped 2048 / 4 warps", 2048, 4),
         ("looped 2048 / 8 warps", 2048, 8), ("looped 4096 / 8 warps", 4096, 8), ("split amax", SPLIT, 0)]
@@ -35,6 +41,12 @@ def way(block: int, warps: int) -> None:
     split = block == SPLIT
     quant.SPLIT_AMAX_FEW_ROWS, quant.SPLIT_AMAX_WIDE = (1 << 30, 0) if split else (0, 1 << 30)
     quant.SPLIT_AMAX_VERY_WIDE = 1 << 30
+
+
+def chosen_way() -> None:
+    """The way quant's own rules pick."""
+    (quant.loops_over_rows, quant.LOOPED_BLOCK, quant.LOOPED_WARPS, quant.SPLIT_AMAX_FEW_ROWS, quant.SPLIT_AMAX_WIDE,
+     quant.SPLIT_AMAX_VERY_WIDE) = CHOSEN
 
 
 def quantized(x: torch.Tensor, gated: bool, block: int, warps: int):
@@ -62,7 +74,23 @@ def main() -> None:
                 way(block, warps)
                 us = graph_us(lambda: quant.quantize_rows(x, "token", torch.float8_e4m3fn, gated=gated))
                 cells.append(f"{label}: {us:.1f} ({us / ideal_us:.2f}x)")
+            if gated:
+                cells.append(apart_cell(x, k, want_q, want_s))
             print(f"{name}, {rows} rows ({ideal_us:.1f} us at the copy rate): " + "; ".join(cells), flush=True)
+
+
+def apart_cell(x: torch.Tensor, k: int, want_q: torch.Tensor, want_s: torch.Tensor) -> str:
+    """[gate | up] through the activation kernel, then quantized the way the rules pick, against the same bits;
+    and whether quant.quantizes_gated_cheaply takes the gated way instead at this shape."""
+    chosen_way()
+
+    def apart():
+        return quant.quantize_rows(gelu_tanh_and_mul(x), "token", torch.float8_e4m3fn)
+    q, s = apart()
+    takes = quant.quantizes_gated_cheaply(x.shape[0], k, "token", x.device)
+    if not (torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)):
+        return "activation kernel, then quantized: differs from the gated way"
+    return f"activation kernel, then quantized: {graph_us(apart):.1f} (the rules take {'gated' if takes else 'this'})"
 
 
 if __name__ == "__main__":

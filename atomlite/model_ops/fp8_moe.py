@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from atomlite.model_ops import dispatch
-from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.carriers import PartialSums, TokenQuantization, TokenRows
 from atomlite.model_ops.fp8_linear import DUMMY_INPUT_SCALE, DUMMY_WEIGHT_SCALE, load_fp8_weight, scale_rows
 from atomlite.quant import fp8
 from atomlite.quant.fp8 import FP8Spec
@@ -75,14 +75,22 @@ class FP8Experts(nn.Module):
             param.data = tensor
 
     def can(self, capability: str) -> bool:
+        if capability == "reads_token_rows" and self.spec.activation != "token":
+            return False
         return self.kernel.can(capability)
+
+    def input_quantization(self, x: torch.Tensor) -> TokenQuantization:
+        """For the kernel that computes the experts' input x (linked where they read TokenRows): per token, in the
+        weights' e4m3, once for all of a token's experts (dynamic scales are the token's)."""
+        return TokenQuantization(self.gate_up_proj.dtype)
 
     def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
         self.returns_partial_sums = "partial_sums" in forms
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor,
+    def forward(self, x: "torch.Tensor | TokenRows", topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor | PartialSums:
-        """Linked to a consumer that reads them (model_ops.fusion), the output may be PartialSums, one per slot."""
+        """Linked to a consumer that reads them (model_ops.fusion), the output may be PartialSums, one per slot;
+        linked to a kernel before that writes them, x may come quantized per token (TokenRows)."""
         weights = {name: (getattr(self, name), getattr(self, f"{name}_scale"),
                           getattr(self, f"{name}_input_scale", None)) for name in self._shapes}
         return self._family.experts(x, weights, topk_weights, topk_ids, self.prepared, self.spec,

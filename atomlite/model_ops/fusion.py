@@ -9,10 +9,11 @@ The model names its dataflow (model.dataflow()) with two kinds of edge:
   an output norm's join with another branch stays a NormedPair for the residual update that joins it; under tensor
   parallelism a row-parallel projection's share goes unsummed (RankPartials) to a residual update that sums it over
   the ranks through peer memory.
-- NormedSum(update, norms, reader): a residual update's sum is normalized next by norms, and reader is the one
-  linear reading the first of them. The update's kernel computes those norms in the same pass, the first written
-  as the reader's QuantizedRows (MXFP4) or TokenRows (FP8 per token) where both can; each norm returns its result
-  when applied to that sum.
+- NormedSum(update, norms, reader, last_reader): a residual update's sum is normalized next by norms, reader is the
+  one linear reading the first of them, and last_reader the layer reading the last (of two or three). The update's
+  kernel computes those norms in the same pass, the first written as the reader's QuantizedRows (MXFP4) or
+  TokenRows (FP8 per token) where both can, the last as last_reader's TokenRows where both can; each norm returns
+  its result when applied to that sum.
 A layer takes part through can(capability) (its kernel's, or what the layer itself can hand over) and, as a
 producer, link_consumer(consumer, forms). Unlinked, every layer computes its own output: the same math, more launches.
 """
@@ -35,6 +36,7 @@ class NormedSum:
     update: nn.Module  # the RMSNorm whose add_to_residual makes the sum
     norms: tuple[nn.Module, ...]
     reader: nn.Module | None = None
+    last_reader: nn.Module | None = None
 
 
 def link(model: nn.Module) -> nn.Module:
@@ -66,4 +68,6 @@ def _link_sum(edge: NormedSum) -> None:
     norms = edge.norms if all(norm.eps == edge.update.eps for norm in edge.norms) else ()
     quantized = bool(norms) and any(can(edge.update, f"writes_{form}") and can(edge.reader, f"reads_{form}")
                                     for form in QUANTIZED_FORMS)
-    edge.update.link_next_norms(norms, edge.reader if quantized else None)
+    last = (len(norms) > 1 and can(edge.update, "writes_token_rows")
+            and can(edge.last_reader, "reads_token_rows"))
+    edge.update.link_next_norms(norms, edge.reader if quantized else None, edge.last_reader if last else None)

@@ -45,6 +45,7 @@ class RMSNorm(nn.Module):
         # set by fusion.link (references kept out of the module tree, which holds each layer once)
         self.next_norms: tuple[RMSNorm, ...] = ()
         self.reader_quantization: Callable | None = None  # the input_quantization of the first norm's reader
+        self.last_reader_quantization: Callable | None = None  # and of the last norm's (of two or three)
         self.joins_lazily = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,11 +55,14 @@ class RMSNorm(nn.Module):
         """What its residual update's kernel can do; and joined can leave two branches as a NormedPair."""
         return capability == "writes_normed_pair" or self.residual_kernel.can(capability)
 
-    def link_next_norms(self, norms: tuple["RMSNorm", ...], quantized_reader: nn.Module | None) -> None:
-        """fusion.link: the norms applied to this update's sum next (same eps), and the linear that reads the
-        first one's output quantized (QuantizedRows or TokenRows) where it asks for them (input_quantization)."""
+    def link_next_norms(self, norms: tuple["RMSNorm", ...], quantized_reader: nn.Module | None,
+                        last_reader: nn.Module | None = None) -> None:
+        """fusion.link: the norms applied to this update's sum next (same eps), the linear that reads the first
+        one's output quantized (QuantizedRows or TokenRows) where it asks for them (input_quantization), and the
+        layer that reads the last one's as TokenRows."""
         self.next_norms = norms
         self.reader_quantization = None if quantized_reader is None else quantized_reader.input_quantization
+        self.last_reader_quantization = None if last_reader is None else last_reader.input_quantization
 
     def link_consumer(self, consumer: nn.Module, forms: set[str]) -> None:
         """fusion.link: the residual update that reads joined's output; it joins the pair itself."""
@@ -71,6 +75,8 @@ class RMSNorm(nn.Module):
         next_weight = weights[0] if len(weights) == 1 else weights or None
         quantize = self._input_quantization(residual)
         extra = {} if quantize is None else {"quantize": quantize}
+        if self.last_reader_quantization is not None:
+            extra["quantize_last"] = self.last_reader_quantization(residual)
         total, outs = self.residual_kernel.fn(x, residual, self.weight, self.eps, scale, next_weight, **extra)
         if not self.next_norms:
             return Residual(total)

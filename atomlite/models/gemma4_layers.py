@@ -162,7 +162,8 @@ class Gemma4DecoderLayer(nn.Module):
         feed_forward_inputs = (self.pre_feedforward_layernorm,)
         if self.moe:
             feed_forward_inputs += (self.router.norm, self.pre_feedforward_layernorm_2)
-        yield NormedSum(self.post_attention_layernorm, feed_forward_inputs, self.mlp.gate_up_proj)
+        yield NormedSum(self.post_attention_layernorm, feed_forward_inputs, self.mlp.gate_up_proj,
+                        self.experts if self.moe else None)
         yield Feeds(self.mlp.down_proj, self.post_feedforward_layernorm)
         if self.moe:  # both branches reach the update through post_feedforward_layernorm_1.joined
             yield Feeds(self.experts, self.post_feedforward_layernorm)

@@ -102,17 +102,18 @@ def test_w8a8_checkpoints_match_their_oracle_step_for_step(fp8_dirs, name):
 
 
 @pytest.mark.parametrize("name", ["ct_dynamic_dense", "ct_block_dense", "quark_fp8_dense", "ct_w8a16_dense",
-                                  "ct_block_moe", "quark_fp8_moe"])
+                                  "ct_dynamic_moe", "ct_block_moe", "quark_fp8_moe"])
 def test_triton_fp8_kernels_match_the_oracle(fp8_dirs, name):
-    """Per token, the residual updates write the next norm quantized for qkv and gate_up (TokenRows); where the
-    activations are quantized, the dense MLP's down projection computes gelu_tanh(gate) * up as it quantizes it
-    (GatedInput)."""
+    """Per token, the residual updates write the next norm quantized for qkv and gate_up (TokenRows), and on a MoE
+    layer the experts' input too; where the activations are quantized, the dense MLP's down projection computes
+    gelu_tanh(gate) * up as it quantizes it (GatedInput)."""
     from atomlite.model_ops.activation import GeluTanhAndMul
     from atomlite.model_ops.norm import RMSNorm
     llm = load(fp8_dirs[name], "triton")
     assert {layer.backend for layer in fp8_layers(llm)} == {"triton"}
-    quantizing = [m for m in llm.engine.model.modules() if isinstance(m, RMSNorm) and m.reader_quantization]
-    assert bool(quantizing) == (name == "ct_dynamic_dense")
+    norms = [m for m in llm.engine.model.modules() if isinstance(m, RMSNorm)]
+    assert any(m.reader_quantization for m in norms) == name.startswith("ct_dynamic")
+    assert any(m.last_reader_quantization for m in norms) == (name == "ct_dynamic_moe")
     activations = [m for m in llm.engine.model.modules() if isinstance(m, GeluTanhAndMul)]
     assert activations and all((m.reader_takes_gated is not None) == ("w8a16" not in name) for m in activations)
     results = compare(llm, torch.load(fp8_dirs[name] / "reference.pt"))

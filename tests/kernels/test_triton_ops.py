@@ -291,6 +291,54 @@ def test_rms_norm_residual_writes_the_next_norm_per_token_as_the_fp8_gemm_quanti
         assert torch.equal(plain, want)
 
 
+@pytest.mark.parametrize("norms, first", [(2, False), (3, False), (3, True)])
+def test_rms_norm_residual_writes_the_last_next_norm_per_token_for_the_experts(norms, first):
+    """quantize_last: the last of two or three next norms (a MoE layer's experts' input) comes as TokenRows, the
+    e4m3 values and scales quantize_rows gives the unquantized output (an all-zero row included), alone or with the
+    first quantized too; the others as without. One next norm has no last to quantize: refused."""
+    from atomlite.model_ops.carriers import TokenQuantization
+    from atomlite.model_ops.triton.fp8.quant import quantize_rows
+    form = TokenQuantization(torch.float8_e4m3fn)
+    x, residual = randn(3, 320, dtype=torch.bfloat16), randn(3, 320, dtype=torch.bfloat16)
+    x[1], residual[1] = 0.0, 0.0
+    weight, *nexts = (randn(320, dtype=torch.bfloat16) + 1.0 for _ in range(1 + norms))
+    summed, outs = tri.rms_norm_residual(x, residual, weight, 1e-6, None, tuple(nexts))
+    extra = {"quantize": form} if first else {}
+    got_summed, got = tri.rms_norm_residual(x, residual, weight, 1e-6, None, tuple(nexts), quantize_last=form,
+                                            **extra)
+    assert torch.equal(got_summed, summed)
+    for i, (out, want) in enumerate(zip(got, outs, strict=True)):
+        if i == norms - 1 or (first and i == 0):
+            values, scales = quantize_rows(want, "token", torch.float8_e4m3fn)
+            assert out.dtype == torch.bfloat16
+            assert torch.equal(out.values.view(torch.uint8), values.view(torch.uint8))
+            assert torch.equal(out.scales, scales)
+        else:
+            assert torch.equal(out, want)
+    with pytest.raises(ValueError, match="quantize_last"):
+        tri.rms_norm_residual(x, residual, weight, 1e-6, None, nexts[0], quantize_last=form)
+
+
+@pytest.mark.parametrize("platform, rows, token, warps", [("sm_90", 1, True, 32), ("sm_90", 16, True, 32),
+                                                          ("sm_90", 64, True, 16), ("sm_90", 1, False, 16),
+                                                          ("gfx942", 1, True, 16), ("gfx950", 1, True, 16)])
+def test_a_few_token_rows_of_31b_take_a_thread_per_16_bytes_on_nvidia(platform, rows, token, warps):
+    """31B's residual update (5376 columns, padded to 8192) at up to TOKEN_ROWS_FEW_ROWS rows written as TokenRows
+    runs 1024 threads on NVIDIA (32 warps; norm/tuning.py says why), else 16 warps: wave64 AMD GPUs hold no more than
+    16 warps of 64 lanes a program. Recorded as launched there, not run."""
+    from atomlite.model_ops.carriers import TokenQuantization
+    from atomlite.model_ops.platform import parse_platform
+    from atomlite.model_ops.triton.common import recording
+    from atomlite.model_ops.triton.norm.residual import rms_norm_residual
+    x, residual, weight, next_weight = (torch.empty(shape, dtype=torch.bfloat16, device="meta")
+                                        for shape in ((rows, 5376), (rows, 5376), (5376,), (5376,)))
+    quantize = TokenQuantization(parse_platform(platform).fp8_dtype) if token else None
+    with recording(parse_platform(platform)) as launches:
+        rms_norm_residual(x, residual, weight, 1e-6, None, next_weight, quantize=quantize)
+    [launch] = launches
+    assert launch.kwargs["num_warps"] == warps
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_residual_gives_several_next_norms_of_the_sum(dtype):
     """A tuple of next weights (a MoE layer's three feed-forward inputs): one norm of the sum under each, as the

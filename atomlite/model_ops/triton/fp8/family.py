@@ -68,7 +68,7 @@ class TritonFP8Experts:
             on_platform(w, s) for w, s in ((gate_up, gate_up_scale), (down, down_scale)))
         return gate_up, gate_up_scale, down, down_scale, None
 
-    def experts(self, x: torch.Tensor, weights: dict, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    def experts(self, x: "torch.Tensor | TokenRows", weights: dict, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                 prepared: None, spec: FP8Spec, summed: bool = True) -> torch.Tensor | PartialSums:
         return fp8_experts(x, weights["gate_up_proj"], weights["down_proj"], topk_weights, topk_ids,
                            spec.activation, spec.group_size, spec.block_k, summed=summed)
@@ -99,6 +99,7 @@ def _refuses(platform, shape: dict) -> str | None:
 # at all (FP8Linear.can)
 declare("fp8_linear", "triton", FP8_LINEAR, refuses=_refuses, tuning=tuning,
         capabilities={"writes_partial_sums", "reads_token_rows", "reads_gated_input"})
-# the same as a grouped GEMM over expert-sorted blocks (a few pairs: one per block): capture-safe
+# the same as a grouped GEMM over expert-sorted blocks (a few pairs: one per block): capture-safe; reads_token_rows
+# where the experts' activations are dynamic per token (FP8Experts.can)
 declare("fp8_moe_experts", "triton", FP8_EXPERTS, refuses=_refuses, tuning=tuning,
-        capabilities={"writes_partial_sums"})
+        capabilities={"writes_partial_sums", "reads_token_rows"})

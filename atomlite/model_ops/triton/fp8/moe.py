@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atomlite.model_ops.carriers import PartialSums
+from atomlite.model_ops.carriers import PartialSums, TokenRows
 from atomlite.model_ops.triton.activation import gelu_tanh_and_mul
 from atomlite.model_ops.triton.common import dependent_launches, gdc_wait, interpreting, pdl_launch, run_kernel
 from atomlite.model_ops.triton.fp8.gemm import scale_tile, scaled_tile
@@ -86,12 +86,16 @@ def expert_blocks(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tup
     return rows, block_expert
 
 
-def quantize_pairs(x: torch.Tensor, pair_experts: torch.Tensor, rows_per_source: int, input_scale: torch.Tensor | None,
-                   activation: str | None, fp8_dtype: torch.dtype, group_size: int, gated: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+def quantize_pairs(x: "torch.Tensor | TokenRows", pair_experts: torch.Tensor, rows_per_source: int,
+                   input_scale: torch.Tensor | None, activation: str | None, fp8_dtype: torch.dtype, group_size: int,
+                   gated: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """(rows the GEMM reads, their scales, rows_per_source left for it). Dynamic scales are the token's for every
-    expert: x is quantized once. A static scale is each pair's expert's own: one quantized row per pair. gated: x is
-    [gate | up] and gelu_tanh(gate) * up is what is quantized."""
+    expert: x is quantized once (or was, per token, by the kernel that wrote it: TokenRows). A static scale is each
+    pair's expert's own: one quantized row per pair. gated: x is [gate | up] and gelu_tanh(gate) * up is what is
+    quantized."""
+    if isinstance(x, TokenRows):
+        assert activation == "token" and not gated, "TokenRows are the experts' input quantized per token"
+        return x.values, x.scales, rows_per_source
     if activation is None:
         assert not gated, "weight-only experts take gelu_tanh(gate) * up computed"
         return x, None, rows_per_source
@@ -103,26 +107,29 @@ def quantize_pairs(x: torch.Tensor, pair_experts: torch.Tensor, rows_per_source:
     return q, scales, rows_per_source
 
 
-def fp8_moe_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-                 layout: "PairLayout", rows_per_source: int, activation: str | None, group_size: int,
-                 scale_block_k: int, pair_weights: torch.Tensor | None = None, gated: bool = False) -> torch.Tensor:
+def fp8_moe_gemm(x: "torch.Tensor | TokenRows", weight: torch.Tensor, scale: torch.Tensor,
+                 input_scale: torch.Tensor | None, layout: "PairLayout", rows_per_source: int, activation: str | None,
+                 group_size: int, scale_block_k: int, pair_weights: torch.Tensor | None = None,
+                 gated: bool = False) -> torch.Tensor:
     """y [pairs, N]: y[pair] = q(x[pair // rows_per_source]) W_e^T for pair's expert e, in x's dtype; with
-    pair_weights [pairs], times pair's weight, in fp32. gated: x is [gate | up] (quantize_pairs)."""
+    pair_weights [pairs], times pair's weight, in fp32. gated: x is [gate | up] (quantize_pairs). x may come
+    quantized per token (TokenRows)."""
     num_experts, n, k = weight.shape
     out_rows = layout.pair_experts.numel()
-    y = torch.empty(out_rows, n, dtype=x.dtype if pair_weights is None else torch.float32, device=x.device)
+    device = weight.device
+    y = torch.empty(out_rows, n, dtype=x.dtype if pair_weights is None else torch.float32, device=device)
     if out_rows == 0:  # every pair's row is written
         return y
     a, a_scale, rows_per_source = quantize_pairs(x, layout.pair_experts, rows_per_source, input_scale, activation,
                                                  weight.dtype, group_size, gated)
     fp32_dot = interpreting() or a.dtype == torch.float32
-    config = moe_tile_config(layout.block_m, x.device, fp32_dot)
+    config = moe_tile_config(layout.block_m, device, fp32_dot)
     x_blocks = a_scale is not None and a_scale.shape[1] > 1
     w_blocks = scale.shape[-1] > 1
     scale_k = group_size if x_blocks else scale_block_k
     a_scale_arg = a_scale if a_scale is not None else scale
     grid = column_first_grid(layout.block_expert.numel(), triton.cdiv(n, config.block_n))
-    pdl = dependent_launches(x.device)
+    pdl = dependent_launches(device)
     run_kernel(fp8_moe_gemm_kernel, grid, a, a_scale_arg, weight, scale, y, layout.rows, layout.block_expert,
                pair_weights if pair_weights is not None else scale, n, k, num_experts, rows_per_source, a.stride(0),
                a_scale_arg.stride(0), weight.stride(0), weight.stride(1), scale.stride(0), scale.stride(1),
@@ -152,11 +159,12 @@ class PairLayout:
         return cls(*expert_blocks(topk_ids, num_experts, block_m), pairs, block_m)
 
 
-def fp8_experts(x: torch.Tensor, gate_up: tuple, down: tuple, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                activation: str | None, group_size: int, scale_block_k: int,
+def fp8_experts(x: "torch.Tensor | TokenRows", gate_up: tuple, down: tuple, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor, activation: str | None, group_size: int, scale_block_k: int,
                 summed: bool = True) -> torch.Tensor | PartialSums:
     """The experts: gate_up, gelu_tanh(gate) * up, down weighted by each pair's routing weight, and the slots'
-    sum per token (summed=False: unsummed, PartialSums). gate_up / down: (weight, scale, input_scale or None)."""
+    sum per token (summed=False: unsummed, PartialSums). gate_up / down: (weight, scale, input_scale or None). x
+    may come quantized per token (TokenRows)."""
     tokens, top_k = topk_ids.shape
     layout = PairLayout.of(topk_ids, gate_up[0].shape[0])
     common = dict(activation=activation, group_size=group_size, scale_block_k=scale_block_k)

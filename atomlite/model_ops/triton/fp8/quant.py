@@ -44,6 +44,10 @@ LOOPED_BLOCK, LOOPED_WARPS, LOOPED_MIN_ROWS, LOOPED_MIN_K = 2048, 8, 128, 4096
 # rows were slower split at every count from 1 to 512.
 SPLIT_AMAX_FEW_ROWS, SPLIT_AMAX_WIDE, SPLIT_AMAX_VERY_WIDE = 16, 8192, 16384
 SPLIT_AMAX_BLOCK, SPLIT_AMAX_WARPS = 2048, 4
+# Per token, a gated row up to this wide is quantized from [gate | up] even where several programs each compute the
+# whole row for its amax (quantizes_gated_cheaply): 26B-A4B's 2112 at 1 and 8 rows took 2.8 and 3.1 us that way,
+# against 3.2 for the activation kernel and the quantization after it (H200, bench/fp8_quantize_rows.py).
+GATED_WHOLE_ROW_MAX_K = 4096
 
 
 @triton.jit
@@ -207,10 +211,12 @@ def quantizes_gated_cheaply(rows: int, k: int, activation: str | None, device: t
     quantize_rows: where no program needs the whole row's amax (static or group scales, a row quantized whole by
     one program, or the chunk amaxes of SPLIT_AMAX, which compute gelu_tanh(gate) * up twice an element, once in
     each launch). Per token over several programs each would compute the whole row for its amax: 31B's 21504-wide
-    down_proj input at one row took 13.7 us that way, against about 5 us for the two kernels (H200)."""
+    down_proj input at one row took 13.7 us that way, against about 5 us for the two kernels (H200); up to
+    GATED_WHOLE_ROW_MAX_K columns each program's whole row costs little."""
     if activation is None:
         return False
-    return activation != "token" or row_chunk(rows, k, device) >= k or splits_amax(rows, k, activation)
+    return (activation != "token" or row_chunk(rows, k, device) >= k or k <= GATED_WHOLE_ROW_MAX_K
+            or splits_amax(rows, k, activation))
 
 
 def quantize_rows(x: torch.Tensor, activation: str, fp8_dtype: torch.dtype, group_size: int = 128,

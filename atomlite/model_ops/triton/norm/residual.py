@@ -16,10 +16,11 @@ from atomlite.model_ops.carriers import (InputQuantization, NormedPair, PartialS
                                          TokenQuantization, TokenRows)
 from atomlite.model_ops.triton.all_reduce import peer_rows_sum
 from atomlite.model_ops.triton.common import (dependent_launches, fp8_cast_rounds, gdc_launch_dependents, gdc_wait,
-                                              interpreting, pdl_launch, run_kernel)
+                                              interpreting, nvidia_capability, pdl_launch, run_kernel)
 from atomlite.model_ops.triton.fp8.quant import amax_scale, quantize_fp8
 from atomlite.model_ops.triton.mxfp4.fp8_tiles import store_quantized
-from atomlite.model_ops.triton.norm.tuning import MAX_WARPS, RESIDUAL_VALUES_PER_WARP
+from atomlite.model_ops.triton.norm.tuning import (MAX_WARPS, RESIDUAL_VALUES_PER_WARP, TOKEN_ROWS_FEW_ROWS,
+                                                   TOKEN_ROWS_MAX_WARPS)
 from atomlite.model_ops.kernels import declare
 from atomlite.model_ops.triton.norm import tuning
 from atomlite.model_ops.triton.norm.rms_norm import refuses_dim
@@ -50,18 +51,31 @@ def _weight_row(weight, cols, mask):
 
 
 @triton.jit
+def _store_token_row(q_row, scale_at, o, cols, mask, FNUZ: tl.constexpr, CAST_ROUNDS: tl.constexpr,
+                     RECIPROCAL: tl.constexpr):
+    """A norm's row o (rounded to the activation dtype) quantized per token into q_row, its scale at scale_at, as
+    fp8.quant.quantize_rows writes them."""
+    of = o.to(tl.float32)
+    token_scale = amax_scale(of)
+    tl.store(q_row + cols, quantize_fp8(of, token_scale, FNUZ, q_row.dtype.element_ty, CAST_ROUNDS, RECIPROCAL),
+             mask=mask)
+    tl.store(scale_at, token_scale * (2.0 if FNUZ else 1.0))
+
+
+@triton.jit
 def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, xq, x_scale, weight_1, out_1,
-                          weight_2, out_2, x_b, weight_a, weight_b, peer_buffers, peer_epochs, dim, eps,
+                          weight_2, out_2, last_scale, x_b, weight_a, weight_b, peer_buffers, peer_epochs, dim, eps,
                           stride_x, stride_r, stride_part, stride_xb, stride_part_b, stride_qm, stride_sm, K_PADDED,
                           slot_words, HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, PARTS: tl.constexpr,
                           PDL: tl.constexpr, PERIOD: tl.constexpr, MORE_NORMS: tl.constexpr, PAIR: tl.constexpr,
                           PARTS_B: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_D: tl.constexpr,
                           TOKEN: tl.constexpr = False, FNUZ: tl.constexpr = False, CAST_ROUNDS: tl.constexpr = False,
-                          RECIPROCAL: tl.constexpr = False):
+                          RECIPROCAL: tl.constexpr = False, TOKEN_LAST: tl.constexpr = False):
     """PERIOD > 0: the next norm's output goes to xq / x_scale, quantized as mxfp4_gemm_fp8 reads it, not to out;
     TOKEN: quantized per token as fp8.quant.quantize_rows writes it (FNUZ: e4m3fnuz; CAST_ROUNDS, RECIPROCAL:
     quantize_fp8's).
-    MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2). PAIR: the input
+    MORE_NORMS (0-2): norms of the sum under weight_1 (and weight_2) too, into out_1 (and out_2); TOKEN_LAST: the
+    last of them quantized per token so, its scales at last_scale. PAIR: the input
     row is rms_norm(x) * weight_a + rms_norm(x_b) * weight_b. WORLD > 1: x (and x_b) are this rank's shares, summed
     over the ranks through peer memory first (RankPartials). The weights (no kernel writes them) load before a
     dependent launch waits: at decode they come from memory, while the kernel ahead finishes."""
@@ -109,17 +123,18 @@ def _norm_residual_kernel(x, residual, weight, scale, next_weight, summed, out, 
         normed = tf * tl.math.rsqrt(tl.sum(tf * tf, 0) / dim + eps)
         for i in tl.static_range(MORE_NORMS):
             w_i, out_i = (w_1, out_1) if i == 0 else (w_2, out_2)
-            tl.store(out_i + row * dim + cols, (normed * w_i).to(dtype), mask=mask)
+            o_i = (normed * w_i).to(dtype)
+            if TOKEN_LAST and i == MORE_NORMS - 1:
+                _store_token_row(out_i + row * dim, last_scale + row, o_i, cols, mask, FNUZ, CAST_ROUNDS, RECIPROCAL)
+            else:
+                tl.store(out_i + row * dim + cols, o_i, mask=mask)
         o = (normed * w_next).to(dtype)
         if PERIOD > 0:
             store_quantized(xq, x_scale, tl.reshape(o.to(tl.float32), (1, BLOCK_D)), row + tl.arange(0, 1), 0, row + 1,
                             K_PADDED, stride_qm, stride_sm, PERIOD, 1, BLOCK_D)
         elif TOKEN:
-            of = o.to(tl.float32)
-            token_scale = amax_scale(of)
-            q = quantize_fp8(of, token_scale, FNUZ, xq.dtype.element_ty, CAST_ROUNDS, RECIPROCAL)
-            tl.store(xq + row * stride_qm + cols, q, mask=mask)
-            tl.store(x_scale + row * stride_sm, token_scale * (2.0 if FNUZ else 1.0))
+            _store_token_row(xq + row * stride_qm, x_scale + row * stride_sm, o, cols, mask, FNUZ, CAST_ROUNDS,
+                             RECIPROCAL)
         else:
             tl.store(out + row * dim + cols, o, mask=mask)
 
@@ -156,17 +171,26 @@ def _launch_options(device: torch.device) -> tuple[bool, dict]:
     return pdl, pdl_launch(pdl)
 
 
+def _warps(block_d: int, rows: int, token: bool, device: torch.device) -> int:
+    few_token_rows = token and rows <= TOKEN_ROWS_FEW_ROWS and nvidia_capability(device) > (0, 0)
+    return min(TOKEN_ROWS_MAX_WARPS if few_token_rows else MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP))
+
+
 def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float,
                       scale: torch.Tensor | None = None,
                       next_weight: torch.Tensor | tuple[torch.Tensor, ...] | None = None,
-                      quantize: InputQuantization | TokenQuantization | None = None):
+                      quantize: InputQuantization | TokenQuantization | None = None,
+                      quantize_last: TokenQuantization | None = None):
     """Same contract as torch_ref.rms_norm_residual (up to 3 next weights); with quantize the (first) next norm's
-    output comes back as QuantizedRows in that form, or TokenRows (2-D residual)."""
+    output comes back as QuantizedRows in that form, or TokenRows (2-D residual); with quantize_last the last of two
+    or three next norms' as TokenRows (a MoE layer's experts' input)."""
     dim = residual.shape[-1]
     weights = next_weight if isinstance(next_weight, tuple) else () if next_weight is None else (next_weight,)
     if len(weights) > 3:
         raise ValueError(f"rms_norm_residual takes up to 3 next weights, got {len(weights)}")
+    if quantize_last is not None and len(weights) < 2:
+        raise ValueError(f"quantize_last quantizes the last of two or three next norms, not of {len(weights)}")
     pair = isinstance(x, NormedPair)
     (rows_x, stride_part, parts), (rows_r, _, _) = _rows(x.a if pair else x), _rows(residual)
     rows_b, stride_part_b, parts_b = _rows(x.b) if pair else (rows_x, 0, 1)
@@ -182,25 +206,33 @@ def rms_norm_residual(x: torch.Tensor | PartialSums | NormedPair, residual: torc
     elif quantize is not None and weights:
         outs[0] = QuantizedRows.empty(rows, quantize, residual.dtype, residual.device)
         values, scales, k_padded, period = outs[0].values, outs[0].scales, quantize.k_padded, quantize.period
+    if quantize_last is not None:
+        outs[-1] = TokenRows.empty(rows, dim, quantize_last, residual.dtype, residual.device)
+    fnuz = any(isinstance(form, TokenQuantization) and form.fp8_dtype == torch.float8_e4m3fnuz
+               for form in (quantize, quantize_last))
+    quantizes = token or quantize_last is not None
     channel = _peer_channel(x, pair, rows, dim, residual.element_size())
     peer = (channel.buffers, channel.epochs) if channel is not None else (weight,) * 2
     if rows:
         block_d = triton.next_power_of_2(max(dim, k_padded))
         pdl, options = _launch_options(residual.device)
         tensors = [out if isinstance(out, torch.Tensor) else summed for out in outs] + [summed] * (3 - len(outs))
+        if quantize_last is not None:
+            tensors[len(outs) - 1] = outs[-1].values
         more = list(weights[1:]) + [weight] * (3 - len(weights))
         run_kernel(_norm_residual_kernel, (rows,), rows_x, rows_r, weight,
                    scale if scale is not None else weight, weights[0] if weights else weight, summed, tensors[0],
-                   values, scales, more[0], tensors[1], more[1], tensors[2], rows_b, weight_a, weight_b, *peer, dim,
+                   values, scales, more[0], tensors[1], more[1], tensors[2],
+                   outs[-1].scales if quantize_last is not None else summed, rows_b, weight_a, weight_b, *peer, dim,
                    eps, rows_x.stride(0), rows_r.stride(0), stride_part, rows_b.stride(0), stride_part_b,
                    values.stride(0), scales.stride(0), k_padded,
                    channel.slot_words(residual.dtype) if channel is not None else 0, HAS_SCALE=scale is not None,
                    HAS_NEXT=bool(weights), PARTS=parts, PDL=pdl, PERIOD=period, MORE_NORMS=max(0, len(weights) - 1),
                    PAIR=pair, PARTS_B=parts_b, RANK=channel.rank if channel is not None else 0,
                    WORLD=channel.world if channel is not None else 1, BLOCK_D=block_d,
-                   TOKEN=token, FNUZ=values.dtype == torch.float8_e4m3fnuz,
-                   CAST_ROUNDS=token and fp8_cast_rounds(residual.device), RECIPROCAL=token and not interpreting(),
-                   num_warps=min(MAX_WARPS, max(1, block_d // RESIDUAL_VALUES_PER_WARP)), **options)
+                   TOKEN=token, FNUZ=fnuz, CAST_ROUNDS=quantizes and fp8_cast_rounds(residual.device),
+                   RECIPROCAL=quantizes and not interpreting(), TOKEN_LAST=quantize_last is not None,
+                   num_warps=_warps(block_d, rows, token, residual.device), **options)
     if isinstance(next_weight, tuple):
         return summed, tuple(outs)
     return summed, outs[0] if outs else None

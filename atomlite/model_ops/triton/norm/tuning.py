@@ -13,3 +13,8 @@ INTERPRETER_PROGRAM_VALUES = 16384
 RESIDUAL_VALUES_PER_WARP = 256
 
 MAX_WARPS = 16
+# Except a few rows written as TokenRows on NVIDIA: at 16 warps a thread holds 16 of 31B's 8192 (padded) values and
+# the fp8 store first converts their layout through shared memory; at 32 warps (1024 threads) it holds 8 and converts
+# none. 31B's one-row update 3.7 against 4.1 us at 16; from 64 rows 32 warps were slower (5.0 against 4.3), as they
+# were for bf16 rows (H200, bench/norm_warps.py).
+TOKEN_ROWS_MAX_WARPS, TOKEN_ROWS_FEW_ROWS = 32, 16
