@@ -326,6 +326,18 @@ def test_a_few_rows_split_their_amax_only_where_they_are_very_wide():
     assert quantizes_gated_cheaply(1, 21504, "token", torch.device("cpu"))
 
 
+def test_per_token_gated_rows_up_to_4096_wide_are_quantized_from_gate_and_up():
+    """Per token, a decode row up to GATED_WHOLE_ROW_MAX_K wide (26B-A4B's dense down input, 2112) is quantized from
+    [gate | up] though its programs each compute the whole row's amax; wider rows in chunks without a split amax take
+    the activation kernel first. (num_sms is 132 off the GPU too, so the chunks are those of an H100/H200.)"""
+    from atomlite.model_ops.triton.fp8.quant import GATED_WHOLE_ROW_MAX_K, quantizes_gated_cheaply, row_chunk
+    cpu = torch.device("cpu")
+    for rows, k in [(1, 2112), (8, 2112), (32, GATED_WHOLE_ROW_MAX_K)]:
+        assert row_chunk(rows, k, cpu) < k and quantizes_gated_cheaply(rows, k, "token", cpu)
+    for rows, k in [(1, 5000), (32, GATED_WHOLE_ROW_MAX_K + 1), (64, 5376)]:
+        assert row_chunk(rows, k, cpu) < k and not quantizes_gated_cheaply(rows, k, "token", cpu)
+
+
 def test_many_rows_loop_over_wide_rows_unless_a_power_of_two_fills_the_block():
     """A prefill's rows from LOOPED_MIN_K columns are read LOOPED_BLOCK at a time, unless their width is a power of
     two (31B's o input, 8192): those stay whole, as do fewer rows and narrower ones (per token, very wide rows split

@@ -291,7 +291,7 @@ def test_rms_norm_residual_writes_the_next_norm_per_token_as_the_fp8_gemm_quanti
         assert torch.equal(plain, want)
 
 
-@pytest.mark.parametrize("norms, first", [(2, False), (3, False), (3, True)])
+@pytest.mark.parametrize("norms, first", [(2, False), (2, True), (3, False), (3, True)])
 def test_rms_norm_residual_writes_the_last_next_norm_per_token_for_the_experts(norms, first):
     """quantize_last: the last of two or three next norms (a MoE layer's experts' input) comes as TokenRows, the
     e4m3 values and scales quantize_rows gives the unquantized output (an all-zero row included), alone or with the
